@@ -1,0 +1,18 @@
+// Subcommand registration. Each module's commands live in their own cli/cmd_*.cpp and attach to
+// the root app here; main() only parses and maps errors to exit codes.
+//
+// Contract for a command callback: print results to stdout (human text, or JSON with --json),
+// diagnostics to stderr via spdlog, and signal failure by throwing moebatch::Error /
+// moebatch::InputError (exit 1) or CLI::RuntimeError(code) for a specific exit code.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace moebatch::cli {
+
+void register_queue_commands(CLI::App& app);      // submit, status, result, list, cancel, stats, export
+void register_engine_commands(CLI::App& app);     // logits, generate
+void register_tokenizer_commands(CLI::App& app);  // tokenize, detokenize
+void register_service_commands(CLI::App& app);    // serve, demo, maintenance
+
+}  // namespace moebatch::cli

@@ -1,0 +1,48 @@
+#include <spdlog/spdlog.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
+
+#include "cli/commands.h"
+#include "common/error.h"
+#include "common/log.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "moebatch: batch inference for Mixture-of-Experts language models.\n"
+      "Jobs go into a durable SQLite queue (CLI, ZeroMQ, or direct SQL INSERT); the service\n"
+      "runs them in fixed-size batches on the in-process engine and writes results back.",
+      "moebatch"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "moebatch 0.1.0");
+  try {
+    moebatch::init_logging("info");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  app.add_option_function<std::string>(
+         "--log-level", [](const std::string& lvl) { moebatch::init_logging(lvl); },
+         "Log verbosity: trace|debug|info|warn|error|critical|off (default info)")
+      ->trigger_on_parse();
+
+  moebatch::cli::register_queue_commands(app);
+  moebatch::cli::register_engine_commands(app);
+  moebatch::cli::register_tokenizer_commands(app);
+  moebatch::cli::register_service_commands(app);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // Also covers CLI::RuntimeError(code) thrown by a command to choose its exit status.
+    return app.exit(e);
+  } catch (const moebatch::InputError& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs the Debian packages moebatch builds against. Idempotent; needs root or sudo.
+set -euo pipefail
+PKGS=(
+  build-essential cmake ninja-build pkg-config
+  libsqlite3-dev sqlite3
+  libzmq3-dev cppzmq-dev
+  libboost-dev libboost-system-dev
+  nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
+  libpcre2-dev libutf8proc-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+echo "installing: ${missing[*]}"
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
