@@ -1,0 +1,242 @@
+#include "engine/model_config.h"
+
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "common/error.h"
+
+namespace moebatch {
+namespace {
+
+using nlohmann::json;
+
+// config.json files are a few KB; anything this large is not a config.
+constexpr std::uintmax_t kMaxConfigBytes = 4u << 20;
+
+[[noreturn]] void fail(const std::string& source, const std::string& field,
+                       const std::string& what) {
+  throw InputError(source + ": field '" + field + "': " + what);
+}
+
+// Reads an integer field within [lo, hi]; `def` < lo means the field is required.
+int64_t get_int(const json& j, const std::string& src, const char* key, int64_t lo, int64_t hi,
+                int64_t def) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) {
+    if (def < lo) fail(src, key, "missing (required)");
+    return def;
+  }
+  if (!it->is_number_integer()) fail(src, key, "expected an integer, got " + it->dump());
+  int64_t v = it->get<int64_t>();
+  if (v < lo || v > hi) {
+    fail(src, key,
+         "value " + std::to_string(v) + " out of range [" + std::to_string(lo) + ", " +
+             std::to_string(hi) + "]");
+  }
+  return v;
+}
+
+double get_double(const json& j, const std::string& src, const char* key, double lo, double hi,
+                  double def) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return def;
+  if (!it->is_number()) fail(src, key, "expected a number, got " + it->dump());
+  double v = it->get<double>();
+  if (!(v >= lo && v <= hi)) {
+    std::ostringstream os;
+    os << "value " << v << " out of range [" << lo << ", " << hi << "]";
+    fail(src, key, os.str());
+  }
+  return v;
+}
+
+bool get_bool(const json& j, const std::string& src, const char* key, bool def) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return def;
+  if (!it->is_boolean()) fail(src, key, "expected a boolean, got " + it->dump());
+  return it->get<bool>();
+}
+
+ModelArch detect_arch(const json& j, const std::string& src, std::string& model_type) {
+  auto mt = j.find("model_type");
+  if (mt != j.end() && !mt->is_string()) fail(src, "model_type", "expected a string");
+  model_type = mt != j.end() ? mt->get<std::string>() : "";
+  auto arch = j.find("architectures");
+  // Real files carry `architectures`; transformers-5 saves may omit it, then model_type decides.
+  if (arch != j.end() && !arch->is_null()) {
+    if (!arch->is_array() || arch->size() != 1 || !(*arch)[0].is_string()) {
+      fail(src, "architectures", "expected a one-element string array, got " + arch->dump());
+    }
+    std::string a = (*arch)[0].get<std::string>();
+    if (a == "Qwen3MoeForCausalLM") return ModelArch::Qwen3Moe;
+    if (a == "Qwen2MoeForCausalLM") return ModelArch::Qwen2Moe;
+    if (a == "Qwen3ForCausalLM") return ModelArch::Qwen3Dense;
+    fail(src, "architectures",
+         "unsupported architecture '" + a +
+             "' (supported: Qwen3MoeForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM)");
+  }
+  if (model_type == "qwen3_moe") return ModelArch::Qwen3Moe;
+  if (model_type == "qwen2_moe") return ModelArch::Qwen2Moe;
+  if (model_type == "qwen3") return ModelArch::Qwen3Dense;
+  fail(src, "model_type",
+       "unsupported model_type '" + model_type + "' (supported: qwen3_moe, qwen2_moe, qwen3)");
+}
+
+void parse_rope(const json& j, const std::string& src, ModelConfig& c) {
+  // Two spellings: top-level rope_theta (+ rope_scaling), or transformers-5 rope_parameters.
+  auto rp = j.find("rope_parameters");
+  if (rp != j.end() && !rp->is_null()) {
+    if (!rp->is_object()) fail(src, "rope_parameters", "expected an object");
+    auto type = rp->find("rope_type");
+    if (type != rp->end() && (!type->is_string() || type->get<std::string>() != "default")) {
+      fail(src, "rope_parameters.rope_type",
+           "unsupported rope type " + type->dump() + " (only \"default\" is implemented)");
+    }
+    if (!rp->contains("rope_theta")) fail(src, "rope_parameters.rope_theta", "missing");
+    c.rope_theta = get_double(*rp, src, "rope_theta", 1.0, 1e12, 0.0);
+    return;
+  }
+  auto rs = j.find("rope_scaling");
+  if (rs != j.end() && !rs->is_null()) {
+    std::string type = rs->is_object() ? rs->value("rope_type", rs->value("type", "")) : "";
+    if (type != "default") {
+      fail(src, "rope_scaling", "unsupported rope scaling " + rs->dump() + " (not implemented)");
+    }
+  }
+  c.rope_theta = get_double(j, src, "rope_theta", 1.0, 1e12, 10000.0);
+}
+
+void parse_quant(const json& j, const std::string& src, ModelConfig& c) {
+  auto q = j.find("quantization_config");
+  if (q == j.end() || q->is_null()) return;
+  if (!q->is_object()) fail(src, "quantization_config", "expected an object");
+  std::string method = q->value("quant_method", "");
+  if (method != "fp8") {
+    fail(src, "quantization_config.quant_method",
+         "unsupported quantization '" + method + "' (only block fp8 is implemented)");
+  }
+  auto bs = q->find("weight_block_size");
+  if (bs == q->end() || !bs->is_array() || bs->size() != 2 || !(*bs)[0].is_number_integer() ||
+      !(*bs)[1].is_number_integer()) {
+    fail(src, "quantization_config.weight_block_size",
+         "expected [rows, cols] integers (per-tensor fp8 is not implemented)");
+  }
+  c.quant = QuantMethod::Fp8Block;
+  c.quant_block_rows = (*bs)[0].get<int64_t>();
+  c.quant_block_cols = (*bs)[1].get<int64_t>();
+  if (c.quant_block_rows < 1 || c.quant_block_rows > 4096 || c.quant_block_cols < 1 ||
+      c.quant_block_cols > 4096) {
+    fail(src, "quantization_config.weight_block_size", "block sizes must be in [1, 4096]");
+  }
+}
+
+}  // namespace
+
+const char* arch_name(ModelArch a) {
+  switch (a) {
+    case ModelArch::Qwen3Moe: return "qwen3_moe";
+    case ModelArch::Qwen2Moe: return "qwen2_moe";
+    case ModelArch::Qwen3Dense: return "qwen3";
+  }
+  return "?";
+}
+
+bool ModelConfig::is_moe_layer(int64_t i) const {
+  if (num_experts == 0) return false;
+  if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), i) != mlp_only_layers.end()) {
+    return false;
+  }
+  return (i + 1) % decoder_sparse_step == 0;
+}
+
+ModelConfig parse_model_config(const json& j, const std::string& src) {
+  if (!j.is_object()) throw InputError(src + ": expected a JSON object at top level");
+  ModelConfig c;
+  c.arch = detect_arch(j, src, c.model_type);
+  c.vocab_size = get_int(j, src, "vocab_size", 1, 1 << 22, -1);
+  c.hidden_size = get_int(j, src, "hidden_size", 1, 1 << 16, -1);
+  c.num_layers = get_int(j, src, "num_hidden_layers", 1, 1024, -1);
+  c.num_heads = get_int(j, src, "num_attention_heads", 1, 1024, -1);
+  c.num_kv_heads = get_int(j, src, "num_key_value_heads", 1, 1024, c.num_heads);
+  if (c.num_heads % c.num_kv_heads != 0) {
+    fail(src, "num_key_value_heads",
+         std::to_string(c.num_kv_heads) + " does not divide num_attention_heads " +
+             std::to_string(c.num_heads));
+  }
+  int64_t def_hd = c.hidden_size % c.num_heads == 0 ? c.hidden_size / c.num_heads : -1;
+  c.head_dim = get_int(j, src, "head_dim", 2, 1024, def_hd);
+  if (c.head_dim % 2 != 0) fail(src, "head_dim", "must be even for rotary embeddings");
+  c.rms_norm_eps = get_double(j, src, "rms_norm_eps", 1e-12, 1.0, 1e-6);
+  c.max_position_embeddings = get_int(j, src, "max_position_embeddings", 1, 1 << 24, 32768);
+  c.tie_word_embeddings = get_bool(j, src, "tie_word_embeddings", false);
+
+  auto act = j.find("hidden_act");
+  if (act != j.end() && (!act->is_string() || act->get<std::string>() != "silu")) {
+    fail(src, "hidden_act", "unsupported activation " + act->dump() + " (only silu)");
+  }
+  if (get_bool(j, src, "use_sliding_window", false)) {
+    fail(src, "use_sliding_window", "sliding-window attention is not implemented");
+  }
+  if (auto lt = j.find("layer_types"); lt != j.end() && !lt->is_null()) {
+    if (!lt->is_array()) fail(src, "layer_types", "expected an array");
+    for (const auto& t : *lt) {
+      if (!t.is_string() || t.get<std::string>() != "full_attention") {
+        fail(src, "layer_types", "unsupported layer type " + t.dump() + " (only full_attention)");
+      }
+    }
+  }
+  parse_rope(j, src, c);
+  parse_quant(j, src, c);
+
+  c.intermediate_size = get_int(j, src, "intermediate_size", 1, 1 << 20, -1);
+  if (c.arch == ModelArch::Qwen3Dense) {
+    c.qkv_bias = get_bool(j, src, "attention_bias", false);
+    c.qk_norm = true;
+    return c;
+  }
+  // MoE families. Hub files say num_experts, transformers-5 saves num_local_experts.
+  const char* ekey = j.contains("num_experts") ? "num_experts" : "num_local_experts";
+  c.num_experts = get_int(j, src, ekey, 1, 4096, -1);
+  c.num_experts_per_tok = get_int(j, src, "num_experts_per_tok", 1, c.num_experts, -1);
+  c.moe_intermediate_size = get_int(j, src, "moe_intermediate_size", 1, 1 << 20, -1);
+  c.norm_topk_prob = get_bool(j, src, "norm_topk_prob", c.arch == ModelArch::Qwen3Moe);
+  c.decoder_sparse_step = get_int(j, src, "decoder_sparse_step", 1, c.num_layers, 1);
+  if (auto m = j.find("mlp_only_layers"); m != j.end() && !m->is_null()) {
+    if (!m->is_array()) fail(src, "mlp_only_layers", "expected an array of layer indices");
+    for (const auto& v : *m) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= c.num_layers) {
+        fail(src, "mlp_only_layers", "entry " + v.dump() + " is not a layer index");
+      }
+      c.mlp_only_layers.push_back(v.get<int64_t>());
+    }
+  }
+  if (c.arch == ModelArch::Qwen2Moe) {
+    // Qwen2-MoE always has q/k/v bias (older configs do not spell it) and no q/k norm.
+    c.qkv_bias = get_bool(j, src, "qkv_bias", true);
+    c.shared_expert_intermediate_size =
+        get_int(j, src, "shared_expert_intermediate_size", 0, 1 << 20, 0);
+  } else {
+    c.qkv_bias = get_bool(j, src, "attention_bias", false);
+    c.qk_norm = true;
+  }
+  return c;
+}
+
+ModelConfig load_model_config(const std::filesystem::path& dir) {
+  auto path = dir / "config.json";
+  std::error_code ec;
+  auto size = std::filesystem::file_size(path, ec);
+  if (ec) throw InputError(path.string() + ": cannot read model config: " + ec.message());
+  if (size > kMaxConfigBytes) {
+    throw InputError(path.string() + ": " + std::to_string(size) + " bytes exceeds the " +
+                     std::to_string(kMaxConfigBytes) + "-byte limit for a config");
+  }
+  std::ifstream in(path);
+  json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) throw InputError(path.string() + ": not valid JSON");
+  return parse_model_config(j, path.string());
+}
+
+}  // namespace moebatch

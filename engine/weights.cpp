@@ -1,0 +1,250 @@
+#include "engine/weights.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "common/error.h"
+
+namespace moebatch {
+namespace {
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
+  os << "]";
+  return os.str();
+}
+
+void require_divisible(int64_t n, int world, const char* field) {
+  if (n % world != 0) {
+    throw InputError(std::string("tensor parallel: ") + field + " = " + std::to_string(n) +
+                     " is not divisible by tp = " + std::to_string(world));
+  }
+}
+
+// Whole tensor [rows, cols] (cols = 1 for 1-D) copied as is.
+TensorPlan whole(const std::string& name, std::vector<int64_t> shape) {
+  int64_t rows = shape[0], cols = shape.size() > 1 ? shape[1] : 1;
+  return TensorPlan{shape, {PlanPiece{name, shape, 0, rows, 0, cols, 0}}};
+}
+
+// Rows [row0, row0+rows) of a 2-D (or 1-D) tensor.
+TensorPlan row_slice(const std::string& name, std::vector<int64_t> full, int64_t row0,
+                     int64_t rows) {
+  int64_t cols = full.size() > 1 ? full[1] : 1;
+  std::vector<int64_t> shape = full;
+  shape[0] = rows;
+  return TensorPlan{shape, {PlanPiece{name, full, row0, rows, 0, cols, 0}}};
+}
+
+// Columns [col0, col0+cols) of a 2-D tensor.
+TensorPlan col_slice(const std::string& name, std::vector<int64_t> full, int64_t col0,
+                     int64_t cols) {
+  return TensorPlan{{full[0], cols}, {PlanPiece{name, full, 0, full[0], col0, cols, 0}}};
+}
+
+// gate rows then up rows of a SwiGLU MLP, each sliced to [i0, i0+n) of width `inter`.
+void add_gate_up(TensorPlan& p, const std::string& prefix, int64_t inter, int64_t hidden,
+                 int64_t i0, int64_t n, int64_t dst_row0) {
+  p.pieces.push_back({prefix + "gate_proj.weight", {inter, hidden}, i0, n, 0, hidden, dst_row0});
+  p.pieces.push_back({prefix + "up_proj.weight", {inter, hidden}, i0, n, 0, hidden, dst_row0 + n});
+}
+
+}  // namespace
+
+int64_t TensorPlan::numel() const {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return shape.empty() ? 0 : n;
+}
+
+ShardDims shard_dims(const ModelConfig& c, const ShardSpec& s) {
+  if (s.world < 1 || s.world > 64 || s.rank < 0 || s.rank >= s.world) {
+    throw InputError("tensor parallel: rank " + std::to_string(s.rank) + " of world " +
+                     std::to_string(s.world) + " is invalid (world must be 1..64)");
+  }
+  ShardDims d;
+  const int w = s.world;
+  require_divisible(c.num_heads, w, "num_attention_heads");
+  if (c.num_kv_heads % w != 0 && w % c.num_kv_heads != 0) {
+    throw InputError("tensor parallel: num_key_value_heads = " + std::to_string(c.num_kv_heads) +
+                     " neither divides nor is a multiple of tp = " + std::to_string(w));
+  }
+  d.num_heads = c.num_heads / w;
+  d.num_kv_heads = std::max<int64_t>(1, c.num_kv_heads / w);
+  d.head0 = s.rank * d.num_heads;
+  // With fewer kv heads than ranks, each kv head is replicated on world/nkv consecutive ranks.
+  d.kv_head0 = d.head0 / (c.num_heads / c.num_kv_heads);
+  require_divisible(c.intermediate_size, w, "intermediate_size");
+  d.intermediate = c.intermediate_size / w;
+  if (c.num_experts > 0) {
+    if (s.expert_split == ExpertSplit::Expert) {
+      require_divisible(c.num_experts, w, "num_experts");
+      d.num_experts = c.num_experts / w;
+      d.expert0 = s.rank * d.num_experts;
+      d.moe_intermediate = c.moe_intermediate_size;
+    } else {
+      require_divisible(c.moe_intermediate_size, w, "moe_intermediate_size");
+      d.num_experts = c.num_experts;
+      d.moe_intermediate = c.moe_intermediate_size / w;
+    }
+    require_divisible(c.shared_expert_intermediate_size, w, "shared_expert_intermediate_size");
+    d.shared_intermediate = c.shared_expert_intermediate_size / w;
+  }
+  d.vocab_split = s.vocab_parallel_lm_head && w > 1 && c.vocab_size % w == 0;
+  d.vocab = d.vocab_split ? c.vocab_size / w : c.vocab_size;
+  d.vocab0 = d.vocab_split ? s.rank * d.vocab : 0;
+  return d;
+}
+
+ModelPlan plan_weights(const ModelConfig& c, const ShardSpec& s) {
+  const ShardDims d = shard_dims(c, s);
+  const int64_t H = c.hidden_size, hd = c.head_dim;
+  const int64_t q_rows = c.num_heads * hd, kv_rows = c.num_kv_heads * hd;
+  ModelPlan m;
+  m.embed = whole("model.embed_tokens.weight", {c.vocab_size, H});
+  m.final_norm = whole("model.norm.weight", {H});
+  const std::string head_name = c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+  m.lm_head = row_slice(head_name, {c.vocab_size, H}, d.vocab0, d.vocab);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    const std::string a = p + "self_attn.";
+    LayerWeightsT<TensorPlan> L;
+    L.input_norm = whole(p + "input_layernorm.weight", {H});
+    L.post_norm = whole(p + "post_attention_layernorm.weight", {H});
+    // Column-parallel q/k/v: a rank's heads are contiguous rows.
+    L.wq = row_slice(a + "q_proj.weight", {q_rows, H}, d.head0 * hd, d.num_heads * hd);
+    L.wk = row_slice(a + "k_proj.weight", {kv_rows, H}, d.kv_head0 * hd, d.num_kv_heads * hd);
+    L.wv = row_slice(a + "v_proj.weight", {kv_rows, H}, d.kv_head0 * hd, d.num_kv_heads * hd);
+    if (c.qkv_bias) {
+      L.bq = row_slice(a + "q_proj.bias", {q_rows}, d.head0 * hd, d.num_heads * hd);
+      L.bk = row_slice(a + "k_proj.bias", {kv_rows}, d.kv_head0 * hd, d.num_kv_heads * hd);
+      L.bv = row_slice(a + "v_proj.bias", {kv_rows}, d.kv_head0 * hd, d.num_kv_heads * hd);
+    }
+    if (c.qk_norm) {
+      L.q_norm = whole(a + "q_norm.weight", {hd});
+      L.k_norm = whole(a + "k_norm.weight", {hd});
+    }
+    // Row-parallel o_proj: the input columns of this rank's heads.
+    L.wo = col_slice(a + "o_proj.weight", {H, q_rows}, d.head0 * hd, d.num_heads * hd);
+    const std::string mlp = p + "mlp.";
+    if (!c.is_moe_layer(l)) {
+      const int64_t I = c.intermediate_size, n = d.intermediate, i0 = s.rank * n;
+      L.mlp_gate_up.shape = {2 * n, H};
+      add_gate_up(L.mlp_gate_up, mlp, I, H, i0, n, 0);
+      L.mlp_down = col_slice(mlp + "down_proj.weight", {H, I}, i0, n);
+      m.layers.push_back(std::move(L));
+      continue;
+    }
+    const int64_t E = c.num_experts, Ie = c.moe_intermediate_size, n = d.moe_intermediate;
+    const int64_t i0 = s.expert_split == ExpertSplit::Expert ? 0 : s.rank * n;
+    L.router = whole(mlp + "gate.weight", {E, H});
+    L.w_gate_up.shape = {d.num_experts, 2 * n, H};
+    L.w_down.shape = {d.num_experts, H, n};
+    for (int64_t e = 0; e < d.num_experts; ++e) {
+      const std::string ep = mlp + "experts." + std::to_string(d.expert0 + e) + ".";
+      add_gate_up(L.w_gate_up, ep, Ie, H, i0, n, e * 2 * n);
+      L.w_down.pieces.push_back({ep + "down_proj.weight", {H, Ie}, 0, H, i0, n, e * H});
+    }
+    if (c.has_shared_expert()) {
+      const int64_t Is = c.shared_expert_intermediate_size, ns = d.shared_intermediate;
+      L.shared_gate_up.shape = {2 * ns, H};
+      add_gate_up(L.shared_gate_up, mlp + "shared_expert.", Is, H, s.rank * ns, ns, 0);
+      L.shared_down = col_slice(mlp + "shared_expert.down_proj.weight", {H, Is}, s.rank * ns, ns);
+      L.shared_gate = whole(mlp + "shared_expert_gate.weight", {1, H});
+    }
+    m.layers.push_back(std::move(L));
+  }
+  return m;
+}
+
+namespace {
+
+template <class Out, class Conv>
+void read_plan(const Checkpoint& ckpt, const ModelConfig& cfg, const TensorPlan& plan, Out* dst,
+               Conv conv) {
+  const int64_t dst_cols = plan.shape.size() > 1 ? plan.shape.back() : 1;
+  const int64_t dst_rows = plan.numel() / dst_cols;
+  for (const auto& pc : plan.pieces) {
+    const TensorView& t = ckpt.at(pc.name);
+    const std::string where = ckpt.dir() + ": tensor '" + pc.name + "'";
+    if (t.shape != pc.src_shape) {
+      throw InputError(where + ": shape " + shape_str(t.shape) + " but the config implies " +
+                       shape_str(pc.src_shape));
+    }
+    const bool fp8 = t.dtype == DType::F8_E4M3;
+    if (t.dtype != DType::F32 && t.dtype != DType::F16 && t.dtype != DType::BF16 && !fp8) {
+      throw InputError(where + ": dtype " + dtype_name(t.dtype) +
+                       " is not a weight dtype (expected BF16, F16, F32 or F8_E4M3)");
+    }
+    MB_CHECK(pc.cols == dst_cols && pc.dst_row0 + pc.rows <= dst_rows,
+             "plan piece must fit its destination");
+    const int64_t src_cols = t.shape.size() > 1 ? t.shape[1] : 1;
+    const TensorView* scale = nullptr;
+    int64_t br = 0, bc = 0, scols = 0;
+    if (fp8) {
+      // Fine-grained FP8: w = w_fp8 * weight_scale_inv[row / br, col / bc].
+      if (cfg.quant != QuantMethod::Fp8Block) {
+        throw InputError(where + ": F8_E4M3 weight but config.json has no fp8 quantization_config");
+      }
+      const std::string sname = pc.name + "_scale_inv";
+      if (!ckpt.has(sname)) throw InputError(where + ": F8_E4M3 weight without '" + sname + "'");
+      scale = &ckpt.at(sname);
+      br = cfg.quant_block_rows;
+      bc = cfg.quant_block_cols;
+      std::vector<int64_t> want = {(t.shape[0] + br - 1) / br, (src_cols + bc - 1) / bc};
+      if (scale->shape != want) {
+        throw InputError(ckpt.dir() + ": tensor '" + sname + "': shape " +
+                         shape_str(scale->shape) + " but blocks of " + std::to_string(br) + "x" +
+                         std::to_string(bc) + " imply " + shape_str(want));
+      }
+      if (scale->dtype != DType::F32 && scale->dtype != DType::BF16) {
+        throw InputError(ckpt.dir() + ": tensor '" + sname + "': dtype " +
+                         dtype_name(scale->dtype) + ", expected F32 or BF16");
+      }
+      scols = want[1];
+    }
+    for (int64_t r = 0; r < pc.rows; ++r) {
+      const int64_t sr = pc.row0 + r;
+      Out* out = dst + (pc.dst_row0 + r) * dst_cols;
+      for (int64_t cc = 0; cc < pc.cols; ++cc) {
+        const int64_t sc = pc.col0 + cc;
+        float v = t.get_f32(sr * src_cols + sc);
+        if (fp8) v *= scale->get_f32((sr / br) * scols + sc / bc);
+        out[cc] = conv(v);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void read_plan_f32(const Checkpoint& ckpt, const ModelConfig& cfg, const TensorPlan& plan,
+                   float* dst) {
+  read_plan(ckpt, cfg, plan, dst, [](float v) { return v; });
+}
+
+void read_plan_bf16(const Checkpoint& ckpt, const ModelConfig& cfg, const TensorPlan& plan,
+                    uint16_t* dst) {
+  read_plan(ckpt, cfg, plan, dst, [](float v) { return f32_to_bf16(v); });
+}
+
+ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& cfg, const ShardSpec& spec) {
+  const ModelPlan plan = plan_weights(cfg, spec);
+  auto load = [&](HostTensor& t, const TensorPlan& p) {
+    if (p.empty()) return;
+    t.shape = p.shape;
+    t.data.resize(static_cast<size_t>(p.numel()));
+    read_plan_f32(ckpt, cfg, p, t.data.data());
+  };
+  ModelWeights w;
+  load(w.embed, plan.embed);
+  load(w.final_norm, plan.final_norm);
+  load(w.lm_head, plan.lm_head);
+  w.layers.resize(plan.layers.size());
+  for (size_t l = 0; l < plan.layers.size(); ++l) w.layers[l].zip(plan.layers[l], load);
+  return w;
+}
+
+}  // namespace moebatch
