@@ -1,0 +1,137 @@
+#include "queue/job_row.h"
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+namespace moebatch {
+
+const char* const kJobColumns =
+    "id, client_key, batch_id, custom_id, model, priority, prompt_kind, prompt, max_tokens, "
+    "temperature, top_p, top_k, seed, stop, state, attempts, max_attempts, lease_owner, "
+    "lease_expires_at, error, enqueued_at, not_before, started_at, first_token_at, finished_at, "
+    "result_text, prompt_tokens, completion_tokens, finish_reason";
+
+namespace {
+
+// Column indexes in kJobColumns.
+enum Col {
+  kId, kClientKey, kBatchId, kCustomId, kModel, kPriority, kPromptKind, kPrompt, kMaxTokens,
+  kTemperature, kTopP, kTopK, kSeed, kStop, kState, kAttempts, kMaxAttempts, kLeaseOwner,
+  kLeaseExpires, kError, kEnqueuedAt, kNotBefore, kStartedAt, kFirstTokenAt, kFinishedAt,
+  kResultText, kPromptTokens, kCompletionTokens, kFinishReason
+};
+
+const char* type_name(int t) {
+  switch (t) {
+    case SQLITE_INTEGER: return "integer";
+    case SQLITE_FLOAT: return "real";
+    case SQLITE_TEXT: return "text";
+    case SQLITE_BLOB: return "blob";
+    default: return "null";
+  }
+}
+
+// Reads columns while remembering the first one whose storage type is wrong.
+class Reader {
+ public:
+  explicit Reader(const Stmt& s) : s_(s) {}
+
+  int64_t req_int(int col, const char* name) {
+    if (s_.type(col) != SQLITE_INTEGER) bad(col, name, "an integer");
+    return s_.i64(col);
+  }
+  std::optional<int64_t> opt_int(int col, const char* name) {
+    if (s_.type(col) == SQLITE_NULL) return std::nullopt;
+    return req_int(col, name);
+  }
+  double req_real(int col, const char* name) {
+    int t = s_.type(col);
+    if (t != SQLITE_INTEGER && t != SQLITE_FLOAT) bad(col, name, "a number");
+    return s_.f64(col);
+  }
+  std::string req_text(int col, const char* name) {
+    if (s_.type(col) != SQLITE_TEXT) bad(col, name, "text");
+    return s_.text(col);
+  }
+  std::optional<std::string> opt_text(int col, const char* name) {
+    if (s_.type(col) == SQLITE_NULL) return std::nullopt;
+    return req_text(col, name);
+  }
+  void fail(std::string msg) {
+    if (!error) error = std::move(msg);
+  }
+
+  std::optional<std::string> error;
+
+ private:
+  void bad(int col, const char* name, const char* want) {
+    fail(std::string(name) + ": expected " + want + ", found " + type_name(s_.type(col)));
+  }
+  const Stmt& s_;
+};
+
+}  // namespace
+
+JobRow read_job_row(const Stmt& s) {
+  Reader r(s);
+  JobRow row;
+  Job& j = row.job;
+  j.id = s.i64(kId);
+  JobSpec& spec = j.spec;
+  spec.client_key = r.opt_text(kClientKey, "client_key");
+  spec.batch_id = r.opt_text(kBatchId, "batch_id");
+  spec.custom_id = r.opt_text(kCustomId, "custom_id");
+  spec.model = r.opt_text(kModel, "model");
+  spec.priority = r.req_int(kPriority, "priority");
+  std::string kind = r.req_text(kPromptKind, "prompt_kind");
+  if (auto k = prompt_kind_from_string(kind)) {
+    spec.prompt_kind = *k;
+  } else {
+    r.fail("prompt_kind: '" + kind + "' is not one of text|chat");
+  }
+  spec.prompt = r.req_text(kPrompt, "prompt");
+  SamplingParams& p = spec.sampling;
+  p.max_tokens = r.req_int(kMaxTokens, "max_tokens");
+  p.temperature = r.req_real(kTemperature, "temperature");
+  p.top_p = r.req_real(kTopP, "top_p");
+  p.top_k = r.req_int(kTopK, "top_k");
+  p.seed = r.opt_int(kSeed, "seed");
+  if (auto stop = r.opt_text(kStop, "stop")) {
+    auto js = nlohmann::json::parse(*stop, nullptr, false);
+    if (js.is_array() && std::all_of(js.begin(), js.end(), [](auto& e) { return e.is_string(); })) {
+      for (const auto& e : js) p.stop.push_back(e.get<std::string>());
+    } else {
+      r.fail("stop: must be a JSON array of strings");
+    }
+  }
+  // The CHECK constraint on state guarantees a known value.
+  j.state = job_state_from_string(s.text(kState)).value_or(JobState::Failed);
+  j.attempts = r.req_int(kAttempts, "attempts");
+  spec.max_attempts = r.req_int(kMaxAttempts, "max_attempts");
+  j.lease_owner = r.opt_text(kLeaseOwner, "lease_owner");
+  j.lease_expires_at = r.opt_int(kLeaseExpires, "lease_expires_at");
+  j.error = r.opt_text(kError, "error");
+  j.enqueued_at = r.req_int(kEnqueuedAt, "enqueued_at");
+  j.not_before = r.req_int(kNotBefore, "not_before");
+  j.started_at = r.opt_int(kStartedAt, "started_at");
+  j.first_token_at = r.opt_int(kFirstTokenAt, "first_token_at");
+  j.finished_at = r.opt_int(kFinishedAt, "finished_at");
+  if (j.state == JobState::Done) {
+    JobResult res;
+    res.text = r.opt_text(kResultText, "result_text").value_or("");
+    res.prompt_tokens = r.opt_int(kPromptTokens, "prompt_tokens").value_or(0);
+    res.completion_tokens = r.opt_int(kCompletionTokens, "completion_tokens").value_or(0);
+    res.finish_reason = r.opt_text(kFinishReason, "finish_reason").value_or("stop");
+    res.first_token_at = j.first_token_at;
+    j.result = std::move(res);
+  }
+  row.error = std::move(r.error);
+  return row;
+}
+
+std::optional<std::string> stop_list_to_json(const std::vector<std::string>& stop) {
+  if (stop.empty()) return std::nullopt;
+  return nlohmann::json(stop).dump();
+}
+
+}  // namespace moebatch

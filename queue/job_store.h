@@ -1,0 +1,170 @@
+// Durable job queue on one SQLite file (WAL). Producers submit (CLI, ZeroMQ ingress, or plain-SQL
+// INSERTs per schemas/README.md); the dispatcher claims jobs under a time-limited lease, renews
+// it, and reports complete or fail. Execution is at-least-once (an expired lease is handed to
+// another worker) with exactly one final result per job: complete/fail/release only succeed for
+// the current lease owner of a running job, so a stale worker cannot overwrite a result.
+//
+// Thread-safety: a JobStore owns one SQLite connection and is NOT thread-safe; use one JobStore
+// per thread. Any number of JobStores, in any number of threads or processes, may open the same
+// file: writers serialize on SQLite's lock (BEGIN IMMEDIATE + busy_timeout).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "queue/clock.h"
+#include "queue/job.h"
+#include "queue/job_validate.h"
+
+namespace moebatch {
+
+class Db;
+
+/// SQLite durability level. FULL fsyncs the WAL at every commit and is the power-loss-safe
+/// choice; NORMAL is safe against process crashes but may lose the last commits on power loss.
+enum class Synchronous { Normal, Full };
+
+/// Exponential retry backoff: base * 2^(attempts-1), capped.
+struct RetryPolicy {
+  int64_t base_backoff_ms = 1000;   ///< delay after the first failed attempt
+  int64_t max_backoff_ms = 60000;   ///< cap
+};
+
+/// How to open a store.
+struct StoreOptions {
+  std::filesystem::path path;                          ///< database file (created if missing)
+  Synchronous synchronous = Synchronous::Normal;       ///< see Synchronous
+  std::chrono::milliseconds busy_timeout{5000};        ///< wait for other writers this long
+  std::shared_ptr<const Clock> clock = std::make_shared<SystemClock>();  ///< time source
+  JobLimits limits;                                    ///< validation limits
+  RetryPolicy retry;                                   ///< backoff between attempts
+};
+
+/// Outcome of one submission.
+struct SubmitResult {
+  int64_t id = 0;        ///< the job's id
+  bool created = false;  ///< false when client_key matched an existing job
+};
+
+/// Filter for list(); unset fields match everything.
+struct ListFilter {
+  std::optional<JobState> state;     ///< only this state
+  std::optional<std::string> batch_id;  ///< only this batch
+  int64_t after_id = 0;              ///< ids greater than this (paging)
+  int64_t limit = 100;               ///< at most this many rows, 1..100000
+};
+
+/// One completion for complete_many.
+struct Completion {
+  int64_t id = 0;           ///< job id
+  JobResult result;         ///< generated output
+  LatencyRecord latency;    ///< timings
+};
+
+/// What fail() did.
+enum class FailOutcome {
+  Retrying,  ///< back to queued, claimable after the backoff
+  Failed,    ///< failed for good (not retryable, or attempts exhausted)
+  NotOwner,  ///< ignored: the caller does not hold the lease of a running job
+};
+
+/// Nearest-rank percentiles of one latency metric over recorded jobs.
+struct Percentiles {
+  int64_t count = 0;  ///< samples
+  double p50 = 0, p90 = 0, p99 = 0, max = 0;
+};
+
+/// Queue counts and latency summary.
+struct QueueStats {
+  std::map<JobState, int64_t> counts;  ///< every state present, zero when empty
+  Percentiles queue_wait_ms;           ///< enqueued -> started
+  Percentiles ttft_ms;                 ///< started -> first token
+  Percentiles total_ms;                ///< enqueued -> finished
+  Percentiles tokens_per_s;            ///< decode throughput per job
+};
+
+/// The job queue over one SQLite connection. See the file comment for thread-safety.
+class JobStore {
+ public:
+  /// Current schema version (highest migration in schemas/jobs.sql).
+  static int schema_version_latest();
+
+  /// Opens or creates the database, applies pragmas and pending migrations. Throws Error when
+  /// the file cannot be opened or is newer than this build understands.
+  explicit JobStore(StoreOptions options);
+  ~JobStore();
+  JobStore(const JobStore&) = delete;
+  JobStore& operator=(const JobStore&) = delete;
+
+  /// Validates (InputError on a bad spec) and inserts; an existing client_key returns that job.
+  SubmitResult submit(const JobSpec& spec);
+  /// All specs in ONE transaction: all validated first (InputError naming the index), then
+  /// inserted; nothing is inserted when any is invalid. progress(done) is called periodically.
+  std::vector<SubmitResult> submit_many(const std::vector<JobSpec>& specs,
+                                        const std::function<void(size_t)>& progress = {});
+
+  /// The job with this id, if any.
+  std::optional<Job> get(int64_t id);
+  /// The job with this client key, if any.
+  std::optional<Job> get_by_key(const std::string& client_key);
+  /// Jobs matching filter, by id ascending.
+  std::vector<Job> list(const ListFilter& filter);
+
+  /// Requeues expired leases, then leases up to n queued jobs (priority desc, then age) to
+  /// worker for lease. Rows that fail validation (external producers) become failed with the
+  /// reason and are skipped. Claimed jobs are running, attempts incremented.
+  std::vector<Job> claim(const std::string& worker, int64_t n, std::chrono::milliseconds lease);
+  /// Extends the lease of those ids that worker still holds; returns how many were renewed.
+  int64_t renew(const std::string& worker, const std::vector<int64_t>& ids,
+                std::chrono::milliseconds lease);
+  /// Records the result if worker holds the lease of running job id; false (and no change)
+  /// otherwise, e.g. for a stale worker whose lease expired and was taken over or cancelled.
+  bool complete(const std::string& worker, int64_t id, const JobResult& result,
+                const LatencyRecord& latency);
+  /// complete() for many jobs in ONE transaction; element i tells whether completions[i] landed.
+  std::vector<bool> complete_many(const std::string& worker,
+                                  const std::vector<Completion>& completions);
+  /// Reports a failed attempt. Retryable failures go back to queued with backoff until
+  /// max_attempts is reached; then, or when not retryable, the job is failed for good.
+  FailOutcome fail(const std::string& worker, int64_t id, const std::string& reason,
+                   bool retryable);
+  /// Gives leased jobs back without counting the attempt (shutdown, maintenance drain).
+  int64_t release(const std::string& worker, const std::vector<int64_t>& ids);
+  /// Cancels a queued or running job; false when it is already final or does not exist.
+  bool cancel(int64_t id);
+  /// Running jobs whose lease ended before now go back to queued, or to failed when their
+  /// attempts are exhausted. Returns how many rows changed. claim() calls this itself.
+  int64_t requeue_expired();
+
+  /// Counts by state and latency percentiles.
+  QueueStats stats();
+  /// PRAGMA data_version: changes whenever ANOTHER connection commits to the file, so a poller
+  /// can skip its claim query while nothing happened. Commits on this connection do not count.
+  int64_t data_version();
+  /// PRAGMA user_version of the open file.
+  int64_t schema_version();
+  /// The clock this store reads.
+  const Clock& clock() const { return *options_.clock; }
+  /// The options the store was opened with.
+  const StoreOptions& options() const { return options_; }
+
+ private:
+  void migrate();
+  SubmitResult insert_one(const JobSpec& spec);
+  bool complete_locked(const std::string& worker, const Completion& c, int64_t now);
+  int64_t requeue_expired_locked(int64_t now);
+  std::vector<Job> read_jobs(const std::string& sql_suffix,
+                             const std::function<void(class Stmt&)>& bind);
+
+  StoreOptions options_;
+  std::unique_ptr<Db> db_;
+};
+
+}  // namespace moebatch

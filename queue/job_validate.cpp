@@ -1,0 +1,172 @@
+#include "queue/job_validate.h"
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+
+namespace moebatch {
+namespace {
+
+std::optional<std::string> check_id(const char* field, const std::optional<std::string>& v,
+                                    const JobLimits& limits) {
+  if (!v) return std::nullopt;
+  if (v->empty()) return std::string(field) + ": must not be empty (omit it instead)";
+  if (v->size() > limits.max_id_bytes) {
+    return std::string(field) + ": " + std::to_string(v->size()) + " bytes exceeds the limit of " +
+           std::to_string(limits.max_id_bytes);
+  }
+  if (!is_valid_utf8(*v)) return std::string(field) + ": not valid UTF-8";
+  return std::nullopt;
+}
+
+std::optional<std::string> check_stop_strings(const std::vector<std::string>& stop,
+                                              const JobLimits& limits) {
+  if (stop.size() > limits.max_stop) {
+    return "stop: " + std::to_string(stop.size()) + " strings exceeds the limit of " +
+           std::to_string(limits.max_stop);
+  }
+  for (size_t i = 0; i < stop.size(); ++i) {
+    const std::string where = "stop[" + std::to_string(i) + "]: ";
+    if (stop[i].empty()) return where + "must not be empty";
+    if (stop[i].size() > limits.max_stop_bytes) {
+      return where + std::to_string(stop[i].size()) + " bytes exceeds the limit of " +
+             std::to_string(limits.max_stop_bytes);
+    }
+    if (!is_valid_utf8(stop[i])) return where + "not valid UTF-8";
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+bool is_valid_utf8(std::string_view s) {
+  size_t i = 0;
+  const size_t n = s.size();
+  while (i < n) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t len = 0;
+    uint32_t cp = 0;
+    if ((c & 0xE0) == 0xC0) {
+      len = 2;
+      cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      len = 3;
+      cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      len = 4;
+      cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (i + len > n) return false;
+    for (size_t k = 1; k < len; ++k) {
+      const auto cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    // Reject overlong encodings, UTF-16 surrogates and values past Unicode's range.
+    static constexpr uint32_t kMinForLen[5] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < kMinForLen[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += len;
+  }
+  return true;
+}
+
+std::optional<std::string> find_chat_messages_error(std::string_view json,
+                                                    const JobLimits& limits) {
+  nlohmann::json j = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return "prompt: chat messages are not valid JSON";
+  if (!j.is_array()) return "prompt: chat messages must be a JSON array";
+  if (j.empty()) return "prompt: chat messages must not be empty";
+  if (j.size() > limits.max_chat_messages) {
+    return "prompt: " + std::to_string(j.size()) + " chat messages exceeds the limit of " +
+           std::to_string(limits.max_chat_messages);
+  }
+  for (size_t i = 0; i < j.size(); ++i) {
+    const std::string where = "messages[" + std::to_string(i) + "]";
+    const auto& m = j[i];
+    if (!m.is_object()) return where + ": must be an object";
+    for (const auto& [key, value] : m.items()) {
+      if (key != "role" && key != "content" && key != "name") {
+        return where + "." + key + ": unknown field";
+      }
+      (void)value;
+    }
+    auto role = m.find("role");
+    if (role == m.end() || !role->is_string()) return where + ".role: missing or not a string";
+    const auto& r = role->get_ref<const std::string&>();
+    if (r != "system" && r != "user" && r != "assistant" && r != "developer") {
+      return where + ".role: '" + r + "' is not one of system|developer|user|assistant";
+    }
+    auto content = m.find("content");
+    if (content == m.end() || !content->is_string()) {
+      return where + ".content: missing or not a string";
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> find_stop_json_error(std::string_view json, const JobLimits& limits) {
+  nlohmann::json j = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return "stop: not valid JSON";
+  if (!j.is_array()) return "stop: must be a JSON array of strings";
+  std::vector<std::string> stop;
+  for (const auto& s : j) {
+    if (!s.is_string()) return "stop: every element must be a string";
+    stop.push_back(s.get<std::string>());
+  }
+  return check_stop_strings(stop, limits);
+}
+
+std::optional<std::string> find_job_spec_error(const JobSpec& spec, const JobLimits& limits) {
+  if (auto e = check_id("client_key", spec.client_key, limits)) return e;
+  if (auto e = check_id("batch_id", spec.batch_id, limits)) return e;
+  if (auto e = check_id("custom_id", spec.custom_id, limits)) return e;
+  if (auto e = check_id("model", spec.model, limits)) return e;
+  if (spec.priority < -limits.max_abs_priority || spec.priority > limits.max_abs_priority) {
+    return "priority: " + std::to_string(spec.priority) + " is outside [-" +
+           std::to_string(limits.max_abs_priority) + ", " +
+           std::to_string(limits.max_abs_priority) + "]";
+  }
+  if (spec.prompt.size() > limits.max_prompt_bytes) {
+    return "prompt: " + std::to_string(spec.prompt.size()) + " bytes exceeds the limit of " +
+           std::to_string(limits.max_prompt_bytes);
+  }
+  if (spec.prompt.empty()) return "prompt: must not be empty";
+  if (!is_valid_utf8(spec.prompt)) return "prompt: not valid UTF-8";
+  if (spec.prompt_kind == PromptKind::Chat) {
+    if (auto e = find_chat_messages_error(spec.prompt, limits)) return e;
+  }
+  const SamplingParams& p = spec.sampling;
+  if (p.max_tokens < 1 || p.max_tokens > limits.max_tokens) {
+    return "max_tokens: " + std::to_string(p.max_tokens) + " is outside [1, " +
+           std::to_string(limits.max_tokens) + "]";
+  }
+  // Written as negated ranges so NaN fails too.
+  if (!(p.temperature >= 0.0 && p.temperature <= 2.0)) {
+    return "temperature: " + std::to_string(p.temperature) + " is outside [0, 2]";
+  }
+  if (!(p.top_p > 0.0 && p.top_p <= 1.0)) {
+    return "top_p: " + std::to_string(p.top_p) + " is outside (0, 1]";
+  }
+  if (p.top_k < 0 || p.top_k > 1000000) {
+    return "top_k: " + std::to_string(p.top_k) + " is outside [0, 1000000]";
+  }
+  if (auto e = check_stop_strings(p.stop, limits)) return e;
+  if (spec.max_attempts < 1 || spec.max_attempts > limits.max_attempts) {
+    return "max_attempts: " + std::to_string(spec.max_attempts) + " is outside [1, " +
+           std::to_string(limits.max_attempts) + "]";
+  }
+  return std::nullopt;
+}
+
+void validate_job_spec(const JobSpec& spec, const JobLimits& limits) {
+  if (auto e = find_job_spec_error(spec, limits)) throw InputError("invalid job: " + *e);
+}
+
+}  // namespace moebatch

@@ -1,0 +1,62 @@
+-- moebatch job queue schema, as an ordered list of forward migrations.
+--
+-- Each block starts with a line "-- @migration N" and moves the database from
+-- PRAGMA user_version N-1 to N. JobStore runs the blocks above the file's current version, in
+-- order, inside one BEGIN IMMEDIATE transaction each, and sets user_version at the end of each.
+-- Never edit a block that has shipped: append a new one. See schemas/README.md for the contract
+-- of producers that INSERT rows directly.
+--
+-- Times are integer milliseconds since the Unix epoch (UTC). The column default below computes
+-- that from julianday('now') so plain-SQL producers need not supply it.
+
+-- @migration 1
+CREATE TABLE jobs (
+  id                INTEGER PRIMARY KEY AUTOINCREMENT,
+  client_key        TEXT UNIQUE,              -- idempotency key; NULL = none
+  batch_id          TEXT,                     -- group (e.g. one imported file)
+  custom_id         TEXT,                     -- OpenAI Batch custom_id, echoed on export
+  model             TEXT,                     -- model name the request asked for (informative)
+  priority          INTEGER NOT NULL DEFAULT 0,   -- higher runs first
+  prompt_kind       TEXT NOT NULL DEFAULT 'text', -- 'text' | 'chat'
+  prompt            TEXT NOT NULL,            -- plain text, or a JSON array of chat messages
+  max_tokens        INTEGER NOT NULL DEFAULT 256,
+  temperature       REAL NOT NULL DEFAULT 1.0,
+  top_p             REAL NOT NULL DEFAULT 1.0,
+  top_k             INTEGER NOT NULL DEFAULT 0,   -- 0 = disabled
+  seed              INTEGER,                  -- NULL = engine picks
+  stop              TEXT,                     -- JSON array of strings; NULL = none
+  state             TEXT NOT NULL DEFAULT 'queued'
+                    CHECK (state IN ('queued', 'running', 'done', 'failed', 'cancelled')),
+  attempts          INTEGER NOT NULL DEFAULT 0,
+  max_attempts      INTEGER NOT NULL DEFAULT 3,
+  lease_owner       TEXT,
+  lease_expires_at  INTEGER,
+  error             TEXT,
+  enqueued_at       INTEGER NOT NULL
+                    DEFAULT (CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)),
+  started_at        INTEGER,
+  first_token_at    INTEGER,
+  finished_at       INTEGER,
+  result_text       TEXT,
+  prompt_tokens     INTEGER,
+  completion_tokens INTEGER,
+  finish_reason     TEXT
+);
+CREATE INDEX jobs_by_batch ON jobs (batch_id, id);
+
+-- @migration 2
+-- Retry backoff: a failed attempt sets not_before; claim skips rows whose time has not come.
+ALTER TABLE jobs ADD COLUMN not_before INTEGER NOT NULL DEFAULT 0;
+-- Claim order is priority then age; the partial index keeps the claim query off finished rows.
+CREATE INDEX jobs_claim ON jobs (priority DESC, enqueued_at, id) WHERE state = 'queued';
+CREATE INDEX jobs_running_lease ON jobs (lease_expires_at) WHERE state = 'running';
+-- One latency record per finished job, written by complete() in the same transaction.
+CREATE TABLE job_latency (
+  job_id         INTEGER PRIMARY KEY REFERENCES jobs (id) ON DELETE CASCADE,
+  queue_wait_ms  INTEGER NOT NULL,  -- enqueued -> started (last attempt)
+  ttft_ms        INTEGER,           -- started -> first token
+  decode_ms      INTEGER,           -- first token -> last token
+  total_ms       INTEGER NOT NULL,  -- enqueued -> finished
+  tokens_per_s   REAL,              -- completion tokens / decode time
+  recorded_at    INTEGER NOT NULL
+);

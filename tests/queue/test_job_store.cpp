@@ -1,0 +1,328 @@
+// JobStore on real SQLite files: submission, idempotency, validation, state machine, leases,
+// retries, cancellation, stats and change detection. Time moves through a ManualClock.
+#include <gtest/gtest.h>
+
+#include "common/error.h"
+#include "queue/job_store.h"
+#include "queue_test_util.h"
+
+namespace moebatch {
+namespace {
+
+using std::chrono::milliseconds;
+using test::store_options;
+using test::TempDir;
+using test::text_job;
+
+constexpr int64_t kT0 = 1'800'000'000'000;  // a fixed epoch-ms start for the manual clock
+
+class JobStoreTest : public ::testing::Test {
+ protected:
+  TempDir dir;
+  std::shared_ptr<ManualClock> clock = std::make_shared<ManualClock>(kT0);
+  JobStore store{store_options(dir.path() / "jobs.db", clock)};
+};
+
+TEST_F(JobStoreTest, StateNamesRoundTrip) {
+  for (JobState s : {JobState::Queued, JobState::Running, JobState::Done, JobState::Failed,
+                     JobState::Cancelled}) {
+    EXPECT_EQ(job_state_from_string(job_state_to_string(s)), s);
+  }
+  EXPECT_FALSE(job_state_from_string("finished").has_value());
+  EXPECT_TRUE(job_state_is_final(JobState::Cancelled));
+  EXPECT_FALSE(job_state_is_final(JobState::Running));
+}
+
+TEST_F(JobStoreTest, FreshDatabaseIsAtLatestSchema) {
+  EXPECT_EQ(store.schema_version(), JobStore::schema_version_latest());
+  EXPECT_GE(JobStore::schema_version_latest(), 2);
+}
+
+TEST_F(JobStoreTest, SubmitStoresEveryField) {
+  JobSpec s = text_job("hello", "k1");
+  s.batch_id = "b";
+  s.custom_id = "c";
+  s.model = "qwen3-moe";
+  s.priority = 7;
+  s.sampling = {12, 0.5, 0.9, 40, 1234, {"END", "\n\n"}};
+  s.max_attempts = 4;
+  SubmitResult r = store.submit(s);
+  ASSERT_TRUE(r.created);
+  auto j = store.get(r.id);
+  ASSERT_TRUE(j);
+  EXPECT_EQ(j->spec.client_key, "k1");
+  EXPECT_EQ(j->spec.batch_id, "b");
+  EXPECT_EQ(j->spec.custom_id, "c");
+  EXPECT_EQ(j->spec.model, "qwen3-moe");
+  EXPECT_EQ(j->spec.priority, 7);
+  EXPECT_EQ(j->spec.prompt, "hello");
+  EXPECT_EQ(j->spec.sampling.max_tokens, 12);
+  EXPECT_DOUBLE_EQ(j->spec.sampling.temperature, 0.5);
+  EXPECT_DOUBLE_EQ(j->spec.sampling.top_p, 0.9);
+  EXPECT_EQ(j->spec.sampling.top_k, 40);
+  EXPECT_EQ(j->spec.sampling.seed, 1234);
+  EXPECT_EQ(j->spec.sampling.stop, (std::vector<std::string>{"END", "\n\n"}));
+  EXPECT_EQ(j->spec.max_attempts, 4);
+  EXPECT_EQ(j->state, JobState::Queued);
+  EXPECT_EQ(j->enqueued_at, kT0);
+  EXPECT_EQ(j->attempts, 0);
+}
+
+TEST_F(JobStoreTest, ResubmitWithSameKeyReturnsExistingJob) {
+  SubmitResult a = store.submit(text_job("first", "same"));
+  SubmitResult b = store.submit(text_job("second", "same"));
+  EXPECT_TRUE(a.created);
+  EXPECT_FALSE(b.created);
+  EXPECT_EQ(a.id, b.id);
+  EXPECT_EQ(store.get_by_key("same")->spec.prompt, "first");
+  // Jobs without a key are never merged.
+  EXPECT_NE(store.submit(text_job("x")).id, store.submit(text_job("x")).id);
+  auto many = store.submit_many({text_job("y", "same"), text_job("z", "new")});
+  EXPECT_EQ(many[0].id, a.id);
+  EXPECT_FALSE(many[0].created);
+  EXPECT_TRUE(many[1].created);
+}
+
+TEST_F(JobStoreTest, SubmitRejectsBadSpecsNamingTheField) {
+  auto expect_field = [&](JobSpec s, const std::string& field) {
+    try {
+      store.submit(s);
+      ADD_FAILURE() << "accepted a bad " << field;
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(field + ":"), std::string::npos) << e.what();
+    }
+  };
+  JobSpec s = text_job("p");
+  s.sampling.max_tokens = -1;
+  expect_field(s, "max_tokens");
+  s = text_job(std::string(store.options().limits.max_prompt_bytes + 1, 'a'));
+  expect_field(s, "prompt");
+  s = text_job("p");
+  s.sampling.temperature = std::nan("");
+  expect_field(s, "temperature");
+  s = text_job("[{\"role\":\"user\"}]");
+  s.prompt_kind = PromptKind::Chat;
+  expect_field(s, "messages[0].content");
+  s = text_job("{not json");
+  s.prompt_kind = PromptKind::Chat;
+  expect_field(s, "prompt");
+  s = text_job("p");
+  s.sampling.stop = {""};
+  expect_field(s, "stop[0]");
+  s = text_job("\xff\xfe");
+  expect_field(s, "prompt");
+  EXPECT_TRUE(store.list({}).empty());
+}
+
+TEST_F(JobStoreTest, SubmitManyIsAllOrNothing) {
+  JobSpec bad = text_job("p");
+  bad.sampling.max_tokens = 0;
+  try {
+    store.submit_many({text_job("a"), text_job("b"), bad});
+    FAIL() << "accepted a bad batch";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("#2"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(store.list({}).empty());
+  size_t last_progress = 0;
+  auto ids = store.submit_many({text_job("a"), text_job("b")}, [&](size_t n) { last_progress = n; });
+  EXPECT_EQ(ids.size(), 2u);
+  EXPECT_EQ(last_progress, 2u);
+  EXPECT_EQ(store.list({}).size(), 2u);
+}
+
+TEST_F(JobStoreTest, ClaimOrdersByPriorityThenAge) {
+  int64_t old_low = store.submit(text_job("old low")).id;
+  clock->advance(10);
+  int64_t new_high = store.submit([] { auto s = text_job("new high"); s.priority = 5; return s; }()).id;
+  clock->advance(10);
+  int64_t newer_low = store.submit(text_job("newer low")).id;
+  auto got = store.claim("w", 3, milliseconds(1000));
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[0].id, new_high);
+  EXPECT_EQ(got[1].id, old_low);
+  EXPECT_EQ(got[2].id, newer_low);
+  for (const Job& j : got) {
+    EXPECT_EQ(j.state, JobState::Running);
+    EXPECT_EQ(j.attempts, 1);
+    EXPECT_EQ(j.lease_owner, "w");
+    EXPECT_EQ(j.lease_expires_at, clock->now_ms() + 1000);
+  }
+  EXPECT_TRUE(store.claim("w2", 5, milliseconds(1000)).empty());
+}
+
+TEST_F(JobStoreTest, CompleteRecordsResultAndLatencyOnceForTheLeaseOwner) {
+  int64_t id = store.submit(text_job("p")).id;
+  ASSERT_EQ(store.claim("w", 1, milliseconds(1000)).size(), 1u);
+  JobResult res{"out", 3, 2, "length", kT0 + 5};
+  LatencyRecord lat{1, 5, 10, 20, 200.0};
+  EXPECT_FALSE(store.complete("intruder", id, res, lat));
+  clock->advance(20);
+  EXPECT_TRUE(store.complete("w", id, res, lat));
+  EXPECT_FALSE(store.complete("w", id, JobResult{"again", 1, 1, "stop", {}}, lat));
+  auto j = store.get(id);
+  ASSERT_TRUE(j && j->result);
+  EXPECT_EQ(j->state, JobState::Done);
+  EXPECT_EQ(j->result->text, "out");
+  EXPECT_EQ(j->result->completion_tokens, 2);
+  EXPECT_EQ(j->result->finish_reason, "length");
+  EXPECT_EQ(j->finished_at, kT0 + 20);
+  EXPECT_FALSE(j->lease_owner.has_value());
+  EXPECT_EQ(store.fail("w", id, "late", true), FailOutcome::NotOwner);
+  EXPECT_FALSE(store.cancel(id));
+  QueueStats st = store.stats();
+  EXPECT_EQ(st.counts[JobState::Done], 1);
+  EXPECT_EQ(st.total_ms.count, 1);
+  EXPECT_DOUBLE_EQ(st.total_ms.p50, 20);
+  EXPECT_DOUBLE_EQ(st.tokens_per_s.max, 200.0);
+}
+
+TEST_F(JobStoreTest, ExpiredLeaseIsTakenOverAndStaleWorkerCannotFinish) {
+  int64_t id = store.submit(text_job("p")).id;
+  ASSERT_EQ(store.claim("old", 1, milliseconds(1000)).size(), 1u);
+  clock->advance(999);
+  EXPECT_TRUE(store.claim("new", 1, milliseconds(1000)).empty()) << "lease still valid";
+  EXPECT_EQ(store.renew("old", {id}, milliseconds(1000)), 1);
+  clock->advance(999);
+  EXPECT_TRUE(store.claim("new", 1, milliseconds(1000)).empty()) << "renewed lease still valid";
+  clock->advance(2);
+  auto got = store.claim("new", 1, milliseconds(1000));
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].attempts, 2);
+  EXPECT_NE(got[0].error.value_or("").find("lease of old expired"), std::string::npos);
+  EXPECT_EQ(store.renew("old", {id}, milliseconds(1000)), 0);
+  EXPECT_FALSE(store.complete("old", id, JobResult{"stale", 1, 1, "stop", {}}, {}));
+  EXPECT_EQ(store.fail("old", id, "stale", false), FailOutcome::NotOwner);
+  EXPECT_EQ(store.release("old", {id}), 0);
+  EXPECT_TRUE(store.complete("new", id, JobResult{"fresh", 1, 1, "stop", {}}, {}));
+  EXPECT_EQ(store.get(id)->result->text, "fresh");
+}
+
+TEST_F(JobStoreTest, RequeueExpiredFailsJobsOutOfAttempts) {
+  JobSpec s = text_job("poison");
+  s.max_attempts = 2;
+  int64_t id = store.submit(s).id;
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(store.claim("w", 1, milliseconds(100)).size(), 1u) << "attempt " << i;
+    clock->advance(101);
+  }
+  EXPECT_EQ(store.requeue_expired(), 1);
+  auto j = store.get(id);
+  EXPECT_EQ(j->state, JobState::Failed);
+  EXPECT_NE(j->error->find("max_attempts"), std::string::npos) << *j->error;
+  EXPECT_EQ(store.requeue_expired(), 0);
+}
+
+TEST_F(JobStoreTest, RetryableFailureBacksOffThenGivesUp) {
+  JobSpec s = text_job("flaky");
+  s.max_attempts = 2;
+  int64_t id = store.submit(s).id;
+  ASSERT_EQ(store.claim("w", 1, milliseconds(1000)).size(), 1u);
+  EXPECT_EQ(store.fail("w", id, "oom", true), FailOutcome::Retrying);
+  auto j = store.get(id);
+  EXPECT_EQ(j->state, JobState::Queued);
+  EXPECT_EQ(j->not_before, kT0 + store.options().retry.base_backoff_ms);
+  EXPECT_TRUE(store.claim("w", 1, milliseconds(1000)).empty()) << "claimed during backoff";
+  clock->advance(store.options().retry.base_backoff_ms);
+  ASSERT_EQ(store.claim("w", 1, milliseconds(1000)).size(), 1u);
+  EXPECT_EQ(store.fail("w", id, "oom", true), FailOutcome::Failed);
+  j = store.get(id);
+  EXPECT_EQ(j->state, JobState::Failed);
+  EXPECT_EQ(*j->error, "oom (gave up after 2 attempts)");
+}
+
+TEST_F(JobStoreTest, NonRetryableFailureIsFinal) {
+  int64_t id = store.submit(text_job("p")).id;
+  ASSERT_EQ(store.claim("w", 1, milliseconds(1000)).size(), 1u);
+  EXPECT_EQ(store.fail("w", id, "prompt too long for context", false), FailOutcome::Failed);
+  EXPECT_EQ(store.get(id)->error, "prompt too long for context");
+  EXPECT_TRUE(store.claim("w", 1, milliseconds(1000)).empty());
+}
+
+TEST_F(JobStoreTest, ReleaseGivesTheAttemptBack) {
+  int64_t id = store.submit(text_job("p")).id;
+  ASSERT_EQ(store.claim("w", 1, milliseconds(1000)).size(), 1u);
+  EXPECT_EQ(store.release("w", {id}), 1);
+  auto j = store.get(id);
+  EXPECT_EQ(j->state, JobState::Queued);
+  EXPECT_EQ(j->attempts, 0);
+  EXPECT_EQ(store.claim("w", 1, milliseconds(1000)).size(), 1u);
+}
+
+TEST_F(JobStoreTest, CancelQueuedAndRunningButNotFinal) {
+  int64_t queued = store.submit(text_job("a")).id;
+  int64_t running = store.submit(text_job("b")).id;
+  store.claim("w", 1, milliseconds(1000));
+  EXPECT_TRUE(store.cancel(queued));
+  EXPECT_TRUE(store.cancel(running));
+  EXPECT_FALSE(store.cancel(running));
+  EXPECT_FALSE(store.cancel(999999));
+  EXPECT_FALSE(store.complete("w", running, JobResult{"x", 1, 1, "stop", {}}, {}));
+  EXPECT_EQ(store.get(running)->state, JobState::Cancelled);
+  EXPECT_TRUE(store.claim("w", 5, milliseconds(1000)).empty());
+}
+
+TEST_F(JobStoreTest, CompleteManyLandsOnlyOwnedJobs) {
+  auto ids = store.submit_many({text_job("a"), text_job("b"), text_job("c")});
+  ASSERT_EQ(store.claim("w", 2, milliseconds(1000)).size(), 2u);
+  std::vector<Completion> cs;
+  for (auto& r : ids) cs.push_back({r.id, JobResult{"r" + std::to_string(r.id), 1, 1, "stop", {}}, {}});
+  auto ok = store.complete_many("w", cs);
+  EXPECT_EQ(ok, (std::vector<bool>{true, true, false}));
+  EXPECT_EQ(store.stats().counts[JobState::Done], 2);
+  EXPECT_EQ(store.get(ids[2].id)->state, JobState::Queued);
+}
+
+TEST_F(JobStoreTest, ListFiltersByStateAndBatch) {
+  JobSpec a = text_job("a");
+  a.batch_id = "B1";
+  JobSpec b = text_job("b");
+  b.batch_id = "B2";
+  store.submit_many({a, b, a});
+  store.claim("w", 1, milliseconds(1000));
+  ListFilter f;
+  f.batch_id = "B1";
+  EXPECT_EQ(store.list(f).size(), 2u);
+  f.state = JobState::Running;
+  EXPECT_EQ(store.list(f).size(), 1u);
+  ListFilter page;
+  page.limit = 1;
+  page.after_id = store.list(page).at(0).id;
+  EXPECT_EQ(store.list(page).size(), 1u);
+  page.limit = 0;
+  EXPECT_THROW(store.list(page), InputError);
+}
+
+TEST_F(JobStoreTest, DataVersionMovesOnlyForOtherConnections) {
+  JobStore other(store_options(dir.path() / "jobs.db", clock));
+  int64_t v0 = store.data_version();
+  store.submit(text_job("own write"));
+  EXPECT_EQ(store.data_version(), v0);
+  other.submit(text_job("other write"));
+  EXPECT_NE(store.data_version(), v0);
+}
+
+TEST_F(JobStoreTest, StatsPercentilesUseNearestRank) {
+  std::vector<Completion> cs;
+  for (int i = 1; i <= 10; ++i) {
+    int64_t id = store.submit(text_job("p" + std::to_string(i))).id;
+    cs.push_back({id, JobResult{"r", 1, 1, "stop", {}}, LatencyRecord{i * 10, i, i, i * 100, {}}});
+  }
+  store.claim("w", 10, milliseconds(1000));
+  store.complete_many("w", cs);
+  QueueStats st = store.stats();
+  EXPECT_EQ(st.queue_wait_ms.count, 10);
+  EXPECT_DOUBLE_EQ(st.queue_wait_ms.p50, 50);
+  EXPECT_DOUBLE_EQ(st.queue_wait_ms.p90, 90);
+  EXPECT_DOUBLE_EQ(st.queue_wait_ms.p99, 100);
+  EXPECT_EQ(st.tokens_per_s.count, 0);
+}
+
+TEST_F(JobStoreTest, RejectsBadClaimArguments) {
+  EXPECT_THROW(store.claim("", 1, milliseconds(1000)), InputError);
+  EXPECT_THROW(store.claim("w", 0, milliseconds(1000)), InputError);
+  EXPECT_THROW(store.claim("w", 1, milliseconds(0)), InputError);
+}
+
+}  // namespace
+}  // namespace moebatch
