@@ -1,0 +1,140 @@
+// Rows inserted with plain SQL by an external producer (schemas/README.md): the documented
+// example works verbatim, invalid rows become failed with a reason naming the column, and the
+// database constraints reject what the contract says they reject.
+#include <gtest/gtest.h>
+#include <sqlite3.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "queue/job_store.h"
+#include "queue/schema.h"
+#include "queue_test_util.h"
+
+namespace moebatch {
+namespace {
+
+using std::chrono::milliseconds;
+using test::store_options;
+using test::TempDir;
+
+// A separate raw connection, as an external producer would have.
+class Producer {
+ public:
+  explicit Producer(const std::filesystem::path& path) {
+    EXPECT_EQ(sqlite3_open(path.c_str(), &db_), SQLITE_OK);
+    sqlite3_busy_timeout(db_, 5000);
+  }
+  ~Producer() { sqlite3_close(db_); }
+  /// Runs sql; returns the SQLite error message, empty on success.
+  std::string exec(const std::string& sql) {
+    char* err = nullptr;
+    int rc = sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err);
+    std::string msg = rc == SQLITE_OK ? "" : (err ? err : "error");
+    sqlite3_free(err);
+    return msg;
+  }
+
+ private:
+  sqlite3* db_ = nullptr;
+};
+
+class ExternalRowsTest : public ::testing::Test {
+ protected:
+  TempDir dir;
+  std::filesystem::path db = dir.path() / "jobs.db";
+  std::shared_ptr<SystemClock> clock = std::make_shared<SystemClock>();
+  JobStore store{store_options(db, clock)};
+  Producer producer{db};
+};
+
+TEST_F(ExternalRowsTest, DocumentedExampleIsInTheReadmeVerbatim) {
+  std::ifstream in(std::string(MOEBATCH_SOURCE_DIR) + "/schemas/README.md");
+  ASSERT_TRUE(in) << "schemas/README.md not found";
+  std::stringstream ss;
+  ss << in.rdbuf();
+  EXPECT_NE(ss.str().find(std::string(external_insert_example_sql())), std::string::npos)
+      << "schemas/README.md no longer contains example_external_insert.sql verbatim";
+}
+
+TEST_F(ExternalRowsTest, DocumentedExampleRowsAreClaimedAsFirstClassJobs) {
+  ASSERT_EQ(producer.exec(std::string(external_insert_example_sql())), "");
+  auto got = store.claim("w", 10, milliseconds(60000));
+  ASSERT_EQ(got.size(), 2u);
+  // priority 5 first
+  EXPECT_EQ(got[0].spec.client_key, "nightly-report-0002");
+  EXPECT_EQ(got[0].spec.prompt_kind, PromptKind::Chat);
+  EXPECT_EQ(got[0].spec.sampling.stop, std::vector<std::string>{"\n\n"});
+  EXPECT_EQ(got[0].spec.sampling.max_tokens, 64);
+  EXPECT_EQ(got[1].spec.client_key, "nightly-report-0001");
+  EXPECT_DOUBLE_EQ(got[1].spec.sampling.temperature, 0.7);
+  EXPECT_EQ(got[1].spec.sampling.top_k, 0);
+  EXPECT_EQ(got[1].spec.max_attempts, 3);
+  EXPECT_GT(got[1].enqueued_at, 1'600'000'000'000) << "default enqueued_at is not epoch ms";
+  EXPECT_LE(got[1].enqueued_at, clock->now_ms());
+}
+
+TEST_F(ExternalRowsTest, InvalidRowsFailWithReasonAndValidOnesAreClaimed) {
+  struct Case {
+    std::string values;  // (prompt, prompt_kind, max_tokens, temperature, stop, attempts)
+    std::string reason;
+  };
+  const std::vector<Case> bad = {
+      {"'p', 'text', -5, 1.0, NULL, 0", "max_tokens: -5 is outside"},
+      {"'p', 'text', 'lots', 1.0, NULL, 0", "max_tokens: expected an integer, found text"},
+      {"'p', 'image', 10, 1.0, NULL, 0", "prompt_kind: 'image'"},
+      {"'[{\"role\":\"user\"}]', 'chat', 10, 1.0, NULL, 0", "messages[0].content"},
+      {"'{oops', 'chat', 10, 1.0, NULL, 0", "prompt: chat messages are not valid JSON"},
+      {"'p', 'text', 10, 9.0, NULL, 0", "temperature"},
+      {"'p', 'text', 10, 1.0, '\"END\"', 0", "stop: must be a JSON array"},
+      {"'', 'text', 10, 1.0, NULL, 0", "prompt: must not be empty"},
+      {"x'00ff', 'text', 10, 1.0, NULL, 0", "prompt: expected text, found blob"},
+      {"printf('%.*c', 1048577, 'a'), 'text', 10, 1.0, NULL, 0", "prompt: 1048577 bytes"},
+      {"'p', 'text', 10, 1.0, NULL, 3", "attempts: 3 already reaches max_attempts 3"},
+  };
+  std::string sql = "BEGIN IMMEDIATE;";
+  for (size_t i = 0; i < bad.size(); ++i) {
+    sql += "INSERT INTO jobs (client_key, prompt, prompt_kind, max_tokens, temperature, stop, "
+           "attempts) VALUES ('bad" + std::to_string(i) + "', " + bad[i].values + ");";
+    sql += "INSERT INTO jobs (client_key, prompt) VALUES ('good" + std::to_string(i) + "', 'ok');";
+  }
+  sql += "COMMIT;";
+  ASSERT_EQ(producer.exec(sql), "");
+
+  auto got = store.claim("w", 1000, milliseconds(60000));
+  ASSERT_EQ(got.size(), bad.size());
+  for (const Job& j : got) EXPECT_EQ(j.spec.client_key->rfind("good", 0), 0u) << *j.spec.client_key;
+  for (size_t i = 0; i < bad.size(); ++i) {
+    auto j = store.get_by_key("bad" + std::to_string(i));
+    ASSERT_TRUE(j);
+    EXPECT_EQ(j->state, JobState::Failed) << bad[i].reason;
+    EXPECT_TRUE(j->finished_at.has_value());
+    ASSERT_TRUE(j->error.has_value());
+    EXPECT_NE(j->error->find("invalid job row: "), std::string::npos) << *j->error;
+    EXPECT_NE(j->error->find(bad[i].reason), std::string::npos)
+        << "expected '" << bad[i].reason << "' in '" << *j->error << "'";
+  }
+  EXPECT_EQ(store.stats().counts[JobState::Failed], static_cast<int64_t>(bad.size()));
+}
+
+TEST_F(ExternalRowsTest, ConstraintsRejectWhatTheContractSays) {
+  EXPECT_NE(producer.exec("INSERT INTO jobs (prompt) VALUES (NULL)").find("NOT NULL"),
+            std::string::npos);
+  EXPECT_NE(producer.exec("INSERT INTO jobs (prompt, state) VALUES ('p', 'bogus')").find("CHECK"),
+            std::string::npos);
+  ASSERT_EQ(producer.exec("INSERT INTO jobs (client_key, prompt) VALUES ('k', 'p')"), "");
+  EXPECT_NE(producer.exec("INSERT INTO jobs (client_key, prompt) VALUES ('k', 'p')").find("UNIQUE"),
+            std::string::npos);
+  EXPECT_EQ(producer.exec("INSERT OR IGNORE INTO jobs (client_key, prompt) VALUES ('k', 'p')"), "");
+  EXPECT_EQ(store.list({}).size(), 1u);
+}
+
+TEST_F(ExternalRowsTest, DataVersionRevealsExternalInserts) {
+  int64_t v0 = store.data_version();
+  EXPECT_EQ(store.data_version(), v0);
+  ASSERT_EQ(producer.exec("INSERT INTO jobs (prompt) VALUES ('p')"), "");
+  EXPECT_NE(store.data_version(), v0);
+}
+
+}  // namespace
+}  // namespace moebatch

@@ -1,0 +1,115 @@
+// Schema versioning: a database created at schema version 1 (by hand, as version 1 shipped) is
+// migrated forward on open with its data intact; newer-than-known files are refused; the
+// migration list itself is checked for order.
+#include <gtest/gtest.h>
+#include <sqlite3.h>
+
+#include "common/error.h"
+#include "queue/job_store.h"
+#include "queue/schema.h"
+#include "queue_test_util.h"
+
+namespace moebatch {
+namespace {
+
+using std::chrono::milliseconds;
+using test::store_options;
+using test::TempDir;
+
+// The version-1 schema exactly as it shipped (migration 1 of schemas/jobs.sql).
+constexpr const char* kV1Schema = R"sql(
+CREATE TABLE jobs (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, client_key TEXT UNIQUE, batch_id TEXT, custom_id TEXT,
+  model TEXT, priority INTEGER NOT NULL DEFAULT 0, prompt_kind TEXT NOT NULL DEFAULT 'text',
+  prompt TEXT NOT NULL, max_tokens INTEGER NOT NULL DEFAULT 256,
+  temperature REAL NOT NULL DEFAULT 1.0, top_p REAL NOT NULL DEFAULT 1.0,
+  top_k INTEGER NOT NULL DEFAULT 0, seed INTEGER, stop TEXT,
+  state TEXT NOT NULL DEFAULT 'queued'
+    CHECK (state IN ('queued', 'running', 'done', 'failed', 'cancelled')),
+  attempts INTEGER NOT NULL DEFAULT 0, max_attempts INTEGER NOT NULL DEFAULT 3,
+  lease_owner TEXT, lease_expires_at INTEGER, error TEXT,
+  enqueued_at INTEGER NOT NULL
+    DEFAULT (CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)),
+  started_at INTEGER, first_token_at INTEGER, finished_at INTEGER, result_text TEXT,
+  prompt_tokens INTEGER, completion_tokens INTEGER, finish_reason TEXT);
+CREATE INDEX jobs_by_batch ON jobs (batch_id, id);
+INSERT INTO jobs (client_key, batch_id, prompt, max_tokens, enqueued_at)
+  VALUES ('old-queued', 'legacy', 'still waiting', 16, 1000);
+INSERT INTO jobs (client_key, prompt, state, result_text, prompt_tokens, completion_tokens,
+                  finish_reason, finished_at, enqueued_at)
+  VALUES ('old-done', 'was run', 'done', 'legacy answer', 3, 2, 'stop', 2000, 1500);
+PRAGMA user_version = 1;
+)sql";
+
+void exec_raw(const std::filesystem::path& path, const std::string& sql) {
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  char* err = nullptr;
+  int rc = sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &err);
+  std::string msg = err ? err : "";
+  sqlite3_free(err);
+  sqlite3_close(db);
+  ASSERT_EQ(rc, SQLITE_OK) << msg;
+}
+
+TEST(Migration, VersionOneDatabaseIsUpgradedWithDataIntact) {
+  TempDir dir;
+  auto db = dir.path() / "v1.db";
+  exec_raw(db, kV1Schema);
+  auto clock = std::make_shared<ManualClock>(10'000);
+  JobStore store(store_options(db, clock));
+  EXPECT_EQ(store.schema_version(), JobStore::schema_version_latest());
+
+  auto done = store.get_by_key("old-done");
+  ASSERT_TRUE(done && done->result);
+  EXPECT_EQ(done->state, JobState::Done);
+  EXPECT_EQ(done->result->text, "legacy answer");
+  EXPECT_EQ(done->finished_at, 2000);
+
+  auto queued = store.get_by_key("old-queued");
+  ASSERT_TRUE(queued);
+  EXPECT_EQ(queued->not_before, 0) << "new column must default for old rows";
+  // The migrated row is claimable and completes with a latency record (table added in v2).
+  auto got = store.claim("w", 5, milliseconds(1000));
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].spec.batch_id, "legacy");
+  EXPECT_EQ(got[0].spec.sampling.max_tokens, 16);
+  EXPECT_TRUE(store.complete("w", got[0].id, JobResult{"new answer", 2, 2, "stop", {}},
+                             LatencyRecord{9000, 1, 1, 9001, 2.0}));
+  EXPECT_EQ(store.stats().total_ms.count, 1);
+
+  // Reopening an up-to-date file is a no-op.
+  JobStore again(store_options(db, clock));
+  EXPECT_EQ(again.list({}).size(), 2u);
+}
+
+TEST(Migration, NewerSchemaIsRefused) {
+  TempDir dir;
+  auto db = dir.path() / "future.db";
+  exec_raw(db, "PRAGMA user_version = " + std::to_string(JobStore::schema_version_latest() + 1));
+  try {
+    JobStore store(store_options(db, std::make_shared<SystemClock>()));
+    FAIL() << "opened a newer schema";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("newer than this build"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Migration, ParserDemandsConsecutiveVersions) {
+  auto ok = parse_migrations("-- @migration 1\nCREATE TABLE a (x);\n-- @migration 2\nSELECT 1;\n");
+  ASSERT_EQ(ok.size(), 2u);
+  EXPECT_EQ(ok[1].version, 2);
+  EXPECT_NE(ok[0].sql.find("CREATE TABLE a"), std::string::npos);
+  EXPECT_THROW(parse_migrations("-- @migration 2\nSELECT 1;\n"), Error);
+  EXPECT_THROW(parse_migrations("-- @migration 1\n\n"), Error);
+  EXPECT_THROW(parse_migrations("-- @migration x\nSELECT 1;\n"), Error);
+  EXPECT_THROW(parse_migrations("SELECT 1;\n"), Error);
+}
+
+TEST(Migration, ShippedSchemaParses) {
+  auto m = parse_migrations(jobs_schema_sql());
+  EXPECT_EQ(static_cast<int>(m.size()), JobStore::schema_version_latest());
+}
+
+}  // namespace
+}  // namespace moebatch
