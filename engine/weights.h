@@ -126,6 +126,7 @@ struct ModelWeightsT {
 
 using ModelPlan = ModelWeightsT<TensorPlan>;
 using ModelWeights = ModelWeightsT<HostTensor>;
+using LayerWeights = LayerWeightsT<HostTensor>;
 
 /// Builds the slice plan of rank `spec.rank`: hub names, expected full shapes, slices.
 ModelPlan plan_weights(const ModelConfig& cfg, const ShardSpec& spec);

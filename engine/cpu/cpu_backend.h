@@ -1,0 +1,59 @@
+// The fp32 CPU reference backend: one thread per tensor-parallel rank, each with its own weight
+// shard, KV cache shard and thread pool, joined by an InProcessComm.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <vector>
+
+#include "engine/backend.h"
+#include "engine/cpu/comm.h"
+#include "engine/cpu/thread_pool.h"
+#include "engine/kv_cache.h"
+#include "engine/weights.h"
+
+namespace moebatch {
+
+/// Options of the CPU backend.
+struct CpuBackendOptions {
+  int tp = 1;                        ///< tensor-parallel ranks (threads)
+  int threads = 0;                   ///< total compute threads; 0 = hardware concurrency
+  int64_t block_size = 16;           ///< tokens per KV block
+  int64_t kv_cache_bytes = 256 << 20;  ///< KV budget over all ranks; sets the block count
+  ExpertSplit expert_split = ExpertSplit::Intermediate;  ///< MoE sharding mode
+};
+
+/// Everything one rank's forward needs, passed explicitly.
+struct CpuRank {
+  int rank = 0;                 ///< rank index
+  ShardDims dims;               ///< local sizes
+  ModelWeights weights;         ///< this rank's shard (fp32)
+  HostKvCache kv;               ///< this rank's kv heads
+  std::unique_ptr<ThreadPool> pool;  ///< this rank's compute threads
+};
+
+/// Runs one rank's forward over `batch`. Rank 0 writes `logits` ([rows, vocab]).
+void cpu_forward(const ModelConfig& cfg, CpuRank& r, InProcessComm& comm, const StepBatch& batch,
+                 std::vector<float>& logits);
+
+/// fp32 CPU backend over a checkpoint directory.
+class CpuBackend final : public Backend {
+ public:
+  /// Loads config and weights of `model_dir` for opts.tp ranks; InputError on bad input.
+  CpuBackend(const std::filesystem::path& model_dir, const CpuBackendOptions& opts);
+  ~CpuBackend() override;
+
+  const ModelConfig& config() const override { return cfg_; }
+  int64_t num_kv_blocks() const override { return num_blocks_; }
+  int64_t block_size() const override { return opts_.block_size; }
+  void forward(const StepBatch& batch, std::vector<float>& logits) override;
+
+ private:
+  ModelConfig cfg_;
+  CpuBackendOptions opts_;
+  int64_t num_blocks_ = 0;
+  std::vector<std::unique_ptr<CpuRank>> ranks_;
+  InProcessComm comm_;
+};
+
+}  // namespace moebatch
