@@ -1,0 +1,53 @@
+// Paged attention over the KV cache (layout in kv_cache.cuh), causal, grouped-query.
+// One batch step holds sequences with a run of new query tokens each (a prefill chunk, or one
+// decode token); their k/v are already written to the cache. Sequence s's query rows are
+// [q_start[s], q_start[s+1]), the last of its kv_lens[s] positions, so query i sits at position
+// kv_lens[s] - n_q + i and sees keys 0..that position.
+#pragma once
+
+#include "kernels/types.cuh"
+
+namespace moebatch::kernels {
+
+/// Operands of attention_prefill / attention_decode.
+struct AttentionParams {
+  bf16* out = nullptr;                ///< [num_tokens, n_q_heads * head_dim]
+  const bf16* q = nullptr;            ///< [num_tokens, q_stride]; head h at h * head_dim
+  int64_t q_stride = 0;
+  const bf16* k_cache = nullptr;      ///< [num_blocks, block_size, n_kv_heads, head_dim]
+  const bf16* v_cache = nullptr;
+  const int32_t* block_tables = nullptr;  ///< [num_seqs, max_blocks_per_seq]
+  const int32_t* q_start = nullptr;   ///< [num_seqs + 1] prefix sums of query tokens per sequence
+  const int32_t* kv_lens = nullptr;   ///< [num_seqs] context length including the new tokens
+  int num_seqs = 0;
+  int num_tokens = 0;                 ///< q_start[num_seqs]
+  int max_q_len = 0;                  ///< host bound on query tokens of any sequence
+  int max_kv_len = 0;                 ///< host bound on kv_lens (sizes the split-K ranges)
+  int max_blocks_per_seq = 0;
+  int block_size = 16;
+  int n_q_heads = 0;
+  int n_kv_heads = 0;                 ///< divides n_q_heads
+  int head_dim = 0;                   ///< 16, 32, 64 or 128
+  float scale = 0.f;                  ///< softmax scale, usually 1/sqrt(head_dim)
+  int num_splits = 1;                 ///< split-K (flash-decoding) partitions of the key range
+  float* workspace = nullptr;         ///< attention_workspace_floats(...) floats when num_splits > 1
+};
+
+/// Floats of workspace the split-K path needs.
+inline size_t attention_workspace_floats(int num_tokens, int n_q_heads, int head_dim, int num_splits) {
+  return num_splits > 1 ? static_cast<size_t>(num_tokens) * n_q_heads * num_splits * (head_dim + 2) : 0;
+}
+
+/// Split count for decode: enough (sequence, kv head, split) blocks to fill the GPU twice, each
+/// split at least 256 keys, at most max_splits.
+int attention_decode_splits(int num_seqs, int n_kv_heads, int max_kv_len, int num_sms, int max_splits);
+
+/// Causal attention for many query tokens per sequence: tiles of 32 (token, head) rows of one
+/// kv group share each staged K/V tile.
+void attention_prefill(const AttentionParams& p, cudaStream_t stream);
+
+/// Attention for few query tokens per sequence (decode): tiles of 8 rows, i.e. one token's
+/// whole GQA group for 8 heads per kv head, with split-K over long contexts.
+void attention_decode(const AttentionParams& p, cudaStream_t stream);
+
+}  // namespace moebatch::kernels

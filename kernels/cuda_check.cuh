@@ -1,0 +1,31 @@
+// The CUDA/cuBLAS members of the project's check-macro family (see common/error.h): each throws
+// moebatch::Error naming the failed expression, file and line. Launchers use CUDA_CHECK_LAST
+// right after a launch so a bad configuration surfaces at its call site, not at the next sync.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include "common/error.h"
+
+#define CUDA_CHECK(expr)                                                                  \
+  do {                                                                                    \
+    const cudaError_t mb_cuda_err_ = (expr);                                              \
+    if (mb_cuda_err_ != cudaSuccess)                                                      \
+      ::moebatch::throw_check_failure(cudaGetErrorString(mb_cuda_err_), #expr, __FILE__, \
+                                      __LINE__);                                          \
+  } while (0)
+
+#define CUBLAS_CHECK(expr)                                                                  \
+  do {                                                                                      \
+    const cublasStatus_t mb_cublas_st_ = (expr);                                            \
+    if (mb_cublas_st_ != CUBLAS_STATUS_SUCCESS)                                             \
+      ::moebatch::throw_check_failure(cublasGetStatusString(mb_cublas_st_), #expr, __FILE__, \
+                                      __LINE__);                                            \
+  } while (0)
+
+/// Checks the launch that just happened (configuration errors, not asynchronous faults).
+#define CUDA_CHECK_LAST() CUDA_CHECK(cudaGetLastError())
+
+/// Grid size for `n` items in groups of `d`.
+#define CEIL_DIV(n, d) (((n) + (d) - 1) / (d))

@@ -1,0 +1,87 @@
+// Device-side helpers shared by the kernels: warp/block reductions and scans, 16-byte bf16
+// vector access. Included only from .cu files.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+namespace moebatch::kernels {
+
+constexpr unsigned kFullMask = 0xffffffffu;
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
+  return v;
+}
+
+/// Sum over the block, returned to every thread. `scratch`: 32 floats of shared memory.
+/// blockDim.x must be a multiple of 32. Safe to call repeatedly with the same scratch.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // a previous call may still be reading scratch
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < static_cast<int>(blockDim.x >> 5) ? scratch[lane] : 0.f;
+  return warp_sum(v);
+}
+
+/// Inclusive prefix sum over the block in thread order; `total` gets the block sum.
+/// `scratch`: 32 floats of shared memory. blockDim.x must be a multiple of 32.
+template <typename T>
+__device__ __forceinline__ T block_inclusive_scan(T v, T* scratch, T* total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int nwarps = blockDim.x >> 5;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const T up = __shfl_up_sync(kFullMask, v, o);
+    if (lane >= o) v += up;
+  }
+  __syncthreads();
+  if (lane == 31) scratch[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    T w = lane < nwarps ? scratch[lane] : T(0);
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const T up = __shfl_up_sync(kFullMask, w, o);
+      if (lane >= o) w += up;
+    }
+    if (lane < nwarps) scratch[lane] = w;
+  }
+  __syncthreads();
+  if (warp > 0) v += scratch[warp - 1];
+  *total = scratch[nwarps - 1];
+  return v;
+}
+
+/// Loads 8 consecutive bf16 (16 bytes, must be 16-byte aligned) as floats.
+__device__ __forceinline__ void load8(const __nv_bfloat16* p, float out[8]) {
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(h[i]);
+    out[2 * i] = f.x;
+    out[2 * i + 1] = f.y;
+  }
+}
+
+/// Stores 8 floats as 8 consecutive bf16 (16 bytes, 16-byte aligned), round to nearest.
+__device__ __forceinline__ void store8(__nv_bfloat16* p, const float in[8]) {
+  uint4 u;
+  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&u);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(in[2 * i], in[2 * i + 1]);
+  *reinterpret_cast<uint4*>(p) = u;
+}
+
+}  // namespace moebatch::kernels

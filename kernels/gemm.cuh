@@ -1,0 +1,19 @@
+// Dense bf16 GEMM through cuBLAS for the projections and the lm_head: out = x · Wᵀ with
+// row-major x [m, k] and W [n, k] (Hugging Face layout), fp32 accumulation.
+#pragma once
+
+#include <cublas_v2.h>
+
+#include "kernels/types.cuh"
+
+namespace moebatch::kernels {
+
+/// out [m, n] bf16 = x [m, k] · w [n, k]ᵀ. Binds `handle` to `stream`.
+void linear(cublasHandle_t handle, cudaStream_t stream, bf16* out, const bf16* x, const bf16* w,
+            int m, int n, int k);
+
+/// Same with fp32 output (logits for the router and the sampler).
+void linear(cublasHandle_t handle, cudaStream_t stream, float* out, const bf16* x, const bf16* w,
+            int m, int n, int k);
+
+}  // namespace moebatch::kernels

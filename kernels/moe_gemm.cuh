@@ -1,0 +1,32 @@
+// Grouped expert GEMM for decode-sized batches: for every (token, k) pair routed to expert e,
+// out[pair, :] = in[row(pair), :] · W[e]ᵀ with W [num_experts, n, k] row-major (docs/design.md:
+// w_gate_up [E, 2I, H], w_down [E, H, I]). Shaped for few rows per expert: each block streams a
+// 64-row slice of one expert's weights once and applies it to all of that expert's rows.
+#pragma once
+
+#include "kernels/types.cuh"
+
+namespace moebatch::kernels {
+
+/// Rows per GEMM tile; moe_align pads each expert segment to a multiple of this.
+constexpr int kMoeGemmTileM = 8;
+
+/// Operands of moe_gemm. Pair p's input row is in[p / in_row_div]: in_row_div = top_k for
+/// gate+up (input is the token's hidden state), 1 for down (input is the pair's activation).
+struct MoeGemmParams {
+  bf16* out = nullptr;                   ///< [num_pairs, n], row = pair id
+  const bf16* in = nullptr;              ///< [num_pairs / in_row_div, k]
+  const bf16* weight = nullptr;          ///< [num_experts, n, k]
+  const int32_t* sorted_ids = nullptr;   ///< from moe_align (block_m = kMoeGemmTileM)
+  const int32_t* expert_offsets = nullptr;  ///< [num_experts + 1] from moe_align
+  int num_pairs = 0;
+  int in_row_div = 1;
+  int num_experts = 0;
+  int n = 0;                             ///< multiple of 16
+  int k = 0;                             ///< multiple of 32
+};
+
+/// Runs the grouped GEMM (bf16 tensor-core MMA, fp32 accumulation, one rounding).
+void moe_gemm(const MoeGemmParams& p, cudaStream_t stream);
+
+}  // namespace moebatch::kernels

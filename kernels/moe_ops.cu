@@ -1,0 +1,104 @@
+#include "kernels/cuda_check.cuh"
+#include "kernels/device_common.cuh"
+#include "kernels/moe_ops.cuh"
+
+namespace moebatch::kernels {
+namespace {
+
+constexpr int kThreads = 256;
+
+// One thread per 8 outputs, grid-stride over rows * inter / 8.
+__global__ void silu_mul_kernel(bf16* out, const bf16* in, int rows, int inter) {
+  const int vec_per_row = inter / 8;
+  const size_t total = static_cast<size_t>(rows) * vec_per_row;  // size_t: rows*inter overflows int
+  for (size_t v = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; v < total;
+       v += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const size_t r = v / vec_per_row;
+    const int c = static_cast<int>(v % vec_per_row) * 8;
+    float g[8], u[8];
+    load8(in + r * 2 * inter + c, g);
+    load8(in + r * 2 * inter + inter + c, u);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) g[j] = g[j] / (1.f + expf(-g[j])) * u[j];
+    store8(out + r * inter + c, g);
+  }
+}
+
+__global__ void moe_combine_kernel(bf16* out, const bf16* expert_out, const float* weights,
+                                   int tokens, int top_k, int hidden) {
+  const int vec_per_row = hidden / 8;
+  const size_t total = static_cast<size_t>(tokens) * vec_per_row;
+  for (size_t v = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; v < total;
+       v += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const size_t t = v / vec_per_row;
+    const int c = static_cast<int>(v % vec_per_row) * 8;
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    for (int j = 0; j < top_k; ++j) {
+      const size_t pair = t * top_k + j;
+      const float w = weights ? weights[pair] : 1.f;
+      float y[8];
+      load8(expert_out + pair * hidden + c, y);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[i] += w * y[i];
+    }
+    store8(out + t * hidden + c, acc);
+  }
+}
+
+// One block per token: the gate dot product, then the gated add.
+__global__ void __launch_bounds__(kThreads) shared_expert_gate_kernel(SharedExpertGateParams p) {
+  __shared__ float scratch[32];
+  const size_t base = static_cast<size_t>(blockIdx.x) * p.hidden;
+  const int nvec = p.hidden / 8;
+  float dot = 0.f;
+  for (int i = threadIdx.x; i < nvec; i += blockDim.x) {
+    float x[8], w[8];
+    load8(p.x + base + 8 * i, x);
+    load8(p.gate_weight + 8 * i, w);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) dot += x[j] * w[j];
+  }
+  dot = block_sum(dot, scratch);
+  const float gate = 1.f / (1.f + expf(-dot));
+  for (int i = threadIdx.x; i < nvec; i += blockDim.x) {
+    float m[8], s[8];
+    load8(p.moe_out + base + 8 * i, m);
+    load8(p.shared_out + base + 8 * i, s);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) m[j] += gate * s[j];
+    store8(p.out + base + 8 * i, m);
+  }
+}
+
+int grid_for(size_t vectors) {
+  const size_t blocks = CEIL_DIV(vectors, static_cast<size_t>(kThreads));
+  return static_cast<int>(blocks < 65536 ? blocks : 65536);  // grid-stride covers the rest
+}
+
+}  // namespace
+
+void silu_mul(bf16* out, const bf16* in, int rows, int inter, cudaStream_t stream) {
+  MB_CHECK(inter > 0 && inter % 8 == 0 && rows >= 0, "silu_mul: inter must be a positive multiple of 8");
+  if (rows == 0) return;
+  silu_mul_kernel<<<grid_for(static_cast<size_t>(rows) * inter / 8), kThreads, 0, stream>>>(out, in, rows, inter);
+  CUDA_CHECK_LAST();
+}
+
+void moe_combine(bf16* out, const bf16* expert_out, const float* weights, int tokens, int top_k,
+                 int hidden, cudaStream_t stream) {
+  MB_CHECK(hidden > 0 && hidden % 8 == 0 && top_k > 0 && tokens >= 0, "moe_combine: bad shape");
+  if (tokens == 0) return;
+  moe_combine_kernel<<<grid_for(static_cast<size_t>(tokens) * hidden / 8), kThreads, 0, stream>>>(
+      out, expert_out, weights, tokens, top_k, hidden);
+  CUDA_CHECK_LAST();
+}
+
+void shared_expert_gate(const SharedExpertGateParams& p, cudaStream_t stream) {
+  MB_CHECK(p.hidden > 0 && p.hidden % 8 == 0 && p.tokens >= 0, "shared_expert_gate: bad shape");
+  MB_CHECK(p.out && p.moe_out && p.shared_out && p.x && p.gate_weight, "shared_expert_gate: null operand");
+  if (p.tokens == 0) return;
+  shared_expert_gate_kernel<<<p.tokens, kThreads, 0, stream>>>(p);
+  CUDA_CHECK_LAST();
+}
+
+}  // namespace moebatch::kernels

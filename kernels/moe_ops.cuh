@@ -1,0 +1,32 @@
+// Element-wise MoE pieces around the expert GEMMs: SiLU·mul, the weighted combine over top-k,
+// and the Qwen2-MoE shared expert with its sigmoid gate.
+#pragma once
+
+#include "kernels/types.cuh"
+
+namespace moebatch::kernels {
+
+/// out[r, i] = silu(in[r, i]) * in[r, inter + i] for in [rows, 2*inter] (gate half, then up
+/// half, as w_gate_up stacks them). inter % 8 == 0. fp32 math, one rounding.
+void silu_mul(bf16* out, const bf16* in, int rows, int inter, cudaStream_t stream);
+
+/// out[t, :] = sum_j weights[t, j] * expert_out[t * top_k + j, :], summed in fp32 in j order
+/// (deterministic). weights may be nullptr (already applied). hidden % 8 == 0.
+void moe_combine(bf16* out, const bf16* expert_out, const float* weights, int tokens, int top_k,
+                 int hidden, cudaStream_t stream);
+
+/// Operands of shared_expert_gate.
+struct SharedExpertGateParams {
+  bf16* out = nullptr;              ///< [tokens, hidden]; may alias moe_out
+  const bf16* moe_out = nullptr;    ///< [tokens, hidden] routed experts' combined output
+  const bf16* shared_out = nullptr; ///< [tokens, hidden] shared expert MLP output
+  const bf16* x = nullptr;          ///< [tokens, hidden] the MoE block's input
+  const bf16* gate_weight = nullptr;///< [hidden] shared_expert_gate (a [1, hidden] linear)
+  int tokens = 0;
+  int hidden = 0;                   ///< multiple of 8
+};
+
+/// out = moe_out + sigmoid(x · gate_weight) * shared_out (Qwen2-MoE), gate dot in fp32.
+void shared_expert_gate(const SharedExpertGateParams& p, cudaStream_t stream);
+
+}  // namespace moebatch::kernels

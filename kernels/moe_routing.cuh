@@ -1,0 +1,50 @@
+// MoE routing: the router (softmax + top-k in one kernel) and the token->expert alignment that
+// groups (token, k) pairs by expert for the grouped expert GEMM.
+#pragma once
+
+#include "kernels/types.cuh"
+
+namespace moebatch::kernels {
+
+/// Most experts the router kernel handles (registers hold experts/32 logits per lane).
+constexpr int kRouterMaxExperts = 512;
+/// Most experts per token.
+constexpr int kRouterMaxTopK = 32;
+
+/// Operands of moe_router_topk. Pair p = t * top_k + j is token t's j-th expert, best first.
+struct RouterParams {
+  int32_t* topk_ids = nullptr;     ///< [tokens, top_k]
+  float* topk_weights = nullptr;   ///< [tokens, top_k] softmax probabilities (renormalized if asked)
+  int tokens = 0;
+  int num_experts = 0;             ///< <= kRouterMaxExperts
+  int top_k = 0;                   ///< <= min(num_experts, kRouterMaxTopK)
+  bool renormalize = true;         ///< norm_topk_prob: selected weights sum to 1
+};
+
+/// fp32 softmax over each row of router logits, top-k (ties: lower expert id first).
+void moe_router_topk(const RouterParams& p, const float* logits, cudaStream_t stream);
+/// Same, from bf16 logits.
+void moe_router_topk(const RouterParams& p, const bf16* logits, cudaStream_t stream);
+
+/// Operands of moe_align. Each expert's segment of sorted_ids is padded to a multiple of
+/// block_m with the sentinel value num_pairs; segment e is [expert_offsets[e], expert_offsets[e+1]).
+/// Order inside a segment is unspecified (rows of the expert GEMM are independent, so results
+/// do not depend on it).
+struct AlignParams {
+  int32_t* sorted_ids = nullptr;      ///< [moe_align_capacity(...)] pair ids grouped by expert
+  int32_t* expert_offsets = nullptr;  ///< [num_experts + 1] padded segment starts; last = total
+  const int32_t* topk_ids = nullptr;  ///< [num_pairs] expert of each pair
+  int num_pairs = 0;                  ///< tokens * top_k
+  int num_experts = 0;                ///< <= 1024
+  int block_m = 8;                    ///< GEMM tile rows (kMoeGemmTileM)
+};
+
+/// Size sorted_ids must have: every expert may waste block_m - 1 padding rows.
+inline int moe_align_capacity(int num_pairs, int num_experts, int block_m) {
+  return num_pairs + num_experts * (block_m - 1);
+}
+
+/// Counts pairs per expert, scans padded offsets and scatters pair ids (one block).
+void moe_align(const AlignParams& p, cudaStream_t stream);
+
+}  // namespace moebatch::kernels

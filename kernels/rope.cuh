@@ -1,0 +1,29 @@
+// Per-head RMSNorm of q and k (Qwen3) followed by rotary position embedding, NEOX style
+// (pairs (i, i + head_dim/2), inv_freq = theta^(-2i/head_dim)), in place.
+#pragma once
+
+#include "kernels/types.cuh"
+
+namespace moebatch::kernels {
+
+/// Operands of qk_norm_rope. Token t's head h lives at q + t*q_stride + h*head_dim.
+struct QkNormRopeParams {
+  bf16* q = nullptr;               ///< [tokens, q_stride], n_q_heads heads, in place
+  bf16* k = nullptr;               ///< [tokens, k_stride], n_kv_heads heads, in place
+  int64_t q_stride = 0;            ///< elements between tokens (lets q/k live inside a fused qkv row)
+  int64_t k_stride = 0;
+  const bf16* q_norm = nullptr;    ///< [head_dim] or nullptr: no norm (Qwen2-MoE)
+  const bf16* k_norm = nullptr;    ///< [head_dim] or nullptr
+  const int32_t* positions = nullptr;  ///< [tokens]
+  int tokens = 0;
+  int n_q_heads = 0;
+  int n_kv_heads = 0;
+  int head_dim = 0;                ///< even, <= 256
+  float theta = 1e6f;
+  float eps = 1e-6f;
+};
+
+/// Normalizes (when weights are given) and rotates q and k in place; fp32 math, one rounding.
+void qk_norm_rope(const QkNormRopeParams& p, cudaStream_t stream);
+
+}  // namespace moebatch::kernels
