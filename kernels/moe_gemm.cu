@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(kWarps * 32) moe_gemm_kernel(MoeGemmParams p) 
       }
       __syncthreads();  // xs is free; src_row is written
       const int vecs = kw / 8;
-      for (int idx = threadIdx.x; idx < kPassRows * vecs; idx += blockDim.x) {
+      for (int idx = threadIdx.x; idx < tiles * kMoeGemmTileM * vecs; idx += blockDim.x) {  // live tiles only
         const int r = idx / vecs, c = idx % vecs;
         const int src = src_row[r];
         uint4 val = make_uint4(0, 0, 0, 0);
