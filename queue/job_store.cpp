@@ -93,11 +93,22 @@ int64_t JobStore::data_version() { return db_->query_i64("PRAGMA data_version");
 
 SubmitResult JobStore::insert_one(const JobSpec& spec) {
   const int64_t now = options_.clock->now_ms();
+  if (spec.client_key) {
+    // Looked up first so a resubmission does not burn an AUTOINCREMENT id; inside the write
+    // transaction nobody can insert the key between this check and the INSERT.
+    Stmt& sel = db_->prepare("SELECT id FROM jobs WHERE client_key = ?1");
+    sel.bind(1, spec.client_key);
+    if (sel.step()) {
+      SubmitResult existing{sel.i64(0), false};
+      sel.reset();
+      return existing;
+    }
+    sel.reset();
+  }
   Stmt& ins = db_->prepare(
       "INSERT INTO jobs (client_key, batch_id, custom_id, model, priority, prompt_kind, prompt, "
       "max_tokens, temperature, top_p, top_k, seed, stop, max_attempts, enqueued_at, not_before) "
-      "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, 0) "
-      "ON CONFLICT (client_key) DO NOTHING");
+      "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, 0)");
   const SamplingParams& p = spec.sampling;
   ins.bind(1, spec.client_key).bind(2, spec.batch_id).bind(3, spec.custom_id).bind(4, spec.model);
   ins.bind(5, spec.priority).bind(6, prompt_kind_to_string(spec.prompt_kind));
@@ -106,14 +117,7 @@ SubmitResult JobStore::insert_one(const JobSpec& spec) {
   ins.bind(14, spec.max_attempts).bind(15, now);
   ins.step();
   ins.reset();
-  if (db_->changes() == 1) return {db_->last_insert_rowid(), true};
-  // Only the UNIQUE client_key can make the insert a no-op, so the key is set and exists.
-  Stmt& sel = db_->prepare("SELECT id FROM jobs WHERE client_key = ?1");
-  sel.bind(1, spec.client_key);
-  MB_CHECK(sel.step(), "conflicting client_key row vanished inside the transaction");
-  SubmitResult r{sel.i64(0), false};
-  sel.reset();
-  return r;
+  return {db_->last_insert_rowid(), true};
 }
 
 SubmitResult JobStore::submit(const JobSpec& spec) {

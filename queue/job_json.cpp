@@ -1,0 +1,76 @@
+#include "queue/job_json.h"
+
+namespace moebatch {
+namespace {
+
+using nlohmann::json;
+
+template <typename T>
+json opt(const std::optional<T>& v) {
+  return v ? json(*v) : json(nullptr);
+}
+
+json percentiles_to_json(const Percentiles& p) {
+  return {{"count", p.count}, {"p50", p.p50}, {"p90", p.p90}, {"p99", p.p99}, {"max", p.max}};
+}
+
+}  // namespace
+
+json job_to_json(const Job& job) {
+  const JobSpec& s = job.spec;
+  json prompt = s.prompt;
+  if (s.prompt_kind == PromptKind::Chat) {
+    // Stored chat prompts are validated JSON; fall back to the raw text for a row that is not.
+    json parsed = json::parse(s.prompt, nullptr, false);
+    if (!parsed.is_discarded()) prompt = std::move(parsed);
+  }
+  json j = {
+      {"id", job.id},
+      {"state", job_state_to_string(job.state)},
+      {"client_key", opt(s.client_key)},
+      {"batch_id", opt(s.batch_id)},
+      {"custom_id", opt(s.custom_id)},
+      {"model", opt(s.model)},
+      {"priority", s.priority},
+      {"prompt_kind", prompt_kind_to_string(s.prompt_kind)},
+      {"prompt", prompt},
+      {"sampling",
+       {{"max_tokens", s.sampling.max_tokens},
+        {"temperature", s.sampling.temperature},
+        {"top_p", s.sampling.top_p},
+        {"top_k", s.sampling.top_k},
+        {"seed", opt(s.sampling.seed)},
+        {"stop", s.sampling.stop}}},
+      {"attempts", job.attempts},
+      {"max_attempts", s.max_attempts},
+      {"lease_owner", opt(job.lease_owner)},
+      {"lease_expires_at", opt(job.lease_expires_at)},
+      {"error", opt(job.error)},
+      {"enqueued_at", job.enqueued_at},
+      {"not_before", job.not_before},
+      {"started_at", opt(job.started_at)},
+      {"first_token_at", opt(job.first_token_at)},
+      {"finished_at", opt(job.finished_at)},
+      {"result", nullptr},
+  };
+  if (job.result) {
+    j["result"] = {{"text", job.result->text},
+                   {"prompt_tokens", job.result->prompt_tokens},
+                   {"completion_tokens", job.result->completion_tokens},
+                   {"finish_reason", job.result->finish_reason}};
+  }
+  return j;
+}
+
+json stats_to_json(const QueueStats& stats) {
+  json counts = json::object();
+  for (const auto& [state, n] : stats.counts) counts[std::string(job_state_to_string(state))] = n;
+  return {{"counts", counts},
+          {"latency",
+           {{"queue_wait_ms", percentiles_to_json(stats.queue_wait_ms)},
+            {"ttft_ms", percentiles_to_json(stats.ttft_ms)},
+            {"total_ms", percentiles_to_json(stats.total_ms)},
+            {"tokens_per_s", percentiles_to_json(stats.tokens_per_s)}}}};
+}
+
+}  // namespace moebatch
