@@ -19,6 +19,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/error.h"
 #include "engine/tokenizer/chat_template.h"
 
 namespace moebatch {

@@ -125,7 +125,12 @@ void load_pre_tokenizer(const json& root, Tokenizer::Impl& t) {
     }
   }
   if (!byte_level) bad("tokenizer.json", "pre_tokenizer has no ByteLevel step");
-  if (pattern) t.splitter.emplace(*pattern);
+  if (!pattern) return;
+  try {
+    t.splitter.emplace(*pattern);
+  } catch (const InputError& e) {
+    bad("tokenizer.json", e.what());
+  }
 }
 
 void check_decoder_and_post(const json& root) {
