@@ -1,10 +1,9 @@
 // CLI commands of the engine module: logits (teacher-forced logits to a safetensors file) and
 // generate (token ids in, token ids out). Used by tests and by people debugging the engine.
-#include <nlohmann/json.hpp>
-
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <span>
 #include <sstream>
 #include <string>
@@ -29,8 +28,10 @@ struct ModelFlags {
 };
 
 void add_model_flags(CLI::App* cmd, ModelFlags& f) {
-  cmd->add_option("--model", f.model, "Checkpoint directory (config.json + *.safetensors)")->required();
-  cmd->add_option("--tokens", f.tokens, "Prompt token ids, comma-separated (e.g. 1,2,3)")->required();
+  cmd->add_option("--model", f.model, "Checkpoint directory (config.json + *.safetensors)")
+      ->required();
+  cmd->add_option("--tokens", f.tokens, "Prompt token ids, comma-separated (e.g. 1,2,3)")
+      ->required();
   cmd->add_option("--backend", f.backend, "cpu | cuda (default cpu)");
   cmd->add_option("--tp", f.tp, "Tensor-parallel ranks (default 1)");
   cmd->add_option("--threads", f.threads, "CPU compute threads (default: all cores)");
@@ -59,9 +60,11 @@ std::vector<int32_t> parse_tokens(const std::string& s) {
 
 std::unique_ptr<Engine> make_engine(const ModelFlags& f) {
   if (f.backend == "cuda") {
-    throw InputError("--backend cuda: the CUDA engine is not available yet in this build (use --backend cpu)");
+    throw InputError(
+        "--backend cuda: the CUDA engine is not available yet in this build (use --backend cpu)");
   }
-  if (f.backend != "cpu") throw InputError("--backend: expected cpu or cuda, got '" + f.backend + "'");
+  if (f.backend != "cpu")
+    throw InputError("--backend: expected cpu or cuda, got '" + f.backend + "'");
   CpuBackendOptions o;
   o.tp = f.tp;
   o.threads = f.threads;
@@ -77,7 +80,8 @@ void register_engine_commands(CLI::App& app) {
   auto lf = std::make_shared<ModelFlags>();
   auto out = std::make_shared<std::string>();
   auto* logits = app.add_subcommand(
-      "logits", "Teacher-forced logits of every prompt position → float32 tensor 'logits' [T, vocab]");
+      "logits",
+      "Teacher-forced logits of every prompt position → float32 tensor 'logits' [T, vocab]");
   add_model_flags(logits, *lf);
   logits->add_option("--out", *out, "Output .safetensors file")->required();
   logits->callback([lf, out] {
@@ -113,7 +117,8 @@ void register_engine_commands(CLI::App& app) {
     if (*as_json) {
       std::cout << nlohmann::json{{"tokens", fin[0].tokens}}.dump() << "\n";
     } else {
-      for (size_t i = 0; i < fin[0].tokens.size(); ++i) std::cout << (i ? " " : "") << fin[0].tokens[i];
+      for (size_t i = 0; i < fin[0].tokens.size(); ++i)
+        std::cout << (i ? " " : "") << fin[0].tokens[i];
       std::cout << "\n";
     }
   });

@@ -33,7 +33,8 @@ void Engine::add(Request req) {
   const int64_t total = static_cast<int64_t>(req.prompt.size()) + req.sampling.max_tokens;
   if (total > cfg.max_position_embeddings) {
     throw InputError("request: prompt + max_tokens = " + std::to_string(total) +
-                     " exceeds max_position_embeddings " + std::to_string(cfg.max_position_embeddings));
+                     " exceeds max_position_embeddings " +
+                     std::to_string(cfg.max_position_embeddings));
   }
   if (blocks_.blocks_for(total) > blocks_.num_blocks()) {
     throw InputError("request: prompt + max_tokens = " + std::to_string(total) +

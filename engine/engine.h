@@ -20,13 +20,13 @@ struct EngineOptions {
 
 /// A finished sequence with its timings.
 struct FinishedSequence {
-  uint64_t id = 0;                   ///< Request::id
-  std::vector<int32_t> tokens;       ///< generated tokens (prompt excluded; a stop token included)
+  uint64_t id = 0;              ///< Request::id
+  std::vector<int32_t> tokens;  ///< generated tokens (prompt excluded; a stop token included)
   FinishReason reason = FinishReason::Length;  ///< why it ended
-  int64_t prompt_tokens = 0;         ///< prompt length
-  double time_to_first_token_s = 0;  ///< from add() to the first sampled token
-  double total_s = 0;                ///< from add() to finish
-  std::vector<float> logits;         ///< [tokens.size(), vocab] when keep_logits
+  int64_t prompt_tokens = 0;                   ///< prompt length
+  double time_to_first_token_s = 0;            ///< from add() to the first sampled token
+  double total_s = 0;                          ///< from add() to finish
+  std::vector<float> logits;                   ///< [tokens.size(), vocab] when keep_logits
 };
 
 /// Continuous-batching generation over a Backend.

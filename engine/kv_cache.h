@@ -35,10 +35,10 @@ class BlockManager {
 
 /// One rank's KV cache in host memory.
 struct HostKvCache {
-  int64_t num_blocks = 0;    ///< blocks per layer
-  int64_t block_size = 0;    ///< tokens per block
-  int64_t num_kv_heads = 0;  ///< local kv heads
-  int64_t head_dim = 0;      ///< per-head width
+  int64_t num_blocks = 0;             ///< blocks per layer
+  int64_t block_size = 0;             ///< tokens per block
+  int64_t num_kv_heads = 0;           ///< local kv heads
+  int64_t head_dim = 0;               ///< per-head width
   std::vector<std::vector<float>> k;  ///< per layer [num_blocks, block_size, nkv, hd]
   std::vector<std::vector<float>> v;  ///< per layer, same layout as k
 

@@ -136,9 +136,12 @@ void parse_quant(const json& j, const std::string& src, ModelConfig& c) {
 
 const char* arch_name(ModelArch a) {
   switch (a) {
-    case ModelArch::Qwen3Moe: return "qwen3_moe";
-    case ModelArch::Qwen2Moe: return "qwen2_moe";
-    case ModelArch::Qwen3Dense: return "qwen3";
+    case ModelArch::Qwen3Moe:
+      return "qwen3_moe";
+    case ModelArch::Qwen2Moe:
+      return "qwen2_moe";
+    case ModelArch::Qwen3Dense:
+      return "qwen3";
   }
   return "?";
 }

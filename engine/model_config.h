@@ -5,10 +5,9 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 namespace moebatch {
 
@@ -20,31 +19,31 @@ enum class QuantMethod { None, Fp8Block };
 
 /// Validated model hyper-parameters. All sizes are positive and consistent once constructed.
 struct ModelConfig {
-  ModelArch arch = ModelArch::Qwen3Moe;          ///< family, from architectures or model_type
-  std::string model_type;                        ///< the raw model_type string
-  int64_t vocab_size = 0;                        ///< rows of embed_tokens / lm_head
-  int64_t hidden_size = 0;                       ///< H
-  int64_t num_layers = 0;                        ///< decoder layers
-  int64_t num_heads = 0;                         ///< query heads
-  int64_t num_kv_heads = 0;                      ///< key/value heads (GQA when < num_heads)
-  int64_t head_dim = 0;                          ///< per-head width (may differ from H/heads)
-  int64_t intermediate_size = 0;                 ///< dense MLP width (dense layers)
-  int64_t moe_intermediate_size = 0;             ///< per-expert width I
-  int64_t num_experts = 0;                       ///< E (0 for dense models)
-  int64_t num_experts_per_tok = 0;               ///< top-k
-  bool norm_topk_prob = false;                   ///< renormalize top-k router weights
-  int64_t shared_expert_intermediate_size = 0;   ///< 0 when there is no shared expert
-  int64_t decoder_sparse_step = 1;               ///< MoE every n-th layer
-  std::vector<int64_t> mlp_only_layers;          ///< layers forced dense inside a MoE model
-  bool qkv_bias = false;                         ///< q/k/v projections carry a bias
-  bool qk_norm = false;                          ///< per-head RMSNorm on q and k (Qwen3)
-  bool tie_word_embeddings = false;              ///< lm_head shares embed_tokens
-  double rms_norm_eps = 1e-6;                    ///< RMSNorm epsilon
-  double rope_theta = 10000.0;                   ///< RoPE base
-  int64_t max_position_embeddings = 0;           ///< longest position the model supports
-  QuantMethod quant = QuantMethod::None;         ///< checkpoint weight quantization
-  int64_t quant_block_rows = 0;                  ///< FP8 block size along out (rows)
-  int64_t quant_block_cols = 0;                  ///< FP8 block size along in (cols)
+  ModelArch arch = ModelArch::Qwen3Moe;         ///< family, from architectures or model_type
+  std::string model_type;                       ///< the raw model_type string
+  int64_t vocab_size = 0;                       ///< rows of embed_tokens / lm_head
+  int64_t hidden_size = 0;                      ///< H
+  int64_t num_layers = 0;                       ///< decoder layers
+  int64_t num_heads = 0;                        ///< query heads
+  int64_t num_kv_heads = 0;                     ///< key/value heads (GQA when < num_heads)
+  int64_t head_dim = 0;                         ///< per-head width (may differ from H/heads)
+  int64_t intermediate_size = 0;                ///< dense MLP width (dense layers)
+  int64_t moe_intermediate_size = 0;            ///< per-expert width I
+  int64_t num_experts = 0;                      ///< E (0 for dense models)
+  int64_t num_experts_per_tok = 0;              ///< top-k
+  bool norm_topk_prob = false;                  ///< renormalize top-k router weights
+  int64_t shared_expert_intermediate_size = 0;  ///< 0 when there is no shared expert
+  int64_t decoder_sparse_step = 1;              ///< MoE every n-th layer
+  std::vector<int64_t> mlp_only_layers;         ///< layers forced dense inside a MoE model
+  bool qkv_bias = false;                        ///< q/k/v projections carry a bias
+  bool qk_norm = false;                         ///< per-head RMSNorm on q and k (Qwen3)
+  bool tie_word_embeddings = false;             ///< lm_head shares embed_tokens
+  double rms_norm_eps = 1e-6;                   ///< RMSNorm epsilon
+  double rope_theta = 10000.0;                  ///< RoPE base
+  int64_t max_position_embeddings = 0;          ///< longest position the model supports
+  QuantMethod quant = QuantMethod::None;        ///< checkpoint weight quantization
+  int64_t quant_block_rows = 0;                 ///< FP8 block size along out (rows)
+  int64_t quant_block_cols = 0;                 ///< FP8 block size along in (cols)
 
   /// True when layer `i` uses routed experts (else a dense SwiGLU MLP).
   bool is_moe_layer(int64_t i) const;

@@ -46,23 +46,37 @@ DType parse_dtype(const std::string& s, const std::string& file, const std::stri
 
 size_t dtype_size(DType t) {
   switch (t) {
-    case DType::F32: case DType::I32: return 4;
-    case DType::F16: case DType::BF16: return 2;
-    case DType::F8_E4M3: case DType::U8: return 1;
-    case DType::I64: return 8;
+    case DType::F32:
+    case DType::I32:
+      return 4;
+    case DType::F16:
+    case DType::BF16:
+      return 2;
+    case DType::F8_E4M3:
+    case DType::U8:
+      return 1;
+    case DType::I64:
+      return 8;
   }
   return 0;
 }
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::F32: return "F32";
-    case DType::F16: return "F16";
-    case DType::BF16: return "BF16";
-    case DType::F8_E4M3: return "F8_E4M3";
-    case DType::I32: return "I32";
-    case DType::I64: return "I64";
-    case DType::U8: return "U8";
+    case DType::F32:
+      return "F32";
+    case DType::F16:
+      return "F16";
+    case DType::BF16:
+      return "BF16";
+    case DType::F8_E4M3:
+      return "F8_E4M3";
+    case DType::I32:
+      return "I32";
+    case DType::I64:
+      return "I64";
+    case DType::U8:
+      return "U8";
   }
   return "?";
 }
@@ -112,12 +126,30 @@ int64_t TensorView::numel() const {
 float TensorView::get_f32(int64_t i) const {
   const std::byte* p = data + static_cast<size_t>(i) * dtype_size(dtype);
   switch (dtype) {
-    case DType::F32: { float f; std::memcpy(&f, p, 4); return f; }
-    case DType::BF16: { uint16_t h; std::memcpy(&h, p, 2); return bf16_to_f32(h); }
-    case DType::F16: { uint16_t h; std::memcpy(&h, p, 2); return f16_to_f32(h); }
-    case DType::F8_E4M3: return fp8_e4m3_to_f32(static_cast<uint8_t>(*p));
-    case DType::I32: { int32_t x; std::memcpy(&x, p, 4); return static_cast<float>(x); }
-    default: break;
+    case DType::F32: {
+      float f;
+      std::memcpy(&f, p, 4);
+      return f;
+    }
+    case DType::BF16: {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      return bf16_to_f32(h);
+    }
+    case DType::F16: {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      return f16_to_f32(h);
+    }
+    case DType::F8_E4M3:
+      return fp8_e4m3_to_f32(static_cast<uint8_t>(*p));
+    case DType::I32: {
+      int32_t x;
+      std::memcpy(&x, p, 4);
+      return static_cast<float>(x);
+    }
+    default:
+      break;
   }
   throw InputError(file + ": tensor '" + name + "': dtype " + dtype_name(dtype) +
                    " cannot be read as float");
@@ -134,8 +166,9 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
   map_size_ = static_cast<size_t>(st.st_size);
   if (map_size_ < 8) {
     ::close(fd);
-    bad(path_, "file is " + std::to_string(map_size_) + " bytes, shorter than the 8-byte header "
-                "length (truncated?)");
+    bad(path_, "file is " + std::to_string(map_size_) +
+                   " bytes, shorter than the 8-byte header "
+                   "length (truncated?)");
   }
   map_ = ::mmap(nullptr, map_size_, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);
@@ -174,7 +207,8 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
       t.file = path_;
       t.dtype = parse_dtype(e["dtype"].get<std::string>(), path_, name);
       const auto& sh = e["shape"];
-      if (!sh.is_array() || sh.size() > kMaxRank) bad(path_, where + "shape must be an array of rank <= 8");
+      if (!sh.is_array() || sh.size() > kMaxRank)
+        bad(path_, where + "shape must be an array of rank <= 8");
       uint64_t numel = 1;
       for (const auto& d : sh) {
         if (!d.is_number_unsigned() || d.get<uint64_t>() > (uint64_t{1} << 40)) {
@@ -278,7 +312,8 @@ void write_safetensors(const std::filesystem::path& path, const std::vector<OutT
     uint64_t numel = 1;
     for (auto d : t.shape) numel *= static_cast<uint64_t>(d);
     MB_CHECK(numel * dtype_size(t.dtype) == t.bytes.size(), "tensor byte size must match shape");
-    h[t.name] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape},
+    h[t.name] = {{"dtype", dtype_name(t.dtype)},
+                 {"shape", t.shape},
                  {"data_offsets", {off, off + t.bytes.size()}}};
     off += t.bytes.size();
   }

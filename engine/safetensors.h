@@ -33,12 +33,12 @@ uint16_t f32_to_bf16(float v);
 /// A tensor inside a mapped file: metadata plus a pointer to its bytes (valid while the file
 /// lives).
 struct TensorView {
-  std::string name;            ///< hub name, e.g. model.layers.0.self_attn.q_proj.weight
-  DType dtype = DType::F32;    ///< element type on disk
-  std::vector<int64_t> shape;  ///< dims, outermost first
+  std::string name;                 ///< hub name, e.g. model.layers.0.self_attn.q_proj.weight
+  DType dtype = DType::F32;         ///< element type on disk
+  std::vector<int64_t> shape;       ///< dims, outermost first
   const std::byte* data = nullptr;  ///< first byte (unaligned in general)
-  size_t nbytes = 0;           ///< numel * dtype_size
-  std::string file;            ///< file it lives in, for messages
+  size_t nbytes = 0;                ///< numel * dtype_size
+  std::string file;                 ///< file it lives in, for messages
 
   /// Number of elements.
   int64_t numel() const;
@@ -90,9 +90,9 @@ class Checkpoint {
 
 /// A tensor to write: float32 or int32 data with its shape.
 struct OutTensor {
-  std::string name;              ///< key in the file
-  std::vector<int64_t> shape;    ///< dims
-  DType dtype = DType::F32;      ///< F32 or I32
+  std::string name;                  ///< key in the file
+  std::vector<int64_t> shape;        ///< dims
+  DType dtype = DType::F32;          ///< F32 or I32
   std::span<const std::byte> bytes;  ///< numel * 4 bytes
 };
 

@@ -11,7 +11,8 @@ namespace moebatch {
 
 void validate_sampling(const SamplingParams& p, int64_t vocab) {
   if (!(p.temperature >= 0.0f && p.temperature <= 100.0f)) {
-    throw InputError("sampling: temperature must be in [0, 100], got " + std::to_string(p.temperature));
+    throw InputError("sampling: temperature must be in [0, 100], got " +
+                     std::to_string(p.temperature));
   }
   if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) {
     throw InputError("sampling: top_p must be in (0, 1], got " + std::to_string(p.top_p));

@@ -10,11 +10,11 @@ namespace moebatch {
 
 /// How to pick the next token and when to stop.
 struct SamplingParams {
-  float temperature = 0.0f;    ///< 0 = greedy (argmax, ties to the lower id)
-  int64_t top_k = 0;           ///< keep the k most likely tokens; 0 = all
-  float top_p = 1.0f;          ///< keep the smallest set with cumulative probability >= top_p
-  uint64_t seed = 0;           ///< seed of this request's RNG
-  int64_t max_tokens = 16;     ///< generated tokens at most (>= 1)
+  float temperature = 0.0f;  ///< 0 = greedy (argmax, ties to the lower id)
+  int64_t top_k = 0;         ///< keep the k most likely tokens; 0 = all
+  float top_p = 1.0f;        ///< keep the smallest set with cumulative probability >= top_p
+  uint64_t seed = 0;         ///< seed of this request's RNG
+  int64_t max_tokens = 16;   ///< generated tokens at most (>= 1)
   std::vector<int32_t> stop_token_ids;  ///< generation ends after emitting one of these
 };
 

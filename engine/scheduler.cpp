@@ -7,8 +7,11 @@
 namespace moebatch {
 
 Scheduler::Scheduler(int64_t max_num_seqs, int64_t max_num_batched_tokens, BlockManager& blocks)
-    : max_num_seqs_(max_num_seqs), max_num_batched_tokens_(max_num_batched_tokens), blocks_(blocks) {
-  if (max_num_seqs < 1 || max_num_seqs > 4096) throw InputError("max_num_seqs must be in [1, 4096]");
+    : max_num_seqs_(max_num_seqs),
+      max_num_batched_tokens_(max_num_batched_tokens),
+      blocks_(blocks) {
+  if (max_num_seqs < 1 || max_num_seqs > 4096)
+    throw InputError("max_num_seqs must be in [1, 4096]");
   // Every running sequence's decode token must fit in one step.
   if (max_num_batched_tokens < max_num_seqs) {
     throw InputError("max_num_batched_tokens (" + std::to_string(max_num_batched_tokens) +
@@ -70,7 +73,8 @@ ScheduledStep Scheduler::schedule() {
 }
 
 std::unique_ptr<Sequence> Scheduler::finish(Sequence* seq) {
-  auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& p) { return p.get() == seq; });
+  auto it =
+      std::find_if(running_.begin(), running_.end(), [&](const auto& p) { return p.get() == seq; });
   MB_CHECK(it != running_.end(), "finishing a sequence that is not running");
   std::unique_ptr<Sequence> out = std::move(*it);
   running_.erase(it);

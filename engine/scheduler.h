@@ -21,10 +21,10 @@ using Clock = std::chrono::steady_clock;
 
 /// A generation request as the engine receives it.
 struct Request {
-  uint64_t id = 0;                ///< caller's id, returned with the result
-  std::vector<int32_t> prompt;    ///< token ids (non-empty)
-  SamplingParams sampling;        ///< how to sample and when to stop
-  bool keep_logits = false;       ///< return the logits row of every sampled step (tests, debug)
+  uint64_t id = 0;              ///< caller's id, returned with the result
+  std::vector<int32_t> prompt;  ///< token ids (non-empty)
+  SamplingParams sampling;      ///< how to sample and when to stop
+  bool keep_logits = false;     ///< return the logits row of every sampled step (tests, debug)
 };
 
 /// Why a sequence ended.
@@ -32,12 +32,12 @@ enum class FinishReason { Stop, Length };
 
 /// One sequence's state while it lives in a slot.
 struct Sequence {
-  Request req;                    ///< the request
-  std::vector<int32_t> tokens;    ///< prompt followed by generated tokens
-  int64_t num_computed = 0;       ///< tokens whose k/v are in the cache
-  std::vector<int32_t> block_table;  ///< reserved KV blocks
-  std::mt19937_64 rng;            ///< this request's sampler RNG
-  std::vector<float> logits;      ///< kept logits rows (keep_logits only)
+  Request req;                               ///< the request
+  std::vector<int32_t> tokens;               ///< prompt followed by generated tokens
+  int64_t num_computed = 0;                  ///< tokens whose k/v are in the cache
+  std::vector<int32_t> block_table;          ///< reserved KV blocks
+  std::mt19937_64 rng;                       ///< this request's sampler RNG
+  std::vector<float> logits;                 ///< kept logits rows (keep_logits only)
   Clock::time_point t_added, t_first_token;  ///< timings
   int64_t prompt_len() const { return static_cast<int64_t>(req.prompt.size()); }
   int64_t generated() const { return static_cast<int64_t>(tokens.size()) - prompt_len(); }
@@ -45,7 +45,7 @@ struct Sequence {
 
 /// What one step computes: the batch plus, per logits row, which sequence it samples for.
 struct ScheduledStep {
-  StepBatch batch;                   ///< input for Backend::forward
+  StepBatch batch;                     ///< input for Backend::forward
   std::vector<Sequence*> samples_for;  ///< one per logits row
 };
 

@@ -105,7 +105,8 @@ ModelPlan plan_weights(const ModelConfig& c, const ShardSpec& s) {
   ModelPlan m;
   m.embed = whole("model.embed_tokens.weight", {c.vocab_size, H});
   m.final_norm = whole("model.norm.weight", {H});
-  const std::string head_name = c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+  const std::string head_name =
+      c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
   m.lm_head = row_slice(head_name, {c.vocab_size, H}, d.vocab0, d.vocab);
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
@@ -195,9 +196,9 @@ void read_plan(const Checkpoint& ckpt, const ModelConfig& cfg, const TensorPlan&
       bc = cfg.quant_block_cols;
       std::vector<int64_t> want = {(t.shape[0] + br - 1) / br, (src_cols + bc - 1) / bc};
       if (scale->shape != want) {
-        throw InputError(ckpt.dir() + ": tensor '" + sname + "': shape " +
-                         shape_str(scale->shape) + " but blocks of " + std::to_string(br) + "x" +
-                         std::to_string(bc) + " imply " + shape_str(want));
+        throw InputError(ckpt.dir() + ": tensor '" + sname + "': shape " + shape_str(scale->shape) +
+                         " but blocks of " + std::to_string(br) + "x" + std::to_string(bc) +
+                         " imply " + shape_str(want));
       }
       if (scale->dtype != DType::F32 && scale->dtype != DType::BF16) {
         throw InputError(ckpt.dir() + ": tensor '" + sname + "': dtype " +

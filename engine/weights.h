@@ -28,26 +28,26 @@ enum class ExpertSplit { Intermediate, Expert };
 
 /// Which shard of the model a rank holds.
 struct ShardSpec {
-  int rank = 0;                                     ///< this rank, 0..world-1
-  int world = 1;                                    ///< number of ranks
+  int rank = 0;                                          ///< this rank, 0..world-1
+  int world = 1;                                         ///< number of ranks
   ExpertSplit expert_split = ExpertSplit::Intermediate;  ///< MoE split mode
-  bool vocab_parallel_lm_head = true;               ///< split lm_head rows when divisible
+  bool vocab_parallel_lm_head = true;                    ///< split lm_head rows when divisible
 };
 
 /// Per-rank sizes implied by a ModelConfig and a ShardSpec (validated by shard_dims()).
 struct ShardDims {
-  int64_t num_heads = 0;       ///< local query heads
-  int64_t num_kv_heads = 0;    ///< local kv heads
-  int64_t head0 = 0;           ///< first global query head of this rank
-  int64_t kv_head0 = 0;        ///< first global kv head of this rank
-  int64_t intermediate = 0;    ///< local dense MLP width
-  int64_t moe_intermediate = 0;  ///< local per-expert width
+  int64_t num_heads = 0;            ///< local query heads
+  int64_t num_kv_heads = 0;         ///< local kv heads
+  int64_t head0 = 0;                ///< first global query head of this rank
+  int64_t kv_head0 = 0;             ///< first global kv head of this rank
+  int64_t intermediate = 0;         ///< local dense MLP width
+  int64_t moe_intermediate = 0;     ///< local per-expert width
   int64_t shared_intermediate = 0;  ///< local shared-expert width
-  int64_t num_experts = 0;     ///< experts stored on this rank
-  int64_t expert0 = 0;         ///< global index of the first stored expert
-  int64_t vocab = 0;           ///< local lm_head rows
-  int64_t vocab0 = 0;          ///< first global vocab row of this rank
-  bool vocab_split = false;    ///< lm_head rows are split across ranks
+  int64_t num_experts = 0;          ///< experts stored on this rank
+  int64_t expert0 = 0;              ///< global index of the first stored expert
+  int64_t vocab = 0;                ///< local lm_head rows
+  int64_t vocab0 = 0;               ///< first global vocab row of this rank
+  bool vocab_split = false;         ///< lm_head rows are split across ranks
 };
 
 /// Validates divisibility for `spec` and returns the local sizes; InputError names the field.
@@ -106,11 +106,24 @@ struct LayerWeightsT {
   /// Calls f(mine, theirs) for every field, pairing this layer with `o` of another tensor type.
   template <class U, class F>
   void zip(const LayerWeightsT<U>& o, F&& f) {
-    f(input_norm, o.input_norm); f(wq, o.wq); f(wk, o.wk); f(wv, o.wv);
-    f(bq, o.bq); f(bk, o.bk); f(bv, o.bv); f(q_norm, o.q_norm); f(k_norm, o.k_norm);
-    f(wo, o.wo); f(post_norm, o.post_norm); f(mlp_gate_up, o.mlp_gate_up);
-    f(mlp_down, o.mlp_down); f(router, o.router); f(w_gate_up, o.w_gate_up);
-    f(w_down, o.w_down); f(shared_gate_up, o.shared_gate_up); f(shared_down, o.shared_down);
+    f(input_norm, o.input_norm);
+    f(wq, o.wq);
+    f(wk, o.wk);
+    f(wv, o.wv);
+    f(bq, o.bq);
+    f(bk, o.bk);
+    f(bv, o.bv);
+    f(q_norm, o.q_norm);
+    f(k_norm, o.k_norm);
+    f(wo, o.wo);
+    f(post_norm, o.post_norm);
+    f(mlp_gate_up, o.mlp_gate_up);
+    f(mlp_down, o.mlp_down);
+    f(router, o.router);
+    f(w_gate_up, o.w_gate_up);
+    f(w_down, o.w_down);
+    f(shared_gate_up, o.shared_gate_up);
+    f(shared_down, o.shared_down);
     f(shared_gate, o.shared_gate);
   }
 };
@@ -118,10 +131,10 @@ struct LayerWeightsT {
 /// The whole model for one rank.
 template <class T>
 struct ModelWeightsT {
-  T embed;                              // [V, H] replicated
-  std::vector<LayerWeightsT<T>> layers; // num_layers
-  T final_norm;                         // [H]
-  T lm_head;                            // [V_local, H] (embed rows when tied)
+  T embed;                               // [V, H] replicated
+  std::vector<LayerWeightsT<T>> layers;  // num_layers
+  T final_norm;                          // [H]
+  T lm_head;                             // [V_local, H] (embed rows when tied)
 };
 
 using ModelPlan = ModelWeightsT<TensorPlan>;

@@ -69,8 +69,11 @@ int main(int argc, char** argv) {
   for (const auto& r : results) {
     std::printf("%-18s %5d %14.0f %14.0f %12.2f\n", r.model.c_str(), r.batch, r.prefill_tok_s,
                 r.decode_tok_s, r.decode_step_ms);
-    j.push_back({{"model", r.model}, {"batch", r.batch}, {"prefill_tok_s", r.prefill_tok_s},
-                 {"decode_tok_s", r.decode_tok_s}, {"decode_step_ms", r.decode_step_ms},
+    j.push_back({{"model", r.model},
+                 {"batch", r.batch},
+                 {"prefill_tok_s", r.prefill_tok_s},
+                 {"decode_tok_s", r.decode_tok_s},
+                 {"decode_step_ms", r.decode_step_ms},
                  {"threads", threads}});
   }
   std::ofstream(out) << j.dump(2) << "\n";

@@ -23,7 +23,8 @@ void validate_batch(const StepBatch& b, const ModelConfig& cfg, int64_t num_bloc
   MB_CHECK(b.max_blocks_per_seq > 0 && b.block_tables.size() % b.max_blocks_per_seq == 0,
            "block_tables must be [num_seqs, max_blocks_per_seq]");
   const int64_t num_seqs = static_cast<int64_t>(b.block_tables.size()) / b.max_blocks_per_seq;
-  for (int32_t blk : b.block_tables) MB_CHECK(blk >= -1 && blk < num_blocks, "block id out of range");
+  for (int32_t blk : b.block_tables)
+    MB_CHECK(blk >= -1 && blk < num_blocks, "block id out of range");
   for (size_t i = 0; i < n; ++i) {
     MB_CHECK(b.tokens[i] >= 0 && b.tokens[i] < cfg.vocab_size, "token id out of vocab");
     MB_CHECK(b.seq_index[i] >= 0 && b.seq_index[i] < num_seqs, "seq_index out of range");
@@ -36,31 +37,39 @@ void validate_batch(const StepBatch& b, const ModelConfig& cfg, int64_t num_bloc
       MB_CHECK(table[p] >= 0, "block table does not cover the token's positions");
     }
   }
-  for (int32_t r : b.logits_rows) MB_CHECK(r >= 0 && static_cast<size_t>(r) < n, "logits row out of range");
+  for (int32_t r : b.logits_rows)
+    MB_CHECK(r >= 0 && static_cast<size_t>(r) < n, "logits row out of range");
 }
 
 }  // namespace
 
 CpuBackend::CpuBackend(const std::filesystem::path& model_dir, const CpuBackendOptions& opts)
     : cfg_(load_model_config(model_dir)), opts_(opts), comm_(std::max(1, opts.tp)) {
-  if (opts.tp < 1 || opts.tp > 64) throw InputError("--tp must be in [1, 64], got " + std::to_string(opts.tp));
-  if (opts.block_size < 1 || opts.block_size > 1024) throw InputError("KV block size must be in [1, 1024]");
+  if (opts.tp < 1 || opts.tp > 64)
+    throw InputError("--tp must be in [1, 64], got " + std::to_string(opts.tp));
+  if (opts.block_size < 1 || opts.block_size > 1024)
+    throw InputError("KV block size must be in [1, 1024]");
   Checkpoint ckpt(model_dir);
-  int threads = opts.threads > 0 ? opts.threads : static_cast<int>(std::thread::hardware_concurrency());
+  int threads =
+      opts.threads > 0 ? opts.threads : static_cast<int>(std::thread::hardware_concurrency());
   const int per_rank = std::max(1, threads / opts.tp);
   std::vector<ShardDims> dims;
-  for (int r = 0; r < opts.tp; ++r) dims.push_back(shard_dims(cfg_, {r, opts.tp, opts.expert_split}));
+  for (int r = 0; r < opts.tp; ++r)
+    dims.push_back(shard_dims(cfg_, {r, opts.tp, opts.expert_split}));
   const int64_t bytes_per_block = cfg_.num_layers * 2 * opts.block_size * dims[0].num_kv_heads *
                                   cfg_.head_dim * static_cast<int64_t>(sizeof(float)) * opts.tp;
   num_blocks_ = std::max<int64_t>(1, opts.kv_cache_bytes / bytes_per_block);
-  spdlog::info("cpu backend: {} ({} layers, {} experts), tp={}, {} threads/rank, KV cache {} blocks x {} tokens ({:.1f} MiB)",
-               arch_name(cfg_.arch), cfg_.num_layers, cfg_.num_experts, opts.tp, per_rank,
-               num_blocks_, opts.block_size, num_blocks_ * bytes_per_block / 1048576.0);
+  spdlog::info(
+      "cpu backend: {} ({} layers, {} experts), tp={}, {} threads/rank, KV cache {} blocks x {} "
+      "tokens ({:.1f} MiB)",
+      arch_name(cfg_.arch), cfg_.num_layers, cfg_.num_experts, opts.tp, per_rank, num_blocks_,
+      opts.block_size, num_blocks_ * bytes_per_block / 1048576.0);
   for (int r = 0; r < opts.tp; ++r) {
-    auto rank = std::unique_ptr<CpuRank>(new CpuRank{
-        r, dims[r], load_weights(ckpt, cfg_, {r, opts.tp, opts.expert_split}),
-        HostKvCache(cfg_.num_layers, num_blocks_, opts.block_size, dims[r].num_kv_heads, cfg_.head_dim),
-        std::make_unique<ThreadPool>(per_rank)});
+    auto rank = std::unique_ptr<CpuRank>(
+        new CpuRank{r, dims[r], load_weights(ckpt, cfg_, {r, opts.tp, opts.expert_split}),
+                    HostKvCache(cfg_.num_layers, num_blocks_, opts.block_size, dims[r].num_kv_heads,
+                                cfg_.head_dim),
+                    std::make_unique<ThreadPool>(per_rank)});
     ranks_.push_back(std::move(rank));
   }
 }

@@ -16,19 +16,19 @@ namespace moebatch {
 
 /// Options of the CPU backend.
 struct CpuBackendOptions {
-  int tp = 1;                        ///< tensor-parallel ranks (threads)
-  int threads = 0;                   ///< total compute threads; 0 = hardware concurrency
-  int64_t block_size = 16;           ///< tokens per KV block
+  int tp = 1;                          ///< tensor-parallel ranks (threads)
+  int threads = 0;                     ///< total compute threads; 0 = hardware concurrency
+  int64_t block_size = 16;             ///< tokens per KV block
   int64_t kv_cache_bytes = 256 << 20;  ///< KV budget over all ranks; sets the block count
   ExpertSplit expert_split = ExpertSplit::Intermediate;  ///< MoE sharding mode
 };
 
 /// Everything one rank's forward needs, passed explicitly.
 struct CpuRank {
-  int rank = 0;                 ///< rank index
-  ShardDims dims;               ///< local sizes
-  ModelWeights weights;         ///< this rank's shard (fp32)
-  HostKvCache kv;               ///< this rank's kv heads
+  int rank = 0;                      ///< rank index
+  ShardDims dims;                    ///< local sizes
+  ModelWeights weights;              ///< this rank's shard (fp32)
+  HostKvCache kv;                    ///< this rank's kv heads
   std::unique_ptr<ThreadPool> pool;  ///< this rank's compute threads
 };
 

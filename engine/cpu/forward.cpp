@@ -1,7 +1,7 @@
 // The CPU reference forward of Qwen3-MoE / Qwen2-MoE / Qwen3 for one tensor-parallel rank, read
-// top to bottom: embed → per layer [norm → qkv → q/k norm + rope → kv write → attention → o_proj
-// (+all-reduce) → residual → norm → router + experts (+shared expert) or dense MLP (+all-reduce)
-// → residual] → final norm → lm_head (+gather). All math in fp32.
+// top to bottom: embed → per layer [norm → qkv → q/k norm + rope → kv write → attention →
+// o_proj (+all-reduce) → residual → norm → router + experts (+shared expert) or dense MLP
+// (+all-reduce) → residual] → final norm → lm_head (+gather). All math in fp32.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -95,7 +95,8 @@ void moe(const ModelConfig& cfg, const ShardDims& d, const LayerWeights& L, Thre
     const int64_t m = static_cast<int64_t>(tok.size());
     xs.resize(static_cast<size_t>(m * H));
     ys.resize(static_cast<size_t>(m * H));
-    for (int64_t i = 0; i < m; ++i) std::copy(x + tok[i] * H, x + (tok[i] + 1) * H, xs.data() + i * H);
+    for (int64_t i = 0; i < m; ++i)
+      std::copy(x + tok[i] * H, x + (tok[i] + 1) * H, xs.data() + i * H);
     swiglu(pool, xs.data(), m, H, L.w_gate_up.ptr() + el * 2 * Ie * H, L.w_down.ptr() + el * H * Ie,
            Ie, ys.data());
     for (int64_t i = 0; i < m; ++i) {
@@ -139,9 +140,12 @@ void cpu_forward(const ModelConfig& cfg, CpuRank& r, InProcessComm& comm, const 
 
     // attention norm + qkv projections (+ bias for Qwen2-MoE)
     cpu::rmsnorm(x.data(), L.input_norm.ptr(), n, H, eps, h.data());
-    cpu::matmul(pool, h.data(), n, H, L.wq.ptr(), nh * hd, L.bq.empty() ? nullptr : L.bq.ptr(), q.data());
-    cpu::matmul(pool, h.data(), n, H, L.wk.ptr(), nkv * hd, L.bk.empty() ? nullptr : L.bk.ptr(), k.data());
-    cpu::matmul(pool, h.data(), n, H, L.wv.ptr(), nkv * hd, L.bv.empty() ? nullptr : L.bv.ptr(), v.data());
+    cpu::matmul(pool, h.data(), n, H, L.wq.ptr(), nh * hd, L.bq.empty() ? nullptr : L.bq.ptr(),
+                q.data());
+    cpu::matmul(pool, h.data(), n, H, L.wk.ptr(), nkv * hd, L.bk.empty() ? nullptr : L.bk.ptr(),
+                k.data());
+    cpu::matmul(pool, h.data(), n, H, L.wv.ptr(), nkv * hd, L.bv.empty() ? nullptr : L.bv.ptr(),
+                v.data());
 
     // q/k per-head RMSNorm (Qwen3), then RoPE on q and k
     if (!L.q_norm.empty()) {

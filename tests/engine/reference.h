@@ -83,8 +83,8 @@ inline std::unique_ptr<Engine> make_engine(const std::string& model, int tp = 1,
   o.threads = 2;
   o.kv_cache_bytes = 16 << 20;
   o.expert_split = split;
-  return std::make_unique<Engine>(
-      std::make_unique<CpuBackend>(test_data_dir() + "/" + model, o), eo);
+  return std::make_unique<Engine>(std::make_unique<CpuBackend>(test_data_dir() + "/" + model, o),
+                                  eo);
 }
 
 }  // namespace moebatch

@@ -42,7 +42,8 @@ TEST(Cli, LogitsMatchReference) {
   const auto& r = ref[2];
   TempDir tmp;
   const std::string out = tmp.path() + "/l.safetensors";
-  auto p = run_cli("logits --model " + model + " --tokens " + join(r.prompt) + " --tp 2 --out " + out);
+  auto p =
+      run_cli("logits --model " + model + " --tokens " + join(r.prompt) + " --tp 2 --out " + out);
   ASSERT_EQ(p.status, 0);
   SafetensorsFile f(out);
   const auto& t = f.at("logits");

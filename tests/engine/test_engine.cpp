@@ -38,7 +38,8 @@ TEST(CpuOps, MatmulMatchesNaiveAndIsRowIndependent) {
   ThreadPool pool(2);
   const int64_t n = 1 + rng() % 9, k = 1 + rng() % 70, m = 1 + rng() % 40;
   std::vector<float> x(n * k), w(m * k), bias(m), y(n * m);
-  for (auto* v : {&x, &w, &bias}) for (auto& e : *v) e = nd(rng);
+  for (auto* v : {&x, &w, &bias})
+    for (auto& e : *v) e = nd(rng);
   cpu::matmul(pool, x.data(), n, k, w.data(), m, bias.data(), y.data());
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t j = 0; j < m; ++j) {
@@ -104,13 +105,14 @@ TEST(Comm, AllReduceAndGatherAcrossThreads) {
   InProcessComm comm(world);
   std::vector<std::vector<float>> data(world, std::vector<float>(n));
   std::vector<double> want(n, 0);
-  for (auto& d : data) for (size_t i = 0; i < n; ++i) want[i] += d[i] = float(rng() % 1000) / 7;
+  for (auto& d : data)
+    for (size_t i = 0; i < n; ++i) want[i] += d[i] = float(rng() % 1000) / 7;
   std::vector<float> gathered(2 * 3 * world);
   std::vector<std::thread> ts;
   for (int r = 0; r < world; ++r) {
     ts.emplace_back([&, r] {
       comm.all_reduce_sum(r, data[r].data(), n);
-      std::vector<float> local = {float(r), float(r) + 0.5f, float(r) + 0.25f,
+      std::vector<float> local = {float(r),      float(r) + 0.5f,  float(r) + 0.25f,
                                   float(r) + 10, float(r) + 10.5f, float(r) + 10.25f};
       comm.gather_cols(r, local.data(), 2, 3, r == 0 ? gathered.data() : nullptr);
     });
@@ -162,16 +164,20 @@ TEST(Sampler, GreedyTopKTopPAndSeeding) {
   // Same seed → same stream.
   p.top_p = 1.0f;
   std::mt19937_64 a(42), b(42);
-  for (int i = 0; i < 50; ++i) EXPECT_EQ(sample_token(logits.data(), V, p, a), sample_token(logits.data(), V, p, b));
+  for (int i = 0; i < 50; ++i)
+    EXPECT_EQ(sample_token(logits.data(), V, p, a), sample_token(logits.data(), V, p, b));
   auto bad = [&](auto mutate) {
     SamplingParams q;
     mutate(q);
     return q;
   };
-  EXPECT_THROW(validate_sampling(bad([](SamplingParams& q) { q.temperature = -1; }), V), InputError);
+  EXPECT_THROW(validate_sampling(bad([](SamplingParams& q) { q.temperature = -1; }), V),
+               InputError);
   EXPECT_THROW(validate_sampling(bad([](SamplingParams& q) { q.top_p = 0; }), V), InputError);
   EXPECT_THROW(validate_sampling(bad([](SamplingParams& q) { q.max_tokens = 0; }), V), InputError);
-  EXPECT_THROW(validate_sampling(bad([&](SamplingParams& q) { q.stop_token_ids = {int32_t(V)}; }), V), InputError);
+  EXPECT_THROW(
+      validate_sampling(bad([&](SamplingParams& q) { q.stop_token_ids = {int32_t(V)}; }), V),
+      InputError);
 }
 
 // Decode with the KV cache must equal recomputing the whole sequence at every step.
@@ -290,7 +296,8 @@ TEST(Engine, RejectsBadRequests) {
 
 TEST(Engine, MalformedCheckpointDirectoryIsClearError) {
   TempDir tmp;
-  std::filesystem::copy_file(test_data_dir() + "/qwen3_moe_tiny/config.json", tmp.path() + "/config.json");
+  std::filesystem::copy_file(test_data_dir() + "/qwen3_moe_tiny/config.json",
+                             tmp.path() + "/config.json");
   // Truncated copy of the real weights file.
   std::ifstream in(test_data_dir() + "/qwen3_moe_tiny/model.safetensors", std::ios::binary);
   std::string bytes((std::istreambuf_iterator<char>(in)), {});

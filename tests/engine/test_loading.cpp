@@ -73,7 +73,11 @@ TEST(ModelConfig, SparseStepAndMlpOnlyLayers) {
 }
 
 TEST(ModelConfig, RejectsUnsupportedAndInvalidWithFieldName) {
-  struct Case { const char* field; json value; const char* expect; };
+  struct Case {
+    const char* field;
+    json value;
+    const char* expect;
+  };
   std::vector<Case> cases = {
       {"model_type", "llama", "model_type"},
       {"use_sliding_window", true, "use_sliding_window"},
@@ -122,13 +126,12 @@ TEST(Dtype, ConversionsMatchDefinitions) {
   EXPECT_EQ(f16_to_f32(0xc000), -2.0f);
   EXPECT_EQ(f16_to_f32(0x0001), std::ldexp(1.0f, -24));
   EXPECT_EQ(f16_to_f32(0x7bff), 65504.0f);
-  EXPECT_EQ(fp8_e4m3_to_f32(0x38), 1.0f);         // exp 7, man 0
-  EXPECT_EQ(fp8_e4m3_to_f32(0x7e), 448.0f);       // largest finite
+  EXPECT_EQ(fp8_e4m3_to_f32(0x38), 1.0f);                  // exp 7, man 0
+  EXPECT_EQ(fp8_e4m3_to_f32(0x7e), 448.0f);                // largest finite
   EXPECT_EQ(fp8_e4m3_to_f32(0x01), std::ldexp(1.0f, -9));  // smallest subnormal
   EXPECT_EQ(fp8_e4m3_to_f32(0xb8), -1.0f);
   EXPECT_TRUE(std::isnan(fp8_e4m3_to_f32(0x7f)));
 }
-
 
 TEST(Safetensors, ReadsValidFileAndRoundTripsWriter) {
   TempDir tmp;
@@ -171,23 +174,32 @@ TEST(Safetensors, MalformedFilesGiveClearErrors) {
       {"bad_json", file_bytes("{\"w\": [", 12), "not a valid JSON"},
       {"truncated_data", file_bytes(ok.dump(), 6), "outside the"},
       {"offset_out_of_range",
-       file_bytes(json{{"w", {{"dtype", "BF16"}, {"shape", {2, 3}}, {"data_offsets", {8, 20}}}}}
-                      .dump(), 12), "outside the"},
+       file_bytes(
+           json{{"w", {{"dtype", "BF16"}, {"shape", {2, 3}}, {"data_offsets", {8, 20}}}}}.dump(),
+           12),
+       "outside the"},
       {"size_mismatch",
-       file_bytes(json{{"w", {{"dtype", "F32"}, {"shape", {2, 3}}, {"data_offsets", {0, 12}}}}}
-                      .dump(), 12), "needs 24"},
+       file_bytes(
+           json{{"w", {{"dtype", "F32"}, {"shape", {2, 3}}, {"data_offsets", {0, 12}}}}}.dump(),
+           12),
+       "needs 24"},
       {"unknown_dtype",
-       file_bytes(json{{"w", {{"dtype", "Q4_K"}, {"shape", {2, 3}}, {"data_offsets", {0, 12}}}}}
-                      .dump(), 12), "unsupported dtype 'Q4_K'"},
+       file_bytes(
+           json{{"w", {{"dtype", "Q4_K"}, {"shape", {2, 3}}, {"data_offsets", {0, 12}}}}}.dump(),
+           12),
+       "unsupported dtype 'Q4_K'"},
       {"overlap",
        file_bytes(json{{"a", {{"dtype", "U8"}, {"shape", {8}}, {"data_offsets", {0, 8}}}},
                        {"b", {{"dtype", "U8"}, {"shape", {8}}, {"data_offsets", {4, 12}}}}}
-                      .dump(), 12), "overlap"},
+                      .dump(),
+                  12),
+       "overlap"},
       {"negative_dim",
-       file_bytes(json{{"w", {{"dtype", "U8"}, {"shape", {-1}}, {"data_offsets", {0, 0}}}}}
-                      .dump(), 0), "not a valid dimension"},
-      {"missing_offsets",
-       file_bytes(json{{"w", {{"dtype", "U8"}, {"shape", {1}}}}}.dump(), 1), "data_offsets"},
+       file_bytes(json{{"w", {{"dtype", "U8"}, {"shape", {-1}}, {"data_offsets", {0, 0}}}}}.dump(),
+                  0),
+       "not a valid dimension"},
+      {"missing_offsets", file_bytes(json{{"w", {{"dtype", "U8"}, {"shape", {1}}}}}.dump(), 1),
+       "data_offsets"},
   };
   for (const auto& c : cases) {
     std::string path = tmp.path() + "/" + c.label + ".safetensors";
@@ -206,8 +218,10 @@ TEST(Safetensors, MalformedFilesGiveClearErrors) {
 TEST(Safetensors, ShardedIndex) {
   TempDir tmp;
   std::vector<float> a = {1, 2}, b = {3, 4, 5};
-  write_safetensors(tmp.path() + "/s1.safetensors", {{"a", {2}, DType::F32, std::as_bytes(std::span(a))}});
-  write_safetensors(tmp.path() + "/s2.safetensors", {{"b", {3}, DType::F32, std::as_bytes(std::span(b))}});
+  write_safetensors(tmp.path() + "/s1.safetensors",
+                    {{"a", {2}, DType::F32, std::as_bytes(std::span(a))}});
+  write_safetensors(tmp.path() + "/s2.safetensors",
+                    {{"b", {3}, DType::F32, std::as_bytes(std::span(b))}});
   write_file(tmp.path() + "/model.safetensors.index.json",
              R"({"metadata": {}, "weight_map": {"a": "s1.safetensors", "b": "s2.safetensors"}})");
   Checkpoint ck(tmp.path());
@@ -238,7 +252,8 @@ TEST(Weights, ShapeMismatchNamesTensorExpectedAndActual) {
 TEST(Weights, MissingTensorIsNamed) {
   TempDir tmp;
   std::vector<float> a = {1, 2};
-  write_safetensors(tmp.path() + "/model.safetensors", {{"x", {2}, DType::F32, std::as_bytes(std::span(a))}});
+  write_safetensors(tmp.path() + "/model.safetensors",
+                    {{"x", {2}, DType::F32, std::as_bytes(std::span(a))}});
   Checkpoint ck(tmp.path());
   auto cfg = load_model_config(test_data_dir() + "/qwen3_moe_tiny");
   try {

@@ -66,7 +66,10 @@ TEST_P(Fixture, TensorParallelMatchesSingleRank) {
   auto base = make_engine(GetParam())->score(prompt);
   const int64_t V = static_cast<int64_t>(base.size() / prompt.size());
   const size_t upto = comparable_prefix(ref.back().route_gap, kRouteGap);
-  struct Run { int tp; ExpertSplit split; };
+  struct Run {
+    int tp;
+    ExpertSplit split;
+  };
   std::vector<Run> runs = {{2, ExpertSplit::Intermediate}, {4, ExpertSplit::Intermediate}};
   if (GetParam() != "qwen3_dense_tiny") runs.push_back({4, ExpertSplit::Expert});
   for (auto run : runs) {
