@@ -1,8 +1,8 @@
 // Tokenizer encode throughput, single-threaded, on deterministic English / Chinese / code /
 // mixed text (corpus.cpp). "cold" is the first encode of the mixed text by a freshly loaded
 // tokenizer (empty piece cache); the other rows are the best of --iters warm runs.
-// Prints a table and writes JSON; --corpus-dir also writes the texts and our ids of the mixed
-// text so hf_peer.py can time Hugging Face tokenizers on identical bytes and check the ids.
+// Prints a table and writes JSON; --corpus-dir also writes each text and our ids for it
+// (uint32 little-endian) so hf_peer.py can time Hugging Face tokenizers on identical bytes and check the ids.
 //
 //   bench_tokenizer [--tokenizer DIR] [--mb 4] [--iters 3] [--json out.json] [--corpus-dir D]
 #include <nlohmann/json.hpp>
@@ -73,6 +73,7 @@ int main(int argc, char** argv) {
       {"english", moebatch::bench::english_text(bytes / 2, 2)},
       {"chinese", moebatch::bench::chinese_text(bytes / 2, 3)},
       {"code", moebatch::bench::code_text(bytes / 2, 4)},
+      {"unicode", moebatch::bench::unicode_text(bytes / 8, 5)},
   };
 
   const auto t0 = std::chrono::steady_clock::now();
@@ -104,11 +105,11 @@ int main(int argc, char** argv) {
   if (!corpus_dir.empty()) {
     std::filesystem::create_directories(corpus_dir);
     for (const auto& [name, text] : texts) {
-      write_file(std::filesystem::path(corpus_dir) / (name + ".txt"), text.data(), text.size());
+      const std::filesystem::path base = std::filesystem::path(corpus_dir) / name;
+      write_file(base.string() + ".txt", text.data(), text.size());
+      const auto ids = tk.encode(text);
+      write_file(base.string() + ".ids.u32", ids.data(), ids.size() * sizeof(ids[0]));
     }
-    const auto ids = tk.encode(texts[0].second);
-    write_file(std::filesystem::path(corpus_dir) / "mixed.ids.u32", ids.data(),
-               ids.size() * sizeof(ids[0]));
   }
   return 0;
 }

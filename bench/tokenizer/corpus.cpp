@@ -1,5 +1,7 @@
 #include "bench/tokenizer/corpus.h"
 
+#include "engine/tokenizer/utf8.h"
+
 #include <random>
 #include <string_view>
 #include <vector>
@@ -122,6 +124,31 @@ std::string chinese_text(std::size_t bytes, unsigned seed) {
   return fill(bytes, seed, chinese_paragraph);
 }
 std::string code_text(std::size_t bytes, unsigned seed) { return fill(bytes, seed, code_block); }
+
+std::string unicode_text(std::size_t bytes, unsigned seed) {
+  // Ranges: Latin-1 + Latin Extended, combining marks, Greek/Cyrillic, Arabic, Devanagari,
+  // Thai, Hangul jamo and syllables, CJK, kana, emoji, plus single special characters.
+  static constexpr std::pair<char32_t, char32_t> kRanges[] = {
+      {0x20, 0x7E},     {0xA0, 0x24F},    {0x300, 0x36F},     {0x370, 0x4FF},
+      {0x600, 0x6FF},   {0x900, 0x97F},   {0xE00, 0xE7F},     {0x1100, 0x11FF},
+      {0xAC00, 0xD7A3}, {0x4E00, 0x9FFF}, {0x3040, 0x30FF},   {0x1F300, 0x1FAFF},
+      {0xFF00, 0xFFEF}, {0x2000, 0x206F}, {0x10000, 0x1FFFF}, {0x20000, 0x2A6DF}};
+  static constexpr char32_t kSingles[] = {0x0A, 0x0D, 0x09, 0x85, 0xA0, 0x180E, 0x3000,
+                                          0x200D, 0xFE0F, 0x2028, 0x27,  0x20,   0x20};
+  std::mt19937 rng(seed);
+  std::string out;
+  while (out.size() < bytes) {
+    char32_t cp;
+    if (rng() % 4 == 0) {
+      cp = kSingles[rng() % std::size(kSingles)];
+    } else {
+      const auto [lo, hi] = kRanges[rng() % std::size(kRanges)];
+      cp = lo + static_cast<char32_t>(rng() % (hi - lo + 1));
+    }
+    tok::utf8_append_codepoint(cp, out);
+  }
+  return out;
+}
 
 std::string mixed_text(std::size_t bytes, unsigned seed) {
   return fill(bytes, seed, [](std::mt19937& rng) {

@@ -16,6 +16,10 @@ std::string chinese_text(std::size_t bytes, unsigned seed);
 /// About `bytes` of C++ and Python-like code with indentation and comments.
 std::string code_text(std::size_t bytes, unsigned seed);
 
+/// Random code points from many scripts with combining marks, emoji sequences, digits and
+/// unusual whitespace (U+0085, U+00A0, U+180E, U+3000, CR LF): a parity probe, not prose.
+std::string unicode_text(std::size_t bytes, unsigned seed);
+
 /// Paragraphs of the three kinds interleaved, drawn 4:3:3 (English : Chinese : code).
 std::string mixed_text(std::size_t bytes, unsigned seed);
 
