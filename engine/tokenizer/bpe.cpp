@@ -31,6 +31,7 @@ std::uint64_t mix(std::uint64_t x) {
 // input evict the common short words.
 constexpr std::size_t kMaxCachedPieceBytes = 64;
 constexpr std::size_t kCacheShards = 16;
+static_assert(kMaxCachedPieceBytes <= BpeModel::kMaxShortPieceBytes);
 constexpr std::size_t kCacheEntriesPerShard = 16384;
 
 struct StringHash {
@@ -139,8 +140,55 @@ void BpeModel::encode_piece(std::string_view piece, std::vector<TokenId>& out) c
 }
 
 void BpeModel::encode_piece_uncached(std::string_view piece, std::vector<TokenId>& out) const {
+  if (piece.empty()) return;
+  if (piece.size() <= kMaxShortPieceBytes) {
+    merge_short(piece, out);
+  } else {
+    merge_long(piece, out);
+  }
+}
+
+// Short pieces: symbols and the rank of each adjacent pair live in stack arrays; each step
+// scans for the lowest rank (leftmost on ties, the same order as the heap) and re-ranks only
+// the two pairs touching the merge. O(n^2) compares but O(n) table lookups, and no allocation:
+// faster than the heap for the word-sized pieces that dominate real text.
+void BpeModel::merge_short(std::string_view piece, std::vector<TokenId>& out) const {
+  constexpr std::uint32_t kNoMerge = ~std::uint32_t{0};
+  std::array<TokenId, kMaxShortPieceBytes> sym;
+  std::array<std::uint32_t, kMaxShortPieceBytes> rank;  // rank[i]: pair (sym[i], sym[i+1])
+  std::array<TokenId, kMaxShortPieceBytes> result;
+  std::size_t m = piece.size();
+  for (std::size_t i = 0; i < m; ++i) sym[i] = byte_tokens_[static_cast<unsigned char>(piece[i])];
+  auto rerank = [&](std::size_t i) {
+    const MergeTable::Slot* slot = merges_->find(pair_key(sym[i], sym[i + 1]));
+    rank[i] = slot != nullptr ? slot->rank : kNoMerge;
+    result[i] = slot != nullptr ? slot->result : 0;
+  };
+  for (std::size_t i = 0; i + 1 < m; ++i) rerank(i);
+  while (m > 1) {
+    std::size_t best = 0;
+    for (std::size_t i = 1; i + 1 < m; ++i) {
+      if (rank[i] < rank[best]) best = i;
+    }
+    if (rank[best] == kNoMerge) break;
+    sym[best] = result[best];
+    for (std::size_t i = best + 1; i + 1 < m; ++i) {
+      sym[i] = sym[i + 1];
+      rank[i] = rank[i + 1];
+      result[i] = result[i + 1];
+    }
+    --m;
+    if (best > 0) rerank(best - 1);
+    if (best + 1 < m) rerank(best);
+  }
+  out.insert(out.end(), sym.begin(), sym.begin() + static_cast<std::ptrdiff_t>(m));
+}
+
+// Long pieces: symbols in a linked list, candidate merges in a min-heap on (rank, position).
+// A candidate remembers the ids it was computed for; once either side has changed it is stale
+// and skipped. O(n log n).
+void BpeModel::merge_long(std::string_view piece, std::vector<TokenId>& out) const {
   const std::size_t n = piece.size();
-  if (n == 0) return;
   // Symbols start as single bytes; merging i with next[i] keeps slot i and unlinks the right.
   std::vector<TokenId> id(n);
   std::vector<std::int32_t> prev(n), next(n);
@@ -151,7 +199,6 @@ void BpeModel::encode_piece_uncached(std::string_view piece, std::vector<TokenId
     next[i] = (i + 1 < n) ? static_cast<std::int32_t>(i + 1) : -1;
   }
 
-  // A candidate remembers the ids it was computed for; after either side changes it is stale.
   struct Candidate {
     std::uint32_t rank;
     std::int32_t pos;

@@ -2,7 +2,8 @@
 // tokenizer.json, and the merge loop applied to each pre-tokenized piece. The loop keeps the
 // piece's symbols in a linked list and the candidate merges in a min-heap ordered by (rank,
 // position), the order Hugging Face applies them in, so a piece of n bytes costs O(n log n)
-// instead of the naive O(n^2). Results for short pieces are memoised in a bounded cache shared
+// instead of the naive O(n^2); pieces up to 128 bytes use a simpler allocation-free scan with
+// the same merge order. Results for short pieces are memoised in a bounded cache shared
 // by all threads.
 #pragma once
 
@@ -42,11 +43,16 @@ class BpeModel {
   /// Same without the cache: the reference path, also used for long pieces.
   void encode_piece_uncached(std::string_view piece, std::vector<TokenId>& out) const;
 
+  /// Pieces up to this many bytes use the allocation-free short path.
+  static constexpr std::size_t kMaxShortPieceBytes = 128;
+
   /// Number of merge rules.
   std::size_t merge_count() const { return merge_count_; }
 
  private:
   struct MergeTable;
+  void merge_short(std::string_view piece, std::vector<TokenId>& out) const;
+  void merge_long(std::string_view piece, std::vector<TokenId>& out) const;
   std::array<TokenId, 256> byte_tokens_;
   std::unique_ptr<MergeTable> merges_;
   std::unique_ptr<WordCache> cache_;

@@ -164,8 +164,11 @@ TEST(Bpe, HeapMergeEqualsNaiveMergeOnRandomRules) {
     }
     const tok::BpeModel model(bytes, rules);
     for (int w = 0; w < 50; ++w) {
+      // Mostly word-sized pieces (short path), every tenth above 128 bytes (heap path).
+      const std::size_t n = w % 10 == 0 ? tok::BpeModel::kMaxShortPieceBytes + 1 + rng() % 200
+                                        : 1 + rng() % 40;
       std::string word;
-      for (std::size_t k = 0, n = 1 + rng() % 40; k < n; ++k) word.push_back("abc"[rng() % 3]);
+      for (std::size_t k = 0; k < n; ++k) word.push_back("abc"[rng() % 3]);
       std::vector<tok::TokenId> got;
       model.encode_piece(word, got);
       ASSERT_EQ(got, naive_bpe(word, rank)) << word;
