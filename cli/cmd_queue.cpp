@@ -123,7 +123,9 @@ void run_submit_file(SubmitFlags& f, JobStore& store) {
   size_t created = 0;
   for (const auto& r : ids) created += r.created ? 1 : 0;
   if (f.common.json) {
-    json out = {{"batch_id", batch}, {"created", created}, {"existing", ids.size() - created},
+    json out = {{"batch_id", batch},
+                {"created", created},
+                {"existing", ids.size() - created},
                 {"ids", json::array()}};
     for (const auto& r : ids) out["ids"].push_back(r.id);
     std::cout << dump(out) << "\n";
@@ -161,14 +163,17 @@ void run_submit(SubmitFlags& f) {
 
 Job find_job(JobStore& store, int64_t id, const std::string& key) {
   std::optional<Job> j = key.empty() ? store.get(id) : store.get_by_key(key);
-  if (!j) throw InputError(key.empty() ? "no job with id " + std::to_string(id)
-                                       : "no job with key '" + key + "'");
+  if (!j)
+    throw InputError(key.empty() ? "no job with id " + std::to_string(id)
+                                 : "no job with key '" + key + "'");
   return *j;
 }
 
 void print_status(const Job& j) {
   std::cout << "job " << j.id << ": " << job_state_to_string(j.state) << "\n";
-  auto row = [](const char* k, const std::string& v) { std::cout << fmt::format("  {:<12} {}\n", k, v); };
+  auto row = [](const char* k, const std::string& v) {
+    std::cout << fmt::format("  {:<12} {}\n", k, v);
+  };
   if (j.spec.client_key) row("key", *j.spec.client_key);
   if (j.spec.batch_id) row("batch", *j.spec.batch_id);
   row("priority", std::to_string(j.spec.priority));
@@ -225,7 +230,8 @@ void register_queue_commands(CLI::App& app) {
   submit->add_option("--top-k", sf->spec.sampling.top_k, "0 disables (default 0)");
   submit->add_option("--seed", sf->seed, "Sampling seed");
   submit->add_option("--stop", sf->spec.sampling.stop, "Stop string (repeatable)");
-  submit->add_option("--max-attempts", sf->spec.max_attempts, "Attempts before failing (default 3)");
+  submit->add_option("--max-attempts", sf->spec.max_attempts,
+                     "Attempts before failing (default 3)");
   submit->add_flag("--no-progress", sf->no_progress, "Never draw the import progress bar");
   submit->callback([sf] { run_submit(*sf); });
 
@@ -240,7 +246,8 @@ void register_queue_commands(CLI::App& app) {
   status->add_option("id", st->id, "Job id");
   status->add_option("--key", st->key, "Client idempotency key");
   status->callback([st] {
-    if ((st->id > 0) == !st->key.empty()) throw InputError("status needs exactly one of ID or --key");
+    if ((st->id > 0) == !st->key.empty())
+      throw InputError("status needs exactly one of ID or --key");
     auto store = open_store(st->common);
     Job j = find_job(*store, st->id, st->key);
     if (st->common.json) {
@@ -343,7 +350,8 @@ void register_queue_commands(CLI::App& app) {
     std::string batch, output;
   };
   auto ef = std::make_shared<ExportFlags>();
-  auto* exp = app.add_subcommand("export", "Write a batch's finished jobs as OpenAI Batch output JSONL");
+  auto* exp =
+      app.add_subcommand("export", "Write a batch's finished jobs as OpenAI Batch output JSONL");
   add_common(exp, ef->common);
   exp->add_option("--batch", ef->batch, "Batch id")->required();
   exp->add_option("--output,-o", ef->output, "Output file (default stdout)");
@@ -375,8 +383,8 @@ void register_queue_commands(CLI::App& app) {
     out.flush();
     if (!out) throw Error("writing the export failed");
     if (written + pending == 0) throw InputError("no jobs in batch '" + ef->batch + "'");
-    spdlog::info("exported {} finished job(s) of batch {}; {} not finished yet", written,
-                 ef->batch, pending);
+    spdlog::info("exported {} finished job(s) of batch {}; {} not finished yet", written, ef->batch,
+                 pending);
   });
 }
 

@@ -29,7 +29,8 @@ std::filesystem::path find_example() {
     if (std::filesystem::exists(p)) return p;
   }
   if (std::filesystem::exists(name)) return name;
-  throw InputError(std::string("cannot find ") + name + " (run from the repository root or pass --file)");
+  throw InputError(std::string("cannot find ") + name +
+                   " (run from the repository root or pass --file)");
 }
 
 void exec_sql(const std::filesystem::path& db_path, const std::string& sql) {
@@ -98,8 +99,9 @@ void run_demo(const std::string& file_flag, bool keep) {
     // 2. An external producer: plain SQL from another connection (schemas/README.md), plus one
     //    row that breaks the contract.
     exec_sql(db, std::string(external_insert_example_sql()));
-    exec_sql(db, "INSERT INTO jobs (client_key, prompt, max_tokens, priority) "
-                 "VALUES ('bad-row', 'x', -5, 9)");
+    exec_sql(db,
+             "INSERT INTO jobs (client_key, prompt, max_tokens, priority) "
+             "VALUES ('bad-row', 'x', -5, 9)");
     std::cout << "inserted 3 rows with plain SQL (2 valid, 1 with max_tokens = -5)\n";
     print_jobs(store, "queue after ingest");
 
@@ -112,8 +114,8 @@ void run_demo(const std::string& file_flag, bool keep) {
                 << "\n";
     }
     clock->advance(20000);
-    std::cout << "t+20 s: worker-a renews its leases: " << store.renew("worker-a", ids_of(a), std::chrono::seconds(30))
-              << " renewed\n";
+    std::cout << "t+20 s: worker-a renews its leases: "
+              << store.renew("worker-a", ids_of(a), std::chrono::seconds(30)) << " renewed\n";
     print_jobs(store, "worker-a holds leases");
 
     // 4. worker-a stops renewing (crashed); after expiry worker-b takes the jobs over.
@@ -166,8 +168,10 @@ void register_service_commands(CLI::App& app) {
     bool keep = false;
   };
   auto f = std::make_shared<DemoFlags>();
-  auto* demo = app.add_subcommand("demo", "Queue walk-through on a temporary database (no engine yet)");
-  demo->add_option("--file", f->file, "OpenAI Batch JSONL to import (default examples/demo_batch.jsonl)");
+  auto* demo =
+      app.add_subcommand("demo", "Queue walk-through on a temporary database (no engine yet)");
+  demo->add_option("--file", f->file,
+                   "OpenAI Batch JSONL to import (default examples/demo_batch.jsonl)");
   demo->add_flag("--keep", f->keep, "Keep the temporary database and print its path");
   demo->callback([f] { run_demo(f->file, f->keep); });
 }

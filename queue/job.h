@@ -31,12 +31,12 @@ std::optional<PromptKind> prompt_kind_from_string(std::string_view s);
 
 /// Sampling parameters of one request (OpenAI names; top_k = 0 disables top-k).
 struct SamplingParams {
-  int64_t max_tokens = 256;        ///< generated-token budget, 1..limits.max_tokens
-  double temperature = 1.0;        ///< 0 = greedy, up to 2
-  double top_p = 1.0;              ///< nucleus mass in (0, 1]
-  int64_t top_k = 0;               ///< 0 = disabled
-  std::optional<int64_t> seed;     ///< nullopt = engine picks
-  std::vector<std::string> stop;   ///< stop strings, at most limits.max_stop
+  int64_t max_tokens = 256;       ///< generated-token budget, 1..limits.max_tokens
+  double temperature = 1.0;       ///< 0 = greedy, up to 2
+  double top_p = 1.0;             ///< nucleus mass in (0, 1]
+  int64_t top_k = 0;              ///< 0 = disabled
+  std::optional<int64_t> seed;    ///< nullopt = engine picks
+  std::vector<std::string> stop;  ///< stop strings, at most limits.max_stop
 };
 
 /// What a producer submits. Everything but the prompt has a default.
@@ -47,44 +47,44 @@ struct JobSpec {
   std::optional<std::string> model;       ///< model the request named (informative only)
   int64_t priority = 0;                   ///< higher runs first
   PromptKind prompt_kind = PromptKind::Text;
-  std::string prompt;                     ///< text, or JSON array of {role, content} objects
+  std::string prompt;  ///< text, or JSON array of {role, content} objects
   SamplingParams sampling;
-  int64_t max_attempts = 3;               ///< attempts before a retryable failure is final
+  int64_t max_attempts = 3;  ///< attempts before a retryable failure is final
 };
 
 /// Per-job timings, filled by the engine and written by JobStore::complete.
 struct LatencyRecord {
-  int64_t queue_wait_ms = 0;          ///< enqueued -> started (last attempt)
-  std::optional<int64_t> ttft_ms;     ///< started -> first token
-  std::optional<int64_t> decode_ms;   ///< first token -> last token
-  int64_t total_ms = 0;               ///< enqueued -> finished
-  std::optional<double> tokens_per_s; ///< completion tokens / decode seconds
+  int64_t queue_wait_ms = 0;           ///< enqueued -> started (last attempt)
+  std::optional<int64_t> ttft_ms;      ///< started -> first token
+  std::optional<int64_t> decode_ms;    ///< first token -> last token
+  int64_t total_ms = 0;                ///< enqueued -> finished
+  std::optional<double> tokens_per_s;  ///< completion tokens / decode seconds
 };
 
 /// The outcome of a successful run.
 struct JobResult {
-  std::string text;                    ///< generated text
-  int64_t prompt_tokens = 0;           ///< tokens in the rendered prompt
-  int64_t completion_tokens = 0;       ///< tokens generated
-  std::string finish_reason = "stop";  ///< "stop" | "length"
+  std::string text;                       ///< generated text
+  int64_t prompt_tokens = 0;              ///< tokens in the rendered prompt
+  int64_t completion_tokens = 0;          ///< tokens generated
+  std::string finish_reason = "stop";     ///< "stop" | "length"
   std::optional<int64_t> first_token_at;  ///< absolute time of the first token, if known
 };
 
 /// One row of the jobs table.
 struct Job {
-  int64_t id = 0;                       ///< primary key
-  JobSpec spec;                         ///< what was submitted
-  JobState state = JobState::Queued;    ///< current state
-  int64_t attempts = 0;                 ///< claims so far (a release gives one back)
-  std::optional<std::string> lease_owner;    ///< worker holding the lease while running
-  std::optional<int64_t> lease_expires_at;   ///< lease end while running
-  std::optional<std::string> error;     ///< last failure reason
-  int64_t enqueued_at = 0;              ///< insertion time
-  int64_t not_before = 0;               ///< earliest next claim (retry backoff)
-  std::optional<int64_t> started_at;    ///< last claim time
+  int64_t id = 0;                           ///< primary key
+  JobSpec spec;                             ///< what was submitted
+  JobState state = JobState::Queued;        ///< current state
+  int64_t attempts = 0;                     ///< claims so far (a release gives one back)
+  std::optional<std::string> lease_owner;   ///< worker holding the lease while running
+  std::optional<int64_t> lease_expires_at;  ///< lease end while running
+  std::optional<std::string> error;         ///< last failure reason
+  int64_t enqueued_at = 0;                  ///< insertion time
+  int64_t not_before = 0;                   ///< earliest next claim (retry backoff)
+  std::optional<int64_t> started_at;        ///< last claim time
   std::optional<int64_t> first_token_at;
-  std::optional<int64_t> finished_at;   ///< time the final state was reached
-  std::optional<JobResult> result;      ///< set when done
+  std::optional<int64_t> finished_at;  ///< time the final state was reached
+  std::optional<JobResult> result;     ///< set when done
 };
 
 }  // namespace moebatch

@@ -15,19 +15,49 @@ namespace {
 
 // Column indexes in kJobColumns.
 enum Col {
-  kId, kClientKey, kBatchId, kCustomId, kModel, kPriority, kPromptKind, kPrompt, kMaxTokens,
-  kTemperature, kTopP, kTopK, kSeed, kStop, kState, kAttempts, kMaxAttempts, kLeaseOwner,
-  kLeaseExpires, kError, kEnqueuedAt, kNotBefore, kStartedAt, kFirstTokenAt, kFinishedAt,
-  kResultText, kPromptTokens, kCompletionTokens, kFinishReason
+  kId,
+  kClientKey,
+  kBatchId,
+  kCustomId,
+  kModel,
+  kPriority,
+  kPromptKind,
+  kPrompt,
+  kMaxTokens,
+  kTemperature,
+  kTopP,
+  kTopK,
+  kSeed,
+  kStop,
+  kState,
+  kAttempts,
+  kMaxAttempts,
+  kLeaseOwner,
+  kLeaseExpires,
+  kError,
+  kEnqueuedAt,
+  kNotBefore,
+  kStartedAt,
+  kFirstTokenAt,
+  kFinishedAt,
+  kResultText,
+  kPromptTokens,
+  kCompletionTokens,
+  kFinishReason
 };
 
 const char* type_name(int t) {
   switch (t) {
-    case SQLITE_INTEGER: return "integer";
-    case SQLITE_FLOAT: return "real";
-    case SQLITE_TEXT: return "text";
-    case SQLITE_BLOB: return "blob";
-    default: return "null";
+    case SQLITE_INTEGER:
+      return "integer";
+    case SQLITE_FLOAT:
+      return "real";
+    case SQLITE_TEXT:
+      return "text";
+    case SQLITE_BLOB:
+      return "blob";
+    default:
+      return "null";
   }
 }
 

@@ -164,8 +164,8 @@ std::optional<Job> JobStore::get(int64_t id) {
 }
 
 std::optional<Job> JobStore::get_by_key(const std::string& client_key) {
-  auto v = read_jobs("WHERE client_key = ?1",
-                     [&](Stmt& s) { s.bind(1, std::string_view(client_key)); });
+  auto v =
+      read_jobs("WHERE client_key = ?1", [&](Stmt& s) { s.bind(1, std::string_view(client_key)); });
   if (v.empty()) return std::nullopt;
   return std::move(v.front());
 }

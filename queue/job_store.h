@@ -33,18 +33,18 @@ enum class Synchronous { Normal, Full };
 
 /// Exponential retry backoff: base * 2^(attempts-1), capped.
 struct RetryPolicy {
-  int64_t base_backoff_ms = 1000;   ///< delay after the first failed attempt
-  int64_t max_backoff_ms = 60000;   ///< cap
+  int64_t base_backoff_ms = 1000;  ///< delay after the first failed attempt
+  int64_t max_backoff_ms = 60000;  ///< cap
 };
 
 /// How to open a store.
 struct StoreOptions {
-  std::filesystem::path path;                          ///< database file (created if missing)
-  Synchronous synchronous = Synchronous::Normal;       ///< see Synchronous
-  std::chrono::milliseconds busy_timeout{5000};        ///< wait for other writers this long
+  std::filesystem::path path;                     ///< database file (created if missing)
+  Synchronous synchronous = Synchronous::Normal;  ///< see Synchronous
+  std::chrono::milliseconds busy_timeout{5000};   ///< wait for other writers this long
   std::shared_ptr<const Clock> clock = std::make_shared<SystemClock>();  ///< time source
-  JobLimits limits;                                    ///< validation limits
-  RetryPolicy retry;                                   ///< backoff between attempts
+  JobLimits limits;                                                      ///< validation limits
+  RetryPolicy retry;  ///< backoff between attempts
 };
 
 /// Outcome of one submission.
@@ -55,17 +55,17 @@ struct SubmitResult {
 
 /// Filter for list(); unset fields match everything.
 struct ListFilter {
-  std::optional<JobState> state;     ///< only this state
+  std::optional<JobState> state;        ///< only this state
   std::optional<std::string> batch_id;  ///< only this batch
-  int64_t after_id = 0;              ///< ids greater than this (paging)
-  int64_t limit = 100;               ///< at most this many rows, 1..100000
+  int64_t after_id = 0;                 ///< ids greater than this (paging)
+  int64_t limit = 100;                  ///< at most this many rows, 1..100000
 };
 
 /// One completion for complete_many.
 struct Completion {
-  int64_t id = 0;           ///< job id
-  JobResult result;         ///< generated output
-  LatencyRecord latency;    ///< timings
+  int64_t id = 0;         ///< job id
+  JobResult result;       ///< generated output
+  LatencyRecord latency;  ///< timings
 };
 
 /// What fail() did.

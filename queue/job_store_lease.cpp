@@ -69,7 +69,8 @@ int64_t JobStore::requeue_expired() {
 std::vector<Job> JobStore::claim(const std::string& worker, int64_t n,
                                  std::chrono::milliseconds lease) {
   check_worker(worker);
-  if (n < 1 || n > 100000) throw InputError("claim count must be 1..100000, got " + std::to_string(n));
+  if (n < 1 || n > 100000)
+    throw InputError("claim count must be 1..100000, got " + std::to_string(n));
   const int64_t lease_len = lease_ms(lease);
   const int64_t now = options_.clock->now_ms();
   Transaction tx(*db_, /*immediate=*/true);

@@ -29,8 +29,7 @@ struct JobLimits {
 bool is_valid_utf8(std::string_view s);
 
 /// First problem with a chat prompt (a JSON array of {"role","content"} objects), or nullopt.
-std::optional<std::string> find_chat_messages_error(std::string_view json,
-                                                    const JobLimits& limits);
+std::optional<std::string> find_chat_messages_error(std::string_view json, const JobLimits& limits);
 
 /// First problem with a stored stop list (a JSON array of strings), or nullopt.
 std::optional<std::string> find_stop_json_error(std::string_view json, const JobLimits& limits);

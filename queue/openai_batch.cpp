@@ -104,8 +104,10 @@ JobSpec parse_batch_line(std::string_view line, size_t line_no, const std::strin
   }
   const std::string& url = get_string(j["url"], line_no, "url");
   if (url != kChatUrl && url != kCompletionsUrl) {
-    bad(line_no, "url", "'" + url + "' is not supported (use /v1/chat/completions or "
-                        "/v1/completions)");
+    bad(line_no, "url",
+        "'" + url +
+            "' is not supported (use /v1/chat/completions or "
+            "/v1/completions)");
   }
   const bool chat = url == kChatUrl;
   spec.prompt_kind = chat ? PromptKind::Chat : PromptKind::Text;
@@ -142,8 +144,9 @@ BatchFile read_batch_file(const std::filesystem::path& path, const std::string& 
     }
     try {
       if (line.size() > file_limits.max_line_bytes) {
-        bad(line_no, "line", std::to_string(line.size()) + " bytes exceeds the limit of " +
-                                 std::to_string(file_limits.max_line_bytes));
+        bad(line_no, "line",
+            std::to_string(line.size()) + " bytes exceeds the limit of " +
+                std::to_string(file_limits.max_line_bytes));
       }
       JobSpec spec = parse_batch_line(line, line_no, batch_id, limits);
       if (!custom_ids.insert(*spec.custom_id).second) {
@@ -194,8 +197,8 @@ json batch_output_line(const Job& job) {
         {"completion_tokens", r.completion_tokens},
         {"total_tokens", r.prompt_tokens + r.completion_tokens}}},
   };
-  out["response"] = {{"status_code", 200}, {"request_id", "req_" + std::to_string(job.id)},
-                     {"body", body}};
+  out["response"] = {
+      {"status_code", 200}, {"request_id", "req_" + std::to_string(job.id)}, {"body", body}};
   out["error"] = nullptr;
   return out;
 }

@@ -6,11 +6,10 @@
 #include <cstddef>
 #include <filesystem>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "queue/job.h"
 #include "queue/job_validate.h"

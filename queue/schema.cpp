@@ -25,9 +25,8 @@ std::vector<Migration> parse_migrations(std::string_view text) {
                     std::string(line) + "'");
       }
       if (v != static_cast<int>(out.size()) + 1) {
-        throw Error("schema line " + std::to_string(line_no) + ": migration " +
-                    std::to_string(v) + " out of order (expected " +
-                    std::to_string(out.size() + 1) + ")");
+        throw Error("schema line " + std::to_string(line_no) + ": migration " + std::to_string(v) +
+                    " out of order (expected " + std::to_string(out.size() + 1) + ")");
       }
       out.push_back({v, {}});
     } else if (!out.empty()) {

@@ -4,8 +4,7 @@
 
 namespace moebatch {
 
-void throw_sqlite_failure(sqlite3* db, int rc, std::string_view expr, const char* file,
-                          int line) {
+void throw_sqlite_failure(sqlite3* db, int rc, std::string_view expr, const char* file, int line) {
   std::string msg = "SQLite call failed (";
   msg += expr;
   msg += "): ";
@@ -40,8 +39,8 @@ Stmt& Stmt::bind(int i, double v) {
 
 Stmt& Stmt::bind(int i, std::string_view v) {
   MB_CHECK(v.size() < static_cast<size_t>(std::numeric_limits<int>::max()), "text too long");
-  SQLITE_CHECK(db_, sqlite3_bind_text(stmt_, i, v.data(), static_cast<int>(v.size()),
-                                      SQLITE_TRANSIENT));
+  SQLITE_CHECK(db_,
+               sqlite3_bind_text(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT));
   return *this;
 }
 
@@ -97,9 +96,9 @@ std::optional<std::string> Stmt::opt_text(int col) const {
 }
 
 Db::Db(const std::filesystem::path& path) {
-  int rc = sqlite3_open_v2(path.c_str(), &db_,
-                           SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
-                           nullptr);
+  int rc =
+      sqlite3_open_v2(path.c_str(), &db_,
+                      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, nullptr);
   if (rc != SQLITE_OK) {
     std::string msg = db_ ? sqlite3_errmsg(db_) : sqlite3_errstr(rc);
     sqlite3_close_v2(db_);
@@ -121,8 +120,8 @@ void Db::exec(std::string_view sql) {
   if (rc != SQLITE_OK) {
     std::string msg = err ? err : sqlite3_errstr(rc);
     sqlite3_free(err);
-    throw Error("SQL failed (" + s.substr(0, 80) + "): " + msg + " [code " +
-                std::to_string(rc) + "]");
+    throw Error("SQL failed (" + s.substr(0, 80) + "): " + msg + " [code " + std::to_string(rc) +
+                "]");
   }
 }
 

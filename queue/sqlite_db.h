@@ -19,16 +19,16 @@
 namespace moebatch {
 
 /// Formats "what (expr): sqlite message [code] at file:line" and throws Error.
-[[noreturn]] void throw_sqlite_failure(sqlite3* db, int rc, std::string_view expr,
-                                       const char* file, int line);
+[[noreturn]] void throw_sqlite_failure(sqlite3* db, int rc, std::string_view expr, const char* file,
+                                       int line);
 
 }  // namespace moebatch
 
 /// Checks an SQLite call that must return SQLITE_OK: SQLITE_CHECK(db, sqlite3_exec(db, ...)).
-#define SQLITE_CHECK(db, expr)                                                  \
-  do {                                                                          \
-    int mb_sqlite_rc_ = (expr);                                                 \
-    if (mb_sqlite_rc_ != SQLITE_OK)                                             \
+#define SQLITE_CHECK(db, expr)                                                          \
+  do {                                                                                  \
+    int mb_sqlite_rc_ = (expr);                                                         \
+    if (mb_sqlite_rc_ != SQLITE_OK)                                                     \
       ::moebatch::throw_sqlite_failure((db), mb_sqlite_rc_, #expr, __FILE__, __LINE__); \
   } while (0)
 

@@ -5,8 +5,8 @@
 
 #include <CLI/CLI.hpp>
 #include <chrono>
-#include <ctime>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -34,7 +34,9 @@ struct Row {
   double seconds = 0;
   double cpu_seconds = 0;
   double per_s() const { return seconds > 0 ? static_cast<double>(items) / seconds : 0; }
-  double per_cpu_s() const { return cpu_seconds > 0 ? static_cast<double>(items) / cpu_seconds : 0; }
+  double per_cpu_s() const {
+    return cpu_seconds > 0 ? static_cast<double>(items) / cpu_seconds : 0;
+  }
 };
 
 double cpu_now() { return static_cast<double>(std::clock()) / CLOCKS_PER_SEC; }
@@ -77,11 +79,12 @@ std::vector<Row> bench_mode(const std::filesystem::path& dir, Synchronous sync, 
   c0 = cpu_now();
   for (int64_t start = single; start < single + batched; start += chunk) {
     specs.clear();
-    for (int64_t i = start; i < std::min(single + batched, start + chunk); ++i) specs.push_back(spec(i));
+    for (int64_t i = start; i < std::min(single + batched, start + chunk); ++i)
+      specs.push_back(spec(i));
     store.submit_many(specs);
   }
-  rows.push_back({name, "ingest, " + std::to_string(chunk) + " rows/txn", batched, seconds_since(t0),
-                  cpu_now() - c0});
+  rows.push_back({name, "ingest, " + std::to_string(chunk) + " rows/txn", batched,
+                  seconds_since(t0), cpu_now() - c0});
 
   int64_t done = 0;
   t0 = Clock::now();
@@ -91,7 +94,8 @@ std::vector<Row> bench_mode(const std::filesystem::path& dir, Synchronous sync, 
     if (jobs.empty()) break;
     std::vector<Completion> cs;
     cs.reserve(jobs.size());
-    for (const auto& j : jobs) cs.push_back({j.id, JobResult{"ok", 40, 1, "stop", {}}, {1, 1, 1, 2, 1.0}});
+    for (const auto& j : jobs)
+      cs.push_back({j.id, JobResult{"ok", 40, 1, "stop", {}}, {1, 1, 1, 2, 1.0}});
     for (bool ok : store.complete_many("bench", cs)) done += ok ? 1 : 0;
   }
   rows.push_back({name, "claim+complete, " + std::to_string(claim_batch) + "/txn", done,
@@ -105,18 +109,23 @@ int main(int argc, char** argv) {
   CLI::App app{"moebatch job queue benchmark"};
   int64_t single = 5000, batched = 200000, chunk = 1000, claim_batch = 64;
   std::string json_path, dir_flag, modes = "both";
-  app.add_option("--single", single, "Rows inserted one transaction each")->check(CLI::Range(1, 10000000));
-  app.add_option("--batched", batched, "Rows inserted with submit_many")->check(CLI::Range(1, 100000000));
-  app.add_option("--chunk", chunk, "Rows per submit_many transaction")->check(CLI::Range(1, 1000000));
-  app.add_option("--claim-batch", claim_batch, "Jobs per claim/complete_many")->check(CLI::Range(1, 100000));
-  app.add_option("--sync", modes, "normal|full|both")->check(CLI::IsMember({"normal", "full", "both"}));
+  app.add_option("--single", single, "Rows inserted one transaction each")
+      ->check(CLI::Range(1, 10000000));
+  app.add_option("--batched", batched, "Rows inserted with submit_many")
+      ->check(CLI::Range(1, 100000000));
+  app.add_option("--chunk", chunk, "Rows per submit_many transaction")
+      ->check(CLI::Range(1, 1000000));
+  app.add_option("--claim-batch", claim_batch, "Jobs per claim/complete_many")
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--sync", modes, "normal|full|both")
+      ->check(CLI::IsMember({"normal", "full", "both"}));
   app.add_option("--dir", dir_flag, "Directory for the database files (default: a temp dir)");
   app.add_option("--json", json_path, "Write results as JSON to this path");
   CLI11_PARSE(app, argc, argv);
 
-  std::filesystem::path dir = dir_flag.empty()
-      ? std::filesystem::temp_directory_path() / ("moebatch-bench-" + std::to_string(getpid()))
-      : std::filesystem::path(dir_flag);
+  std::filesystem::path dir = dir_flag.empty() ? std::filesystem::temp_directory_path() /
+                                                     ("moebatch-bench-" + std::to_string(getpid()))
+                                               : std::filesystem::path(dir_flag);
   std::filesystem::create_directories(dir);
   std::vector<Row> rows;
   try {
@@ -139,9 +148,13 @@ int main(int argc, char** argv) {
     std::printf("%-7s %-28s %9lld %8.3f %10.0f %8.3f %11.0f\n", r.sync.c_str(), r.op.c_str(),
                 static_cast<long long>(r.items), r.seconds, r.per_s(), r.cpu_seconds,
                 r.per_cpu_s());
-    out["results"].push_back({{"sync", r.sync}, {"operation", r.op}, {"items", r.items},
-                              {"seconds", r.seconds}, {"per_second", r.per_s()},
-                              {"cpu_seconds", r.cpu_seconds}, {"per_cpu_second", r.per_cpu_s()}});
+    out["results"].push_back({{"sync", r.sync},
+                              {"operation", r.op},
+                              {"items", r.items},
+                              {"seconds", r.seconds},
+                              {"per_second", r.per_s()},
+                              {"cpu_seconds", r.cpu_seconds},
+                              {"per_cpu_second", r.per_cpu_s()}});
   }
   if (!json_path.empty()) {
     std::ofstream f(json_path);

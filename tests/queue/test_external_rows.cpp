@@ -94,8 +94,10 @@ TEST_F(ExternalRowsTest, InvalidRowsFailWithReasonAndValidOnesAreClaimed) {
   };
   std::string sql = "BEGIN IMMEDIATE;";
   for (size_t i = 0; i < bad.size(); ++i) {
-    sql += "INSERT INTO jobs (client_key, prompt, prompt_kind, max_tokens, temperature, stop, "
-           "attempts) VALUES ('bad" + std::to_string(i) + "', " + bad[i].values + ");";
+    sql +=
+        "INSERT INTO jobs (client_key, prompt, prompt_kind, max_tokens, temperature, stop, "
+        "attempts) VALUES ('bad" +
+        std::to_string(i) + "', " + bad[i].values + ");";
     sql += "INSERT INTO jobs (client_key, prompt) VALUES ('good" + std::to_string(i) + "', 'ok');";
   }
   sql += "COMMIT;";

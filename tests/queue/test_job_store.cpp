@@ -125,7 +125,8 @@ TEST_F(JobStoreTest, SubmitManyIsAllOrNothing) {
   }
   EXPECT_TRUE(store.list({}).empty());
   size_t last_progress = 0;
-  auto ids = store.submit_many({text_job("a"), text_job("b")}, [&](size_t n) { last_progress = n; });
+  auto ids =
+      store.submit_many({text_job("a"), text_job("b")}, [&](size_t n) { last_progress = n; });
   EXPECT_EQ(ids.size(), 2u);
   EXPECT_EQ(last_progress, 2u);
   EXPECT_EQ(store.list({}).size(), 2u);
@@ -134,7 +135,13 @@ TEST_F(JobStoreTest, SubmitManyIsAllOrNothing) {
 TEST_F(JobStoreTest, ClaimOrdersByPriorityThenAge) {
   int64_t old_low = store.submit(text_job("old low")).id;
   clock->advance(10);
-  int64_t new_high = store.submit([] { auto s = text_job("new high"); s.priority = 5; return s; }()).id;
+  int64_t new_high = store
+                         .submit([] {
+                           auto s = text_job("new high");
+                           s.priority = 5;
+                           return s;
+                         }())
+                         .id;
   clock->advance(10);
   int64_t newer_low = store.submit(text_job("newer low")).id;
   auto got = store.claim("w", 3, milliseconds(1000));
@@ -266,7 +273,8 @@ TEST_F(JobStoreTest, CompleteManyLandsOnlyOwnedJobs) {
   auto ids = store.submit_many({text_job("a"), text_job("b"), text_job("c")});
   ASSERT_EQ(store.claim("w", 2, milliseconds(1000)).size(), 2u);
   std::vector<Completion> cs;
-  for (auto& r : ids) cs.push_back({r.id, JobResult{"r" + std::to_string(r.id), 1, 1, "stop", {}}, {}});
+  for (auto& r : ids)
+    cs.push_back({r.id, JobResult{"r" + std::to_string(r.id), 1, 1, "stop", {}}, {}});
   auto ok = store.complete_many("w", cs);
   EXPECT_EQ(ok, (std::vector<bool>{true, true, false}));
   EXPECT_EQ(store.stats().counts[JobState::Done], 2);

@@ -2,11 +2,11 @@
 // a claimer drains the queue, and a worker killed with SIGKILL while holding leases.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <set>
 #include <sstream>
-#include <algorithm>
 
 #include "queue/job_store.h"
 #include "queue_test_util.h"
@@ -46,7 +46,8 @@ TEST(Processes, ConcurrentProducersLoseNothingAndDuplicateNothing) {
       auto jobs = store.claim("drainer", 32, milliseconds(60000));
       if (jobs.empty()) return;
       std::vector<Completion> cs;
-      for (const Job& j : jobs) cs.push_back({j.id, JobResult{"r:" + j.spec.prompt, 1, 1, "stop", {}}, {}});
+      for (const Job& j : jobs)
+        cs.push_back({j.id, JobResult{"r:" + j.spec.prompt, 1, 1, "stop", {}}, {}});
       auto ok = store.complete_many("drainer", cs);
       for (size_t i = 0; i < ok.size(); ++i) {
         if (ok[i]) ++completions[cs[i].id];
@@ -125,7 +126,8 @@ TEST(Processes, KilledWorkersJobsRunAgainWithExactlyOneResult) {
   }
   std::vector<Completion> cs;
   for (const auto* batch : {&first, &second}) {
-    for (const Job& j : *batch) cs.push_back({j.id, JobResult{"survivor " + std::to_string(j.id), 1, 1, "stop", {}}, {}});
+    for (const Job& j : *batch)
+      cs.push_back({j.id, JobResult{"survivor " + std::to_string(j.id), 1, 1, "stop", {}}, {}});
   }
   auto ok = store.complete_many("survivor", cs);
   EXPECT_EQ(std::count(ok.begin(), ok.end(), true), 10);

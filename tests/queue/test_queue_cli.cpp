@@ -87,8 +87,9 @@ TEST_F(QueueCli, BadPromptFlagsAreRejectedNamingTheField) {
   EXPECT_NE(r.err.find("max_tokens: -4"), std::string::npos) << r.err;
   // argv cannot carry 1 MiB, so the oversize prompt goes through a batch file.
   std::string file = write_file(
-      "big.jsonl", R"({"custom_id":"big","method":"POST","url":"/v1/completions","body":{"prompt":")" +
-                       std::string(1048577, 'a') + "\"}}\n");
+      "big.jsonl",
+      R"({"custom_id":"big","method":"POST","url":"/v1/completions","body":{"prompt":")" +
+          std::string(1048577, 'a') + "\"}}\n");
   r = mb({"submit", "--file", file});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("prompt: 1048577 bytes exceeds"), std::string::npos) << r.err;
@@ -98,20 +99,20 @@ TEST_F(QueueCli, BadPromptFlagsAreRejectedNamingTheField) {
 }
 
 TEST_F(QueueCli, MalformedJsonlImportsNothingAndNamesLinesAndFields) {
-  std::string text = chat_line("a") + chat_line("b", R"(,"max_tokens":-1)") + "\n" +
-                     chat_line("c", R"(,"logprobs":true)") + "{not json\n" +
-                     R"({"custom_id":"e","method":"POST","url":"/v1/embeddings","body":{}})" + "\n" +
-                     R"({"custom_id":"f","method":"POST","url":"/v1/completions","body":{"prompt":"x"},"extra":1})" +
-                     "\n" + chat_line("a");
+  std::string text =
+      chat_line("a") + chat_line("b", R"(,"max_tokens":-1)") + "\n" +
+      chat_line("c", R"(,"logprobs":true)") + "{not json\n" +
+      R"({"custom_id":"e","method":"POST","url":"/v1/embeddings","body":{}})" + "\n" +
+      R"({"custom_id":"f","method":"POST","url":"/v1/completions","body":{"prompt":"x"},"extra":1})" +
+      "\n" + chat_line("a");
   std::string file = write_file("bad.jsonl", text);
   RunResult r = mb({"submit", "--file", file});
   EXPECT_EQ(r.exit_code, 2);
-  for (const char* want : {"bad.jsonl:line 2: max_tokens: -1 is outside",
-                           "line 4: body.logprobs: unknown field", "line 5: line: not valid JSON",
-                           "line 6: url: '/v1/embeddings' is not supported",
-                           "line 7: extra: unknown field",
-                           "line 8: custom_id: 'a' repeats an earlier line",
-                           "nothing was imported"}) {
+  for (const char* want :
+       {"bad.jsonl:line 2: max_tokens: -1 is outside", "line 4: body.logprobs: unknown field",
+        "line 5: line: not valid JSON", "line 6: url: '/v1/embeddings' is not supported",
+        "line 7: extra: unknown field", "line 8: custom_id: 'a' repeats an earlier line",
+        "nothing was imported"}) {
     EXPECT_NE(r.err.find(want), std::string::npos) << "missing '" << want << "' in:\n" << r.err;
   }
   EXPECT_EQ(r.err.find("line 1:"), std::string::npos) << r.err;
@@ -140,7 +141,8 @@ TEST_F(QueueCli, ImportRunExportRoundTrip) {
       if (j.spec.custom_id == "q2") {
         EXPECT_EQ(s.fail("w", j.id, "context overflow", false), FailOutcome::Failed);
       } else {
-        EXPECT_TRUE(s.complete("w", j.id, JobResult{"answer " + *j.spec.custom_id, 5, 2, "stop", {}},
+        EXPECT_TRUE(s.complete("w", j.id,
+                               JobResult{"answer " + *j.spec.custom_id, 5, 2, "stop", {}},
                                LatencyRecord{3, 4, 5, 12, 400.0}));
       }
       if (j.spec.custom_id == "q1") {
