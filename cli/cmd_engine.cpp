@@ -12,6 +12,9 @@
 #include "cli/commands.h"
 #include "common/error.h"
 #include "engine/cpu/cpu_backend.h"
+#ifdef MOEBATCH_HAVE_CUDA
+#include "engine/cuda/cuda_backend.h"
+#endif
 #include "engine/engine.h"
 #include "engine/safetensors.h"
 
@@ -25,6 +28,7 @@ struct ModelFlags {
   std::string backend = "cpu";
   int tp = 1;
   int threads = 0;
+  double gpu_memory_utilization = 0.90;
 };
 
 void add_model_flags(CLI::App* cmd, ModelFlags& f) {
@@ -35,6 +39,8 @@ void add_model_flags(CLI::App* cmd, ModelFlags& f) {
   cmd->add_option("--backend", f.backend, "cpu | cuda (default cpu)");
   cmd->add_option("--tp", f.tp, "Tensor-parallel ranks (default 1)");
   cmd->add_option("--threads", f.threads, "CPU compute threads (default: all cores)");
+  cmd->add_option("--gpu-memory-utilization", f.gpu_memory_utilization,
+                  "cuda: share of GPU memory for weights, activations and KV cache (default 0.90)");
 }
 
 std::vector<int32_t> parse_tokens(const std::string& s) {
@@ -60,8 +66,15 @@ std::vector<int32_t> parse_tokens(const std::string& s) {
 
 std::unique_ptr<Engine> make_engine(const ModelFlags& f) {
   if (f.backend == "cuda") {
+#ifdef MOEBATCH_HAVE_CUDA
+    if (f.tp != 1) throw InputError("--backend cuda: --tp must be 1 (one GPU per model for now)");
+    CudaBackendOptions o;
+    o.gpu_memory_utilization = f.gpu_memory_utilization;
+    return make_cuda_engine(f.model, o, EngineOptions{});
+#else
     throw InputError(
-        "--backend cuda: the CUDA engine is not available yet in this build (use --backend cpu)");
+        "--backend cuda: this build has no CUDA backend (built without nvcc; use --backend cpu)");
+#endif
   }
   if (f.backend != "cpu")
     throw InputError("--backend: expected cpu or cuda, got '" + f.backend + "'");

@@ -21,6 +21,15 @@ struct StepBatch {
   std::vector<int32_t> logits_rows;   ///< token indices whose logits are returned, in order
 };
 
+/// Sampling controls of one logits row for backends that sample on their device.
+struct RowSampling {
+  float temperature = 0.0f;  ///< <= 0: greedy
+  int32_t top_k = 0;         ///< <= 0: no limit beyond the backend's candidate cap
+  float top_p = 1.0f;        ///< nucleus mass
+  uint64_t seed = 0;         ///< the request's seed
+  uint64_t step = 0;         ///< tokens the sequence generated so far (draw counter)
+};
+
 /// A model on some device. Not thread-safe: one step at a time, driven by the engine thread.
 class Backend {
  public:
@@ -35,6 +44,18 @@ class Backend {
   /// sequence's cached positions 0..position, and fills `logits` with
   /// [logits_rows.size(), vocab] float32 values.
   virtual void forward(const StepBatch& batch, std::vector<float>& logits) = 0;
+  /// True when forward_sample is implemented: the engine then asks for sampled tokens instead
+  /// of copying [rows, vocab] logits to the host each step (unless a request keeps its logits).
+  virtual bool samples_on_device() const { return false; }
+  /// Runs the model like forward() and samples one token per logits row on the device with
+  /// `rows[i]`'s controls (greedy rows give the argmax, ties to the lowest id). Backends without
+  /// device sampling keep the default, which the engine never calls.
+  virtual void forward_sample(const StepBatch& batch, const std::vector<RowSampling>& rows,
+                              std::vector<int32_t>& tokens) {
+    (void)batch;
+    (void)rows;
+    (void)tokens;
+  }
 };
 
 }  // namespace moebatch

@@ -53,13 +53,30 @@ std::vector<FinishedSequence> Engine::step() {
   std::vector<FinishedSequence> done;
   ScheduledStep st = scheduler_.schedule();
   if (st.batch.tokens.empty()) return done;
-  backend_->forward(st.batch, logits_);
   const int64_t vocab = backend_->config().vocab_size;
+  // Device sampling returns tokens only; a request that keeps its logits needs them on the host.
+  const bool on_device =
+      backend_->samples_on_device() &&
+      std::none_of(st.samples_for.begin(), st.samples_for.end(),
+                   [](const Sequence* s) { return s->req.keep_logits; });
+  std::vector<int32_t> sampled(st.samples_for.size());
+  if (on_device) {
+    std::vector<RowSampling> rows;
+    for (const Sequence* s : st.samples_for) {
+      const SamplingParams& sp = s->req.sampling;
+      rows.push_back({sp.temperature, static_cast<int32_t>(std::min<int64_t>(sp.top_k, 1 << 30)), sp.top_p, sp.seed,
+                      static_cast<uint64_t>(s->generated())});
+    }
+    backend_->forward_sample(st.batch, rows, sampled);
+    MB_CHECK(sampled.size() == st.samples_for.size(), "backend returned one token per row");
+  } else {
+    backend_->forward(st.batch, logits_);
+  }
   const auto now = Clock::now();
   for (size_t i = 0; i < st.samples_for.size(); ++i) {
     Sequence* s = st.samples_for[i];
-    const float* row = logits_.data() + i * vocab;
-    const int32_t tok = sample_token(row, vocab, s->req.sampling, s->rng);
+    const float* row = on_device ? nullptr : logits_.data() + i * vocab;
+    const int32_t tok = on_device ? sampled[i] : sample_token(row, vocab, s->req.sampling, s->rng);
     if (s->generated() == 0) s->t_first_token = now;
     s->tokens.push_back(tok);
     if (s->req.keep_logits) s->logits.insert(s->logits.end(), row, row + vocab);

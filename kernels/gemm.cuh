@@ -16,4 +16,8 @@ void linear(cublasHandle_t handle, cudaStream_t stream, bf16* out, const bf16* x
 void linear(cublasHandle_t handle, cudaStream_t stream, float* out, const bf16* x, const bf16* w,
             int m, int n, int k);
 
+/// out[r, c] = bf16(out[r, c] + bias[c]) for out [rows, cols] (the q/k/v bias of Qwen2-MoE,
+/// added after the bf16 GEMM). cols % 8 == 0.
+void add_bias(bf16* out, const bf16* bias, int rows, int cols, cudaStream_t stream);
+
 }  // namespace moebatch::kernels

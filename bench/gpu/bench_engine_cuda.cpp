@@ -1,0 +1,261 @@
+// The CUDA engine on the Qwen3-30B-A3B shape (hidden 2048, 48 layers, 32 q / 4 kv heads of 128,
+// 128 experts top-8, moe_intermediate 768, vocab 151936) with seeded random bf16 weights made on
+// the GPU through the backend's own weight structs. 128-token prompts; per batch (1, 64, 256):
+// prefill tok/s, decode step time (graph replay, wall clock including the host's step work and
+// the sampled tokens' copy back) and tok/s, the roofline of each (bytes that must move / the
+// measured copy bandwidth; prefill also FLOPs / the cuBLAS peak), and a per-stage breakdown of one
+// eager decode step from CUDA events. An optional HF peer JSON (bench/gpu/hf_peer_engine.py, run
+// first in the same call) adds the ratio. Usage: moebatch_bench_engine_cuda [out.json] [peer.json]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/cuda/cuda_backend.h"
+#include "kernels/cuda_check.cuh"
+
+namespace {
+
+using namespace moebatch;
+using Clock = std::chrono::steady_clock;
+
+constexpr int kPrompt = 128, kWarmSteps = 4, kTimedSteps = 24;
+constexpr double kGemmPeakFlops = 787e12;  // bf16 cuBLAS 8192³ on this H200 (performance.md)
+
+ModelConfig qwen3_30b_a3b() {
+  ModelConfig c;
+  c.arch = ModelArch::Qwen3Moe;
+  c.model_type = "qwen3_moe";
+  c.vocab_size = 151936;
+  c.hidden_size = 2048;
+  c.num_layers = 48;
+  c.num_heads = 32;
+  c.num_kv_heads = 4;
+  c.head_dim = 128;
+  c.intermediate_size = 6144;
+  c.moe_intermediate_size = 768;
+  c.num_experts = 128;
+  c.num_experts_per_tok = 8;
+  c.norm_topk_prob = true;
+  c.qk_norm = true;
+  c.rms_norm_eps = 1e-6;
+  c.rope_theta = 1e6;
+  c.max_position_embeddings = 40960;
+  return c;
+}
+
+// Device-to-device copy bandwidth (bytes read + written per second), median of 10.
+double copy_bandwidth() {
+  const size_t n = size_t{2} << 30;
+  void *a = nullptr, *b = nullptr;
+  CUDA_CHECK(cudaMalloc(&a, n));
+  CUDA_CHECK(cudaMalloc(&b, n));
+  CUDA_CHECK(cudaMemset(a, 1, n));
+  cudaEvent_t e0, e1;
+  CUDA_CHECK(cudaEventCreate(&e0));
+  CUDA_CHECK(cudaEventCreate(&e1));
+  std::vector<float> ms;
+  for (int i = 0; i < 12; ++i) {
+    CUDA_CHECK(cudaEventRecord(e0));
+    CUDA_CHECK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice));
+    CUDA_CHECK(cudaEventRecord(e1));
+    CUDA_CHECK(cudaEventSynchronize(e1));
+    float t = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
+    if (i >= 2) ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaFree(a);
+  cudaFree(b);
+  return 2.0 * n / (ms[ms.size() / 2] * 1e-3);
+}
+
+// Parameters per component of the model (bf16: 2 bytes each).
+struct Params {
+  double attn_layer, router_layer, expert, lm_head, total;
+};
+Params count_params(const ModelConfig& c) {
+  Params p;
+  const double H = c.hidden_size, qd = c.num_heads * c.head_dim, kvd = c.num_kv_heads * c.head_dim;
+  p.attn_layer = H * qd * 2 + H * kvd * 2 + 2 * H + 2 * c.head_dim;
+  p.router_layer = c.num_experts * H;
+  p.expert = 3.0 * c.moe_intermediate_size * H;
+  p.lm_head = c.vocab_size * H;
+  p.total = c.num_layers * (p.attn_layer + p.router_layer + c.num_experts * p.expert) +
+            2 * p.lm_head + H;
+  return p;
+}
+
+// Bytes a decode step of `batch` sequences at context `ctx` must move: attention and router
+// weights, the experts the batch touches (expected distinct experts of uniform top-k routing),
+// the lm_head, and the KV cache read.
+double decode_bytes(const ModelConfig& c, const Params& p, int batch, int ctx) {
+  const double hit = c.num_experts *
+                     (1.0 - std::pow(1.0 - double(c.num_experts_per_tok) / c.num_experts, batch));
+  const double weights = c.num_layers * (p.attn_layer + p.router_layer + hit * p.expert) + p.lm_head;
+  const double kv = double(batch) * ctx * c.num_layers * 2 * c.num_kv_heads * c.head_dim;
+  return 2.0 * (weights + kv);
+}
+
+struct Seqs {
+  StepBatch prefill;  // every prompt token, logits at each prompt's last token
+  std::vector<std::vector<int32_t>> tables;
+  int width = 0;
+};
+
+Seqs make_prompts(int batch, int64_t vocab, int width, std::mt19937& rng) {
+  Seqs s;
+  s.width = width;
+  StepBatch& b = s.prefill;
+  b.max_blocks_per_seq = width;
+  for (int i = 0; i < batch; ++i) {
+    for (int j = 0; j < width; ++j) b.block_tables.push_back(i * width + j);
+    for (int p = 0; p < kPrompt; ++p) {
+      b.tokens.push_back(static_cast<int32_t>(rng() % vocab));
+      b.positions.push_back(p);
+      b.seq_index.push_back(i);
+      b.slot_mapping.push_back((i * width + p / 16) * 16 + p % 16);
+    }
+    b.logits_rows.push_back(i * kPrompt + kPrompt - 1);
+  }
+  return s;
+}
+
+StepBatch decode_step(const Seqs& s, const std::vector<int32_t>& tokens, int pos) {
+  StepBatch b;
+  b.max_blocks_per_seq = s.width;
+  b.block_tables = s.prefill.block_tables;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const int i32 = static_cast<int>(i);
+    b.tokens.push_back(tokens[i]);
+    b.positions.push_back(pos);
+    b.seq_index.push_back(i32);
+    b.slot_mapping.push_back((i32 * s.width + pos / 16) * 16 + pos % 16);
+    b.logits_rows.push_back(i32);
+  }
+  return b;
+}
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string out_path = argc > 1 ? argv[1] : "bench_engine_cuda.json";
+  nlohmann::json peer;
+  if (argc > 2) {
+    std::ifstream f(argv[2]);
+    if (f) peer = nlohmann::json::parse(f, nullptr, false);
+  }
+  const double bw = copy_bandwidth();
+  const ModelConfig cfg = qwen3_30b_a3b();
+  const Params P = count_params(cfg);
+  CudaBackendOptions o;
+  o.max_num_seqs = 256;
+  o.max_num_batched_tokens = 8192;
+  o.max_model_len = 1024;
+  auto t0 = Clock::now();
+  CudaBackend be(cfg, 20261129, o);
+  const double load_s = seconds_since(t0);
+  std::printf("weights: %.1f GB generated in %.2f s; copy bandwidth %.2f TB/s\n",
+              be.memory_plan().weights / 1e9, load_s, bw / 1e12);
+
+  nlohmann::json J;
+  J["copy_bandwidth_Bps"] = bw;
+  J["params"] = P.total;
+  J["memory_plan"] = {{"weights", be.memory_plan().weights},
+                      {"activations", be.memory_plan().activations},
+                      {"kv", be.memory_plan().kv},
+                      {"kv_blocks", be.memory_plan().kv_blocks}};
+  std::mt19937 rng(7);
+  struct Row {
+    int batch;
+    double prefill_tok_s, prefill_roof_tok_s, step_ms, roof_ms, tok_s, peer_step_ms;
+  };
+  std::vector<Row> rows;
+  for (int batch : {1, 64, 256}) {
+    const int width = (kPrompt + kWarmSteps + kTimedSteps + 16) / 16 + 1;
+    Seqs s = make_prompts(batch, cfg.vocab_size, width, rng);
+    std::vector<RowSampling> greedy(batch);
+    std::vector<int32_t> next;
+    // prefill: once to warm up (the same k/v are rewritten), then timed
+    be.forward_sample(s.prefill, greedy, next);
+    t0 = Clock::now();
+    be.forward_sample(s.prefill, greedy, next);
+    const double prefill_s = seconds_since(t0);
+    const double ptoks = double(batch) * kPrompt;
+    const double pflops = 2.0 * ptoks * (decode_bytes(cfg, P, 1, 0) / 2 - P.lm_head) +
+                          2.0 * batch * P.lm_head;
+    const double pbytes = 2.0 * (cfg.num_layers * (P.attn_layer + P.router_layer +
+                                                   cfg.num_experts * P.expert) + P.lm_head);
+    const double proof_s = std::max(pflops / kGemmPeakFlops, pbytes / bw);
+    // decode: warm steps (first step of a shape runs eagerly and captures its graph), then timed
+    int pos = kPrompt;
+    for (int i = 0; i < kWarmSteps; ++i, ++pos) be.forward_sample(decode_step(s, next, pos), greedy, next);
+    std::vector<double> ms;
+    for (int i = 0; i < kTimedSteps; ++i, ++pos) {
+      StepBatch b = decode_step(s, next, pos);
+      t0 = Clock::now();
+      be.forward_sample(b, greedy, next);
+      ms.push_back(seconds_since(t0) * 1e3);
+    }
+    std::sort(ms.begin(), ms.end());
+    const double step_ms = ms[ms.size() / 2];
+    const int ctx = pos - kTimedSteps / 2;
+    const double roof_ms = decode_bytes(cfg, P, batch, ctx) / bw * 1e3;
+    auto stages = be.profile(decode_step(s, next, pos));
+    double peer_ms = 0;
+    const std::string key = std::to_string(batch);
+    if (peer.is_object() && peer.contains("decode_step_ms") && peer["decode_step_ms"].contains(key))
+      peer_ms = peer["decode_step_ms"][key].get<double>();
+    rows.push_back({batch, ptoks / prefill_s, ptoks / proof_s, step_ms, roof_ms,
+                    batch / (step_ms * 1e-3), peer_ms});
+    nlohmann::json st = nlohmann::json::object();
+    double total = 0;
+    for (auto& [name, t] : stages) {
+      st[name] = t;
+      total += t;
+    }
+    J["batches"][key] = {{"prefill_s", prefill_s},
+                         {"prefill_tok_s", ptoks / prefill_s},
+                         {"prefill_roofline_tok_s", ptoks / proof_s},
+                         {"decode_step_ms_median", step_ms},
+                         {"decode_step_ms_min", ms.front()},
+                         {"decode_step_ms_max", ms.back()},
+                         {"decode_tok_s", batch / (step_ms * 1e-3)},
+                         {"decode_context", ctx},
+                         {"decode_roofline_ms", roof_ms},
+                         {"decode_bytes", decode_bytes(cfg, P, batch, ctx)},
+                         {"eager_stage_ms", st},
+                         {"eager_stage_total_ms", total},
+                         {"peer_step_ms", peer_ms}};
+    std::printf("\nbatch %d: eager decode step by stage (CUDA events, summed over 48 layers):\n", batch);
+    for (auto& [name, t] : stages) std::printf("  %-18s %8.3f ms  %5.1f%%\n", name.c_str(), t, 100 * t / total);
+    std::printf("  %-18s %8.3f ms\n", "total (eager)", total);
+  }
+  J["graphs_captured"] = be.num_graphs();
+  if (peer.is_object()) J["peer"] = peer;
+  std::ofstream(out_path) << J.dump(2) << "\n";
+
+  std::printf("\nQwen3-30B-A3B shape, random bf16 weights, 1x GPU, prompts of %d tokens\n", kPrompt);
+  std::printf("%6s | %12s %12s | %10s %10s %6s %10s | %10s %8s\n", "batch", "prefill t/s",
+              "roof t/s", "step ms", "roof ms", "%roof", "decode t/s", "HF ms", "x HF");
+  for (const Row& r : rows) {
+    std::printf("%6d | %12.0f %12.0f | %10.3f %10.3f %5.0f%% %10.0f | %10.1f %8.1f\n", r.batch,
+                r.prefill_tok_s, r.prefill_roof_tok_s, r.step_ms, r.roof_ms,
+                100 * r.roof_ms / r.step_ms, r.tok_s, r.peer_step_ms,
+                r.peer_step_ms > 0 ? r.peer_step_ms / r.step_ms : 0.0);
+  }
+  return 0;
+}

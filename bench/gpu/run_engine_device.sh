@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# One device call for the CUDA engine: configure (engine-only), build the engine GPU tests, the
+# kernel tests and the engine benchmark; run the tests, then the HF peer (its own 61 GB, freed
+# when it exits), then the benchmark. Logs and JSON go to $OUT; summaries print last.
+# Usage: bench/gpu/run_engine_device.sh [tests|bench|all] [peer batches, e.g. 1,64]
+set -uo pipefail
+OUT=${OUT:-/tmp/moebatch-out}
+WHAT=${1:-all}
+PEER_BATCHES=${2:-1,64}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw,memory.used --format=csv > "$OUT/gpu.txt" 2>&1
+if ! cmake -S . -B build-dev -G Ninja -DMOEBATCH_ENGINE_ONLY=ON -DMOEBATCH_CUDA=ON > "$OUT/configure.log" 2>&1; then
+  tail -40 "$OUT/configure.log"; exit 1
+fi
+if ! cmake --build build-dev -j16 --target moebatch_gpu_engine_tests moebatch_gpu_tests moebatch_bench_engine_cuda > "$OUT/build.log" 2>&1; then
+  grep -E "error" -A3 "$OUT/build.log" | head -60; exit 1
+fi
+if [ "$WHAT" != bench ]; then
+  ./build-dev/moebatch_gpu_engine_tests --gtest_output="json:$OUT/engine_tests.json" > "$OUT/engine_tests.log" 2>&1
+  echo "engine tests rc=$?"
+  ./build-dev/moebatch_gpu_tests > "$OUT/kernel_tests.log" 2>&1
+  echo "kernel tests rc=$?"; tail -3 "$OUT/kernel_tests.log"
+  grep -E "Failure|Expected|Which is|rows within|positions compared|greedy steps|error|FAILED|^\[  PASSED|^\[==" "$OUT/engine_tests.log" | head -90
+fi
+if [ "$WHAT" != tests ]; then
+  PYTHONUNBUFFERED=1 timeout 240 python3 bench/gpu/hf_peer_engine.py "$OUT/hf_peer.json" "$PEER_BATCHES" > "$OUT/hf_peer.log" 2>&1
+  echo "hf peer rc=$?"; tail -5 "$OUT/hf_peer.log"
+  ./build-dev/moebatch_bench_engine_cuda "$OUT/bench_engine_cuda.json" "$OUT/hf_peer.json" > "$OUT/bench.log" 2>&1
+  echo "bench rc=$?"
+  cat "$OUT/gpu.txt"
+  tail -75 "$OUT/bench.log"
+fi

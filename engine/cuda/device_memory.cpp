@@ -1,0 +1,224 @@
+// Device memory of the CUDA backend: the weight arena laid out from the loader's plans (filled
+// from a checkpoint through read_plan_bf16, or with seeded random values for benchmarks), the
+// step buffers, and the stage timer used for per-kernel profiles.
+#include "engine/cuda/device_memory.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "common/error.h"
+#include "kernels/attention.cuh"
+#include "kernels/cuda_check.cuh"
+#include "kernels/moe_gemm.cuh"
+#include "kernels/moe_routing.cuh"
+#include "kernels/random.cuh"
+
+namespace moebatch {
+namespace {
+
+// Hands out aligned sub-ranges of one allocation; with a null base it only counts bytes, so the
+// memory plan and the carving share one description of the layout.
+class Carver {
+ public:
+  Carver(char* base, size_t align) : base_(base), align_(align) {}
+  template <class T>
+  T* take(size_t n) {
+    off_ = (off_ + align_ - 1) / align_ * align_;
+    T* p = base_ ? reinterpret_cast<T*>(base_ + off_) : nullptr;
+    off_ += std::max<size_t>(n, 1) * sizeof(T);
+    return p;
+  }
+  size_t bytes() const { return off_; }
+
+ private:
+  char* base_;
+  size_t align_;
+  size_t off_ = 0;
+};
+
+void carve(Carver& c, const ModelConfig& cfg, const ShardDims& d, const StepCapacity& cap,
+           StepBuffers& b) {
+  const size_t T = cap.tokens, R = cap.logits_rows, W = cap.table_width;
+  const size_t H = cfg.hidden_size, hd = cfg.head_dim, V = d.vocab;
+  const size_t nh = d.num_heads, nkv = d.num_kv_heads;
+  const size_t E = std::max<int64_t>(cfg.num_experts, 1);
+  const size_t topk = std::max<int64_t>(cfg.num_experts_per_tok, 1);
+  const size_t gate_up = std::max({T * topk * 2 * d.moe_intermediate, T * 2 * d.intermediate,
+                                   T * 2 * d.shared_intermediate});
+  b.tokens = c.take<int32_t>(T);
+  b.positions = c.take<int32_t>(T);
+  b.slots = c.take<int32_t>(T);
+  b.q_start = c.take<int32_t>(T + 1);
+  b.kv_lens = c.take<int32_t>(T);
+  b.block_tables = c.take<int32_t>(T * W);
+  b.logits_rows = c.take<int32_t>(T);
+  b.temperature = c.take<float>(R);
+  b.top_k = c.take<int32_t>(R);
+  b.top_p = c.take<float>(R);
+  b.seeds = c.take<uint64_t>(R);
+  b.steps = c.take<uint64_t>(R);
+  b.sampled = c.take<int32_t>(R);
+  b.x = c.take<bf16>(T * H);
+  b.h = c.take<bf16>(T * H);
+  b.o = c.take<bf16>(T * H);
+  b.qkv = c.take<bf16>(T * (nh + 2 * nkv) * hd);
+  b.attn = c.take<bf16>(T * nh * hd);
+  b.router_logits = c.take<float>(T * E);
+  b.topk_ids = c.take<int32_t>(T * topk);
+  b.topk_weights = c.take<float>(T * topk);
+  b.sorted_ids = c.take<int32_t>(kernels::moe_align_capacity(static_cast<int>(T * topk),
+                                                             static_cast<int>(E),
+                                                             kernels::kMoeGemmTileM));
+  b.expert_offsets = c.take<int32_t>(E + 1);
+  b.gate_up = c.take<bf16>(gate_up);
+  b.act = c.take<bf16>(gate_up / 2);
+  b.expert_out = c.take<bf16>(T * topk * H);
+  b.attn_ws = c.take<float>(
+      kernels::attention_workspace_floats(static_cast<int>(R), static_cast<int>(nh),
+                                          static_cast<int>(hd), static_cast<int>(cap.attn_splits)));
+  b.xr = c.take<bf16>(R * H);
+  b.logits = c.take<float>(R * V);
+  b.cap = cap;
+}
+
+// Assigns every plan field a 16-byte aligned range in field order. Fields are multiples of 16
+// bytes (every row width is a multiple of 8), so wq, wk, wv (and bq, bk, bv) come out as one
+// contiguous matrix: the forward runs the three projections as one GEMM.
+size_t layout_weights(const ModelPlan& plan, bool alias_lm_head, char* base,
+                      DeviceModelWeights& w) {
+  Carver c(base, 16);
+  auto place = [&](DeviceTensor& t, const TensorPlan& p) {
+    if (p.empty()) return;
+    t.shape = p.shape;
+    t.ptr = c.take<bf16>(static_cast<size_t>(p.numel()));
+  };
+  place(w.embed, plan.embed);
+  w.layers.resize(plan.layers.size());
+  for (size_t l = 0; l < plan.layers.size(); ++l) w.layers[l].zip(plan.layers[l], place);
+  place(w.final_norm, plan.final_norm);
+  if (alias_lm_head) {
+    w.lm_head = w.embed;  // tied embeddings, one rank: the lm_head is the embedding table
+  } else {
+    place(w.lm_head, plan.lm_head);
+  }
+  return c.bytes();
+}
+
+}  // namespace
+
+int64_t DeviceTensor::numel() const {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return shape.empty() ? 0 : n;
+}
+
+size_t step_buffer_bytes(const ModelConfig& cfg, const ShardDims& d, const StepCapacity& cap) {
+  Carver c(nullptr, 256);
+  StepBuffers b;
+  carve(c, cfg, d, cap, b);
+  return c.bytes();
+}
+
+StepBuffers carve_step_buffers(void* base, const ModelConfig& cfg, const ShardDims& d,
+                               const StepCapacity& cap) {
+  Carver c(static_cast<char*>(base), 256);
+  StepBuffers b;
+  carve(c, cfg, d, cap, b);
+  return b;
+}
+
+size_t weight_bytes(const ModelConfig& cfg, const ShardDims& d, const ModelPlan& plan) {
+  DeviceModelWeights unused;
+  return layout_weights(plan, cfg.tie_word_embeddings && !d.vocab_split, nullptr, unused);
+}
+
+DeviceModelWeights place_weights(const ModelConfig& cfg, const ShardDims& d,
+                                 const ModelPlan& plan, void* base) {
+  DeviceModelWeights w;
+  layout_weights(plan, cfg.tie_word_embeddings && !d.vocab_split, static_cast<char*>(base), w);
+  for (const auto& L : w.layers) {
+    MB_CHECK(L.wk.ptr == L.wq.ptr + L.wq.numel() && L.wv.ptr == L.wk.ptr + L.wk.numel(),
+             "wq, wk, wv must be packed as one matrix");
+    MB_CHECK(L.bq.empty() || (L.bk.ptr == L.bq.ptr + L.bq.numel() &&
+                              L.bv.ptr == L.bk.ptr + L.bk.numel()),
+             "bq, bk, bv must be packed as one vector");
+  }
+  return w;
+}
+
+void load_weights_device(const Checkpoint& ckpt, const ModelConfig& cfg, const ModelPlan& plan,
+                         DeviceModelWeights& w, cudaStream_t stream) {
+  std::vector<uint16_t> host;
+  auto copy = [&](DeviceTensor& t, const TensorPlan& p) {
+    if (p.empty()) return;
+    host.resize(static_cast<size_t>(p.numel()));
+    read_plan_bf16(ckpt, cfg, p, host.data());
+    CUDA_CHECK(cudaMemcpyAsync(t.ptr, host.data(), host.size() * sizeof(uint16_t),
+                               cudaMemcpyHostToDevice, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));  // `host` is reused by the next tensor
+  };
+  copy(w.embed, plan.embed);
+  for (size_t l = 0; l < plan.layers.size(); ++l) w.layers[l].zip(plan.layers[l], copy);
+  copy(w.final_norm, plan.final_norm);
+  if (w.lm_head.ptr != w.embed.ptr) copy(w.lm_head, plan.lm_head);
+}
+
+void random_weights_device(uint64_t seed, DeviceModelWeights& w, cudaStream_t stream) {
+  uint64_t index = 0;
+  // Uniform in ±1/sqrt(fan-in) keeps activations O(1) through the layers; vectors (norms,
+  // biases, the shared-expert gate) get ±1 so no norm weight collapses the signal.
+  auto fill = [&](DeviceTensor& t, const DeviceTensor&) {
+    ++index;
+    if (t.empty()) return;
+    const float scale =
+        t.shape.size() >= 2 ? 1.0f / std::sqrt(static_cast<float>(t.shape.back())) : 1.0f;
+    kernels::fill_uniform(t.ptr, static_cast<size_t>(t.numel()),
+                          kernels::splitmix64(seed ^ kernels::splitmix64(index)), scale, stream);
+  };
+  fill(w.embed, w.embed);
+  for (auto& L : w.layers) L.zip(L, fill);
+  fill(w.final_norm, w.final_norm);
+  if (w.lm_head.ptr != w.embed.ptr) fill(w.lm_head, w.lm_head);
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+StageTimer::~StageTimer() {
+  for (cudaEvent_t e : events_) cudaEventDestroy(e);
+}
+
+void StageTimer::begin(cudaStream_t stream) {
+  used_ = 0;
+  labels_.clear();
+  mark(nullptr, stream);
+}
+
+void StageTimer::mark(const char* stage, cudaStream_t stream) {
+  if (used_ == events_.size()) {
+    cudaEvent_t e;
+    CUDA_CHECK(cudaEventCreate(&e));
+    events_.push_back(e);
+  }
+  CUDA_CHECK(cudaEventRecord(events_[used_++], stream));
+  labels_.push_back(stage);
+}
+
+void StageTimer::collect() {
+  if (used_ == 0) return;
+  CUDA_CHECK(cudaEventSynchronize(events_[used_ - 1]));
+  for (size_t i = 1; i < used_; ++i) {
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, events_[i - 1], events_[i]));
+    auto it = std::find_if(totals_.begin(), totals_.end(),
+                           [&](const auto& p) { return p.first == labels_[i]; });
+    if (it == totals_.end()) {
+      totals_.emplace_back(labels_[i], ms);
+    } else {
+      it->second += ms;
+    }
+  }
+  used_ = 0;
+  labels_.clear();
+}
+
+}  // namespace moebatch
