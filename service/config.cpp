@@ -1,0 +1,218 @@
+#include "service/config.h"
+
+#include <CLI/CLI.hpp>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "common/error.h"
+#include "common/paths.h"
+
+namespace moebatch {
+namespace {
+
+constexpr size_t kMaxConfigBytes = 1 << 20;
+
+// One table of keys drives the JSON reader, the printer and the flags, so the three cannot
+// drift apart. Each entry knows its bounds.
+struct IntKey {
+  const char* name;
+  int64_t ServiceConfig::*field;
+  int64_t lo, hi;
+  const char* help;
+};
+struct SmallIntKey {
+  const char* name;
+  int ServiceConfig::*field;
+  int lo, hi;
+  const char* help;
+};
+struct StrKey {
+  const char* name;
+  std::string ServiceConfig::*field;
+  size_t max_bytes;
+  const char* help;
+};
+
+const IntKey kIntKeys[] = {
+    {"kv_cache_mb", &ServiceConfig::kv_cache_mb, 1, int64_t{1} << 20,
+     "KV cache budget over all ranks, MiB (default 256)"},
+    {"max_num_seqs", &ServiceConfig::max_num_seqs, 1, 4096, "Batch slots (default 64)"},
+    {"max_num_batched_tokens", &ServiceConfig::max_num_batched_tokens, 1, 1 << 20, "Tokens per engine step (default 4096)"},
+    {"static_batch_wait_ms", &ServiceConfig::static_batch_wait_ms, 0, 600000, "Static batching: longest wait for a full batch (default 200)"},
+    {"max_model_len", &ServiceConfig::max_model_len, 0, 1 << 24, "Cap on prompt + max_tokens; 0 = model context (default 0)"},
+    {"max_prompt_tokens", &ServiceConfig::max_prompt_tokens, 1, 1 << 24, "Cap on the rendered prompt length (default 32768)"},
+    {"lease_s", &ServiceConfig::lease_s, 1, 86400, "Job lease in seconds, renewed while running (default 60)"},
+    {"poll_ms", &ServiceConfig::poll_ms, 1, 60000, "Poll period for external inserts, ms (default 50)"},
+    {"drain_timeout_s", &ServiceConfig::drain_timeout_s, 0, 86400, "Maintenance: wait for in-flight work, then requeue (default 60)"},
+    {"shutdown_timeout_s", &ServiceConfig::shutdown_timeout_s, 0, 86400, "SIGTERM: wait for in-flight work, then requeue (default 30)"},
+    {"warmup_seqs", &ServiceConfig::warmup_seqs, 0, 4096, "Sequences in the warmup batch after a (re)build (default 4)"},
+    {"health_stall_s", &ServiceConfig::health_stall_s, 1, 86400, "/health fails when work is pending and no step ran this long (default 60)"},
+};
+const SmallIntKey kSmallIntKeys[] = {
+    {"tp", &ServiceConfig::tp, 1, 64, "Tensor-parallel ranks (default 1)"},
+    {"threads", &ServiceConfig::threads, 0, 4096, "CPU compute threads; 0 = all cores"},
+    {"http_port", &ServiceConfig::http_port, -1, 65535, "Loopback health/metrics port; 0 = any free; -1 = off (default 9464)"},
+};
+const StrKey kStrKeys[] = {
+    {"db", &ServiceConfig::db, 4096, "Job database (default $MOEBATCH_DB or ~/.local/share/moebatch/jobs.db)"},
+    {"model", &ServiceConfig::model, 4096, "Checkpoint directory (config.json + *.safetensors)"},
+    {"tokenizer", &ServiceConfig::tokenizer, 4096, "Tokenizer directory (default: the model directory)"},
+    {"backend", &ServiceConfig::backend, 16, "cpu | cuda (default cpu)"},
+    {"restart_at", &ServiceConfig::restart_at, 128, "Nightly restart: HH:MM local time or 'M H * * *'; empty = off"},
+    {"http_host", &ServiceConfig::http_host, 64, "Health/metrics address, loopback only (default 127.0.0.1)"},
+    {"ready_file", &ServiceConfig::ready_file, 4096, "Write {pid, worker, http_port} JSON here once serving"},
+    {"synchronous", &ServiceConfig::synchronous, 16, "SQLite durability: normal | full (default normal)"},
+};
+
+std::string flag_of(const char* key) {
+  std::string f = std::string("--") + key;
+  for (char& c : f)
+    if (c == '_') c = '-';
+  return f;
+}
+
+}  // namespace
+
+const char* batching_name(BatchingMode m) {
+  return m == BatchingMode::Static ? "static" : "continuous";
+}
+
+void apply_config_json(const nlohmann::json& j, const std::string& source, ServiceConfig& cfg) {
+  if (!j.is_object()) throw InputError(source + ": expected a JSON object");
+  for (const auto& [key, value] : j.items()) {
+    const std::string where = source + ": " + key;
+    bool known = false;
+    for (const IntKey& k : kIntKeys) {
+      if (key != k.name) continue;
+      known = true;
+      if (!value.is_number_integer()) throw InputError(where + ": expected an integer");
+      cfg.*k.field = value.get<int64_t>();
+    }
+    for (const SmallIntKey& k : kSmallIntKeys) {
+      if (key != k.name) continue;
+      known = true;
+      if (!value.is_number_integer()) throw InputError(where + ": expected an integer");
+      const auto v = value.get<int64_t>();
+      if (v < k.lo || v > k.hi) {
+        throw InputError(where + ": must be in [" + std::to_string(k.lo) + ", " +
+                         std::to_string(k.hi) + "], got " + std::to_string(v));
+      }
+      cfg.*k.field = static_cast<int>(v);
+    }
+    for (const StrKey& k : kStrKeys) {
+      if (key != k.name) continue;
+      known = true;
+      if (!value.is_string()) throw InputError(where + ": expected a string");
+      cfg.*k.field = value.get<std::string>();
+    }
+    if (key == "batching") {
+      known = true;
+      if (!value.is_string()) throw InputError(where + ": expected a string");
+      const auto s = value.get<std::string>();
+      if (s == "continuous") {
+        cfg.batching = BatchingMode::Continuous;
+      } else if (s == "static") {
+        cfg.batching = BatchingMode::Static;
+      } else {
+        throw InputError(where + ": expected continuous or static, got '" + s + "'");
+      }
+    }
+    if (!known) throw InputError(where + ": unknown key");
+  }
+}
+
+void load_config_file(const std::filesystem::path& path, ServiceConfig& cfg) {
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  if (ec) throw InputError("config " + path.string() + ": " + ec.message());
+  if (size > kMaxConfigBytes)
+    throw InputError("config " + path.string() + ": larger than 1 MiB");
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, false);
+  if (j.is_discarded()) throw InputError("config " + path.string() + ": not valid JSON");
+  apply_config_json(j, "config " + path.string(), cfg);
+}
+
+void validate_config(const ServiceConfig& cfg) {
+  for (const IntKey& k : kIntKeys) {
+    const int64_t v = cfg.*k.field;
+    if (v < k.lo || v > k.hi) {
+      throw InputError(std::string(k.name) + ": must be in [" + std::to_string(k.lo) + ", " +
+                       std::to_string(k.hi) + "], got " + std::to_string(v));
+    }
+  }
+  for (const SmallIntKey& k : kSmallIntKeys) {
+    const int v = cfg.*k.field;
+    if (v < k.lo || v > k.hi) {
+      throw InputError(std::string(k.name) + ": must be in [" + std::to_string(k.lo) + ", " +
+                       std::to_string(k.hi) + "], got " + std::to_string(v));
+    }
+  }
+  for (const StrKey& k : kStrKeys) {
+    if ((cfg.*k.field).size() > k.max_bytes)
+      throw InputError(std::string(k.name) + ": longer than " + std::to_string(k.max_bytes));
+  }
+  if (cfg.db.empty()) throw InputError("db: required");
+  if (cfg.model.empty()) throw InputError("model: required");
+  if (cfg.backend != "cpu" && cfg.backend != "cuda")
+    throw InputError("backend: expected cpu or cuda, got '" + cfg.backend + "'");
+  // Every running sequence contributes one decode token per step, so a step must hold them all.
+  if (cfg.max_num_batched_tokens < cfg.max_num_seqs) {
+    throw InputError("max_num_batched_tokens (" + std::to_string(cfg.max_num_batched_tokens) +
+                     ") must be >= max_num_seqs (" + std::to_string(cfg.max_num_seqs) + ")");
+  }
+  // Health and metrics carry no authentication: they are only ever bound to loopback.
+  if (cfg.http_host != "127.0.0.1" && cfg.http_host != "::1" && cfg.http_host != "localhost")
+    throw InputError("http_host: must be a loopback address, got '" + cfg.http_host + "'");
+  if (cfg.synchronous != "normal" && cfg.synchronous != "full")
+    throw InputError("synchronous: expected normal or full, got '" + cfg.synchronous + "'");
+}
+
+nlohmann::json config_to_json(const ServiceConfig& cfg) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const StrKey& k : kStrKeys) j[k.name] = cfg.*k.field;
+  for (const IntKey& k : kIntKeys) j[k.name] = cfg.*k.field;
+  for (const SmallIntKey& k : kSmallIntKeys) j[k.name] = cfg.*k.field;
+  j["batching"] = batching_name(cfg.batching);
+  return j;
+}
+
+/// Flag values as parsed, before merging with the file.
+struct ServiceFlags {
+  ServiceConfig values;      ///< flag targets
+  std::string config_file;   ///< --config
+  std::string batching = "continuous";
+};
+
+std::shared_ptr<ServiceFlags> add_service_flags(CLI::App& cmd) {
+  auto f = std::make_shared<ServiceFlags>();
+  cmd.add_option("--config", f->config_file, "JSON config file (keys as the flags, with _)");
+  for (const StrKey& k : kStrKeys) cmd.add_option(flag_of(k.name), f->values.*k.field, k.help);
+  for (const IntKey& k : kIntKeys) cmd.add_option(flag_of(k.name), f->values.*k.field, k.help);
+  for (const SmallIntKey& k : kSmallIntKeys) cmd.add_option(flag_of(k.name), f->values.*k.field, k.help);
+  cmd.add_option("--batching", f->batching, "continuous (default) | static");
+  return f;
+}
+
+ServiceConfig finish_service_flags(const ServiceFlags& flags, CLI::App& cmd) {
+  ServiceConfig cfg;
+  if (!flags.config_file.empty()) load_config_file(flags.config_file, cfg);
+  // Only flags actually given override the file; CLI11 counts occurrences per option.
+  nlohmann::json given = nlohmann::json::object();
+  const nlohmann::json all = config_to_json(flags.values);
+  for (const auto& [key, value] : all.items()) {
+    if (key == "batching") continue;
+    if (cmd.count(flag_of(key.c_str())) > 0) given[key] = value;
+  }
+  if (cmd.count("--batching") > 0) given["batching"] = flags.batching;
+  apply_config_json(given, "command line", cfg);
+  if (cfg.db.empty()) cfg.db = default_db_path().string();
+  validate_config(cfg);
+  return cfg;
+}
+
+}  // namespace moebatch

@@ -1,0 +1,77 @@
+// The service's configuration: defaults, a JSON config file, and command-line flags on top (a
+// flag given on the command line wins over the file). Everything is validated with bounds
+// before the service starts; the effective configuration is printed in the start log.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+
+namespace CLI {
+class App;
+}
+
+namespace moebatch {
+
+/// How the engine thread forms batches.
+enum class BatchingMode {
+  Continuous,  ///< a slot freed by a finished sequence is refilled at the next step (default)
+  Static,      ///< wait for a whole batch, run it to the end, then take the next one
+};
+
+/// Every knob of `moebatch serve`. Field names are the JSON keys (snake_case) and, with dashes,
+/// the flag names.
+struct ServiceConfig {
+  std::string db;                     ///< job database (required)
+  std::string model;                  ///< checkpoint directory (required)
+  std::string tokenizer;              ///< tokenizer directory; empty = the model directory
+  std::string backend = "cpu";        ///< cpu | cuda
+  int tp = 1;                         ///< tensor-parallel ranks
+  int threads = 0;                    ///< CPU compute threads; 0 = all cores
+  int64_t kv_cache_mb = 256;          ///< KV cache budget over all ranks, MiB
+  int64_t max_num_seqs = 64;          ///< batch slots (vLLM --max-num-seqs)
+  int64_t max_num_batched_tokens = 4096;  ///< tokens per step (vLLM --max-num-batched-tokens)
+  BatchingMode batching = BatchingMode::Continuous;  ///< see BatchingMode
+  int64_t static_batch_wait_ms = 200;  ///< static mode: longest wait for a batch to fill
+  int64_t max_model_len = 0;          ///< prompt + max_tokens cap; 0 = the model's context
+  int64_t max_prompt_tokens = 32768;  ///< rendered prompt length cap
+  int64_t lease_s = 60;               ///< job lease; renewed every lease/3 while running
+  int64_t poll_ms = 50;               ///< data_version poll period (external inserts)
+  int64_t drain_timeout_s = 60;       ///< maintenance: wait this long for in-flight work
+  int64_t shutdown_timeout_s = 30;    ///< SIGTERM: wait this long, then give jobs back
+  std::string restart_at;             ///< "HH:MM" or "M H * * *"; empty = no nightly restart
+  int64_t warmup_seqs = 4;            ///< sequences in the warmup batch after a (re)build
+  std::string http_host = "127.0.0.1";  ///< health/metrics address (loopback only)
+  int http_port = 9464;               ///< health/metrics port; 0 = any free port; -1 = off
+  int64_t health_stall_s = 60;        ///< /health fails when busy and no step for this long
+  std::string ready_file;             ///< written (JSON: pid, worker, http_port) once serving
+  std::string synchronous = "normal";  ///< SQLite durability: normal | full
+};
+
+/// Reads a JSON object of ServiceConfig keys onto `cfg` (unknown keys are errors). InputError
+/// names the file and key.
+void load_config_file(const std::filesystem::path& path, ServiceConfig& cfg);
+
+/// Applies a parsed JSON object of ServiceConfig keys onto `cfg`; `source` names it in errors.
+void apply_config_json(const nlohmann::json& j, const std::string& source, ServiceConfig& cfg);
+
+/// Checks every bound; InputError naming the key on the first violation.
+void validate_config(const ServiceConfig& cfg);
+
+/// The configuration as JSON (for the start log and the ready file).
+nlohmann::json config_to_json(const ServiceConfig& cfg);
+
+/// "continuous" | "static".
+const char* batching_name(BatchingMode m);
+
+/// Registers the service flags on `cmd`, plus --config FILE. After parsing, call
+/// finish_service_flags to merge file and flags into the effective config.
+struct ServiceFlags;
+std::shared_ptr<ServiceFlags> add_service_flags(CLI::App& cmd);
+/// The effective config: defaults, then --config, then flags given on the command line;
+/// validated.
+ServiceConfig finish_service_flags(const ServiceFlags& flags, CLI::App& cmd);
+
+}  // namespace moebatch

@@ -1,0 +1,140 @@
+// The engine thread. It owns the Engine (built from the configured backend), takes WorkItems
+// from a bounded hand-off in claim order, steps the engine, and reports WorkResults. It also
+// runs the engine side of a maintenance cycle (drain, destroy, rebuild, warmup) and of shutdown.
+//
+// Thread-safety: every public member may be called from any thread. The Engine itself is only
+// touched by the engine thread after start(). `notify` is called on the engine thread whenever
+// results, a cycle report or a state change are ready; it must be cheap and thread-safe (the
+// service posts a handler to its io_context).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "service/config.h"
+#include "service/handoff.h"
+#include "service/work.h"
+
+namespace moebatch {
+
+class Engine;
+
+/// Size facts of the built engine, for the start log, validation and metrics.
+struct EngineInfo {
+  int64_t vocab_size = 0;          ///< model vocabulary
+  int64_t max_context = 0;         ///< max_position_embeddings
+  int64_t kv_tokens = 0;           ///< tokens the KV cache holds (all sequences together)
+  int64_t kv_bytes_per_token = 0;  ///< KV bytes per token over all layers and ranks
+  int64_t weight_bytes = 0;        ///< parameter bytes as stored by the backend
+  std::string description;         ///< "qwen3_moe, 2 layers, 8 experts, cpu tp=1"
+};
+
+/// What the engine side of one maintenance cycle did.
+struct CycleReport {
+  bool ok = false;              ///< rebuilt and warmed up
+  std::string error;            ///< why not, when !ok
+  int64_t drained = 0;          ///< sequences that finished during the drain
+  int64_t aborted = 0;          ///< sequences dropped at the drain deadline (to be requeued)
+  int64_t mem_before = 0;       ///< process RSS before destroying the engine, bytes
+  int64_t mem_after = 0;        ///< process RSS after rebuild and warmup, bytes
+  double drain_s = 0;           ///< drain duration
+  double rebuild_s = 0;         ///< destroy + build duration
+  double warmup_s = 0;          ///< warmup batch duration
+};
+
+/// Engine-thread counters, read by /metrics.
+struct EngineCounters {
+  std::atomic<int64_t> steps{0};             ///< engine steps run
+  std::atomic<int64_t> occupied_slots{0};    ///< sum over steps of sequences in the batch
+  std::atomic<int64_t> tokens_generated{0};  ///< sampled tokens (warmup excluded)
+  std::atomic<int64_t> active{0};            ///< sequences inside the engine now
+  std::atomic<int64_t> last_progress_ms{0};  ///< steady-clock ms of the last step or idle wait
+};
+
+/// Resident set size of this process in bytes (0 when /proc is unavailable).
+int64_t process_rss_bytes();
+
+/// The engine thread; see the file comment.
+class EngineWorker {
+ public:
+  /// Builds the engine and runs the warmup batch on the calling thread (errors propagate as
+  /// InputError / Error), but does not start the thread yet.
+  EngineWorker(const ServiceConfig& cfg, std::function<void()> notify);
+  ~EngineWorker();
+  EngineWorker(const EngineWorker&) = delete;
+  EngineWorker& operator=(const EngineWorker&) = delete;
+
+  /// Starts the engine thread.
+  void start();
+  /// The bounded input: the dispatcher try_push()es claimed, tokenized jobs here.
+  Handoff<WorkItem>& input() { return input_; }
+  /// Results reported since the last call (finished, rejected or aborted items).
+  std::vector<WorkResult> take_results();
+  /// Starts a maintenance cycle: stop taking input, finish in-flight sequences until
+  /// `drain_timeout`, abort the rest, destroy and rebuild the engine, warm up, resume.
+  void request_maintenance(std::chrono::milliseconds drain_timeout);
+  /// The report of a finished maintenance cycle, once.
+  std::optional<CycleReport> take_cycle_report();
+  /// Stops taking input, finishes in-flight sequences until `drain_timeout`, aborts the rest,
+  /// and ends the thread. Items left in input() stay there for the caller to give back.
+  void request_stop(std::chrono::milliseconds drain_timeout);
+  /// True once the thread has ended (stopped or dead).
+  bool finished() const { return finished_.load(); }
+  /// Waits for the thread to end.
+  void join();
+  /// True when the engine failed (exception in a step or a rebuild): the service must exit.
+  bool dead() const { return dead_.load(); }
+  /// Why the engine died.
+  std::string death_reason() const;
+  /// Size facts of the current engine.
+  EngineInfo info() const;
+  /// Counters for metrics and health.
+  const EngineCounters& counters() const { return counters_; }
+
+ private:
+  enum class Command { None, Maintenance, Stop };
+  struct Active {
+    std::chrono::steady_clock::time_point claimed, added;
+  };
+
+  void run();
+  void build_engine();
+  void warmup();
+  bool admit(std::chrono::milliseconds wait);
+  void add(WorkItem item);
+  void step();
+  void abort_active(const std::string& reason);
+  void push_result(WorkResult r);
+  void rebuild(CycleReport& report);
+
+  ServiceConfig cfg_;
+  std::function<void()> notify_;
+  Handoff<WorkItem> input_;
+  std::unique_ptr<Engine> engine_;  // engine thread only (after start)
+  std::vector<std::pair<int64_t, Active>> active_;  // engine thread only
+  EngineCounters counters_;
+
+  mutable std::mutex mu_;  // guards everything below
+  std::vector<WorkResult> results_;
+  std::optional<CycleReport> cycle_report_;
+  Command command_ = Command::None;
+  std::chrono::steady_clock::time_point command_deadline_;
+  std::chrono::steady_clock::time_point command_started_;
+  int64_t drained_ = 0;
+  EngineInfo info_;
+  std::string death_reason_;
+
+  std::atomic<bool> dead_{false};
+  std::atomic<bool> finished_{false};
+  std::thread thread_;
+};
+
+}  // namespace moebatch

@@ -1,0 +1,292 @@
+// Service lifecycle: construction and start log, signals, graceful stop, engine death, the
+// maintenance cycle, and /health + /metrics. Intake and results are in service_dispatch.cpp.
+#include "service/service.h"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <boost/asio/post.hpp>
+#include <csignal>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "queue/job_store.h"
+#include "service/engine_worker.h"
+#include "service/http_server.h"
+#include "service/service_db.h"
+
+namespace moebatch {
+namespace {
+
+int64_t steady_now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string make_worker_id(int64_t now_ms) {
+  char host[256] = {0};
+  if (gethostname(host, sizeof(host) - 1) != 0) std::snprintf(host, sizeof(host), "unknown");
+  return std::string(host) + ":" + std::to_string(getpid()) + ":" + std::to_string(now_ms);
+}
+
+double mib(int64_t bytes) { return static_cast<double>(bytes) / 1048576.0; }
+
+}  // namespace
+
+Service::Service(ServiceConfig cfg, ServiceHooks hooks)
+    : cfg_(std::move(cfg)),
+      hooks_(std::move(hooks)),
+      worker_(make_worker_id(hooks_.clock->now_ms())),
+      poll_timer_(io_),
+      renew_timer_(io_),
+      schedule_(RestartSchedule::parse(cfg_.restart_at)) {
+  validate_config(cfg_);
+  const std::string tok_dir = cfg_.tokenizer.empty() ? cfg_.model : cfg_.tokenizer;
+  tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::from_dir(tok_dir));
+
+  const std::filesystem::path db_path(cfg_.db);
+  if (db_path.has_parent_path()) std::filesystem::create_directories(db_path.parent_path());
+  StoreOptions so;
+  so.path = db_path;
+  so.synchronous = cfg_.synchronous == "full" ? Synchronous::Full : Synchronous::Normal;
+  so.clock = hooks_.clock;
+  store_ = std::make_unique<JobStore>(so);
+  service_db_ = std::make_unique<ServiceDb>(db_path);
+
+  // The engine thread reports through the io_context, never by touching io-thread state.
+  worker_engine_ = std::make_unique<EngineWorker>(
+      cfg_, [this] { boost::asio::post(io_, [this] { on_notify(); }); });
+  const EngineInfo info = worker_engine_->info();
+  limits_.vocab_size = info.vocab_size;
+  limits_.max_prompt_tokens = cfg_.max_prompt_tokens;
+  limits_.max_model_len = info.max_context;
+  if (cfg_.max_model_len > 0) limits_.max_model_len = std::min(limits_.max_model_len, cfg_.max_model_len);
+  // A sequence reserves KV for prompt + max_tokens up front, so one longer than the whole
+  // cache could never be admitted: refuse it at intake with a reason instead.
+  limits_.max_model_len = std::min(limits_.max_model_len, info.kv_tokens);
+  if (tokenizer_->vocab_size() > static_cast<size_t>(info.vocab_size)) {
+    spdlog::warn("tokenizer has {} ids but the model only {}: prompts using the extra ids fail",
+                 tokenizer_->vocab_size(), info.vocab_size);
+  }
+  if (cfg_.http_port >= 0) {
+    http_ = std::make_unique<HttpServer>(io_, cfg_.http_host, cfg_.http_port,
+                                         [this](const std::string& t) { return handle_http(t); });
+  }
+  log_start();
+}
+
+Service::~Service() {
+  if (worker_engine_) {
+    worker_engine_->request_stop(std::chrono::milliseconds(0));
+    worker_engine_->join();
+  }
+}
+
+int Service::http_port() const { return http_ ? http_->port() : -1; }
+
+void Service::log_start() const {
+  const EngineInfo info = worker_engine_->info();
+  spdlog::info("moebatch service {} starting; effective config: {}", worker_,
+               config_to_json(cfg_).dump());
+  spdlog::info("engine: {}", info.description);
+  spdlog::info(
+      "memory budget: weights {:.1f} MiB (as held by the backend), KV {} bytes/token, KV cache "
+      "holds {} tokens ({:.1f} MiB), {} slots; jobs are capped at {} tokens (prompt + "
+      "max_tokens)",
+      mib(info.weight_bytes), info.kv_bytes_per_token, info.kv_tokens,
+      mib(info.kv_tokens * info.kv_bytes_per_token), cfg_.max_num_seqs, limits_.max_model_len);
+  spdlog::info("restart schedule: {}", schedule_.enabled() ? schedule_.spec() : "off");
+}
+
+void Service::write_ready_file() const {
+  if (cfg_.ready_file.empty()) return;
+  nlohmann::json j{{"pid", getpid()}, {"worker", worker_}, {"http_port", http_port()},
+                   {"db", cfg_.db}};
+  // Write then rename, so a reader never sees half a file.
+  const std::string tmp = cfg_.ready_file + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << j.dump() << "\n";
+    if (!out) throw Error("cannot write ready file " + tmp);
+  }
+  std::filesystem::rename(tmp, cfg_.ready_file);
+}
+
+int Service::run() {
+  worker_engine_->start();
+  if (http_) http_->start();
+  if (hooks_.handle_signals) {
+    signals_.emplace(io_, SIGINT, SIGTERM);
+    arm_signals();
+  }
+  next_restart_ms_ = schedule_.next_after(hooks_.clock->now_ms());
+  arm_poll();
+  arm_renew();
+  write_ready_file();
+  spdlog::info("serving: db {}, http {}", cfg_.db,
+               http_ ? cfg_.http_host + ":" + std::to_string(http_->port()) : "off");
+  io_.run();
+  worker_engine_->join();
+  spdlog::info("service stopped (exit code {})", exit_code_);
+  return exit_code_;
+}
+
+void Service::stop() {
+  boost::asio::post(io_, [this] { begin_stop(false); });
+}
+
+void Service::wake() {
+  boost::asio::post(io_, [this] {
+    claim_now_ = true;
+    claim();
+  });
+}
+
+void Service::request_maintenance() {
+  boost::asio::post(io_, [this] { start_maintenance("request"); });
+}
+
+void Service::arm_signals() {
+  signals_->async_wait([this](const boost::system::error_code& ec, int sig) {
+    if (ec) return;  // operation_aborted: the signal set was cancelled at exit
+    spdlog::info("signal {}: {}", sig, stopping_ ? "stopping now" : "draining, then stopping");
+    begin_stop(/*hurry=*/stopping_);
+    arm_signals();
+  });
+}
+
+// Graceful stop: nothing new is taken; jobs waiting in the hand-off never started and go back
+// at once; in-flight sequences get shutdown_timeout_s to finish, the rest go back. A second
+// signal cuts the wait short.
+void Service::begin_stop(bool hurry) {
+  if (done_) return;
+  if (stopping_) {
+    if (hurry) worker_engine_->request_stop(std::chrono::milliseconds(0));
+    return;
+  }
+  stopping_ = true;
+  admitting_ = false;
+  release_handoff();
+  worker_engine_->request_stop(std::chrono::seconds(cfg_.shutdown_timeout_s));
+}
+
+void Service::finish_run(int code) {
+  if (done_) return;
+  done_ = true;
+  exit_code_ = code;
+  poll_timer_.cancel();
+  renew_timer_.cancel();
+  if (http_) http_->stop();
+  if (signals_) signals_->cancel();
+  io_.stop();
+}
+
+void Service::on_engine_dead() {
+  spdlog::error("engine thread is dead ({}); giving jobs back and exiting with code {}",
+                worker_engine_->death_reason(), kExitEngineDead);
+  drain_results();
+  release_handoff();
+  finish_run(kExitEngineDead);
+}
+
+void Service::start_maintenance(const std::string& trigger) {
+  if (maintenance_ || stopping_ || done_ || worker_engine_->dead()) return;
+  spdlog::info("maintenance ({}): stop admitting, drain up to {} s, rebuild, warm up", trigger,
+               cfg_.drain_timeout_s);
+  admitting_ = false;
+  maintenance_ = Maintenance{trigger, hooks_.clock->now_ms()};
+  worker_engine_->request_maintenance(std::chrono::seconds(cfg_.drain_timeout_s));
+}
+
+void Service::finish_maintenance() {
+  std::optional<CycleReport> report = worker_engine_->take_cycle_report();
+  if (!report || !maintenance_) return;
+  CycleRecord rec;
+  rec.worker = worker_;
+  rec.trigger = maintenance_->trigger;
+  rec.started_at = maintenance_->started_at;
+  rec.ended_at = hooks_.clock->now_ms();
+  rec.downtime_ms = std::max<int64_t>(0, rec.ended_at - rec.started_at);
+  rec.drained = report->drained;
+  rec.requeued = report->aborted;
+  rec.mem_before = report->mem_before;
+  rec.mem_after = report->mem_after;
+  rec.warmup_ms = static_cast<int64_t>(report->warmup_s * 1000.0);
+  rec.result = report->ok ? "ok" : "failed";
+  rec.error = report->error;
+  try {
+    service_db_->record_cycle(rec);
+  } catch (const std::exception& e) {
+    spdlog::error("maintenance: cannot record the cycle: {}", e.what());
+  }
+  metrics_.restart(report->ok, rec.downtime_ms / 1000.0);
+  spdlog::info(
+      "maintenance {}: downtime {} ms, drained {}, requeued {}, RSS {:.1f} -> {:.1f} MiB, warmup "
+      "{} ms{}",
+      rec.result, rec.downtime_ms, rec.drained, rec.requeued, mib(rec.mem_before),
+      mib(rec.mem_after), rec.warmup_ms, report->ok ? "" : ": " + rec.error);
+  maintenance_.reset();
+  if (!stopping_) admitting_ = true;
+  claim_now_ = true;
+}
+
+void Service::check_schedule() {
+  if (!next_restart_ms_) return;
+  const int64_t now = hooks_.clock->now_ms();
+  if (now < *next_restart_ms_) return;
+  next_restart_ms_ = schedule_.next_after(now);
+  start_maintenance("schedule");
+}
+
+HttpReply Service::health() {
+  nlohmann::json j{{"worker", worker_},
+                   {"in_flight", in_flight_.size()},
+                   {"active", worker_engine_->counters().active.load()}};
+  if (worker_engine_->dead() || done_) {
+    j["status"] = "dead";
+    j["reason"] = worker_engine_->death_reason();
+    return {503, "application/json", j.dump() + "\n"};
+  }
+  const int64_t idle_ms = steady_now_ms() - worker_engine_->counters().last_progress_ms.load();
+  if (idle_ms > cfg_.health_stall_s * 1000) {
+    j["status"] = "stalled";
+    j["reason"] = "engine thread made no progress for " + std::to_string(idle_ms) + " ms";
+    return {503, "application/json", j.dump() + "\n"};
+  }
+  if (stopping_) {
+    j["status"] = "stopping";
+    return {503, "application/json", j.dump() + "\n"};
+  }
+  // Maintenance is planned downtime of a live process: healthy, just not admitting.
+  j["status"] = maintenance_ ? "maintenance" : "ok";
+  return {200, "application/json", j.dump() + "\n"};
+}
+
+HttpReply Service::handle_http(const std::string& target) {
+  const std::string path = target.substr(0, target.find('?'));
+  if (path == "/health") return health();
+  if (path == "/metrics") {
+    MetricsInputs in;
+    try {
+      in.queue_depth = service_db_->job_counts();
+    } catch (const std::exception& e) {
+      spdlog::warn("metrics: queue depth unavailable: {}", e.what());
+    }
+    const EngineCounters& c = worker_engine_->counters();
+    in.engine_steps = c.steps.load();
+    in.engine_slot_steps = c.occupied_slots.load();
+    in.engine_tokens = c.tokens_generated.load();
+    in.engine_active = c.active.load();
+    in.max_num_seqs = cfg_.max_num_seqs;
+    in.in_flight = static_cast<int64_t>(in_flight_.size());
+    in.engine_alive = !worker_engine_->dead();
+    in.now_ms = steady_now_ms();
+    return {200, "text/plain; version=0.0.4", metrics_.render(in)};
+  }
+  return {404, "text/plain", "not found: try /health or /metrics\n"};
+}
+
+}  // namespace moebatch

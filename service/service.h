@@ -1,0 +1,137 @@
+// The long-running service: one Boost.Asio io_context thread (intake from the job store,
+// results, lease renewal, maintenance schedule, signals, health/metrics HTTP) and one engine
+// thread (EngineWorker), joined by a bounded hand-off.
+//
+//   store ──claim──▶ prepare_work ──Handoff──▶ engine thread ──results──▶ complete_many ──▶ store
+//
+// Intake: the io thread polls PRAGMA data_version every poll_ms (external SQL inserts, CLI
+// submits), claims at once after wake() (ZeroMQ submits), and at least once a second anyway
+// (retry backoffs elapse without any commit). It claims only as many jobs as there is room for
+// in the engine's slots plus the hand-off, so no job sits leased behind a full queue.
+//
+// Exit codes of run(): 0 after a graceful stop (SIGTERM/SIGINT/stop()); 3 when the engine thread
+// died (the jobs it held are failed as retryable so another run picks them up).
+//
+// Thread-safety: the constructor and run() belong to one thread; stop(), wake() and
+// request_maintenance() may be called from any thread (they post to the io_context).
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "queue/clock.h"
+#include "service/config.h"
+#include "service/http_server.h"
+#include "service/job_codec.h"
+#include "service/metrics.h"
+#include "service/restart_schedule.h"
+
+namespace moebatch {
+
+class EngineWorker;
+class JobStore;
+class ServiceDb;
+class Tokenizer;
+
+/// Injection points for tests, the demo and the ZeroMQ ingress.
+struct ServiceHooks {
+  /// Time for the store (leases, timestamps) and the restart schedule.
+  std::shared_ptr<const Clock> clock = std::make_shared<SystemClock>();
+  /// Called on the io thread when a job reaches done or failed (the ingress publishes it).
+  std::function<void(int64_t job_id, const std::string& state)> on_final;
+  /// Handle SIGINT/SIGTERM (off when the service is embedded, e.g. in tests or the demo).
+  bool handle_signals = true;
+};
+
+/// Exit code of run() when the engine thread died.
+constexpr int kExitEngineDead = 3;
+
+/// The service; see the file comment.
+class Service {
+ public:
+  /// Loads the tokenizer, opens the store, builds and warms up the engine, binds the HTTP
+  /// server, and logs the effective config and memory budget. InputError/Error on bad setup.
+  Service(ServiceConfig cfg, ServiceHooks hooks = {});
+  ~Service();
+  Service(const Service&) = delete;
+  Service& operator=(const Service&) = delete;
+
+  /// Serves until stopped; returns the exit code (see the file comment).
+  int run();
+  /// Graceful stop, as SIGTERM: stop admitting, give back queued hand-off items, let in-flight
+  /// sequences finish until shutdown_timeout_s, give back the rest, return from run().
+  void stop();
+  /// New jobs were committed (ZeroMQ ingress): claim now instead of at the next poll.
+  void wake();
+  /// Runs a maintenance cycle now (as `moebatch maintenance --now`).
+  void request_maintenance();
+  /// The bound health/metrics port (-1 when off).
+  int http_port() const;
+  /// This incarnation's lease owner id (host:pid:start-ms).
+  const std::string& worker_id() const { return worker_; }
+  /// The io_context the service runs on (the ingress may share it).
+  boost::asio::io_context& io() { return io_; }
+
+ private:
+  struct Maintenance {
+    std::string trigger;
+    int64_t started_at = 0;
+  };
+
+  // service.cpp: lifecycle, signals, health, maintenance.
+  void log_start() const;
+  void write_ready_file() const;
+  void arm_signals();
+  void begin_stop(bool hurry);
+  void start_maintenance(const std::string& trigger);
+  void finish_maintenance();
+  void check_schedule();
+  void on_engine_dead();
+  void finish_run(int code);
+  HttpReply handle_http(const std::string& target);
+  HttpReply health();
+
+  // service_dispatch.cpp: intake, results, leases.
+  void arm_poll();
+  void poll();
+  void claim();
+  void on_notify();
+  void drain_results();
+  void arm_renew();
+  void release_handoff();
+
+  ServiceConfig cfg_;
+  ServiceHooks hooks_;
+  std::string worker_;
+  boost::asio::io_context io_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<JobStore> store_;
+  std::unique_ptr<ServiceDb> service_db_;
+  std::unique_ptr<EngineWorker> worker_engine_;
+  std::unique_ptr<HttpServer> http_;
+  boost::asio::steady_timer poll_timer_, renew_timer_;
+  std::optional<boost::asio::signal_set> signals_;
+  RestartSchedule schedule_;
+  std::optional<int64_t> next_restart_ms_;
+  IntakeLimits limits_;
+  ServiceMetrics metrics_;
+
+  // io-thread state.
+  std::map<int64_t, InFlightJob> in_flight_;  // claimed and not yet reported
+  bool admitting_ = true;
+  bool stopping_ = false;
+  bool claim_now_ = true;
+  int64_t last_data_version_ = -1;
+  int64_t last_forced_claim_ms_ = 0;
+  std::optional<Maintenance> maintenance_;
+  int exit_code_ = 0;
+  bool done_ = false;
+};
+
+}  // namespace moebatch

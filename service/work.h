@@ -1,0 +1,48 @@
+// What crosses the thread boundary between the dispatcher (Asio thread, owns the job store) and
+// the engine thread (owns the Engine). Deliberately free of queue and engine headers: the two
+// sides are compiled in different translation units (queue/ and engine/ both declare a
+// moebatch::SamplingParams and a moebatch::Clock), and these plain structs are the whole
+// contract between them.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace moebatch {
+
+/// One tokenized, validated job ready for the engine.
+struct WorkItem {
+  int64_t job_id = 0;                 ///< jobs.id
+  std::vector<int32_t> prompt;        ///< rendered and tokenized prompt
+  int64_t max_tokens = 1;             ///< generated-token budget (>= 1)
+  float temperature = 0.0f;           ///< 0 = greedy
+  float top_p = 1.0f;                 ///< nucleus mass in (0, 1]
+  int64_t top_k = 0;                  ///< 0 = all
+  uint64_t seed = 0;                  ///< sampler seed
+  std::vector<int32_t> stop_ids;      ///< end-of-sequence token ids
+  std::chrono::steady_clock::time_point claimed;  ///< when the dispatcher claimed the job
+};
+
+/// How a job left the engine.
+enum class WorkOutcome {
+  Finished,  ///< generated to a stop token or max_tokens
+  Rejected,  ///< the engine refused the request (InputError): fail the job, not retryable
+  Aborted,   ///< dropped unfinished (drain timeout, engine failure): give the job back
+};
+
+/// The engine thread's report on one WorkItem.
+struct WorkResult {
+  int64_t job_id = 0;                  ///< jobs.id
+  WorkOutcome outcome = WorkOutcome::Finished;
+  std::vector<int32_t> tokens;         ///< generated ids (a stop token included)
+  bool hit_stop_token = false;         ///< ended on a stop id (else max_tokens)
+  int64_t prompt_tokens = 0;           ///< prompt length
+  double handoff_s = 0;                ///< claimed -> added to the engine
+  double ttft_s = 0;                   ///< added -> first token
+  double total_s = 0;                  ///< added -> finished
+  std::string error;                   ///< reason when Rejected or Aborted
+};
+
+}  // namespace moebatch
