@@ -265,7 +265,7 @@ CudaBackend::Chunk CudaBackend::prepare(const StepBatch& b, int t0, int t1) cons
     width = (kv_bucket + bs - 1) / bs;
     const int nkv = static_cast<int>(rank_.dims.num_kv_heads);
     int splits = (2 * num_sms_ + bucket * nkv - 1) / (bucket * nkv);
-    splits = std::clamp(std::min(splits, (kv_bucket + 63) / 64), 1, kMaxAttnSplits);
+    splits = std::clamp(std::min(splits, (kv_bucket + 31) / 32), 1, kMaxAttnSplits);
     s.tokens = s.seqs = bucket;
     s.max_kv_len = kv_bucket;
     s.attn_splits = splits;
