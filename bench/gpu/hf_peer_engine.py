@@ -46,8 +46,8 @@ def main(out_path, batches):
         res["prefill_tok_s"][str(b)] = b * PROMPT / t1
         print(f"HF batch {b}: decode step {res['decode_step_ms'][str(b)]:.1f} ms, "
               f"prefill+1 {t1 * 1e3:.0f} ms", flush=True)
-    with open(out_path, "w") as f:
-        json.dump(res, f, indent=2)
+        with open(out_path, "w") as f:  # after every batch: a timeout keeps what was measured
+            json.dump(res, f, indent=2)
 
 
 if __name__ == "__main__":
