@@ -1,8 +1,132 @@
-// CLI command `serve`: the long-running daemon (ZeroMQ ingress over the job store).
+// CLI commands `serve` (the long-running daemon) and `keygen` (CURVE key files).
+//
+// `serve --no-engine` runs the queue-only daemon: the ZeroMQ ingress over the job store, until
+// SIGINT or SIGTERM, then a graceful stop (accepted requests are committed and answered). The
+// process owns a Boost.Asio io_context for signals; the engine's dispatcher will join it there.
+// When ready it prints one line on stdout: {"router": "<endpoint>", "pub": "<endpoint>"}.
+#include <spdlog/spdlog.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
 #include "cli/commands.h"
+#include "common/error.h"
+#include "common/paths.h"
+#include "queue/zmq/curve.h"
+#include "queue/zmq/ingress.h"
 
 namespace moebatch::cli {
+namespace {
 
-void register_serve_commands(CLI::App& app) { (void)app; }
+namespace zi = moebatch::zmq_ingress;
+
+/// Options of `serve`.
+struct ServeFlags {
+  bool no_engine = false;
+  std::string db, bind = "tcp://127.0.0.1:5555", pub;
+  std::string curve_secret, curve_clients;
+  size_t max_jobs_per_message = 1000;
+  size_t max_request_bytes = 4u << 20;
+  int64_t max_message_bytes = 16 << 20;
+  size_t queue_capacity = 256;
+  int hwm = 1000;
+  bool full_sync = false;
+  std::string test_crash;
+};
+
+zi::IngressOptions ingress_options(const ServeFlags& f) {
+  zi::IngressOptions o;
+  o.bind = f.bind;
+  if (!f.pub.empty()) o.pub = f.pub;
+  std::filesystem::path db = f.db.empty() ? default_db_path() : std::filesystem::path(f.db);
+  if (db.has_parent_path()) std::filesystem::create_directories(db.parent_path());
+  o.store.path = db;
+  o.store.synchronous = f.full_sync ? Synchronous::Full : Synchronous::Normal;
+  o.limits.max_jobs_per_message = f.max_jobs_per_message;
+  o.limits.max_request_bytes = f.max_request_bytes;
+  o.max_message_bytes = f.max_message_bytes;
+  o.rcv_hwm = f.hwm;
+  o.snd_hwm = f.hwm;
+  o.worker.capacity = f.queue_capacity;
+  if (f.curve_secret.empty() != f.curve_clients.empty()) {
+    throw InputError("CURVE needs both --curve-secret and --curve-clients");
+  }
+  if (!f.curve_secret.empty()) {
+    o.curve = zi::CurveServerConfig{zi::load_secret_key_file(f.curve_secret),
+                                    zi::load_allowed_keys_file(f.curve_clients)};
+  }
+  if (f.test_crash == "before-commit") {
+    o.worker.crash_point = zi::CrashPoint::BeforeCommit;
+  } else if (f.test_crash == "after-commit") {
+    o.worker.crash_point = zi::CrashPoint::AfterCommit;
+  } else if (!f.test_crash.empty()) {
+    throw InputError("--test-crash: expected before-commit or after-commit");
+  }
+  return o;
+}
+
+void run_serve(const ServeFlags& f) {
+  if (!f.no_engine) {
+    throw InputError("serve: the engine is not wired into serve yet; run with --no-engine");
+  }
+  zi::Ingress ingress(ingress_options(f));
+  boost::asio::io_context io;
+  boost::asio::signal_set signals(io, SIGINT, SIGTERM);
+  signals.async_wait([&](const boost::system::error_code& ec, int sig) {
+    if (ec) return;  // operation_aborted: the set was cancelled, nothing to do
+    spdlog::info("serve: signal {}; stopping", sig);
+    ingress.stop();
+  });
+  std::cout << nlohmann::json({{"router", ingress.router_endpoint()},
+                               {"pub", ingress.pub_endpoint()}})
+                   .dump()
+            << std::endl;
+  spdlog::info("serve: ingress on {} (notices on {}), queue-only", ingress.router_endpoint(),
+               ingress.pub_endpoint().empty() ? "-" : ingress.pub_endpoint());
+  io.run();
+  const auto& c = ingress.counters();
+  spdlog::info("serve: stopped; {} request(s), {} job(s) created, {} busy, {} undeliverable",
+               c.requests.load(), c.jobs_created.load(), c.busy.load(), c.undeliverable.load());
+}
+
+}  // namespace
+
+void register_serve_commands(CLI::App& app) {
+  auto f = std::make_shared<ServeFlags>();
+  auto* serve = app.add_subcommand("serve", "Run the service: ZeroMQ ingress over the job queue");
+  serve->add_flag("--no-engine", f->no_engine, "Queue only: accept and answer, run no jobs");
+  serve->add_option("--db", f->db, "Job database (default $MOEBATCH_DB or the user data dir)");
+  serve->add_option("--bind", f->bind, "ROUTER endpoint (default tcp://127.0.0.1:5555)");
+  serve->add_option("--pub", f->pub, "PUB endpoint for completion notices (default: none)");
+  serve->add_option("--curve-secret", f->curve_secret, "Server CURVE secret key file (Z85)");
+  serve->add_option("--curve-clients", f->curve_clients,
+                    "Allowed client public keys, one Z85 key per line");
+  serve->add_option("--max-jobs-per-message", f->max_jobs_per_message,
+                    "Jobs in one submit (default 1000)");
+  serve->add_option("--max-request-bytes", f->max_request_bytes,
+                    "Largest request answered (default 4 MiB); bigger gets too_large");
+  serve->add_option("--max-message-bytes", f->max_message_bytes,
+                    "ZMQ_MAXMSGSIZE: a bigger frame drops the connection (default 16 MiB)");
+  serve->add_option("--queue-capacity", f->queue_capacity,
+                    "Requests waiting for the store before replying busy (default 256)");
+  serve->add_option("--hwm", f->hwm, "ROUTER send/receive high-water marks (default 1000)");
+  serve->add_flag("--full-sync", f->full_sync, "SQLite synchronous=FULL (power-loss safe)");
+  // Test hook (docs/zmq.md): exit abruptly before or after the first submit commit.
+  serve->add_option("--test-crash", f->test_crash, "")->group("");
+  serve->callback([f] { run_serve(*f); });
+
+  auto prefix = std::make_shared<std::string>();
+  auto* keygen = app.add_subcommand("keygen", "Write a CURVE key pair: PREFIX.key and PREFIX.pub");
+  keygen->add_option("prefix", *prefix, "Path prefix of the two files")->required();
+  keygen->callback([prefix] {
+    zi::CurveKeyPair kp = zi::write_key_pair_files(*prefix);
+    std::cout << "wrote " << *prefix << ".key (secret) and " << *prefix << ".pub: "
+              << kp.public_z85 << "\n";
+  });
+}
 
 }  // namespace moebatch::cli

@@ -1,0 +1,144 @@
+#include "queue/zmq/client.h"
+
+#include <spdlog/spdlog.h>
+
+#include <random>
+#include <thread>
+
+#include "common/error.h"
+#include "queue/zmq/protocol.h"
+
+namespace moebatch::zmq_ingress {
+
+using nlohmann::json;
+
+std::string random_hex_token() {
+  std::random_device rd;
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (int i = 0; i < 4; ++i) {
+    uint32_t v = rd();
+    for (int k = 0; k < 8; ++k) {
+      out.push_back(kHex[v & 15]);
+      v >>= 4;
+    }
+  }
+  return out;
+}
+
+LazyPirateClient::LazyPirateClient(ClientOptions options)
+    : options_(std::move(options)), ctx_(1), id_prefix_(random_hex_token().substr(0, 8) + "-") {
+  if (options_.endpoint.empty()) throw InputError("--endpoint: must not be empty");
+  if (options_.attempts < 1) throw InputError("attempts must be at least 1");
+  if (options_.timeout.count() <= 0) throw InputError("timeout must be positive");
+  if (options_.curve && !curve_available()) {
+    throw Error("CURVE requested but libzmq was built without it");
+  }
+}
+
+LazyPirateClient::~LazyPirateClient() { socket_.reset(); }
+
+void LazyPirateClient::connect() {
+  socket_ = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::req);
+  // LINGER 0: a request abandoned after a timeout must not keep the process alive.
+  socket_->set(zmq::sockopt::linger, 0);
+  socket_->set(zmq::sockopt::maxmsgsize, options_.max_reply_bytes);
+  if (options_.curve) {
+    socket_->set(zmq::sockopt::curve_serverkey, options_.curve->server_public_z85);
+    socket_->set(zmq::sockopt::curve_publickey, options_.curve->client.public_z85);
+    socket_->set(zmq::sockopt::curve_secretkey, options_.curve->client.secret_z85);
+  }
+  try {
+    socket_->connect(options_.endpoint);
+  } catch (const zmq::error_t& e) {
+    socket_.reset();
+    throw InputError("cannot connect to '" + options_.endpoint + "': " + e.what());
+  }
+}
+
+json LazyPirateClient::call(json request) {
+  if (!request.contains("id")) request["id"] = id_prefix_ + std::to_string(next_id_++);
+  const std::string body = dump_json(request);
+  auto backoff = options_.busy_backoff;
+  std::string last_problem = "no reply";
+  for (int attempt = 1; attempt <= options_.attempts; ++attempt) {
+    if (!socket_) connect();
+    socket_->send(zmq::buffer(body), zmq::send_flags::none);
+    ++sends_;
+    zmq::pollitem_t item{static_cast<void*>(*socket_), 0, ZMQ_POLLIN, 0};
+    zmq::poll(&item, 1, options_.timeout);
+    if (!(item.revents & ZMQ_POLLIN)) {
+      // Lazy Pirate: a REQ socket cannot send twice in a row, and the old connection may be
+      // wedged, so drop it and start over with a new socket.
+      socket_.reset();
+      last_problem = "no reply within " + std::to_string(options_.timeout.count()) + " ms";
+      spdlog::warn("{} from {} (attempt {}/{})", last_problem, options_.endpoint, attempt,
+                   options_.attempts);
+      continue;
+    }
+    zmq::message_t msg;
+    if (!socket_->recv(msg, zmq::recv_flags::none)) continue;
+    json reply = json::parse(msg.to_string_view(), nullptr, false);
+    if (reply.is_discarded() || !reply.is_object() || !reply.contains("ok") ||
+        !reply["ok"].is_boolean()) {
+      throw Error("malformed reply from " + options_.endpoint);
+    }
+    if (reply.value("id", json()) != request["id"]) {
+      throw Error("reply from " + options_.endpoint + " answers another request");
+    }
+    const json* err = reply.contains("error") ? &reply["error"] : nullptr;
+    const bool retryable = !reply["ok"].get<bool>() && err != nullptr && err->is_object() &&
+                           err->value("retryable", false);
+    if (retryable && attempt < options_.attempts) {
+      last_problem = err->value("message", std::string("retryable error"));
+      spdlog::warn("{}: {} (attempt {}/{}, retrying in {} ms)", options_.endpoint, last_problem,
+                   attempt, options_.attempts, backoff.count());
+      std::this_thread::sleep_for(backoff);
+      backoff *= 2;
+      continue;
+    }
+    return reply;
+  }
+  throw Error("giving up on " + options_.endpoint + " after " +
+              std::to_string(options_.attempts) + " attempt(s): " + last_problem);
+}
+
+std::vector<SubmitResult> LazyPirateClient::submit_jobs(std::vector<JobSpec> specs,
+                                                        size_t per_message) {
+  if (per_message == 0) throw InputError("per_message must be positive");
+  const std::string key_prefix = "zmq-" + random_hex_token() + "-";
+  std::vector<SubmitResult> out;
+  out.reserve(specs.size());
+  for (size_t start = 0; start < specs.size(); start += per_message) {
+    const size_t end = std::min(specs.size(), start + per_message);
+    json jobs = json::array();
+    for (size_t i = start; i < end; ++i) {
+      if (!specs[i].client_key) specs[i].client_key = key_prefix + std::to_string(i);
+      jobs.push_back(job_spec_to_json(specs[i]));
+    }
+    json reply = call({{"v", kProtocolVersion}, {"cmd", "submit"}, {"jobs", std::move(jobs)}});
+    if (!reply["ok"].get<bool>()) {
+      const json& e = reply["error"];
+      std::string msg = e.is_object() ? e.value("message", std::string("rejected"))
+                                      : std::string("rejected");
+      // Jobs [0, start) are committed; say so, because the caller may want to resume.
+      msg = "submit rejected: " + msg + " (" + std::to_string(start) + " job(s) acked before)";
+      if (e.is_object() && e.value("retryable", false)) throw Error(msg);
+      throw InputError(msg);
+    }
+    const json& acks = reply["jobs"];
+    if (!acks.is_array() || acks.size() != end - start) {
+      throw Error("malformed submit reply from " + options_.endpoint);
+    }
+    for (const json& a : acks) {
+      if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() ||
+          !a.contains("created") || !a["created"].is_boolean()) {
+        throw Error("malformed submit reply from " + options_.endpoint);
+      }
+      out.push_back({a["id"].get<int64_t>(), a["created"].get<bool>()});
+    }
+  }
+  return out;
+}
+
+}  // namespace moebatch::zmq_ingress

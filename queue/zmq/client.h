@@ -1,0 +1,76 @@
+// Client side of the ingress protocol with Lazy-Pirate retries (ZeroMQ guide, chapter 4): a REQ
+// socket sends the request and polls for the reply; on timeout the socket is closed and a fresh
+// one resends the SAME bytes, up to `attempts` times, then the call fails. Resending is safe
+// because every submit carries idempotency keys (submit_jobs() adds one to each job that has
+// none), so a submit that was committed but whose ack was lost returns the same ids again.
+//
+// Thread-safety: one LazyPirateClient per thread (it owns a REQ socket).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+#include <zmq.hpp>
+
+#include "queue/job_store.h"
+#include "queue/zmq/curve.h"
+
+namespace moebatch::zmq_ingress {
+
+/// CURVE settings of a client.
+struct ClientCurve {
+  std::string server_public_z85;  ///< the server's public key
+  CurveKeyPair client;            ///< this client's key pair
+};
+
+/// How a client talks to an ingress.
+struct ClientOptions {
+  std::string endpoint;                       ///< e.g. tcp://127.0.0.1:5555
+  std::chrono::milliseconds timeout{3000};    ///< wait for one reply
+  int attempts = 4;                           ///< sends before giving up (>= 1)
+  std::chrono::milliseconds busy_backoff{100};  ///< first wait after a "busy" reply (doubles)
+  int64_t max_reply_bytes = 64 << 20;         ///< ZMQ_MAXMSGSIZE on the client socket
+  std::optional<ClientCurve> curve;           ///< CURVE when set
+};
+
+/// A Lazy-Pirate request/reply client. See the file comment.
+class LazyPirateClient {
+ public:
+  /// Validates options; connects lazily on the first call.
+  explicit LazyPirateClient(ClientOptions options);
+  ~LazyPirateClient();
+  LazyPirateClient(const LazyPirateClient&) = delete;
+  LazyPirateClient& operator=(const LazyPirateClient&) = delete;
+
+  /// Sends request (an "id" is added when missing) and returns the reply object, whether ok or
+  /// an error reply. Retries timeouts and retryable errors ("busy", "internal"); throws Error
+  /// when no usable reply came after `attempts` sends, or when the reply is not valid protocol.
+  nlohmann::json call(nlohmann::json request);
+
+  /// Sends specs in messages of at most per_message jobs (each message acked after its commit)
+  /// and returns one result per spec, in order. Jobs without a client key get a fresh random
+  /// one so retries stay idempotent. Throws InputError for a rejected job, Error otherwise.
+  std::vector<SubmitResult> submit_jobs(std::vector<JobSpec> specs, size_t per_message = 500);
+
+  /// Sends so far, counting retries (for tests and the benchmark).
+  int sends() const { return sends_; }
+
+ private:
+  void connect();
+
+  ClientOptions options_;
+  zmq::context_t ctx_;
+  std::unique_ptr<zmq::socket_t> socket_;
+  uint64_t next_id_ = 1;
+  std::string id_prefix_;
+  int sends_ = 0;
+};
+
+/// A random 128-bit hex string, for request ids and generated idempotency keys.
+std::string random_hex_token();
+
+}  // namespace moebatch::zmq_ingress

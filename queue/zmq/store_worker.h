@@ -1,0 +1,104 @@
+// The store side of the ingress: one thread that owns the JobStore (one SQLite connection per
+// thread, as JobStore requires) and answers parsed requests.
+//
+// Hand-off contract (the socket thread is the only producer, this thread the only consumer):
+// - try_push() never blocks; it returns false when `capacity` requests are already waiting,
+//   and the socket thread then replies "busy" at once instead of queueing without bound.
+// - Replies travel back over an inproc PUSH socket that only this thread touches; the socket
+//   thread forwards them to the ROUTER. A submit's reply is produced only after
+//   JobStore::submit_many has committed, so an ack always means the jobs are durable.
+// - Consecutive submits waiting in the queue are committed in ONE transaction (group commit):
+//   one fsync/lock round for many producers, the main lever for acked jobs per second.
+// - close() stops intake; the thread answers everything already accepted, then sends an empty
+//   one-frame "end" message on the reply socket and exits.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+#include <zmq.hpp>
+
+#include "queue/job_store.h"
+#include "queue/zmq/protocol.h"
+
+namespace moebatch::zmq_ingress {
+
+/// Where a test may make the service die (docs/zmq.md "Crash hook"). Never set in production.
+enum class CrashPoint { None, BeforeCommit, AfterCommit };
+
+/// Counters shared by the ingress threads; every field may be read from any thread.
+struct IngressCounters {
+  std::atomic<uint64_t> requests{0};        ///< well-formed requests accepted for the store
+  std::atomic<uint64_t> jobs_created{0};    ///< jobs inserted by acked submits
+  std::atomic<uint64_t> jobs_existing{0};   ///< submitted keys that already existed
+  std::atomic<uint64_t> commits{0};         ///< submit transactions committed
+  std::atomic<uint64_t> errors{0};          ///< error replies sent (all codes)
+  std::atomic<uint64_t> busy{0};            ///< busy replies (hand-off full or store locked)
+  std::atomic<uint64_t> undeliverable{0};   ///< replies ROUTER could not send (peer gone/full)
+  std::atomic<uint64_t> notices{0};         ///< completion notices published
+  std::atomic<uint64_t> notices_refused{0};  ///< publish_completion calls refused (hand-off full)
+};
+
+/// One accepted request with the ROUTER envelope to answer it on.
+struct WorkItem {
+  std::vector<std::string> envelope;  ///< routing id, plus "" for REQ-style peers
+  Request request;                    ///< parsed and validated
+};
+
+/// Knobs of the store thread.
+struct StoreWorkerOptions {
+  size_t capacity = 256;              ///< requests waiting for the store; more get "busy"
+  size_t max_jobs_per_commit = 8192;  ///< group-commit bound, in jobs
+  CrashPoint crash_point = CrashPoint::None;  ///< test hook; see CrashPoint
+  std::function<void(size_t)> on_committed;   ///< called (store thread) with jobs created
+};
+
+/// The store thread. See the file comment for the hand-off contract.
+class StoreWorker {
+ public:
+  /// Takes ownership of store (opened by the caller so open errors surface at start-up) and
+  /// connects a PUSH socket to reply_endpoint, then starts the thread.
+  StoreWorker(zmq::context_t& ctx, const std::string& reply_endpoint,
+              std::unique_ptr<JobStore> store, StoreWorkerOptions options,
+              IngressCounters& counters);
+  /// close() and join().
+  ~StoreWorker();
+  StoreWorker(const StoreWorker&) = delete;
+  StoreWorker& operator=(const StoreWorker&) = delete;
+
+  /// Queues item; false (item untouched) when the queue is full or closed. Never blocks.
+  bool try_push(WorkItem& item);
+  /// No more items; queued ones are still answered, then the end marker is sent.
+  void close();
+  /// Waits for the thread to finish.
+  void join();
+
+ private:
+  void run();
+  void process(std::vector<WorkItem>& items);
+  void commit_submits(std::vector<WorkItem>& items, size_t begin, size_t end);
+  void answer_one(WorkItem& item);
+  void reply(const WorkItem& item, const std::string& body);
+  void reply_error(const WorkItem& item, const ProtocolError& err);
+  void crash_if(CrashPoint point);
+
+  std::unique_ptr<JobStore> store_;
+  StoreWorkerOptions options_;
+  IngressCounters& counters_;
+  zmq::socket_t replies_;  // PUSH; used only by thread_ once it runs
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<WorkItem> queue_;  // guarded by mu_
+  bool closed_ = false;         // guarded by mu_
+  std::thread thread_;
+};
+
+}  // namespace moebatch::zmq_ingress

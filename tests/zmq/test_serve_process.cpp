@@ -1,0 +1,108 @@
+// The real `moebatch serve --no-engine` process: killed between receiving a submit and
+// committing it (and between committing and replying), a Lazy-Pirate client that retries with
+// the same key ends with the job in the database exactly once. Also: SIGTERM stops it cleanly.
+#include <gtest/gtest.h>
+
+#include <future>
+#include <nlohmann/json.hpp>
+
+#include "queue/zmq/client.h"
+#include "queue_test_util.h"
+#include "subprocess.h"
+
+namespace moebatch {
+namespace {
+
+using nlohmann::json;
+using test::Child;
+using test::TempDir;
+namespace zi = moebatch::zmq_ingress;
+
+/// Starts serve on bind and waits for its ready line; returns the ROUTER endpoint.
+std::unique_ptr<Child> start_serve(const std::filesystem::path& db, const std::string& bind,
+                                   const std::string& crash, std::string* endpoint) {
+  std::vector<std::string> argv = {MOEBATCH_BIN, "serve", "--no-engine", "--db", db.string(),
+                                   "--bind", bind};
+  if (!crash.empty()) {
+    argv.push_back("--test-crash");
+    argv.push_back(crash);
+  }
+  auto child = std::make_unique<Child>(argv);
+  const std::string line = child->read_line(20000);
+  json ready = json::parse(line, nullptr, false);
+  if (ready.is_discarded() || !ready.contains("router")) {
+    ADD_FAILURE() << "serve did not get ready: '" << line << "'";
+    return child;
+  }
+  *endpoint = ready["router"].get<std::string>();
+  return child;
+}
+
+void crash_and_retry(const std::string& crash_point) {
+  TempDir dir;
+  const auto db = dir.path() / "jobs.db";
+  std::string endpoint;
+  auto first = start_serve(db, "tcp://127.0.0.1:*", crash_point, &endpoint);
+  ASSERT_FALSE(endpoint.empty());
+  // The client keeps retrying the same request on the same endpoint while we restart it.
+  auto submitted = std::async(std::launch::async, [endpoint] {
+    zi::ClientOptions o;
+    o.endpoint = endpoint;
+    o.timeout = std::chrono::milliseconds(500);
+    o.attempts = 40;
+    zi::LazyPirateClient client(o);
+    JobSpec s = test::text_job("survive the crash", "crash-key");
+    auto r = client.submit_jobs({s});
+    return std::make_pair(r, client.sends());
+  });
+  const int status = first->wait();
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 86) << "the crash hook did not fire";
+  std::string endpoint2;
+  auto second = start_serve(db, endpoint, "", &endpoint2);
+  ASSERT_EQ(endpoint2, endpoint);
+  auto [results, sends] = submitted.get();
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_GE(sends, 2);
+  // Committed before the crash: the retry finds it (created=false); otherwise it creates it.
+  EXPECT_EQ(results[0].created, crash_point == "before-commit");
+  JobStore store(test::store_options(db, std::make_shared<SystemClock>()));
+  EXPECT_EQ(store.list({}).size(), 1u);
+  auto job = store.get_by_key("crash-key");
+  ASSERT_TRUE(job);
+  EXPECT_EQ(job->id, results[0].id);
+  second->signal(SIGTERM);
+  const int st2 = second->wait();
+  EXPECT_TRUE(WIFEXITED(st2) && WEXITSTATUS(st2) == 0);
+}
+
+TEST(ServeProcess, KilledBeforeCommitClientRetryCreatesTheJobOnce) {
+  crash_and_retry("before-commit");
+}
+
+TEST(ServeProcess, KilledAfterCommitClientRetryGetsTheSameJob) { crash_and_retry("after-commit"); }
+
+TEST(ServeProcess, SigintStopsCleanlyAndBadFlagsAreRefused) {
+  TempDir dir;
+  std::string endpoint;
+  auto serve = start_serve(dir.path() / "jobs.db", "tcp://127.0.0.1:*", "", &endpoint);
+  ASSERT_FALSE(endpoint.empty());
+  zi::ClientOptions o;
+  o.endpoint = endpoint;
+  zi::LazyPirateClient client(o);
+  EXPECT_EQ(client.call({{"v", 1}, {"cmd", "stats"}})["ok"], true);
+  serve->signal(SIGINT);
+  const int st = serve->wait();
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+
+  auto r = test::run_command({MOEBATCH_BIN, "serve", "--db", (dir.path() / "x.db").string()});
+  EXPECT_EQ(r.exit_code, 2) << "serve without --no-engine must refuse until the engine lands";
+  r = test::run_command({MOEBATCH_BIN, "serve", "--no-engine", "--db",
+                         (dir.path() / "x.db").string(), "--curve-secret", "/nonexistent",
+                         "--curve-clients", "/nonexistent"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("/nonexistent"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace moebatch
