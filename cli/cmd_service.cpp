@@ -1,7 +1,9 @@
-// CLI commands of the service module. For now only `moebatch demo`: a queue-only walk-through
-// (the engine does not exist yet, so no job is generated and no output is invented). It imports
-// the bundled OpenAI Batch example, inserts rows with plain SQL as an external producer would,
-// and runs claim / lease expiry / retry / release / cancel cycles on a simulated clock.
+// CLI commands of the service module:
+//  - `moebatch demo`: the whole pipeline on the bundled random-weight model (cli/ demo below);
+//  - `moebatch maintenance [--now]`: request a maintenance cycle from a running service / list
+//    recorded cycles;
+//  - `moebatch queue-demo`: the queue-only walk-through (claims, lease expiry, retry, release,
+//    cancel on a simulated clock; no generation).
 #include <spdlog/spdlog.h>
 #include <sqlite3.h>
 #include <unistd.h>
@@ -9,12 +11,17 @@
 #include <cstdlib>
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
+
+#include "common/paths.h"
 
 #include "cli/commands.h"
 #include "common/error.h"
 #include "queue/job_store.h"
 #include "queue/openai_batch.h"
 #include "queue/schema.h"
+#include "service/demo.h"
+#include "service/service_db.h"
 
 namespace moebatch::cli {
 namespace {
@@ -160,16 +167,99 @@ void run_demo(const std::string& file_flag, bool keep) {
   }
 }
 
+
+void register_demo_command(CLI::App& app) {
+  auto o = std::make_shared<DemoOptions>();
+  auto batching = std::make_shared<std::string>("continuous");
+  auto* demo = app.add_subcommand(
+      "demo",
+      "The whole pipeline in under a minute: start the service on the bundled tiny model (RANDOM "
+      "weights: gibberish text) on CPU, submit jobs through SQL inserts, the store API and "
+      "ZeroMQ when built, wait, print throughput and latency");
+  demo->add_option("--jobs", o->jobs, "Jobs to submit (default 300, 1..100000)");
+  demo->add_option("--max-tokens", o->max_tokens, "max_tokens per job (default 16, 1..512)");
+  demo->add_option("--max-num-seqs", o->max_num_seqs, "Batch slots (default 64)");
+  demo->add_option("--batching", *batching, "continuous (default) | static");
+  demo->add_option("--threads", o->threads, "CPU compute threads (default: all cores)");
+  demo->add_option("--db", o->db, "Use this database instead of a temporary one");
+  demo->add_flag("--keep", o->keep, "Keep the temporary database and print its path");
+  demo->callback([o, batching] {
+    if (*batching != "continuous" && *batching != "static")
+      throw InputError("--batching: expected continuous or static, got '" + *batching + "'");
+    o->batching = *batching == "static" ? BatchingMode::Static : BatchingMode::Continuous;
+    const int code = run_service_demo(*o, std::cout);
+    if (code != 0) throw CLI::RuntimeError(code);
+  });
+}
+
+// `maintenance --now` leaves a request row that a running service takes at its next poll (the
+// insert moves PRAGMA data_version, which the service watches); without --now it lists cycles.
+void register_maintenance_command(CLI::App& app) {
+  auto db = std::make_shared<std::string>();
+  auto now = std::make_shared<bool>(false);
+  auto as_json = std::make_shared<bool>(false);
+  auto* cmd = app.add_subcommand(
+      "maintenance",
+      "Request a maintenance cycle (drain, rebuild the engine, warm up) from the service on "
+      "--db with --now; without --now, list the recorded cycles");
+  cmd->add_option("--db", *db, "Job database (default $MOEBATCH_DB or the user data dir)");
+  cmd->add_flag("--now", *now, "Ask the running service for a cycle now");
+  cmd->add_flag("--json", *as_json, "Print JSON");
+  cmd->callback([db, now, as_json] {
+    const std::filesystem::path path = db->empty() ? default_db_path() : std::filesystem::path(*db);
+    if (!std::filesystem::exists(path))
+      throw InputError("no job database at " + path.string() + " (start the service first)");
+    ServiceDb sdb(path);
+    if (*now) {
+      const int64_t id = sdb.add_request("maintenance", SystemClock().now_ms());
+      if (*as_json) {
+        std::cout << nlohmann::json{{"request", id}}.dump() << "\n";
+      } else {
+        std::cout << "maintenance requested (request " << id
+                  << "); the service on this database starts the cycle at its next poll\n";
+      }
+      return;
+    }
+    nlohmann::json rows = nlohmann::json::array();
+    for (const CycleRecord& c : sdb.cycles()) {
+      rows.push_back({{"id", c.id}, {"worker", c.worker}, {"trigger", c.trigger},
+                      {"started_at", c.started_at}, {"ended_at", c.ended_at},
+                      {"downtime_ms", c.downtime_ms}, {"drained", c.drained},
+                      {"requeued", c.requeued}, {"mem_before", c.mem_before},
+                      {"mem_after", c.mem_after}, {"warmup_ms", c.warmup_ms},
+                      {"result", c.result}, {"error", c.error}});
+    }
+    if (*as_json) {
+      std::cout << rows.dump() << "\n";
+      return;
+    }
+    std::cout << fmt::format("{:>4}  {:<8} {:>11} {:>8} {:>8} {:>10} {:>10}  {}\n", "id",
+                             "trigger", "downtime_ms", "drained", "requeued", "rss_before",
+                             "rss_after", "result");
+    for (const auto& r : rows) {
+      std::cout << fmt::format("{:>4}  {:<8} {:>11} {:>8} {:>8} {:>9.1f}M {:>9.1f}M  {}{}\n",
+                               r["id"].get<int64_t>(), r["trigger"].get<std::string>(),
+                               r["downtime_ms"].get<int64_t>(), r["drained"].get<int64_t>(),
+                               r["requeued"].get<int64_t>(), r["mem_before"].get<int64_t>() / 1048576.0,
+                               r["mem_after"].get<int64_t>() / 1048576.0,
+                               r["result"].get<std::string>(),
+                               r["error"].get<std::string>().empty() ? "" : ": " + r["error"].get<std::string>());
+    }
+  });
+}
+
 }  // namespace
 
 void register_service_commands(CLI::App& app) {
+  register_demo_command(app);
+  register_maintenance_command(app);
   struct DemoFlags {
     std::string file;
     bool keep = false;
   };
   auto f = std::make_shared<DemoFlags>();
-  auto* demo =
-      app.add_subcommand("demo", "Queue walk-through on a temporary database (no engine yet)");
+  auto* demo = app.add_subcommand(
+      "queue-demo", "Queue-only walk-through on a temporary database (no generation)");
   demo->add_option("--file", f->file,
                    "OpenAI Batch JSONL to import (default examples/demo_batch.jsonl)");
   demo->add_flag("--keep", f->keep, "Keep the temporary database and print its path");

@@ -191,7 +191,7 @@ TEST_F(QueueCli, ImportRunExportRoundTrip) {
 }
 
 TEST(QueueCliDemo, RunsToCompletionWithoutInventingOutput) {
-  RunResult r = run_command({MOEBATCH_BIN, "demo", "--file",
+  RunResult r = run_command({MOEBATCH_BIN, "queue-demo", "--file",
                              std::string(MOEBATCH_SOURCE_DIR) + "/examples/demo_batch.jsonl"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("Generation arrives with the engine"), std::string::npos) << r.out;

@@ -1,0 +1,256 @@
+#include "service/demo.h"
+
+#include <spdlog/fmt/fmt.h>
+#include <spdlog/spdlog.h>
+#include <sqlite3.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <thread>
+#include <vector>
+
+#include "common/error.h"
+#include "queue/job_store.h"
+#include "service/demo_model.h"
+#include "service/service.h"
+
+namespace moebatch {
+namespace {
+
+const char* const kTopics[] = {
+    "mixture-of-experts routing", "SQLite write-ahead logging", "batch inference",
+    "tensor parallelism",         "paged KV caches",            "ZeroMQ sockets",
+    "nightly restarts",           "tail latency",               "token sampling",
+    "chunked prefill",            "lease-based job queues",     "Prometheus metrics"};
+
+std::string text_prompt(int64_t i) {
+  return fmt::format("Job {}: write two sentences about {}.", i, kTopics[i % 12]);
+}
+
+std::string chat_prompt(int64_t i) {
+  nlohmann::json m = nlohmann::json::array(
+      {{{"role", "system"}, {"content", "You are a concise assistant."}},
+       {{"role", "user"}, {"content", fmt::format("Question {}: what is {}?", i, kTopics[i % 12])}}});
+  return m.dump();
+}
+
+// An external producer: plain SQL INSERTs in one transaction, as schemas/README.md describes.
+void insert_with_sql(const std::filesystem::path& db_path, int64_t first, int64_t count,
+                     int64_t max_tokens) {
+  sqlite3* db = nullptr;
+  if (sqlite3_open(db_path.c_str(), &db) != SQLITE_OK) {
+    sqlite3_close(db);
+    throw Error("demo: cannot open " + db_path.string());
+  }
+  sqlite3_busy_timeout(db, 5000);
+  std::string sql = "BEGIN IMMEDIATE;";
+  for (int64_t i = first; i < first + count; ++i) {
+    char* quoted = sqlite3_mprintf(
+        "INSERT INTO jobs (client_key, batch_id, prompt_kind, prompt, max_tokens, temperature, "
+        "priority) VALUES ('demo-sql-%lld', 'demo-sql', '%q', %Q, %lld, 0, %d);",
+        static_cast<long long>(i), i % 2 ? "chat" : "text",
+        (i % 2 ? chat_prompt(i) : text_prompt(i)).c_str(), static_cast<long long>(max_tokens),
+        i % 10 == 0 ? 5 : 0);
+    sql += quoted;
+    sqlite3_free(quoted);
+  }
+  sql += "COMMIT;";
+  char* err = nullptr;
+  const int rc = sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &err);
+  const std::string msg = err ? err : "";
+  sqlite3_free(err);
+  sqlite3_close(db);
+  if (rc != SQLITE_OK) throw Error("demo: SQL producer failed: " + msg);
+}
+
+// The store API: what `moebatch submit` and the ZeroMQ ingress use.
+void submit_with_store(JobStore& store, int64_t first, int64_t count, int64_t max_tokens) {
+  std::vector<JobSpec> specs;
+  for (int64_t i = first; i < first + count; ++i) {
+    JobSpec s;
+    s.client_key = fmt::format("demo-api-{}", i);
+    s.batch_id = "demo-api";
+    s.prompt_kind = i % 3 == 0 ? PromptKind::Chat : PromptKind::Text;
+    s.prompt = s.prompt_kind == PromptKind::Chat ? chat_prompt(i) : text_prompt(i);
+    s.sampling.max_tokens = max_tokens;
+    // Qwen3's recommended sampling; the top-k cut also keeps the CPU sampler from sorting the
+    // whole 151k vocabulary per token.
+    s.sampling.temperature = 0.7;
+    s.sampling.top_k = 20;
+    s.sampling.top_p = 0.8;
+    s.sampling.seed = i;
+    specs.push_back(std::move(s));
+  }
+  store.submit_many(specs);
+}
+
+struct Latencies {
+  std::vector<double> wait, ttft, total;
+  int64_t completion_tokens = 0;
+  int64_t min_enqueued = 0, max_finished = 0;
+};
+
+Latencies read_latencies(const std::filesystem::path& db_path) {
+  sqlite3* db = nullptr;
+  Latencies l;
+  if (sqlite3_open_v2(db_path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) {
+    sqlite3_close(db);
+    throw Error("demo: cannot open " + db_path.string());
+  }
+  sqlite3_stmt* st = nullptr;
+  sqlite3_prepare_v2(db,
+                     "SELECT l.queue_wait_ms, l.ttft_ms, l.total_ms, j.completion_tokens, "
+                     "j.enqueued_at, j.finished_at FROM job_latency l JOIN jobs j ON j.id = "
+                     "l.job_id",
+                     -1, &st, nullptr);
+  l.min_enqueued = INT64_MAX;
+  while (st && sqlite3_step(st) == SQLITE_ROW) {
+    l.wait.push_back(static_cast<double>(sqlite3_column_int64(st, 0)));
+    l.ttft.push_back(static_cast<double>(sqlite3_column_int64(st, 1)));
+    l.total.push_back(static_cast<double>(sqlite3_column_int64(st, 2)));
+    l.completion_tokens += sqlite3_column_int64(st, 3);
+    l.min_enqueued = std::min<int64_t>(l.min_enqueued, sqlite3_column_int64(st, 4));
+    l.max_finished = std::max<int64_t>(l.max_finished, sqlite3_column_int64(st, 5));
+  }
+  sqlite3_finalize(st);
+  sqlite3_close(db);
+  return l;
+}
+
+// Nearest-rank percentile.
+double pct(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const auto rank = static_cast<size_t>(std::ceil(p / 100.0 * static_cast<double>(v.size())));
+  return v[std::min(v.size() - 1, rank == 0 ? 0 : rank - 1)];
+}
+
+}  // namespace
+
+int run_service_demo(const DemoOptions& o, std::ostream& out) {
+  if (o.jobs < 1 || o.jobs > 100000) throw InputError("--jobs must be in [1, 100000]");
+  if (o.max_tokens < 1 || o.max_tokens > 512) throw InputError("--max-tokens must be in [1, 512]");
+  out << "moebatch demo\n"
+      << "NOTE: the bundled model is a tiny qwen3_moe with RANDOM weights. Its text is gibberish;\n"
+      << "      what the demo shows is the pipeline: queue -> tokenizer -> batched MoE engine ->\n"
+      << "      results with latency records.\n\n";
+  const auto model = ensure_demo_model(default_cache_dir(), find_bundled_tokenizer());
+
+  std::filesystem::path dir;
+  std::filesystem::path db_path = o.db;
+  if (db_path.empty()) {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "moebatch-demo-XXXXXX").string();
+    if (!mkdtemp(tmpl.data())) throw Error("cannot create a temporary directory for the demo");
+    dir = tmpl;
+    db_path = dir / "jobs.db";
+  }
+
+  ServiceConfig cfg;
+  cfg.db = db_path.string();
+  cfg.model = model.string();
+  cfg.max_num_seqs = o.max_num_seqs;
+  cfg.max_num_batched_tokens = std::max<int64_t>(4096, o.max_num_seqs);
+  cfg.batching = o.batching;
+  cfg.threads = o.threads;
+  cfg.kv_cache_mb = 64;
+  cfg.http_port = 0;
+  cfg.poll_ms = 20;
+  ServiceHooks hooks;
+  hooks.handle_signals = false;
+  Service service(cfg, hooks);
+  out << fmt::format("model   {} (random weights)\ndatabase {}\nhealth  http://127.0.0.1:{}/health "
+                     "and /metrics while it runs\n\n",
+                     model.string(), db_path.string(), service.http_port());
+
+  int service_code = 0;
+  std::thread service_thread([&] { service_code = service.run(); });
+  const auto t0 = std::chrono::steady_clock::now();
+  int64_t sql_jobs = 0, api_jobs = 0;
+  try {
+    // Producers run while the service is already working: half via SQL, half via the API, in
+    // a few waves so the service picks up work as it arrives.
+    StoreOptions so;
+    so.path = db_path;
+    JobStore store(so);
+    const int64_t waves = 4;
+    for (int64_t w = 0; w < waves; ++w) {
+      const int64_t lo = o.jobs * w / waves, hi = o.jobs * (w + 1) / waves;
+      const int64_t half = (hi - lo) / 2;
+      insert_with_sql(db_path, lo, half, o.max_tokens);
+      sql_jobs += half;
+      submit_with_store(store, lo + half, hi - lo - half, o.max_tokens);
+      service.wake();
+      api_jobs += hi - lo - half;
+    }
+    out << fmt::format("submitted {} jobs: {} by SQL INSERT (external producer), {} by the store "
+                       "API (CLI/ZeroMQ path)\n",
+                       o.jobs, sql_jobs, api_jobs);
+    // Wait for every job to be final.
+    for (;;) {
+      const QueueStats st = store.stats();
+      const int64_t open = st.counts.at(JobState::Queued) + st.counts.at(JobState::Running);
+      if (open == 0) break;
+      if (std::chrono::steady_clock::now() - t0 > std::chrono::minutes(10))
+        throw Error("demo: jobs did not finish within 10 minutes");
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  } catch (...) {
+    service.stop();
+    service_thread.join();
+    throw;
+  }
+  const double wall_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  service.stop();
+  service_thread.join();
+
+  StoreOptions so;
+  so.path = db_path;
+  JobStore store(so);
+  const QueueStats st = store.stats();
+  const Latencies l = read_latencies(db_path);
+  out << "\n";
+  out << fmt::format("{:<26} {:>10}\n", "jobs done", st.counts.at(JobState::Done));
+  out << fmt::format("{:<26} {:>10}\n", "jobs failed", st.counts.at(JobState::Failed));
+  out << fmt::format("{:<26} {:>10}\n", "completion tokens", l.completion_tokens);
+  out << fmt::format("{:<26} {:>10.1f}\n", "wall time (s)", wall_s);
+  out << fmt::format("{:<26} {:>10.1f}\n", "tokens/s (generated)", l.completion_tokens / wall_s);
+  out << fmt::format("{:<26} {:>10.1f}\n\n", "jobs/s", st.counts.at(JobState::Done) / wall_s);
+  out << fmt::format("{:<18} {:>9} {:>9} {:>9}\n", "latency (ms)", "p50", "p95", "p99");
+  out << fmt::format("{:<18} {:>9.0f} {:>9.0f} {:>9.0f}\n", "queue wait", pct(l.wait, 50),
+                     pct(l.wait, 95), pct(l.wait, 99));
+  out << fmt::format("{:<18} {:>9.0f} {:>9.0f} {:>9.0f}\n", "time to 1st token", pct(l.ttft, 50),
+                     pct(l.ttft, 95), pct(l.ttft, 99));
+  out << fmt::format("{:<18} {:>9.0f} {:>9.0f} {:>9.0f}\n", "total", pct(l.total, 50),
+                     pct(l.total, 95), pct(l.total, 99));
+  out << "\nsample outputs (random weights, so gibberish):\n";
+  std::vector<Job> samples;
+  for (const char* batch : {"demo-sql", "demo-api"}) {
+    ListFilter f;
+    f.state = JobState::Done;
+    f.batch_id = batch;
+    f.limit = 1;
+    for (Job& j : store.list(f)) samples.push_back(std::move(j));
+  }
+  for (const Job& j : samples) {
+    std::string text = j.result ? j.result->text : "";
+    for (char& c : text)
+      if (c == '\n') c = ' ';
+    if (text.size() > 70) text = text.substr(0, 70) + "...";
+    out << fmt::format("  job {:>4}: {}\n", j.id, text);
+  }
+  if (!dir.empty()) {
+    if (o.keep) {
+      out << "\nkept: " << db_path.string() << " (try: moebatch stats --db " << db_path.string()
+          << ")\n";
+    } else {
+      std::filesystem::remove_all(dir);
+    }
+  }
+  const bool all_done = st.counts.at(JobState::Done) == o.jobs && service_code == 0;
+  return all_done ? 0 : 1;
+}
+
+}  // namespace moebatch
