@@ -142,22 +142,23 @@ void StoreWorker::commit_submits(std::vector<WorkItem>& items, size_t begin, siz
     return;
   }
   crash_if(CrashPoint::AfterCommit);
+  // Counters first, so a producer that reads stats right after its ack sees its own jobs.
+  size_t created = 0;
+  for (const SubmitResult& r : results) created += r.created ? 1 : 0;
   counters_.commits.fetch_add(1);
-  size_t created = 0, offset = 0;
+  counters_.jobs_created.fetch_add(created);
+  counters_.jobs_existing.fetch_add(specs.size() - created);
+  if (options_.on_committed && created > 0) options_.on_committed(created);
+  size_t offset = 0;
   for (size_t k = begin; k < end; ++k) {
     json out = json::array();
     const size_t n = items[k].request.jobs.size();
     for (size_t j = 0; j < n; ++j) {
-      const SubmitResult& r = results[offset + j];
-      created += r.created ? 1 : 0;
-      out.push_back({{"id", r.id}, {"created", r.created}});
+      out.push_back({{"id", results[offset + j].id}, {"created", results[offset + j].created}});
     }
     offset += n;
     reply(items[k], ok_reply(items[k].request.id, {{"jobs", std::move(out)}}));
   }
-  counters_.jobs_created.fetch_add(created);
-  counters_.jobs_existing.fetch_add(specs.size() - created);
-  if (options_.on_committed && created > 0) options_.on_committed(created);
 }
 
 void StoreWorker::answer_one(WorkItem& item) {
