@@ -2,9 +2,12 @@
 // requests become the JobSpecs the store would accept.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "queue/zmq/ingress.h"
 #include "queue/zmq/protocol.h"
 
 namespace moebatch::zmq_ingress {
@@ -160,6 +163,41 @@ TEST(Protocol, RepliesCarryCodeMessageFieldAndId) {
   EXPECT_EQ(r["ok"], true);
   EXPECT_EQ(r["id"], 7);
   EXPECT_EQ(r["x"], 1);
+}
+
+}  // namespace
+}  // namespace moebatch::zmq_ingress
+
+namespace moebatch::zmq_ingress {
+namespace {
+
+nlohmann::json read_schema(const std::string& name) {
+  std::ifstream in(std::string(MOEBATCH_SOURCE_DIR) + "/schemas/" + name);
+  return nlohmann::json::parse(in);
+}
+
+TEST(ProtocolSchemas, RequestExamplesAreAcceptedByTheParser) {
+  nlohmann::json schema = read_schema("zmq-request.json");
+  ASSERT_GE(schema["examples"].size(), 5u);
+  for (const auto& ex : schema["examples"]) {
+    EXPECT_NO_THROW(parse_request(ex.dump(), {}, nullptr)) << ex.dump();
+  }
+}
+
+TEST(ProtocolSchemas, ReplyErrorCodesAndNoticeFieldsMatchTheCode) {
+  nlohmann::json reply = read_schema("zmq-reply.json");
+  const auto& codes = reply["properties"]["error"]["properties"]["code"]["enum"];
+  for (std::string_view c : {error_code::kBadFrames, error_code::kTooLarge, error_code::kBadJson,
+                             error_code::kBadVersion, error_code::kUnknownCommand,
+                             error_code::kInvalid, error_code::kTooManyJobs, error_code::kNotFound,
+                             error_code::kBusy, error_code::kInternal}) {
+    EXPECT_NE(std::find(codes.begin(), codes.end(), std::string(c)), codes.end()) << c;
+  }
+  nlohmann::json notice = read_schema("zmq-notice.json");
+  nlohmann::json body = nlohmann::json::parse(
+      notice_body({41, "doc-17", std::string("b"), JobState::Done, std::nullopt}));
+  for (const auto& key : notice["required"]) EXPECT_TRUE(body.contains(key)) << key;
+  EXPECT_EQ(body.size(), notice["required"].size());
 }
 
 }  // namespace
