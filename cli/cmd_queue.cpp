@@ -18,6 +18,7 @@
 #include "queue/job_json.h"
 #include "queue/job_store.h"
 #include "queue/openai_batch.h"
+#include "queue/zmq/client.h"
 
 namespace moebatch::cli {
 namespace {
@@ -94,6 +95,7 @@ struct SubmitFlags {
   bool chat = false, no_progress = false;
   JobSpec spec;
   std::optional<int64_t> seed;
+  zmq_ingress::RemoteSubmitFlags remote;  ///< --endpoint: submit through the ZeroMQ ingress
 };
 
 void run_submit_file(SubmitFlags& f, JobStore& store) {
@@ -141,7 +143,11 @@ void run_submit(SubmitFlags& f) {
   if (f.prompt.empty() == f.file.empty()) {
     throw InputError("submit needs exactly one of a PROMPT argument or --file");
   }
-  auto store = open_store(f.common);
+  if (!f.remote.endpoint.empty() && !f.file.empty()) {
+    throw InputError("--endpoint takes a PROMPT; import --file into the local database");
+  }
+  // With --endpoint the job goes to a remote ingress; no local database is opened.
+  auto store = f.remote.endpoint.empty() ? open_store(f.common) : nullptr;
   if (!f.file.empty()) return run_submit_file(f, *store);
   JobSpec spec = f.spec;
   spec.sampling.seed = f.seed;
@@ -153,7 +159,7 @@ void run_submit(SubmitFlags& f) {
   } else {
     spec.prompt = f.prompt;
   }
-  SubmitResult r = store->submit(spec);
+  SubmitResult r = store ? store->submit(spec) : zmq_ingress::submit_remote(f.remote, spec);
   if (f.common.json) {
     std::cout << dump({{"id", r.id}, {"created", r.created}}) << "\n";
   } else {
@@ -233,6 +239,14 @@ void register_queue_commands(CLI::App& app) {
   submit->add_option("--max-attempts", sf->spec.max_attempts,
                      "Attempts before failing (default 3)");
   submit->add_flag("--no-progress", sf->no_progress, "Never draw the import progress bar");
+  submit->add_option("--endpoint", sf->remote.endpoint,
+                     "Submit through a ZeroMQ ingress (tcp://...), retrying Lazy-Pirate style");
+  submit->add_option("--timeout-ms", sf->remote.timeout_ms, "--endpoint: wait per try (3000)");
+  submit->add_option("--attempts", sf->remote.attempts, "--endpoint: tries before giving up (4)");
+  submit->add_option("--curve-server-key", sf->remote.curve_server_key,
+                     "--endpoint: server public key file (enables CURVE)");
+  submit->add_option("--curve-secret", sf->remote.curve_secret,
+                     "--endpoint: client secret key file (CURVE)");
   submit->callback([sf] { run_submit(*sf); });
 
   struct IdFlags {

@@ -141,4 +141,24 @@ std::vector<SubmitResult> LazyPirateClient::submit_jobs(std::vector<JobSpec> spe
   return out;
 }
 
+ClientOptions client_options_from(const RemoteSubmitFlags& flags) {
+  ClientOptions o;
+  o.endpoint = flags.endpoint;
+  o.timeout = std::chrono::milliseconds(flags.timeout_ms);
+  o.attempts = flags.attempts;
+  if (flags.curve_server_key.empty() != flags.curve_secret.empty()) {
+    throw InputError("CURVE needs both --curve-server-key and --curve-secret");
+  }
+  if (!flags.curve_server_key.empty()) {
+    o.curve = ClientCurve{load_public_key_file(flags.curve_server_key),
+                          load_secret_key_file(flags.curve_secret)};
+  }
+  return o;
+}
+
+SubmitResult submit_remote(const RemoteSubmitFlags& flags, const JobSpec& spec) {
+  LazyPirateClient client(client_options_from(flags));
+  return client.submit_jobs({spec}).at(0);
+}
+
 }  // namespace moebatch::zmq_ingress

@@ -73,4 +73,18 @@ class LazyPirateClient {
 /// A random 128-bit hex string, for request ids and generated idempotency keys.
 std::string random_hex_token();
 
+/// The `moebatch submit --endpoint` settings as given on the command line.
+struct RemoteSubmitFlags {
+  std::string endpoint;          ///< ingress ROUTER endpoint; empty = submit to the local db
+  std::string curve_server_key;  ///< server public key file (enables CURVE)
+  std::string curve_secret;      ///< client secret key file (required with CURVE)
+  int timeout_ms = 3000;         ///< wait per attempt
+  int attempts = 4;              ///< sends before giving up
+};
+
+/// ClientOptions from flags, loading key files. Throws InputError on bad flags or key files.
+ClientOptions client_options_from(const RemoteSubmitFlags& flags);
+/// Submits one job through the ingress with Lazy-Pirate retries (the CLI's --endpoint path).
+SubmitResult submit_remote(const RemoteSubmitFlags& flags, const JobSpec& spec);
+
 }  // namespace moebatch::zmq_ingress

@@ -20,9 +20,11 @@ namespace zi = moebatch::zmq_ingress;
 
 /// Starts serve on bind and waits for its ready line; returns the ROUTER endpoint.
 std::unique_ptr<Child> start_serve(const std::filesystem::path& db, const std::string& bind,
-                                   const std::string& crash, std::string* endpoint) {
+                                   const std::string& crash, std::string* endpoint,
+                                   const std::vector<std::string>& extra = {}) {
   std::vector<std::string> argv = {MOEBATCH_BIN, "serve", "--no-engine", "--db", db.string(),
                                    "--bind", bind};
+  argv.insert(argv.end(), extra.begin(), extra.end());
   if (!crash.empty()) {
     argv.push_back("--test-crash");
     argv.push_back(crash);
@@ -102,6 +104,47 @@ TEST(ServeProcess, SigintStopsCleanlyAndBadFlagsAreRefused) {
                          "--curve-clients", "/nonexistent"});
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("/nonexistent"), std::string::npos) << r.err;
+}
+
+TEST(ServeProcess, CliSubmitThroughEndpointIsIdempotentAndHonoursCurve) {
+  TempDir dir;
+  const std::string d = dir.path().string();
+  for (const char* who : {"server", "client", "stranger"}) {
+    ASSERT_EQ(test::run_command({MOEBATCH_BIN, "keygen", d + "/" + who}).exit_code, 0);
+  }
+  std::filesystem::copy_file(dir.path() / "client.pub", dir.path() / "clients.txt");
+  std::string endpoint;
+  auto serve = start_serve(dir.path() / "jobs.db", "tcp://127.0.0.1:*", "", &endpoint,
+                           {"--curve-secret", d + "/server.key", "--curve-clients",
+                            d + "/clients.txt"});
+  ASSERT_FALSE(endpoint.empty());
+  auto submit = [&](const std::string& secret) {
+    return test::run_command({MOEBATCH_BIN, "submit", "hello over zmq", "--key", "cli-1",
+                              "--max-tokens", "9", "--json", "--endpoint", endpoint,
+                              "--curve-server-key", d + "/server.pub", "--curve-secret",
+                              d + "/" + secret + ".key", "--attempts", "2", "--timeout-ms",
+                              "400"});
+  };
+  auto first = submit("client");
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  json a = json::parse(first.out);
+  EXPECT_EQ(a["created"], true);
+  auto again = submit("client");
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  json b = json::parse(again.out);
+  EXPECT_EQ(b["id"], a["id"]);
+  EXPECT_EQ(b["created"], false);
+  auto refused = submit("stranger");
+  EXPECT_EQ(refused.exit_code, 1);
+  EXPECT_NE(refused.err.find("giving up"), std::string::npos) << refused.err;
+  serve->signal(SIGTERM);
+  serve->wait();
+  JobStore store(test::store_options(dir.path() / "jobs.db", std::make_shared<SystemClock>()));
+  auto job = store.get_by_key("cli-1");
+  ASSERT_TRUE(job);
+  EXPECT_EQ(job->spec.prompt, "hello over zmq");
+  EXPECT_EQ(job->spec.sampling.max_tokens, 9);
+  EXPECT_EQ(store.list({}).size(), 1u);
 }
 
 }  // namespace
