@@ -123,6 +123,10 @@ int Service::run() {
     arm_signals();
   }
   next_restart_ms_ = schedule_.next_after(hooks_.clock->now_ms());
+  if (next_restart_ms_) {
+    spdlog::info("next maintenance cycle in {:.1f} s ({})",
+                 (*next_restart_ms_ - hooks_.clock->now_ms()) / 1000.0, schedule_.spec());
+  }
   arm_poll();
   arm_renew();
   write_ready_file();

@@ -1,0 +1,244 @@
+// The service in-process on the demo model: real SQLite file, real engine thread, real HTTP.
+// End to end with latency rows, bad jobs failing alone, priorities, static batching, and the
+// nightly cycle under load with an injected clock.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <ctime>
+#include <functional>
+#include <thread>
+
+#include "queue/job_store.h"
+#include "service/service.h"
+#include "service/service_db.h"
+#include "test_util.h"
+
+namespace moebatch {
+namespace {
+
+/// System time shifted by a fixed offset: time flows normally but can be placed anywhere
+/// (e.g. just before the nightly restart) without sleeping.
+class OffsetClock final : public Clock {
+ public:
+  explicit OffsetClock(int64_t offset_ms) : offset_(offset_ms) {}
+  int64_t now_ms() const override { return SystemClock().now_ms() + offset_.load(); }
+  /// Places "now" at `when_ms`.
+  void place_at(int64_t when_ms) { offset_ = when_ms - SystemClock().now_ms(); }
+
+ private:
+  std::atomic<int64_t> offset_;
+};
+
+ServiceConfig base_config(const std::filesystem::path& dir) {
+  ServiceConfig c;
+  c.db = (dir / "jobs.db").string();
+  c.model = test::demo_model().string();
+  c.max_num_seqs = 8;
+  c.max_num_batched_tokens = 512;
+  c.kv_cache_mb = 16;
+  c.http_port = 0;
+  c.poll_ms = 10;
+  c.warmup_seqs = 2;
+  c.threads = 2;
+  return c;
+}
+
+/// Runs a Service on a thread for the scope of a test.
+struct Running {
+  Service svc;
+  int code = -1;
+  std::thread t;
+  Running(const ServiceConfig& c, ServiceHooks h = {}) : svc(c, (h.handle_signals = false, h)) {
+    t = std::thread([this] { code = svc.run(); });
+  }
+  int stop() {
+    svc.stop();
+    if (t.joinable()) t.join();
+    return code;
+  }
+  ~Running() { stop(); }
+};
+
+JobSpec spec(const std::string& prompt, int64_t max_tokens, int64_t priority = 0) {
+  JobSpec s;
+  s.prompt = prompt;
+  s.sampling.max_tokens = max_tokens;
+  s.sampling.temperature = 0;
+  s.priority = priority;
+  return s;
+}
+
+bool wait_final(JobStore& store, int64_t expected_final, std::chrono::seconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < end) {
+    const QueueStats st = store.stats();
+    if (st.counts.at(JobState::Done) + st.counts.at(JobState::Failed) >= expected_final &&
+        st.counts.at(JobState::Queued) + st.counts.at(JobState::Running) == 0)
+      return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
+bool wait_until(const std::function<bool()>& pred) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::chrono::steady_clock::now() < end) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+TEST(ServiceInProc, SubmitToDoneWithLatencyRowsHealthAndMetrics) {
+  test::TempDir dir;
+  ServiceConfig cfg = base_config(dir.path);
+  std::vector<std::pair<int64_t, std::string>> finals;
+  ServiceHooks hooks;
+  hooks.on_final = [&](int64_t id, const std::string& st) { finals.emplace_back(id, st); };
+  Running run(cfg, hooks);
+  StoreOptions so;
+  so.path = cfg.db;
+  JobStore store(so);
+  std::vector<JobSpec> specs;
+  for (int i = 0; i < 12; ++i) specs.push_back(spec("Tell me about item " + std::to_string(i), 6));
+  specs[3].prompt_kind = PromptKind::Chat;
+  specs[3].prompt = R"([{"role":"user","content":"Hello"}])";
+  store.submit_many(specs);
+  ASSERT_TRUE(wait_final(store, 12, std::chrono::seconds(60)));
+  const auto [hs, hbody] = test::http_get(run.svc.http_port(), "/health");
+  EXPECT_EQ(hs, 200) << hbody;
+  EXPECT_NE(hbody.find("\"status\":\"ok\""), std::string::npos) << hbody;
+  const auto [ms, metrics] = test::http_get(run.svc.http_port(), "/metrics");
+  EXPECT_EQ(ms, 200);
+  EXPECT_NE(metrics.find("moebatch_jobs_done_total 12\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("moebatch_queue_jobs{state=\"done\"} 12\n"), std::string::npos);
+  EXPECT_NE(metrics.find("moebatch_job_total_seconds_count 12\n"), std::string::npos);
+  EXPECT_EQ(test::http_get(run.svc.http_port(), "/nope").first, 404);
+  EXPECT_EQ(run.stop(), 0);
+
+  EXPECT_EQ(test::query_i64(cfg.db, "SELECT count(*) FROM jobs WHERE state = 'done' AND "
+                                    "completion_tokens BETWEEN 1 AND 6 AND prompt_tokens > 0 AND "
+                                    "result_text IS NOT NULL AND finish_reason IN ('stop','length')"),
+            12);
+  EXPECT_EQ(test::query_i64(cfg.db, "SELECT count(*) FROM job_latency WHERE total_ms >= "
+                                    "queue_wait_ms AND ttft_ms IS NOT NULL AND decode_ms >= 0"),
+            12);
+  EXPECT_EQ(finals.size(), 12u);
+  // The chat job's prompt was rendered with the template: many more tokens than its text.
+  EXPECT_GT(test::query_i64(cfg.db, "SELECT prompt_tokens FROM jobs WHERE id = 4"), 5);
+}
+
+TEST(ServiceInProc, BadJobsFailAloneWithAReason) {
+  test::TempDir dir;
+  ServiceConfig cfg = base_config(dir.path);
+  cfg.max_model_len = 64;
+  {
+    StoreOptions so;
+    so.path = cfg.db;
+    JobStore create(so);
+  }
+  // External producers: good rows around bad ones (too long for the context, malformed stop
+  // list, non-array chat, negative max_tokens).
+  test::exec_sql(cfg.db,
+                 "INSERT INTO jobs (prompt, max_tokens, temperature) VALUES ('good one', 4, 0);"
+                 "INSERT INTO jobs (prompt, max_tokens) VALUES ('too long for the context', 200);"
+                 "INSERT INTO jobs (prompt, stop) VALUES ('bad stop', '[1,2]');"
+                 "INSERT INTO jobs (prompt, prompt_kind) VALUES ('{\"a\":1}', 'chat');"
+                 "INSERT INTO jobs (prompt, max_tokens) VALUES ('negative', -5);"
+                 "INSERT INTO jobs (prompt, max_tokens, temperature) VALUES ('good two', 4, 0);");
+  Running run(cfg);
+  StoreOptions so;
+  so.path = cfg.db;
+  JobStore store(so);
+  ASSERT_TRUE(wait_final(store, 6, std::chrono::seconds(60)));
+  EXPECT_EQ(run.stop(), 0);
+  EXPECT_EQ(store.get(1)->state, JobState::Done);
+  EXPECT_EQ(store.get(6)->state, JobState::Done);
+  for (int64_t id : {2, 3, 4, 5}) {
+    auto j = store.get(id);
+    EXPECT_EQ(j->state, JobState::Failed) << id;
+    EXPECT_TRUE(j->error && !j->error->empty()) << id;
+  }
+  EXPECT_NE(store.get(2)->error->find("context limit of 64"), std::string::npos)
+      << *store.get(2)->error;
+}
+
+TEST(ServiceInProc, HigherPriorityRunsFirstAndStaticBatchingCompletes) {
+  test::TempDir dir;
+  ServiceConfig cfg = base_config(dir.path);
+  cfg.max_num_seqs = 2;
+  cfg.batching = BatchingMode::Static;
+  cfg.static_batch_wait_ms = 20;
+  StoreOptions so;
+  so.path = cfg.db;
+  JobStore store(so);
+  std::vector<JobSpec> specs;
+  for (int i = 0; i < 9; ++i) specs.push_back(spec("low " + std::to_string(i), 3));
+  specs.push_back(spec("urgent", 3, 10));
+  store.submit_many(specs);
+  Running run(cfg);
+  ASSERT_TRUE(wait_final(store, 10, std::chrono::seconds(60)));
+  EXPECT_EQ(run.stop(), 0);
+  // The urgent job (id 10, submitted last) started no later than any other.
+  EXPECT_EQ(test::query_i64(cfg.db, "SELECT id FROM jobs ORDER BY started_at, priority DESC LIMIT 1"),
+            10);
+  EXPECT_EQ(test::query_i64(cfg.db, "SELECT count(*) FROM jobs WHERE state = 'done'"), 10);
+}
+
+TEST(ServiceInProc, NightlyCycleUnderLoadLosesAndDuplicatesNothing) {
+  test::TempDir dir;
+  // 03:00 local time today; the clock starts well before it (the service takes a moment to
+  // load) and is moved to 1.5 s before it once the service is up.
+  std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&now, &tm);
+  tm.tm_hour = 2;
+  tm.tm_min = 59;
+  tm.tm_sec = 0;
+  tm.tm_isdst = -1;
+  const int64_t target = static_cast<int64_t>(std::mktime(&tm)) * 1000 + 58500;
+  auto clock = std::make_shared<OffsetClock>(0);
+  clock->place_at(target - 60000);
+
+  ServiceConfig cfg = base_config(dir.path);
+  cfg.restart_at = "03:00";
+  cfg.drain_timeout_s = 0;  // force the requeue path for whatever is in flight at 03:00
+  ServiceHooks hooks;
+  hooks.clock = clock;
+  StoreOptions so;
+  so.path = cfg.db;
+  so.clock = clock;
+  JobStore store(so);
+  Running run(cfg, hooks);
+  ASSERT_TRUE(wait_until([&] { return test::http_get(run.svc.http_port(), "/health").first == 200; }));
+  clock->place_at(target);
+  // Jobs before, during and after the cycle.
+  int64_t submitted = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(4)) {
+    std::vector<JobSpec> wave;
+    for (int i = 0; i < 4; ++i) wave.push_back(spec("nightly " + std::to_string(submitted++), 12));
+    store.submit_many(wave);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(wait_final(store, submitted, std::chrono::seconds(90)));
+  EXPECT_EQ(run.stop(), 0);
+
+  ServiceDb sdb(cfg.db);
+  const auto cycles = sdb.cycles();
+  ASSERT_EQ(cycles.size(), 1u);
+  EXPECT_EQ(cycles[0].trigger, "schedule");
+  EXPECT_EQ(cycles[0].result, "ok");
+  EXPECT_GE(cycles[0].started_at, target + 1000);  // not before 03:00 on the injected clock
+  EXPECT_GE(cycles[0].ended_at, cycles[0].started_at);
+  EXPECT_GT(cycles[0].mem_before, 0);
+  EXPECT_GT(cycles[0].mem_after, 0);
+  // None lost, none duplicated: every job done exactly once with one latency record.
+  EXPECT_EQ(test::query_i64(cfg.db, "SELECT count(*) FROM jobs WHERE state = 'done'"), submitted);
+  EXPECT_EQ(test::query_i64(cfg.db, "SELECT count(*) FROM job_latency"), submitted);
+  // A requeued job keeps its attempt count: released, not failed.
+  EXPECT_EQ(test::query_i64(cfg.db, "SELECT max(attempts) FROM jobs"), 1);
+}
+
+}  // namespace
+}  // namespace moebatch

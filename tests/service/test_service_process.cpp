@@ -1,0 +1,239 @@
+// The service as a real process (tests/service/service_daemon, the flags of `moebatch serve`):
+// CLI submit → done; SIGTERM drains and exits 0; repeated SIGKILL mid-batch while a producer
+// keeps submitting leaves every acked job with exactly one final result; `moebatch maintenance
+// --now` runs a cycle; a dead engine means a non-zero exit, never a live-looking zombie.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+#include "queue/job_store.h"
+#include "test_util.h"
+
+namespace moebatch {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct Daemon {
+  std::filesystem::path dir, db, ready;
+  std::vector<std::string> extra;
+  std::filesystem::path model = test::demo_model();
+
+  std::vector<std::string> args() const {
+    std::vector<std::string> a = {SERVICE_DAEMON_BIN, "--db", db.string(), "--model",
+                                  model.string(), "--ready-file", ready.string(), "--http-port",
+                                  "0", "--max-num-seqs", "8", "--max-num-batched-tokens", "512",
+                                  "--kv-cache-mb", "16", "--poll-ms", "10", "--warmup-seqs", "1",
+                                  "--threads", "2", "--tokenizer",
+                                  std::string(MOEBATCH_TEST_DATA) + "/qwen3-tokenizer"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  }
+  test::Child start(int n = 0) {
+    std::filesystem::remove(ready);
+    return test::Child::spawn(args(), dir / ("daemon" + std::to_string(n) + ".log"));
+  }
+};
+
+Daemon make_daemon(const std::filesystem::path& dir) {
+  Daemon d;
+  d.dir = dir;
+  d.db = dir / "jobs.db";
+  d.ready = dir / "ready.json";
+  return d;
+}
+
+JobStore open_store(const std::filesystem::path& db) {
+  StoreOptions so;
+  so.path = db;
+  return JobStore(so);
+}
+
+int64_t count(const std::filesystem::path& db, const std::string& where) {
+  return test::query_i64(db, "SELECT count(*) FROM jobs WHERE " + where);
+}
+
+bool wait_until(const std::function<bool()>& pred, std::chrono::milliseconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < end) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return pred();
+}
+
+TEST(ServiceProcess, CliSubmitToResultAndHttpEndpoints) {
+  test::TempDir dir;
+  Daemon d = make_daemon(dir.path);
+  test::Child c = d.start();
+  auto ready = test::wait_ready(d.ready, 60s);
+  ASSERT_TRUE(ready) << c.read_log();
+  auto [code, out] = test::run_command({MOEBATCH_BIN, "submit", "--db", d.db.string(),
+                                        "Hello service", "--max-tokens", "5", "--json"},
+                                       dir.path / "submit.log");
+  ASSERT_EQ(code, 0) << out;
+  ASSERT_TRUE(wait_until([&] { return count(d.db, "state = 'done'") == 1; }, 30s)) << c.read_log();
+  auto [rc, text] = test::run_command({MOEBATCH_BIN, "result", "--db", d.db.string(), "1"},
+                                      dir.path / "result.log");
+  EXPECT_EQ(rc, 0) << text;
+  EXPECT_EQ(test::query_i64(d.db, "SELECT count(*) FROM job_latency WHERE job_id = 1"), 1);
+  const int port = (*ready)["http_port"].get<int>();
+  EXPECT_EQ(test::http_get(port, "/health").first, 200);
+  const auto [ms, metrics] = test::http_get(port, "/metrics");
+  EXPECT_EQ(ms, 200);
+  EXPECT_NE(metrics.find("moebatch_jobs_done_total 1"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("moebatch_engine_up 1"), std::string::npos);
+  c.signal(SIGTERM);
+  EXPECT_EQ(c.wait_for(30s), 0) << c.read_log();
+  // The start log names the effective config and the memory budget.
+  const std::string log = c.read_log();
+  EXPECT_NE(log.find("effective config"), std::string::npos);
+  EXPECT_NE(log.find("KV cache holds"), std::string::npos);
+}
+
+TEST(ServiceProcess, SigtermDrainsCleanlyAndExitsZero) {
+  test::TempDir dir;
+  Daemon d = make_daemon(dir.path);
+  d.extra = {"--shutdown-timeout-s", "20"};
+  {
+    JobStore store = open_store(d.db);
+    std::vector<JobSpec> specs(40);
+    for (size_t i = 0; i < specs.size(); ++i) {
+      specs[i].prompt = "drain me " + std::to_string(i);
+      specs[i].sampling.max_tokens = 24;
+      specs[i].sampling.temperature = 0;  // greedy: the CPU sampler is cheap then
+    }
+    store.submit_many(specs);
+  }
+  test::Child c = d.start();
+  ASSERT_TRUE(test::wait_ready(d.ready, 60s)) << c.read_log();
+  ASSERT_TRUE(wait_until([&] { return count(d.db, "state = 'running'") > 0; }, 30s));
+  c.signal(SIGTERM);
+  EXPECT_EQ(c.wait_for(30s), 0) << c.read_log();
+  // Nothing left leased: each job is done or back in the queue, none running.
+  EXPECT_EQ(count(d.db, "state = 'running' OR lease_owner IS NOT NULL"), 0);
+  EXPECT_EQ(count(d.db, "state IN ('done', 'queued')"), 40);
+  EXPECT_EQ(count(d.db, "attempts > 1"), 0);
+  // A second run finishes the rest.
+  test::Child c2 = d.start(1);
+  ASSERT_TRUE(wait_until([&] { return count(d.db, "state = 'done'") == 40; }, 60s))
+      << c2.read_log();
+  c2.signal(SIGINT);
+  EXPECT_EQ(c2.wait_for(30s), 0);
+}
+
+TEST(ServiceProcess, RepeatedSigkillMidBatchLeavesExactlyOneResultPerAckedJob) {
+  test::TempDir dir;
+  Daemon d = make_daemon(dir.path);
+  d.extra = {"--lease-s", "1"};
+  { open_store(d.db); }
+  // Producer: keeps submitting through its own connection; a job is acked when submit returns.
+  std::atomic<bool> producing{true};
+  std::atomic<int64_t> acked{0};
+  std::thread producer([&] {
+    JobStore store = open_store(d.db);
+    int64_t i = 0;
+    while (producing) {
+      JobSpec s;
+      s.prompt = "kill test " + std::to_string(i);
+      s.client_key = "k" + std::to_string(i++);
+      s.sampling.max_tokens = 4;
+      s.sampling.temperature = 0;
+      s.max_attempts = 100;  // survive many crashes: we check the result, not attempt limits
+      store.submit(s);
+      ++acked;
+      std::this_thread::sleep_for(40ms);
+    }
+  });
+  const int cycles = 20;
+  int killed_mid_batch = 0;
+  for (int k = 0; k < cycles; ++k) {
+    test::Child c = d.start(k);
+    ASSERT_TRUE(test::wait_ready(d.ready, 60s)) << c.read_log();
+    // Kill once this incarnation holds leases (mid-batch), or after a short while.
+    const std::string mine = test::wait_ready(d.ready, 1s)->at("worker").get<std::string>();
+    if (wait_until([&] { return count(d.db, "lease_owner = '" + mine + "'") > 0; }, 1500ms))
+      ++killed_mid_batch;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50 + 20 * (k % 5)));
+    c.signal(SIGKILL);
+    EXPECT_EQ(c.wait_for(10s), 128 + SIGKILL);
+  }
+  producing = false;
+  producer.join();
+  EXPECT_GE(killed_mid_batch, cycles / 2);
+  // A last, undisturbed run finishes everything once the dead incarnations' leases expire.
+  test::Child last = d.start(cycles);
+  ASSERT_TRUE(wait_until([&] { return count(d.db, "state = 'done'") == acked.load(); }, 90s))
+      << "done " << count(d.db, "state = 'done'") << " of " << acked.load() << ", failed "
+      << count(d.db, "state = 'failed'") << ", queued " << count(d.db, "state = 'queued'")
+      << ", running " << count(d.db, "state = 'running'") << "\n"
+      << last.read_log();
+  last.signal(SIGTERM);
+  EXPECT_EQ(last.wait_for(30s), 0);
+  EXPECT_EQ(count(d.db, "1"), acked.load());
+  EXPECT_EQ(test::query_i64(d.db, "SELECT count(*) FROM job_latency"), acked.load());
+  EXPECT_EQ(count(d.db, "result_text IS NULL"), 0);
+}
+
+TEST(ServiceProcess, MaintenanceNowRunsACycleAndDeadEngineExitsNonZero) {
+  test::TempDir dir;
+  // A private copy of the model, so the test can break it under the running daemon.
+  const auto model = dir.path / "model";
+  std::filesystem::copy(test::demo_model(), model);
+  Daemon d = make_daemon(dir.path);
+  d.model = model;
+  d.extra = {"--drain-timeout-s", "5"};
+  {
+    JobStore store = open_store(d.db);
+    std::vector<JobSpec> specs(24);
+    for (size_t i = 0; i < specs.size(); ++i) {
+      specs[i].prompt = "maint " + std::to_string(i);
+      specs[i].sampling.max_tokens = 8;
+      specs[i].sampling.temperature = 0;
+    }
+    store.submit_many(specs);
+  }
+  test::Child c = d.start();
+  auto ready = test::wait_ready(d.ready, 60s);
+  ASSERT_TRUE(ready) << c.read_log();
+  auto [code, out] = test::run_command({MOEBATCH_BIN, "maintenance", "--now", "--db",
+                                        d.db.string()},
+                                       dir.path / "maint.log");
+  ASSERT_EQ(code, 0) << out;
+  ASSERT_TRUE(wait_until(
+      [&] { return test::query_i64(d.db, "SELECT count(*) FROM service_cycles") == 1; }, 30s))
+      << c.read_log();
+  EXPECT_EQ(test::query_i64(d.db, "SELECT count(*) FROM service_cycles WHERE result = 'ok' AND "
+                                  "trigger = 'request' AND mem_after > 0"),
+            1);
+  ASSERT_TRUE(wait_until([&] { return count(d.db, "state = 'done'") == 24; }, 60s));
+  EXPECT_EQ(test::query_i64(d.db, "SELECT count(*) FROM job_latency"), 24);
+
+  // Break the checkpoint, then ask for another cycle: the rebuild fails, the engine thread is
+  // dead, and the process must exit non-zero instead of idling with a healthy-looking port.
+  std::filesystem::remove(model / "model.safetensors");
+  test::run_command({MOEBATCH_BIN, "maintenance", "--now", "--db", d.db.string()},
+                    dir.path / "maint2.log");
+  EXPECT_EQ(c.wait_for(30s), 3) << c.read_log();
+  EXPECT_EQ(test::query_i64(d.db, "SELECT count(*) FROM service_cycles WHERE result = 'failed' "
+                                  "AND error IS NOT NULL"),
+            1);
+  EXPECT_EQ(test::http_get((*ready)["http_port"].get<int>(), "/health").first, -1);
+  auto [lc, listing] = test::run_command({MOEBATCH_BIN, "maintenance", "--db", d.db.string()},
+                                         dir.path / "list.log");
+  EXPECT_EQ(lc, 0);
+  EXPECT_NE(listing.find("failed"), std::string::npos) << listing;
+}
+
+TEST(ServiceProcess, BadConfigIsRefusedWithExitCode2) {
+  test::TempDir dir;
+  Daemon d = make_daemon(dir.path);
+  d.extra = {"--lease-s", "0"};
+  test::Child c = d.start();
+  EXPECT_EQ(c.wait_for(30s), 2);
+  EXPECT_NE(c.read_log().find("lease_s"), std::string::npos) << c.read_log();
+}
+
+}  // namespace
+}  // namespace moebatch

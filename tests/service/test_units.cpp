@@ -1,0 +1,139 @@
+// Unit tests of the service's pieces: config (file, flags, bounds), restart schedule, hand-off
+// contract, Prometheus rendering.
+#include <gtest/gtest.h>
+
+#include <CLI/CLI.hpp>
+#include <ctime>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "common/error.h"
+#include "service/config.h"
+#include "service/handoff.h"
+#include "service/metrics.h"
+#include "service/restart_schedule.h"
+#include "test_util.h"
+
+namespace moebatch {
+namespace {
+
+int64_t local_ms(int year, int mon, int day, int hour, int min, int sec) {
+  std::tm tm{};
+  tm.tm_year = year - 1900;
+  tm.tm_mon = mon - 1;
+  tm.tm_mday = day;
+  tm.tm_hour = hour;
+  tm.tm_min = min;
+  tm.tm_sec = sec;
+  tm.tm_isdst = -1;
+  return static_cast<int64_t>(std::mktime(&tm)) * 1000;
+}
+
+TEST(Config, FileThenFlagsWinAndBoundsAreChecked) {
+  test::TempDir dir;
+  const auto file = dir.path / "svc.json";
+  std::ofstream(file) << R"({"db": "a.db", "model": "m", "max_num_seqs": 8,
+                             "max_num_batched_tokens": 256, "batching": "static"})";
+  CLI::App app;
+  auto flags = add_service_flags(app);
+  const char* argv[] = {"x", "--config", file.c_str(), "--max-num-seqs", "16"};
+  app.parse(5, const_cast<char**>(argv));
+  ServiceConfig cfg = finish_service_flags(*flags, app);
+  EXPECT_EQ(cfg.db, "a.db");
+  EXPECT_EQ(cfg.max_num_seqs, 16);  // flag beats file
+  EXPECT_EQ(cfg.max_num_batched_tokens, 256);
+  EXPECT_EQ(cfg.batching, BatchingMode::Static);
+  EXPECT_EQ(cfg.lease_s, 60);  // default kept
+  EXPECT_EQ(config_to_json(cfg)["batching"], "static");
+
+  ServiceConfig c;
+  EXPECT_THROW(apply_config_json(nlohmann::json{{"nope", 1}}, "t", c), InputError);
+  EXPECT_THROW(apply_config_json(nlohmann::json{{"tp", 0}}, "t", c), InputError);
+  EXPECT_THROW(apply_config_json(nlohmann::json{{"lease_s", "60"}}, "t", c), InputError);
+  EXPECT_THROW(apply_config_json(nlohmann::json::array(), "t", c), InputError);
+  c.db = "x";
+  c.model = "m";
+  validate_config(c);
+  c.max_num_batched_tokens = 8;  // fewer than the slots' decode tokens
+  EXPECT_THROW(validate_config(c), InputError);
+  c.max_num_batched_tokens = 4096;
+  c.http_host = "0.0.0.0";  // health/metrics never leave loopback
+  EXPECT_THROW(validate_config(c), InputError);
+  c.http_host = "127.0.0.1";
+  c.lease_s = 0;
+  EXPECT_THROW(validate_config(c), InputError);
+  std::ofstream(dir.path / "bad.json") << "{not json";
+  EXPECT_THROW(load_config_file(dir.path / "bad.json", c), InputError);
+}
+
+TEST(RestartSchedule, DailyAndCronNextTimes) {
+  const auto daily = RestartSchedule::parse("03:00");
+  ASSERT_TRUE(daily.enabled());
+  EXPECT_EQ(*daily.next_after(local_ms(2026, 11, 29, 2, 59, 58)), local_ms(2026, 11, 29, 3, 0, 0));
+  EXPECT_EQ(*daily.next_after(local_ms(2026, 11, 29, 3, 0, 0)), local_ms(2026, 11, 30, 3, 0, 0));
+  // 30 2 * * 1: Mondays 02:30. 2026-11-29 is a Sunday.
+  const auto cron = RestartSchedule::parse("30 2 * * 1");
+  EXPECT_EQ(*cron.next_after(local_ms(2026, 11, 29, 12, 0, 0)), local_ms(2026, 11, 30, 2, 30, 0));
+  const auto list = RestartSchedule::parse("0,30 4 * * *");
+  EXPECT_EQ(*list.next_after(local_ms(2026, 11, 29, 4, 10, 0)), local_ms(2026, 11, 29, 4, 30, 0));
+  EXPECT_FALSE(RestartSchedule::parse("").next_after(0));
+  for (const char* bad : {"3:00pm", "25:00", "03:60", "* * * * *", "0 3 * *", "x 3 * * *",
+                          "0 3 32 * *", ":30"}) {
+    EXPECT_THROW(RestartSchedule::parse(bad), InputError) << bad;
+  }
+}
+
+TEST(Handoff, BoundedFifoAndCloseWakesConsumers) {
+  Handoff<int> h(2);
+  EXPECT_TRUE(h.try_push(1));
+  EXPECT_TRUE(h.try_push(2));
+  EXPECT_FALSE(h.try_push(3));  // full: never blocks
+  EXPECT_EQ(*h.try_pop(), 1);
+  EXPECT_TRUE(h.try_push(3));
+  EXPECT_EQ(h.take_all(), (std::vector<int>{2, 3}));
+  EXPECT_FALSE(h.try_pop());
+  std::thread consumer([&] { EXPECT_FALSE(h.pop_for(std::chrono::seconds(30))); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const auto t0 = std::chrono::steady_clock::now();
+  h.close();
+  consumer.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  EXPECT_FALSE(h.try_push(4));
+}
+
+TEST(Metrics, PrometheusTextHasCountsHistogramsAndRates) {
+  ServiceMetrics m;
+  m.job_done(0.001, 0.2, 3.0, 10);
+  m.job_done(0.02, 0.3, 4.0, 6);
+  m.job_failed();
+  m.restart(true, 2.0);
+  MetricsInputs in;
+  in.queue_depth = {{"queued", 5}, {"done", 2}};
+  in.engine_steps = 10;
+  in.engine_slot_steps = 40;
+  in.max_num_seqs = 8;
+  in.engine_tokens = 16;
+  in.now_ms = 1000;
+  m.render(in);
+  in.engine_steps = 20;
+  in.engine_slot_steps = 120;
+  in.engine_tokens = 36;
+  in.now_ms = 3000;
+  const std::string t = m.render(in);
+  EXPECT_NE(t.find("moebatch_queue_jobs{state=\"queued\"} 5\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("moebatch_jobs_done_total 2\n"), std::string::npos);
+  EXPECT_NE(t.find("moebatch_jobs_failed_total 1\n"), std::string::npos);
+  EXPECT_NE(t.find("moebatch_restarts_total{result=\"ok\"} 1\n"), std::string::npos);
+  EXPECT_NE(t.find("moebatch_tokens_per_second 10\n"), std::string::npos) << t;  // 20 tok / 2 s
+  EXPECT_NE(t.find("moebatch_batch_occupancy 1\n"), std::string::npos) << t;     // 80 / (10 * 8)
+  // Cumulative buckets: 0.001 <= 0.005; 0.02 <= 0.025.
+  EXPECT_NE(t.find("moebatch_queue_wait_seconds_bucket{le=\"0.005\"} 1\n"), std::string::npos);
+  EXPECT_NE(t.find("moebatch_queue_wait_seconds_bucket{le=\"0.025\"} 2\n"), std::string::npos);
+  EXPECT_NE(t.find("moebatch_job_total_seconds_bucket{le=\"+Inf\"} 2\n"), std::string::npos);
+  EXPECT_NE(t.find("moebatch_job_total_seconds_count 2\n"), std::string::npos);
+  EXPECT_NE(t.find("# TYPE moebatch_ttft_seconds histogram\n"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace moebatch
