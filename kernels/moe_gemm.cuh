@@ -1,5 +1,5 @@
 // Grouped expert GEMM for decode-sized batches: for every (token, k) pair routed to expert e,
-// out[pair, :] = in[row(pair), :] · W[e]ᵀ with W [num_experts, n, k] row-major (docs/design.md:
+// out[pair, :] = in[row(pair), :] · W[e]ᵀ with W [num_experts, rows, k] row-major (docs/design.md:
 // w_gate_up [E, 2I, H], w_down [E, H, I]). Shaped for few rows per expert: each block streams a
 // 64-row slice of one expert's weights once and applies it to all of that expert's rows.
 #pragma once
@@ -16,14 +16,21 @@ constexpr int kMoeGemmTileM = 8;
 struct MoeGemmParams {
   bf16* out = nullptr;                   ///< [num_pairs, n], row = pair id
   const bf16* in = nullptr;              ///< [num_pairs / in_row_div, k]
-  const bf16* weight = nullptr;          ///< [num_experts, n, k]
+  const bf16* weight = nullptr;          ///< [num_experts, n, k]; [num_experts, 2n, k] with silu_gate_up
   const int32_t* sorted_ids = nullptr;   ///< from moe_align (block_m = kMoeGemmTileM)
   const int32_t* expert_offsets = nullptr;  ///< [num_experts + 1] from moe_align
+  /// Optional, from moe_align: the grid then covers min(num_experts, num_pairs) experts (no
+  /// more can have pairs) and block y takes the y-th expert with pairs, so small batches do not
+  /// schedule a block per idle expert. nullptr: one block column per expert.
+  const int32_t* active_experts = nullptr;
   int num_pairs = 0;
   int in_row_div = 1;
   int num_experts = 0;
-  int n = 0;                             ///< multiple of 16
+  int n = 0;                             ///< output columns: multiple of 16 (of 8 with silu_gate_up)
   int k = 0;                             ///< multiple of 32
+  /// Fused SwiGLU: weight rows [0, n) are the gate, [n, 2n) the up projection, and
+  /// out = silu(in·W_gateᵀ) · (in·W_upᵀ) from the fp32 accumulators (one rounding).
+  bool silu_gate_up = false;
 };
 
 /// Runs the grouped GEMM (bf16 tensor-core MMA, fp32 accumulation, one rounding).

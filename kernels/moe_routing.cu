@@ -98,12 +98,14 @@ __global__ void __launch_bounds__(kAlignThreads) moe_align_kernel(AlignParams p)
   }
   __syncthreads();
   if (threadIdx.x == 0) {  // E <= 1024 serial steps: cheaper than a block scan's barriers here
-    int acc = 0;
+    int acc = 0, active = 0;
     for (int e = 0; e < E; ++e) {
       offsets[e] = acc;
       acc += CEIL_DIV(counts[e], p.block_m) * p.block_m;
+      if (p.active_experts != nullptr && counts[e] > 0) p.active_experts[1 + active++] = e;
     }
     offsets[E] = acc;
+    if (p.active_experts != nullptr) p.active_experts[0] = active;
   }
   __syncthreads();
   for (int e = threadIdx.x; e <= E; e += blockDim.x) p.expert_offsets[e] = offsets[e];

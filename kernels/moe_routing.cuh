@@ -37,6 +37,9 @@ struct AlignParams {
   int num_pairs = 0;                  ///< tokens * top_k
   int num_experts = 0;                ///< <= 1024
   int block_m = 8;                    ///< GEMM tile rows (kMoeGemmTileM)
+  /// Optional [num_experts + 1]: [0] = number of experts with pairs, then their ids ascending.
+  /// moe_gemm then launches blocks only for those (at batch 1: 8 of 128 experts).
+  int32_t* active_experts = nullptr;
 };
 
 /// Size sorted_ids must have: every expert may waste block_m - 1 padding rows.

@@ -8,13 +8,30 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kMaxPairsPerLane = 4;  // head_dim <= 256
 
-// One warp per (token, head); lane owns rotation pairs i = lane + 32*j.
+// One warp per (token, head); lane owns rotation pairs i = lane + 32*j. With a cache, heads
+// n_q + n_kv .. n_q + 2 n_kv are the v heads, copied to the cache slot unchanged.
 __global__ void __launch_bounds__(kWarps * 32) qk_norm_rope_kernel(QkNormRopeParams p) {
   const int t = blockIdx.y;
   const int head = blockIdx.x * kWarps + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
-  if (head >= p.n_q_heads + p.n_kv_heads) return;
+  const bool write_cache = p.k_cache != nullptr;
+  const int rotated = p.n_q_heads + p.n_kv_heads;
+  if (head >= rotated + (write_cache ? p.n_kv_heads : 0)) return;
+  const int slot = write_cache ? p.slot_mapping[t] : -1;
+  // size_t: slot * width overflows int for large pools.
+  const size_t cache_head = static_cast<size_t>(slot) * p.n_kv_heads * p.head_dim +
+                            static_cast<size_t>(head - p.n_q_heads) * p.head_dim;
+  if (head >= rotated) {
+    if (slot < 0) return;
+    const int kvh = head - rotated;
+    const bf16* src = p.v + t * p.v_stride + static_cast<int64_t>(kvh) * p.head_dim;
+    bf16* dst = p.v_cache + static_cast<size_t>(slot) * p.n_kv_heads * p.head_dim +
+                static_cast<size_t>(kvh) * p.head_dim;
+    for (int i = lane; i < p.head_dim; i += 32) dst[i] = src[i];
+    return;
+  }
   const bool is_q = head < p.n_q_heads;
+  bf16* kc = !is_q && slot >= 0 ? p.k_cache + cache_head : nullptr;
   bf16* x = is_q ? p.q + t * p.q_stride + static_cast<int64_t>(head) * p.head_dim
                  : p.k + t * p.k_stride + static_cast<int64_t>(head - p.n_q_heads) * p.head_dim;
   const bf16* w = is_q ? p.q_norm : p.k_norm;
@@ -46,8 +63,13 @@ __global__ void __launch_bounds__(kWarps * 32) qk_norm_rope_kernel(QkNormRopePar
     const float inv_freq = 1.f / powf(p.theta, static_cast<float>(2 * i) / p.head_dim);
     float s, c;
     sincosf(pos * inv_freq, &s, &c);
-    x[i] = __float2bfloat16(xa * c - xb * s);
-    x[i + half] = __float2bfloat16(xb * c + xa * s);
+    const bf16 ra = __float2bfloat16(xa * c - xb * s), rb = __float2bfloat16(xb * c + xa * s);
+    x[i] = ra;
+    x[i + half] = rb;
+    if (kc != nullptr) {
+      kc[i] = ra;
+      kc[i + half] = rb;
+    }
   }
 }
 
@@ -61,9 +83,13 @@ void qk_norm_rope(const QkNormRopeParams& p, cudaStream_t stream) {
                p.k_stride >= static_cast<int64_t>(p.n_kv_heads) * p.head_dim,
            "qk_norm_rope: stride smaller than the heads it holds");
   MB_CHECK((p.q_norm == nullptr) == (p.k_norm == nullptr), "qk_norm_rope: give both norms or none");
+  MB_CHECK(p.k_cache == nullptr || (p.v_cache && p.v && p.slot_mapping &&
+                                     p.v_stride >= static_cast<int64_t>(p.n_kv_heads) * p.head_dim),
+           "qk_norm_rope: a cache write needs v_cache, v, v_stride and slot_mapping");
   if (p.tokens == 0) return;
   MB_CHECK(p.tokens <= 65535, "qk_norm_rope: tokens exceed grid.y");
-  const dim3 grid(CEIL_DIV(p.n_q_heads + p.n_kv_heads, kWarps), p.tokens);
+  const int heads = p.n_q_heads + p.n_kv_heads + (p.k_cache ? p.n_kv_heads : 0);
+  const dim3 grid(CEIL_DIV(heads, kWarps), p.tokens);
   qk_norm_rope_kernel<<<grid, kWarps * 32, 0, stream>>>(p);
   CUDA_CHECK_LAST();
 }

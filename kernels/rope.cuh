@@ -21,9 +21,18 @@ struct QkNormRopeParams {
   int head_dim = 0;                ///< even, <= 256
   float theta = 1e6f;
   float eps = 1e-6f;
+  // Optional paged-cache write (kv_cache.cuh layout), fused so a decode layer saves a launch:
+  // with k_cache set, token t's rotated k heads and its v heads also go to slot
+  // slot_mapping[t] (negative: skipped).
+  bf16* k_cache = nullptr;         ///< [num_slots, n_kv_heads * head_dim] or nullptr: no write
+  bf16* v_cache = nullptr;
+  const bf16* v = nullptr;         ///< [tokens, v_stride], n_kv_heads heads
+  int64_t v_stride = 0;
+  const int32_t* slot_mapping = nullptr;  ///< [tokens]
 };
 
 /// Normalizes (when weights are given) and rotates q and k in place; fp32 math, one rounding.
+/// With a cache given, also writes the rotated k and the v rows to their slots (bit-exact copies).
 void qk_norm_rope(const QkNormRopeParams& p, cudaStream_t stream);
 
 }  // namespace moebatch::kernels

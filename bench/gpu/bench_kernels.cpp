@@ -232,7 +232,7 @@ int main(int argc, char** argv) {
 
     // Several random routings, aligned once each, rotated through by the GEMM timings.
     const int cap = moe_align_capacity(pairs, kExperts, kMoeGemmTileM);
-    std::vector<std::unique_ptr<Buf<int32_t>>> r_ids, r_sorted, r_off;
+    std::vector<std::unique_ptr<Buf<int32_t>>> r_ids, r_sorted, r_off, r_active;
     double experts_hit = 0;
     for (int r = 0; r < kRoutings; ++r) {
       std::vector<int32_t> h(pairs);
@@ -247,6 +247,7 @@ int main(int argc, char** argv) {
       r_ids.emplace_back(new Buf<int32_t>(pairs));
       r_sorted.emplace_back(new Buf<int32_t>(cap));
       r_off.emplace_back(new Buf<int32_t>(kExperts + 1));
+      r_active.emplace_back(new Buf<int32_t>(kExperts + 1));
       upload_vec(r_ids.back()->p, h);
     }
     auto align_params = [&](int r) {
@@ -257,6 +258,7 @@ int main(int argc, char** argv) {
       a.num_pairs = pairs;
       a.num_experts = kExperts;
       a.block_m = kMoeGemmTileM;
+      a.active_experts = r_active[r]->p;
       return a;
     };
     rows.push_back({B, "moe_align", median_ms(s, [&](int i) { moe_align(align_params(i % kRoutings), s); }), 8.0 * pairs, 0});
@@ -268,6 +270,7 @@ int main(int argc, char** argv) {
       MoeGemmParams p;
       p.sorted_ids = r_sorted[r]->p;
       p.expert_offsets = r_off[r]->p;
+      p.active_experts = r_active[r]->p;  // as the engine launches them
       p.num_pairs = pairs;
       p.num_experts = kExperts;
       p.out = gate_up ? gu.p : down.p;
@@ -284,6 +287,15 @@ int main(int argc, char** argv) {
     const double d_ms = median_ms(s, [&](int i) { moe_gemm(gemm_params(i % kRoutings, false), s); });
     rows.push_back({B, "moe_gemm gate_up", gu_ms, gu_bytes, 2.0 * pairs * 2 * kInter * kHidden});
     rows.push_back({B, "moe_gemm down", d_ms, d_bytes, 2.0 * pairs * kHidden * kInter});
+    // The engine's path: gate+up with SiLU·mul in the epilogue, writing [pairs, I].
+    const double gus_ms = median_ms(s, [&](int i) {
+      MoeGemmParams p = gemm_params(i % kRoutings, true);
+      p.out = act.p;
+      p.n = kInter;
+      p.silu_gate_up = true;
+      moe_gemm(p, s);
+    });
+    rows.push_back({B, "moe_gemm gate_up+silu", gus_ms, gu_bytes - 2.0 * pairs * kInter, 2.0 * pairs * 2 * kInter * kHidden});
     rows.push_back({B, "silu_mul", median_ms(s, [&](int) { silu_mul(act.p, gu.p, pairs, kInter, s); }), 2.0 * pairs * 3 * kInter, 0});
     rows.push_back({B, "moe_combine", median_ms(s, [&](int) { moe_combine(moe_out.p, down.p, topk_w.p, B, kTopK, kHidden, s); }),
                     2.0 * pairs * kHidden + 2.0 * B * kHidden, 0});

@@ -2,7 +2,7 @@
 # One device call for the CUDA engine: configure (engine-only), build the engine GPU tests, the
 # kernel tests and the engine benchmark; run the tests, then the HF peer (its own 61 GB, freed
 # when it exits), then the benchmark. Logs and JSON go to $OUT; summaries print last.
-# Usage: bench/gpu/run_engine_device.sh [tests|bench|all] [peer batches, e.g. 1,64]
+# Usage: bench/gpu/run_engine_device.sh [tests|bench|all] [peer batches, e.g. 1,64, or none]
 set -uo pipefail
 OUT=${OUT:-/tmp/moebatch-out}
 WHAT=${1:-all}
@@ -23,8 +23,10 @@ if [ "$WHAT" != bench ]; then
   grep -E "Failure|Expected|Which is|rows within|positions compared|greedy steps|error|FAILED|^\[  PASSED|^\[==" "$OUT/engine_tests.log" | head -90
 fi
 if [ "$WHAT" != tests ]; then
-  PYTHONUNBUFFERED=1 timeout 240 python3 bench/gpu/hf_peer_engine.py "$OUT/hf_peer.json" "$PEER_BATCHES" > "$OUT/hf_peer.log" 2>&1
-  echo "hf peer rc=$?"; tail -5 "$OUT/hf_peer.log"
+  if [ "$PEER_BATCHES" != none ]; then
+    PYTHONUNBUFFERED=1 timeout 240 python3 bench/gpu/hf_peer_engine.py "$OUT/hf_peer.json" "$PEER_BATCHES" > "$OUT/hf_peer.log" 2>&1
+    echo "hf peer rc=$?"; tail -5 "$OUT/hf_peer.log"
+  fi
   ./build-dev/moebatch_bench_engine_cuda "$OUT/bench_engine_cuda.json" "$OUT/hf_peer.json" > "$OUT/bench.log" 2>&1
   echo "bench rc=$?"
   cat "$OUT/gpu.txt"

@@ -12,7 +12,6 @@
 #include "kernels/cuda_check.cuh"
 #include "kernels/embedding.cuh"
 #include "kernels/gemm.cuh"
-#include "kernels/kv_cache.cuh"
 #include "kernels/moe_gemm.cuh"
 #include "kernels/moe_ops.cuh"
 #include "kernels/moe_routing.cuh"
@@ -66,31 +65,34 @@ void moe(const ModelConfig& cfg, CudaRank& r, const DeviceLayerWeights& L, int n
   ap.num_pairs = pairs;
   ap.num_experts = E;
   ap.block_m = k::kMoeGemmTileM;
+  ap.active_experts = B.active_experts;
   k::moe_align(ap, st);
   mark(tm, "moe_align", st);
 
-  // experts: grouped gate+up GEMM (input row = pair / top_k), SiLU·mul, grouped down GEMM
+  // experts: grouped gate+up GEMM with SiLU·mul in its epilogue (input row = pair / top_k),
+  // then the grouped down GEMM
   k::MoeGemmParams gp;
-  gp.out = B.gate_up;
+  gp.out = B.act;
   gp.in = B.h;
   gp.weight = L.w_gate_up.ptr;
   gp.sorted_ids = B.sorted_ids;
   gp.expert_offsets = B.expert_offsets;
+  gp.active_experts = B.active_experts;
   gp.num_pairs = pairs;
   gp.in_row_div = topk;
   gp.num_experts = E;
-  gp.n = 2 * Ie;
+  gp.n = Ie;
   gp.k = H;
+  gp.silu_gate_up = true;
   k::moe_gemm(gp, st);
-  mark(tm, "moe_gemm_gate_up", st);
-  k::silu_mul(B.act, B.gate_up, pairs, Ie, st);
-  mark(tm, "silu_mul", st);
+  mark(tm, "moe_gemm_gate_up_silu", st);
   gp.out = B.expert_out;
   gp.in = B.act;
   gp.weight = L.w_down.ptr;
   gp.in_row_div = 1;
   gp.n = H;
   gp.k = Ie;
+  gp.silu_gate_up = false;
   k::moe_gemm(gp, st);
   mark(tm, "moe_gemm_down", st);
 
@@ -160,7 +162,9 @@ void cuda_forward(const ModelConfig& cfg, CudaRank& r, const StepShape& s, cudaS
     if (!L.bq.empty()) k::add_bias(B.qkv, L.bq.ptr, n, qkv_width, st);
     mark(tm, "qkv_proj", st);
 
-    // q/k per-head RMSNorm (Qwen3) + NEOX rope, in place inside the qkv rows
+    // q/k per-head RMSNorm (Qwen3) + NEOX rope, in place inside the qkv rows, and the kv write
+    // (every token's rotated k and its v into its paged slot) in the same launch, before anyone
+    // attends
     k::QkNormRopeParams rp;
     rp.q = B.qkv;
     rp.k = B.qkv + nh * hd;
@@ -175,23 +179,13 @@ void cuda_forward(const ModelConfig& cfg, CudaRank& r, const StepShape& s, cudaS
     rp.head_dim = hd;
     rp.theta = static_cast<float>(cfg.rope_theta);
     rp.eps = eps;
+    rp.k_cache = r.kv.k(l);
+    rp.v_cache = r.kv.v(l);
+    rp.v = B.qkv + (nh + nkv) * hd;
+    rp.v_stride = qkv_width;
+    rp.slot_mapping = B.slots;
     k::qk_norm_rope(rp, st);
-    mark(tm, "qk_norm_rope", st);
-
-    // kv write: every token's k/v into its paged slot before anyone attends
-    k::KvCacheWriteParams kp;
-    kp.k_cache = r.kv.k(l);
-    kp.v_cache = r.kv.v(l);
-    kp.k = B.qkv + nh * hd;
-    kp.v = B.qkv + (nh + nkv) * hd;
-    kp.k_stride = qkv_width;
-    kp.v_stride = qkv_width;
-    kp.slot_mapping = B.slots;
-    kp.tokens = n;
-    kp.n_kv_heads = nkv;
-    kp.head_dim = hd;
-    k::kv_cache_write(kp, st);
-    mark(tm, "kv_write", st);
+    mark(tm, "qk_norm_rope_kv_write", st);
 
     // attention over the paged cache: decode kernel (split-K) for one token per sequence,
     // prefill kernel for chunks and mixed steps

@@ -1,6 +1,8 @@
 // Embedding, RMSNorm (+ residual), q/k norm + RoPE, KV cache write, SiLU·mul, MoE combine and
 // the shared-expert gate against fp64 CPU references on fresh random inputs.
+#include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include "kernels/embedding.cuh"
 #include "kernels/kv_cache.cuh"
@@ -93,8 +95,11 @@ TEST_F(ElementwiseTest, AddRmsNormUpdatesResidualAndNormalizes) {
   rmsnorm_case(*this, rng, stream, 7, 136, true);
 }
 
-void rope_case(std::mt19937& rng, cudaStream_t stream, int head_dim, bool norm) {
-  SCOPED_TRACE("head_dim " + std::to_string(head_dim) + (norm ? " with norm" : " no norm"));
+// With `cache`, the fused paged-cache write is checked too: rotated k and v land bit-exactly in
+// their slots, padding tokens and other slots stay untouched.
+void rope_case(std::mt19937& rng, cudaStream_t stream, int head_dim, bool norm, bool cache = false) {
+  SCOPED_TRACE("head_dim " + std::to_string(head_dim) + (norm ? " with norm" : " no norm") +
+               (cache ? " + cache write" : ""));
   const int tokens = 19, nq = 8, nkv = 4;
   const int width = (nq + 2 * nkv) * head_dim;  // fused qkv row: q, k, v
   const float theta = 1e6f, eps = 1e-6f;
@@ -118,9 +123,39 @@ void rope_case(std::mt19937& rng, cudaStream_t stream, int head_dim, bool norm) 
   p.head_dim = head_dim;
   p.theta = theta;
   p.eps = eps;
+  const int kv_width = nkv * head_dim, num_slots = 3 * tokens;
+  auto cache0 = random_bf16(rng, static_cast<size_t>(num_slots) * kv_width, 1.f);
+  std::vector<int32_t> slots(num_slots);
+  std::iota(slots.begin(), slots.end(), 0);
+  std::shuffle(slots.begin(), slots.end(), rng);
+  slots.resize(tokens);
+  slots[2] = -1;  // padding token
+  DevBuf<bf16> d_kc(cache0), d_vc(cache0);
+  DevBuf<int32_t> d_slots(slots);
+  if (cache) {
+    p.k_cache = d_kc.get();
+    p.v_cache = d_vc.get();
+    p.v = d_qkv.get() + (nq + nkv) * head_dim;
+    p.v_stride = width;
+    p.slot_mapping = d_slots.get();
+  }
   qk_norm_rope(p, stream);
   CUDA_CHECK(cudaStreamSynchronize(stream));
-  const auto got = to_float(d_qkv.download<uint16_t>());
+  const auto got_bits = d_qkv.download<uint16_t>();
+  const auto got = to_float(got_bits);
+  if (cache) {
+    auto want_k = cache0, want_v = cache0;
+    for (int t = 0; t < tokens; ++t) {
+      if (slots[t] < 0) continue;
+      for (int i = 0; i < kv_width; ++i) {
+        const size_t row = static_cast<size_t>(t) * width;
+        want_k[static_cast<size_t>(slots[t]) * kv_width + i] = got_bits[row + nq * head_dim + i];
+        want_v[static_cast<size_t>(slots[t]) * kv_width + i] = qkv[row + (nq + nkv) * head_dim + i];
+      }
+    }
+    EXPECT_EQ(d_kc.download<uint16_t>(), want_k) << "k cache";
+    EXPECT_EQ(d_vc.download<uint16_t>(), want_v) << "v cache";
+  }
   std::vector<double> ref(qkv.size());
   std::vector<float> rot_got;
   std::vector<double> rot_ref;
@@ -156,6 +191,8 @@ TEST_F(ElementwiseTest, QkNormRopeMatchesReference) {
   rope_case(rng, stream, 128, true);
   rope_case(rng, stream, 32, true);
   rope_case(rng, stream, 16, false);
+  rope_case(rng, stream, 128, true, true);
+  rope_case(rng, stream, 64, false, true);
 }
 
 TEST_F(ElementwiseTest, KvCacheWriteScattersToSlotsOnly) {

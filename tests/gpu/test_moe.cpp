@@ -87,12 +87,15 @@ std::vector<int32_t> random_routing(std::mt19937& rng, int tokens, int E, int K,
 }
 
 struct Aligned {
-  std::vector<int32_t> sorted, offsets;
+  std::vector<int32_t> sorted, offsets, active;
 };
 
+// `d_active` ([E + 1], optional) receives the active-expert list.
 Aligned run_align(cudaStream_t stream, const DevBuf<int32_t>& d_ids, int pairs, int E,
-                  DevBuf<int32_t>& d_sorted, DevBuf<int32_t>& d_off) {
+                  DevBuf<int32_t>& d_sorted, DevBuf<int32_t>& d_off,
+                  DevBuf<int32_t>* d_active = nullptr) {
   AlignParams a;
+  a.active_experts = d_active ? d_active->get() : nullptr;
   a.sorted_ids = d_sorted.get();
   a.expert_offsets = d_off.get();
   a.topk_ids = d_ids.get();
@@ -101,7 +104,8 @@ Aligned run_align(cudaStream_t stream, const DevBuf<int32_t>& d_ids, int pairs, 
   a.block_m = kMoeGemmTileM;
   moe_align(a, stream);
   CUDA_CHECK(cudaStreamSynchronize(stream));
-  return {d_sorted.download<int32_t>(), d_off.download<int32_t>()};
+  return {d_sorted.download<int32_t>(), d_off.download<int32_t>(),
+          d_active ? d_active->download<int32_t>() : std::vector<int32_t>{}};
 }
 
 TEST_F(MoeTest, AlignGroupsPairsByExpertWithPadding) {
@@ -110,9 +114,16 @@ TEST_F(MoeTest, AlignGroupsPairsByExpertWithPadding) {
     const int E = 128, K = 8, pairs = tokens * K;
     const auto ids = random_routing(rng, tokens, E, K, tokens == 300 ? 5 : -1);
     DevBuf<int32_t> d_ids(ids), d_sorted(moe_align_capacity(pairs, E, kMoeGemmTileM)), d_off(E + 1);
+    DevBuf<int32_t> d_active(E + 1);
     d_sorted.poison();
-    const auto al = run_align(stream, d_ids, pairs, E, d_sorted, d_off);
+    d_active.poison();
+    const auto al = run_align(stream, d_ids, pairs, E, d_sorted, d_off, &d_active);
     ASSERT_EQ(al.offsets[0], 0);
+    std::vector<int32_t> want_active;
+    for (int e = 0; e < E; ++e)
+      if (std::count(ids.begin(), ids.end(), e) > 0) want_active.push_back(e);
+    ASSERT_EQ(al.active[0], static_cast<int32_t>(want_active.size()));
+    ASSERT_EQ(std::vector<int32_t>(al.active.begin() + 1, al.active.begin() + 1 + want_active.size()), want_active);
     for (int e = 0; e < E; ++e) {
       std::vector<int32_t> want;
       for (int i = 0; i < pairs; ++i)
@@ -144,11 +155,14 @@ void gemm_case(GpuTest& t, std::mt19937& rng, cudaStream_t stream, int tokens, i
   const auto wgu = d_wgu.download<uint16_t>();
   const auto wd = d_wd.download<uint16_t>();
   DevBuf<int32_t> d_ids(ids), d_sorted(moe_align_capacity(pairs, E, kMoeGemmTileM)), d_off(E + 1);
-  run_align(stream, d_ids, pairs, E, d_sorted, d_off);
+  DevBuf<int32_t> d_active(E + 1);
+  run_align(stream, d_ids, pairs, E, d_sorted, d_off, &d_active);
   DevBuf<bf16> d_x(x), d_act(act);
   DevBuf<bf16> d_gu(static_cast<size_t>(pairs) * 2 * I), d_down(static_cast<size_t>(pairs) * H);
+  DevBuf<bf16> d_swiglu(static_cast<size_t>(pairs) * I);
   d_gu.poison();
   d_down.poison();
+  d_swiglu.poison();
   MoeGemmParams p;
   p.sorted_ids = d_sorted.get();
   p.expert_offsets = d_off.get();
@@ -161,6 +175,12 @@ void gemm_case(GpuTest& t, std::mt19937& rng, cudaStream_t stream, int tokens, i
   p.n = 2 * I;
   p.k = H;
   moe_gemm(p, stream);
+  p.out = d_swiglu.get();
+  p.n = I;
+  p.silu_gate_up = true;
+  p.active_experts = d_active.get();  // the engine's launches: blocks only for experts with pairs
+  moe_gemm(p, stream);
+  p.silu_gate_up = false;
   p.out = d_down.get();
   p.in = d_act.get();
   p.weight = d_wd.get();
@@ -169,7 +189,7 @@ void gemm_case(GpuTest& t, std::mt19937& rng, cudaStream_t stream, int tokens, i
   p.k = I;
   moe_gemm(p, stream);
   CUDA_CHECK(cudaStreamSynchronize(stream));
-  std::vector<double> ref_gu(d_gu.size()), ref_down(d_down.size());
+  std::vector<double> ref_gu(d_gu.size()), ref_down(d_down.size()), ref_swiglu(d_swiglu.size());
   const auto xf = to_float(x), wguf = to_float(wgu), actf = to_float(act), wdf = to_float(wd);
   for (int pr = 0; pr < pairs; ++pr) {
     const size_t e = ids[pr];
@@ -179,6 +199,11 @@ void gemm_case(GpuTest& t, std::mt19937& rng, cudaStream_t stream, int tokens, i
       const float* xr = &xf[static_cast<size_t>(pr / K) * H];
       for (int k = 0; k < H; ++k) s += static_cast<double>(xr[k]) * w[k];
       ref_gu[static_cast<size_t>(pr) * 2 * I + n] = s;
+    }
+    for (int i = 0; i < I; ++i) {
+      const double gate = ref_gu[static_cast<size_t>(pr) * 2 * I + i];
+      const double up = ref_gu[static_cast<size_t>(pr) * 2 * I + I + i];
+      ref_swiglu[static_cast<size_t>(pr) * I + i] = gate / (1.0 + std::exp(-gate)) * up;
     }
     for (int n = 0; n < H; ++n) {
       double s = 0;
@@ -191,6 +216,8 @@ void gemm_case(GpuTest& t, std::mt19937& rng, cudaStream_t stream, int tokens, i
   // fp32 accumulation of bf16 products; the bf16 output rounding dominates.
   EXPECT_TRUE(close_rel_l2(to_float(d_gu.download<uint16_t>()), ref_gu, 5e-3)) << "gate_up";
   EXPECT_TRUE(close_rel_l2(to_float(d_down.download<uint16_t>()), ref_down, 5e-3)) << "down";
+  // fused SiLU·mul epilogue: one rounding of the fp32 result
+  EXPECT_TRUE(close_rel_l2(to_float(d_swiglu.download<uint16_t>()), ref_swiglu, 5e-3)) << "gate_up + silu";
 }
 
 TEST_F(MoeTest, GroupedGemmSmallShapes) {
@@ -198,6 +225,7 @@ TEST_F(MoeTest, GroupedGemmSmallShapes) {
   gemm_case(*this, rng, stream, 9, 16, 4, 128, 64, -1);    // qwen2_moe_tiny-like
   gemm_case(*this, rng, stream, 50, 16, 4, 128, 128, 2);   // one expert with 50 rows: two passes
   gemm_case(*this, rng, stream, 3, 8, 2, 96, 64, -1);      // k not a multiple of the 256 chunk
+  gemm_case(*this, rng, stream, 40, 8, 2, 608, 96, 1);     // 3 chunks (last partial), hot expert: 2 passes
 }
 
 TEST_F(MoeTest, GroupedGemmQwen3Shapes) {
