@@ -1,14 +1,17 @@
 // CLI commands `serve` (the long-running daemon) and `keygen` (CURVE key files).
 //
-// `serve --no-engine` runs the queue-only daemon: the ZeroMQ ingress over the job store, until
-// SIGINT or SIGTERM, then a graceful stop (accepted requests are committed and answered). The
-// process owns a Boost.Asio io_context for signals; the engine's dispatcher will join it there.
-// When ready it prints one line on stdout: {"router": "<endpoint>", "pub": "<endpoint>"}.
+// `serve` runs the full service (service/service.h: dispatcher, engine thread, result writer,
+// maintenance, health/metrics) with the ZeroMQ ingress in front of the same job store: a
+// committed ZMQ submit wakes the dispatcher, and every final job is announced on the PUB socket.
+// SIGINT/SIGTERM drain the service, then stop the ingress. `serve --no-engine` runs the ingress
+// alone (queue-only daemon). When ready it prints one line on stdout:
+// {"router": "<endpoint>", "pub": "<endpoint>"} (plus "http_port" with the engine).
 #include <spdlog/spdlog.h>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <iostream>
+#include <atomic>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -18,6 +21,8 @@
 #include "common/paths.h"
 #include "queue/zmq/curve.h"
 #include "queue/zmq/ingress.h"
+#include "service/config.h"
+#include "service/service.h"
 
 namespace moebatch::cli {
 namespace {
@@ -69,9 +74,55 @@ zi::IngressOptions ingress_options(const ServeFlags& f) {
   return o;
 }
 
-void run_serve(const ServeFlags& f) {
+// The full service. The Service owns its signal handling; the ingress is stopped after the
+// service has drained, so producers get acks until the very end.
+void run_full_service(const ServeFlags& f, const ServiceFlags& sf, CLI::App& cmd) {
+  zi::IngressOptions io_opts = ingress_options(f);
+  ServiceConfig cfg = finish_service_flags(sf, cmd);
+  cfg.db = io_opts.store.path.string();
+  if (f.full_sync) cfg.synchronous = "full";
+  validate_config(cfg);
+  // The two objects refer to each other (submit wakes the service, completion notices go out
+  // through the ingress); each reaches the other through this holder, set once both exist.
+  struct Links {
+    std::atomic<Service*> service{nullptr};
+    std::atomic<zi::Ingress*> ingress{nullptr};
+  };
+  auto links = std::make_shared<Links>();
+  ServiceHooks hooks;
+  hooks.on_final = [links](const FinalNotice& n) {
+    zi::Ingress* in = links->ingress.load();
+    if (!in) return;
+    zi::CompletionNotice c;
+    c.job_id = n.job_id;
+    c.key = n.client_key;
+    c.batch_id = n.batch_id;
+    c.state = n.state == "done" ? JobState::Done : JobState::Failed;
+    c.error = n.error;
+    in->publish_completion(c);
+  };
+  Service service(cfg, hooks);
+  io_opts.worker.on_committed = [links](size_t) {
+    if (Service* s = links->service.load()) s->wake();
+  };
+  zi::Ingress ingress(std::move(io_opts));
+  links->service = &service;
+  links->ingress = &ingress;
+  std::cout << nlohmann::json({{"router", ingress.router_endpoint()},
+                               {"pub", ingress.pub_endpoint()},
+                               {"http_port", service.http_port()}})
+                   .dump()
+            << std::endl;
+  const int code = service.run();
+  links->ingress = nullptr;
+  ingress.stop();
+  if (code != 0) throw CLI::RuntimeError(code);
+}
+
+void run_serve(const ServeFlags& f, const ServiceFlags& sf, CLI::App& cmd) {
   if (!f.no_engine) {
-    throw InputError("serve: the engine is not wired into serve yet; run with --no-engine");
+    run_full_service(f, sf, cmd);
+    return;
   }
   zi::Ingress ingress(ingress_options(f));
   boost::asio::io_context io;
@@ -97,7 +148,8 @@ void run_serve(const ServeFlags& f) {
 
 void register_serve_commands(CLI::App& app) {
   auto f = std::make_shared<ServeFlags>();
-  auto* serve = app.add_subcommand("serve", "Run the service: ZeroMQ ingress over the job queue");
+  auto* serve = app.add_subcommand(
+      "serve", "Run the service: engine, dispatcher and ZeroMQ ingress over the job queue");
   serve->add_flag("--no-engine", f->no_engine, "Queue only: accept and answer, run no jobs");
   serve->add_option("--db", f->db, "Job database (default $MOEBATCH_DB or the user data dir)");
   serve->add_option("--bind", f->bind, "ROUTER endpoint (default tcp://127.0.0.1:5555)");
@@ -117,7 +169,10 @@ void register_serve_commands(CLI::App& app) {
   serve->add_flag("--full-sync", f->full_sync, "SQLite synchronous=FULL (power-loss safe)");
   // Test hook (docs/zmq.md): exit abruptly before or after the first submit commit.
   serve->add_option("--test-crash", f->test_crash, "")->group("");
-  serve->callback([f] { run_serve(*f); });
+  // Service flags (model, batching, schedule, health port, --config FILE, ...): see
+  // service/config.h; --db is shared with the ingress.
+  auto sf = add_service_flags(*serve);
+  serve->callback([f, sf, serve] { run_serve(*f, *sf, *serve); });
 
   auto prefix = std::make_shared<std::string>();
   auto* keygen = app.add_subcommand("keygen", "Write a CURVE key pair: PREFIX.key and PREFIX.pub");

@@ -191,7 +191,12 @@ struct ServiceFlags {
 std::shared_ptr<ServiceFlags> add_service_flags(CLI::App& cmd) {
   auto f = std::make_shared<ServiceFlags>();
   cmd.add_option("--config", f->config_file, "JSON config file (keys as the flags, with _)");
-  for (const StrKey& k : kStrKeys) cmd.add_option(flag_of(k.name), f->values.*k.field, k.help);
+  // A command that already has one of these options (serve's --db, shared with the ingress)
+  // keeps its own; the caller copies that value into the config.
+  for (const StrKey& k : kStrKeys) {
+    if (cmd.get_option_no_throw(flag_of(k.name)) == nullptr)
+      cmd.add_option(flag_of(k.name), f->values.*k.field, k.help);
+  }
   for (const IntKey& k : kIntKeys) cmd.add_option(flag_of(k.name), f->values.*k.field, k.help);
   for (const SmallIntKey& k : kSmallIntKeys) cmd.add_option(flag_of(k.name), f->values.*k.field, k.help);
   cmd.add_option("--batching", f->batching, "continuous (default) | static");

@@ -39,12 +39,21 @@ class JobStore;
 class ServiceDb;
 class Tokenizer;
 
+/// A job that reached a final state, for the completion notice.
+struct FinalNotice {
+  int64_t job_id = 0;                   ///< jobs.id
+  std::string state;                    ///< "done" | "failed"
+  std::optional<std::string> client_key;  ///< the job's client key
+  std::optional<std::string> batch_id;    ///< the job's batch
+  std::optional<std::string> error;       ///< failure reason
+};
+
 /// Injection points for tests, the demo and the ZeroMQ ingress.
 struct ServiceHooks {
   /// Time for the store (leases, timestamps) and the restart schedule.
   std::shared_ptr<const Clock> clock = std::make_shared<SystemClock>();
   /// Called on the io thread when a job reaches done or failed (the ingress publishes it).
-  std::function<void(int64_t job_id, const std::string& state)> on_final;
+  std::function<void(const FinalNotice&)> on_final;
   /// Handle SIGINT/SIGTERM (off when the service is embedded, e.g. in tests or the demo).
   bool handle_signals = true;
 };

@@ -102,13 +102,16 @@ void Service::claim() {
       store_->fail(worker_, job.id, *reason, /*retryable=*/false);
       metrics_.job_failed();
       spdlog::info("job {} failed: {}", job.id, *reason);
-      if (hooks_.on_final) hooks_.on_final(job.id, "failed");
+      if (hooks_.on_final)
+        hooks_.on_final({job.id, "failed", job.spec.client_key, job.spec.batch_id, *reason});
       continue;
     }
     InFlightJob f;
     f.enqueued_at = job.enqueued_at;
     f.started_at = job.started_at.value_or(hooks_.clock->now_ms());
     f.stop = job.spec.sampling.stop;
+    f.client_key = job.spec.client_key;
+    f.batch_id = job.spec.batch_id;
     in_flight_[job.id] = std::move(f);
     if (!handoff.try_push(std::move(std::get<WorkItem>(prepared)))) unplaced.push_back(job.id);
   }
@@ -126,6 +129,7 @@ void Service::drain_results() {
   std::vector<WorkResult> results = worker_engine_->take_results();
   if (results.empty()) return;
   std::vector<Completion> completions;
+  std::vector<std::pair<std::optional<std::string>, std::optional<std::string>>> notice_ids;
   std::vector<int64_t> released;
   const bool dead = worker_engine_->dead();
   try {
@@ -142,17 +146,20 @@ void Service::drain_results() {
       switch (r.outcome) {
         case WorkOutcome::Finished:
           completions.push_back(make_completion(r, job, *tokenizer_));
+          notice_ids.emplace_back(job.client_key, job.batch_id);
           break;
         case WorkOutcome::Rejected:
           store_->fail(worker_, r.job_id, "engine: " + r.error, /*retryable=*/false);
           metrics_.job_failed();
-          if (hooks_.on_final) hooks_.on_final(r.job_id, "failed");
+          if (hooks_.on_final)
+            hooks_.on_final({r.job_id, "failed", job.client_key, job.batch_id, "engine: " + r.error});
           break;
         case WorkOutcome::Aborted:
           if (dead) {
             // Counted as an attempt: a job that kills the engine every time must end failed.
             const FailOutcome o = store_->fail(worker_, r.job_id, r.error, /*retryable=*/true);
-            if (o == FailOutcome::Failed && hooks_.on_final) hooks_.on_final(r.job_id, "failed");
+            if (o == FailOutcome::Failed && hooks_.on_final)
+              hooks_.on_final({r.job_id, "failed", job.client_key, job.batch_id, r.error});
             metrics_.jobs_requeued(1);
           } else {
             released.push_back(r.job_id);
@@ -174,7 +181,8 @@ void Service::drain_results() {
         }
         metrics_.job_done(c.latency.queue_wait_ms / 1000.0, c.latency.ttft_ms.value_or(0) / 1000.0,
                           c.latency.total_ms / 1000.0, c.result.completion_tokens);
-        if (hooks_.on_final) hooks_.on_final(c.id, "done");
+        if (hooks_.on_final)
+          hooks_.on_final({c.id, "done", notice_ids[i].first, notice_ids[i].second, std::nullopt});
       }
     }
   } catch (const std::exception& e) {

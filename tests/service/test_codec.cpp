@@ -72,7 +72,7 @@ TEST(Codec, CompletionAppliesStopStringsAndRecordsLatency) {
   r.handoff_s = 0.010;
   r.ttft_s = 0.100;
   r.total_s = 0.600;
-  InFlightJob job{1000, 1250, {"STOP"}};
+  InFlightJob job{1000, 1250, {"STOP"}, std::nullopt, std::nullopt};
   Completion c = make_completion(r, job, tok());
   EXPECT_EQ(c.result.text, "Hello world. ");
   EXPECT_EQ(c.result.finish_reason, "stop");
@@ -90,7 +90,7 @@ TEST(Codec, CompletionAppliesStopStringsAndRecordsLatency) {
   e.tokens = {static_cast<int32_t>(tok().encode("ok")[0]), 151700,
               static_cast<int32_t>(tok().eos_ids()[0])};
   e.hit_stop_token = true;
-  Completion ce = make_completion(e, InFlightJob{0, 0, {}}, tok());
+  Completion ce = make_completion(e, InFlightJob{}, tok());
   EXPECT_EQ(ce.result.text, "ok\xEF\xBF\xBD");
   EXPECT_EQ(ce.result.finish_reason, "stop");
   WorkResult l;

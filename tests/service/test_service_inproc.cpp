@@ -94,7 +94,7 @@ TEST(ServiceInProc, SubmitToDoneWithLatencyRowsHealthAndMetrics) {
   ServiceConfig cfg = base_config(dir.path);
   std::vector<std::pair<int64_t, std::string>> finals;
   ServiceHooks hooks;
-  hooks.on_final = [&](int64_t id, const std::string& st) { finals.emplace_back(id, st); };
+  hooks.on_final = [&](const FinalNotice& n) { finals.emplace_back(n.job_id, n.state); };
   Running run(cfg, hooks);
   StoreOptions so;
   so.path = cfg.db;

@@ -226,6 +226,36 @@ TEST(ServiceProcess, MaintenanceNowRunsACycleAndDeadEngineExitsNonZero) {
   EXPECT_NE(listing.find("failed"), std::string::npos) << listing;
 }
 
+TEST(ServiceProcess, ServeRunsTheEngineBehindTheZeroMqIngress) {
+  test::TempDir dir;
+  const auto db = dir.path / "jobs.db";
+  test::Child c = test::Child::spawn(
+      {MOEBATCH_BIN, "serve", "--db", db.string(), "--model", test::demo_model().string(),
+       "--bind", "tcp://127.0.0.1:*", "--pub", "tcp://127.0.0.1:*", "--http-port", "0",
+       "--max-num-seqs", "4", "--max-num-batched-tokens", "256", "--kv-cache-mb", "16",
+       "--warmup-seqs", "1", "--threads", "2"},
+      dir.path / "serve.log");
+  std::string router;
+  ASSERT_TRUE(wait_until(
+      [&] {
+        const std::string log = c.read_log();
+        const auto p = log.find("{\"http_port\"");
+        if (p == std::string::npos) return false;
+        router = nlohmann::json::parse(log.substr(p, log.find('\n', p) - p))["router"];
+        return true;
+      },
+      60s))
+      << c.read_log();
+  auto [code, out] = test::run_command({MOEBATCH_BIN, "submit", "--endpoint", router, "Hi over ZMQ",
+                                        "--max-tokens", "3", "--temperature", "0"},
+                                       dir.path / "submit.log");
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_TRUE(wait_until([&] { return count(db, "state = 'done'") == 1; }, 30s)) << c.read_log();
+  EXPECT_EQ(test::query_i64(db, "SELECT count(*) FROM job_latency"), 1);
+  c.signal(SIGTERM);
+  EXPECT_EQ(c.wait_for(30s), 0) << c.read_log();
+}
+
 TEST(ServiceProcess, BadConfigIsRefusedWithExitCode2) {
   test::TempDir dir;
   Daemon d = make_daemon(dir.path);
