@@ -50,4 +50,25 @@ inline int moe_align_capacity(int num_pairs, int num_experts, int block_m) {
 /// Counts pairs per expert, scans padded offsets and scatters pair ids (one block).
 void moe_align(const AlignParams& p, cudaStream_t stream);
 
+/// Most tokens moe_route_small takes (decode batches up to 8).
+constexpr int kRouteSmallMaxTokens = 8;
+
+/// Operands of moe_route_small: router GEMM + softmax + top-k + align in one launch.
+struct RouteSmallParams {
+  RouterParams router;          ///< outputs topk_ids / topk_weights; tokens <= kRouteSmallMaxTokens
+  AlignParams align;            ///< topk_ids = router.topk_ids, num_pairs = tokens * top_k
+  const bf16* x = nullptr;      ///< [tokens, hidden] normed hidden states
+  const bf16* weight = nullptr; ///< [num_experts, hidden] router weight
+  float* logits = nullptr;      ///< [tokens, num_experts] fp32 router logits (also an output)
+  int hidden = 0;               ///< multiple of 8
+  /// One int that is 0 before the launch; the kernel leaves it 0 (graph replays reuse it).
+  int32_t* counter = nullptr;
+};
+
+/// Small-batch routing in one kernel: a warp per expert computes its fp32 logits for every token
+/// (fixed order: results do not depend on batch neighbours); the last block to finish runs
+/// moe_router_topk's softmax + top-k on them and moe_align's grouping. Same outputs as the
+/// three launches linear (fp32 out) → moe_router_topk → moe_align up to fp32 summation order.
+void moe_route_small(const RouteSmallParams& p, cudaStream_t stream);
+
 }  // namespace moebatch::kernels

@@ -6,9 +6,12 @@
 // measured copy bandwidth; prefill also FLOPs / the cuBLAS peak), and a per-stage breakdown of one
 // eager decode step from CUDA events. An optional HF peer JSON (bench/gpu/hf_peer_engine.py, run
 // first in the same call) adds the ratio. Usage: moebatch_bench_engine_cuda [out.json] [peer.json]
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <sstream>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -184,7 +187,14 @@ int main(int argc, char** argv) {
     double prefill_tok_s, prefill_roof_tok_s, step_ms, roof_ms, tok_s, peer_step_ms;
   };
   std::vector<Row> rows;
-  for (int batch : {1, 64, 256}) {
+  // MOEBATCH_BENCH_BATCHES=1 (comma list) limits the batches, e.g. for a profiler run.
+  std::vector<int> batches{1, 64, 256};
+  if (const char* env = std::getenv("MOEBATCH_BENCH_BATCHES")) {
+    batches.clear();
+    std::stringstream ss(env);
+    for (std::string item; std::getline(ss, item, ',');) batches.push_back(std::stoi(item));
+  }
+  for (int batch : batches) {
     const int width = (kPrompt + kWarmSteps + kTimedSteps + 16) / 16 + 1;
     Seqs s = make_prompts(batch, cfg.vocab_size, width, rng);
     std::vector<RowSampling> greedy(batch);
@@ -210,6 +220,11 @@ int main(int argc, char** argv) {
       be.forward_sample(b, greedy, next);
       ms.push_back(seconds_since(t0) * 1e3);
     }
+    // One more graph-replayed step inside a profiler range (ncu --profile-from-start off sees
+    // only it; without a profiler the range is a no-op).
+    CUDA_CHECK(cudaProfilerStart());
+    be.forward_sample(decode_step(s, next, pos++), greedy, next);
+    CUDA_CHECK(cudaProfilerStop());
     std::sort(ms.begin(), ms.end());
     const double step_ms = ms[ms.size() / 2];
     const int ctx = pos - kTimedSteps / 2;

@@ -128,6 +128,7 @@ void CudaBackend::init(const ModelConfig& cfg, const std::filesystem::path* mode
 
   CUDA_CHECK(cudaMalloc(&buf_mem_, plan_.activations));
   rank_.buf = carve_step_buffers(buf_mem_, cfg_, rank_.dims, cap);
+  CUDA_CHECK(cudaMemset(rank_.buf.route_counter, 0, sizeof(int32_t)));
   const size_t T = cap.tokens;
   pinned_bytes_ = sampling_staging_bytes() + (T * (6 + cap.table_width) + 1) * sizeof(int32_t);
   CUDA_CHECK(cudaMallocHost(&pinned_, pinned_bytes_));

@@ -72,6 +72,7 @@ void carve(Carver& c, const ModelConfig& cfg, const ShardDims& d, const StepCapa
                                                              kernels::kMoeGemmTileM));
   b.expert_offsets = c.take<int32_t>(E + 1);
   b.active_experts = c.take<int32_t>(E + 1);
+  b.route_counter = c.take<int32_t>(1);
   b.gate_up = c.take<bf16>(gate_up);
   b.act = c.take<bf16>(gate_up / 2);
   b.expert_out = c.take<bf16>(T * topk * H);

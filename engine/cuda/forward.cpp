@@ -46,7 +46,6 @@ void moe(const ModelConfig& cfg, CudaRank& r, const DeviceLayerWeights& L, int n
   const int pairs = n * topk;
 
   // router top-k: fp32 logits, softmax over all experts, top-k (+ renormalize)
-  k::linear(r.cublas, st, B.router_logits, B.h, L.router.ptr, n, E, H);
   k::RouterParams rp;
   rp.topk_ids = B.topk_ids;
   rp.topk_weights = B.topk_weights;
@@ -54,9 +53,6 @@ void moe(const ModelConfig& cfg, CudaRank& r, const DeviceLayerWeights& L, int n
   rp.num_experts = E;
   rp.top_k = topk;
   rp.renormalize = cfg.norm_topk_prob;
-  k::moe_router_topk(rp, B.router_logits, st);
-  mark(tm, "router", st);
-
   // align: (token, j) pairs grouped by expert, segments padded to the GEMM tile
   k::AlignParams ap;
   ap.sorted_ids = B.sorted_ids;
@@ -66,8 +62,25 @@ void moe(const ModelConfig& cfg, CudaRank& r, const DeviceLayerWeights& L, int n
   ap.num_experts = E;
   ap.block_m = k::kMoeGemmTileM;
   ap.active_experts = B.active_experts;
-  k::moe_align(ap, st);
-  mark(tm, "moe_align", st);
+  if (n <= k::kRouteSmallMaxTokens) {
+    // decode batches: GEMM, top-k and align in one launch
+    k::RouteSmallParams sp;
+    sp.router = rp;
+    sp.align = ap;
+    sp.x = B.h;
+    sp.weight = L.router.ptr;
+    sp.logits = B.router_logits;
+    sp.hidden = H;
+    sp.counter = B.route_counter;
+    k::moe_route_small(sp, st);
+    mark(tm, "router_align", st);
+  } else {
+    k::linear(r.cublas, st, B.router_logits, B.h, L.router.ptr, n, E, H);
+    k::moe_router_topk(rp, B.router_logits, st);
+    mark(tm, "router", st);
+    k::moe_align(ap, st);
+    mark(tm, "moe_align", st);
+  }
 
   // experts: grouped gate+up GEMM with SiLU·mul in its epilogue (input row = pair / top_k),
   // then the grouped down GEMM

@@ -141,7 +141,7 @@ TEST_F(MoeTest, AlignGroupsPairsByExpertWithPadding) {
 
 // gate+up (input rows = tokens) then down (input rows = pairs) through align + moe_gemm.
 void gemm_case(GpuTest& t, std::mt19937& rng, cudaStream_t stream, int tokens, int E, int K,
-               int H, int I, int hot) {
+               int H, int I, int hot, bool split_k = false) {
   SCOPED_TRACE("tokens " + std::to_string(tokens) + " E " + std::to_string(E) + " H " + std::to_string(H));
   (void)t;
   const int pairs = tokens * K;
@@ -163,6 +163,7 @@ void gemm_case(GpuTest& t, std::mt19937& rng, cudaStream_t stream, int tokens, i
   d_gu.poison();
   d_down.poison();
   d_swiglu.poison();
+  auto* run = split_k ? &moe_gemm_split_k : &moe_gemm;
   MoeGemmParams p;
   p.sorted_ids = d_sorted.get();
   p.expert_offsets = d_off.get();
@@ -174,12 +175,12 @@ void gemm_case(GpuTest& t, std::mt19937& rng, cudaStream_t stream, int tokens, i
   p.in_row_div = K;
   p.n = 2 * I;
   p.k = H;
-  moe_gemm(p, stream);
+  run(p, stream);
   p.out = d_swiglu.get();
   p.n = I;
   p.silu_gate_up = true;
   p.active_experts = d_active.get();  // the engine's launches: blocks only for experts with pairs
-  moe_gemm(p, stream);
+  run(p, stream);
   p.silu_gate_up = false;
   p.out = d_down.get();
   p.in = d_act.get();
@@ -187,7 +188,7 @@ void gemm_case(GpuTest& t, std::mt19937& rng, cudaStream_t stream, int tokens, i
   p.in_row_div = 1;
   p.n = H;
   p.k = I;
-  moe_gemm(p, stream);
+  run(p, stream);
   CUDA_CHECK(cudaStreamSynchronize(stream));
   std::vector<double> ref_gu(d_gu.size()), ref_down(d_down.size()), ref_swiglu(d_swiglu.size());
   const auto xf = to_float(x), wguf = to_float(wgu), actf = to_float(act), wdf = to_float(wd);
@@ -226,6 +227,101 @@ TEST_F(MoeTest, GroupedGemmSmallShapes) {
   gemm_case(*this, rng, stream, 50, 16, 4, 128, 128, 2);   // one expert with 50 rows: two passes
   gemm_case(*this, rng, stream, 3, 8, 2, 96, 64, -1);      // k not a multiple of the 256 chunk
   gemm_case(*this, rng, stream, 40, 8, 2, 608, 96, 1);     // 3 chunks (last partial), hot expert: 2 passes
+}
+
+// Split-K variant: an expert with two tiles, a partial last warp range of k, a hot expert
+// holding a full tile, the Qwen3 shape at batch 1 and 8, a 50-row expert (7 tiles).
+TEST_F(MoeTest, GroupedGemmSplitKShapes) {
+  SCOPED_TRACE(trace());
+  gemm_case(*this, rng, stream, 9, 16, 4, 128, 64, -1, true);    // 9 rows: two tiles
+  gemm_case(*this, rng, stream, 5, 8, 2, 608, 96, 1, true);      // k = 19 steps: warps get 5, 5, 5, 4
+  gemm_case(*this, rng, stream, 8, 16, 8, 256, 128, 3, true);    // 64 pairs, expert 3 has 8 rows
+  gemm_case(*this, rng, stream, 3, 8, 2, 96, 64, -1, true);      // 3 steps: the last warp idle
+  gemm_case(*this, rng, stream, 50, 16, 4, 128, 128, 2, true);
+  gemm_case(*this, rng, stream, 1, 128, 8, 2048, 768, -1, true);
+  gemm_case(*this, rng, stream, 8, 128, 8, 2048, 768, -1, true);
+}
+
+// Fused small-batch router vs the three-launch contract: logits vs fp64, then top-k exactly as
+// router_ref on the kernel's own fp32 logits, and the alignment of those ids. Repeated launches
+// check that the block counter is left at zero.
+TEST_F(MoeTest, RouteSmallMatchesReference) {
+  SCOPED_TRACE(trace());
+  DevBuf<int32_t> d_counter(1);
+  CUDA_CHECK(cudaMemset(d_counter.get(), 0, sizeof(int32_t)));
+  for (int E : {128, 60, 16}) {
+    for (int tokens : {1, 3, 8}) {
+      for (bool renorm : {true, false}) {
+        SCOPED_TRACE("E " + std::to_string(E) + " tokens " + std::to_string(tokens) + " renorm " + std::to_string(renorm));
+        const int K = E >= 64 ? 8 : 4, H = E == 60 ? 1000 : 2048, pairs = tokens * K;
+        const auto x = random_bf16(rng, static_cast<size_t>(tokens) * H, 1.f);
+        const auto w = random_bf16(rng, static_cast<size_t>(E) * H, 0.1f);
+        DevBuf<bf16> d_x(x), d_w(w);
+        DevBuf<float> d_logits(static_cast<size_t>(tokens) * E), d_tw(pairs);
+        DevBuf<int32_t> d_ids(pairs), d_sorted(moe_align_capacity(pairs, E, kMoeGemmTileM)), d_off(E + 1),
+            d_active(E + 1);
+        for (auto* b : {&d_ids, &d_sorted, &d_off, &d_active}) b->poison();
+        d_logits.poison();
+        d_tw.poison();
+        RouteSmallParams p;
+        p.router.topk_ids = d_ids.get();
+        p.router.topk_weights = d_tw.get();
+        p.router.tokens = tokens;
+        p.router.num_experts = E;
+        p.router.top_k = K;
+        p.router.renormalize = renorm;
+        p.align.sorted_ids = d_sorted.get();
+        p.align.expert_offsets = d_off.get();
+        p.align.topk_ids = d_ids.get();
+        p.align.num_pairs = pairs;
+        p.align.num_experts = E;
+        p.align.block_m = kMoeGemmTileM;
+        p.align.active_experts = d_active.get();
+        p.x = d_x.get();
+        p.weight = d_w.get();
+        p.logits = d_logits.get();
+        p.hidden = H;
+        p.counter = d_counter.get();
+        moe_route_small(p, stream);
+        sync();
+        const auto logits = d_logits.download<float>();
+        std::vector<double> ref_logits(logits.size());
+        const auto xf = to_float(x), wf = to_float(w);
+        for (int t = 0; t < tokens; ++t)
+          for (int e = 0; e < E; ++e) {
+            double s = 0;
+            for (int k = 0; k < H; ++k) s += static_cast<double>(xf[static_cast<size_t>(t) * H + k]) * wf[static_cast<size_t>(e) * H + k];
+            ref_logits[static_cast<size_t>(t) * E + e] = s;
+          }
+        EXPECT_TRUE(close_rel_l2(logits, ref_logits, 1e-5)) << "logits";
+        std::vector<int32_t> ids;
+        std::vector<double> wref;
+        router_ref(logits, tokens, E, K, renorm, ids, wref);
+        const auto got_ids = d_ids.download<int32_t>();
+        EXPECT_EQ(got_ids, ids);
+        EXPECT_TRUE(close_rel_l2(d_tw.download<float>(), wref, 1e-5)) << "weights";
+        const auto off = d_off.download<int32_t>(), sorted = d_sorted.download<int32_t>(),
+                   active = d_active.download<int32_t>();
+        std::vector<int32_t> want_active;
+        ASSERT_EQ(off[0], 0);
+        for (int e = 0; e < E; ++e) {
+          std::vector<int32_t> want;
+          for (int i = 0; i < pairs; ++i)
+            if (got_ids[i] == e) want.push_back(i);
+          if (!want.empty()) want_active.push_back(e);
+          const int len = off[e + 1] - off[e];
+          ASSERT_EQ(len, (static_cast<int>(want.size()) + kMoeGemmTileM - 1) / kMoeGemmTileM * kMoeGemmTileM) << "expert " << e;
+          std::vector<int32_t> got(sorted.begin() + off[e], sorted.begin() + off[e] + want.size());
+          std::sort(got.begin(), got.end());
+          ASSERT_EQ(got, want) << "expert " << e;
+          for (int i = off[e] + static_cast<int>(want.size()); i < off[e + 1]; ++i) ASSERT_EQ(sorted[i], pairs);
+        }
+        ASSERT_EQ(active[0], static_cast<int32_t>(want_active.size()));
+        ASSERT_EQ(std::vector<int32_t>(active.begin() + 1, active.begin() + 1 + want_active.size()), want_active);
+      }
+    }
+  }
+  EXPECT_EQ(d_counter.download<int32_t>()[0], 0) << "block counter left non-zero";
 }
 
 TEST_F(MoeTest, GroupedGemmQwen3Shapes) {

@@ -1,0 +1,108 @@
+// Device halves of the routing ops, shared by the standalone kernels (moe_routing.cu) and the
+// fused small-batch router (moe_route_small.cu): per-token softmax + top-k on one warp, and the
+// one-block counting sort by expert.
+#pragma once
+
+#include <cfloat>
+
+#include "kernels/cuda_check.cuh"
+#include "kernels/device_common.cuh"
+#include "kernels/moe_routing.cuh"
+
+namespace moebatch::kernels {
+
+constexpr int kRouterPerLane = kRouterMaxExperts / 32;
+
+// Token t's softmax over the experts and its top-k, on one warp (every lane calls it).
+// logit(e) returns expert e's logit; expert e sits in lane e % 32, slot e / 32.
+template <typename Logit>
+__device__ __forceinline__ void route_token(const RouterParams& p, int t, Logit logit) {
+  const int lane = threadIdx.x & 31;
+  float v[kRouterPerLane];
+  float mx = -FLT_MAX;
+#pragma unroll
+  for (int j = 0; j < kRouterPerLane; ++j) {
+    const int e = lane + 32 * j;
+    v[j] = e < p.num_experts ? logit(e) : -FLT_MAX;
+    mx = fmaxf(mx, v[j]);
+  }
+  mx = warp_max(mx);
+  float sum = 0.f;
+#pragma unroll
+  for (int j = 0; j < kRouterPerLane; ++j) {
+    const int e = lane + 32 * j;
+    v[j] = e < p.num_experts ? expf(v[j] - mx) : -1.f;  // -1: never selected (probs >= 0)
+    sum += e < p.num_experts ? v[j] : 0.f;
+  }
+  sum = warp_sum(sum);
+  const float inv = 1.f / sum;
+
+  float picked_sum = 0.f, my_w = 0.f;
+  int my_id = 0;
+  for (int k = 0; k < p.top_k; ++k) {
+    float best = -2.f;
+    int best_e = INT32_MAX;
+#pragma unroll
+    for (int j = 0; j < kRouterPerLane; ++j) {
+      const int e = lane + 32 * j;
+      if (v[j] > best) { best = v[j]; best_e = e; }  // ascending e: first max wins
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ob = __shfl_xor_sync(kFullMask, best, o);
+      const int oe = __shfl_xor_sync(kFullMask, best_e, o);
+      if (ob > best || (ob == best && oe < best_e)) { best = ob; best_e = oe; }
+    }
+    if ((best_e & 31) == lane) {
+#pragma unroll
+      for (int j = 0; j < kRouterPerLane; ++j)
+        if (lane + 32 * j == best_e) v[j] = -2.f;  // taken
+    }
+    const float w = best * inv;
+    picked_sum += w;
+    if (lane == k) { my_w = w; my_id = best_e; }
+  }
+  if (lane < p.top_k) {
+    const float scale = p.renormalize ? 1.f / picked_sum : 1.f;
+    p.topk_ids[static_cast<size_t>(t) * p.top_k + lane] = my_id;
+    p.topk_weights[static_cast<size_t>(t) * p.top_k + lane] = my_w * scale;
+  }
+}
+
+constexpr int kAlignMaxExperts = 1024;
+
+// moe_align on one block (any block size; every thread calls it). topk_ids must be visible to
+// the whole block. Pairs with an out-of-range expert id are dropped (the router never makes one).
+__device__ __forceinline__ void align_block(const AlignParams& p) {
+  __shared__ int counts[kAlignMaxExperts];
+  __shared__ int offsets[kAlignMaxExperts + 1];
+  const int E = p.num_experts;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) counts[e] = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < p.num_pairs; i += blockDim.x) {
+    const int e = p.topk_ids[i];
+    if (e >= 0 && e < E) atomicAdd(&counts[e], 1);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {  // E <= 1024 serial steps: cheaper than a block scan's barriers here
+    int acc = 0, active = 0;
+    for (int e = 0; e < E; ++e) {
+      offsets[e] = acc;
+      acc += CEIL_DIV(counts[e], p.block_m) * p.block_m;
+      if (p.active_experts != nullptr && counts[e] > 0) p.active_experts[1 + active++] = e;
+    }
+    offsets[E] = acc;
+    if (p.active_experts != nullptr) p.active_experts[0] = active;
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e <= E; e += blockDim.x) p.expert_offsets[e] = offsets[e];
+  for (int i = threadIdx.x; i < offsets[E]; i += blockDim.x) p.sorted_ids[i] = p.num_pairs;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) counts[e] = 0;  // reused as cursors
+  __syncthreads();  // also orders the sentinel fill before the scatter (same block)
+  for (int i = threadIdx.x; i < p.num_pairs; i += blockDim.x) {
+    const int e = p.topk_ids[i];
+    if (e >= 0 && e < E) p.sorted_ids[offsets[e] + atomicAdd(&counts[e], 1)] = i;
+  }
+}
+
+}  // namespace moebatch::kernels
