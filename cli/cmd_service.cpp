@@ -13,10 +13,9 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
-#include "common/paths.h"
-
 #include "cli/commands.h"
 #include "common/error.h"
+#include "common/paths.h"
 #include "queue/job_store.h"
 #include "queue/openai_batch.h"
 #include "queue/schema.h"
@@ -167,7 +166,6 @@ void run_demo(const std::string& file_flag, bool keep) {
   }
 }
 
-
 void register_demo_command(CLI::App& app) {
   auto o = std::make_shared<DemoOptions>();
   auto batching = std::make_shared<std::string>("continuous");
@@ -222,28 +220,35 @@ void register_maintenance_command(CLI::App& app) {
     }
     nlohmann::json rows = nlohmann::json::array();
     for (const CycleRecord& c : sdb.cycles()) {
-      rows.push_back({{"id", c.id}, {"worker", c.worker}, {"trigger", c.trigger},
-                      {"started_at", c.started_at}, {"ended_at", c.ended_at},
-                      {"downtime_ms", c.downtime_ms}, {"drained", c.drained},
-                      {"requeued", c.requeued}, {"mem_before", c.mem_before},
-                      {"mem_after", c.mem_after}, {"warmup_ms", c.warmup_ms},
-                      {"result", c.result}, {"error", c.error}});
+      rows.push_back({{"id", c.id},
+                      {"worker", c.worker},
+                      {"trigger", c.trigger},
+                      {"started_at", c.started_at},
+                      {"ended_at", c.ended_at},
+                      {"downtime_ms", c.downtime_ms},
+                      {"drained", c.drained},
+                      {"requeued", c.requeued},
+                      {"mem_before", c.mem_before},
+                      {"mem_after", c.mem_after},
+                      {"warmup_ms", c.warmup_ms},
+                      {"result", c.result},
+                      {"error", c.error}});
     }
     if (*as_json) {
       std::cout << rows.dump() << "\n";
       return;
     }
-    std::cout << fmt::format("{:>4}  {:<8} {:>11} {:>8} {:>8} {:>10} {:>10}  {}\n", "id",
-                             "trigger", "downtime_ms", "drained", "requeued", "rss_before",
-                             "rss_after", "result");
+    std::cout << fmt::format("{:>4}  {:<8} {:>11} {:>8} {:>8} {:>10} {:>10}  {}\n", "id", "trigger",
+                             "downtime_ms", "drained", "requeued", "rss_before", "rss_after",
+                             "result");
     for (const auto& r : rows) {
-      std::cout << fmt::format("{:>4}  {:<8} {:>11} {:>8} {:>8} {:>9.1f}M {:>9.1f}M  {}{}\n",
-                               r["id"].get<int64_t>(), r["trigger"].get<std::string>(),
-                               r["downtime_ms"].get<int64_t>(), r["drained"].get<int64_t>(),
-                               r["requeued"].get<int64_t>(), r["mem_before"].get<int64_t>() / 1048576.0,
-                               r["mem_after"].get<int64_t>() / 1048576.0,
-                               r["result"].get<std::string>(),
-                               r["error"].get<std::string>().empty() ? "" : ": " + r["error"].get<std::string>());
+      std::cout << fmt::format(
+          "{:>4}  {:<8} {:>11} {:>8} {:>8} {:>9.1f}M {:>9.1f}M  {}{}\n", r["id"].get<int64_t>(),
+          r["trigger"].get<std::string>(), r["downtime_ms"].get<int64_t>(),
+          r["drained"].get<int64_t>(), r["requeued"].get<int64_t>(),
+          r["mem_before"].get<int64_t>() / 1048576.0, r["mem_after"].get<int64_t>() / 1048576.0,
+          r["result"].get<std::string>(),
+          r["error"].get<std::string>().empty() ? "" : ": " + r["error"].get<std::string>());
     }
   });
 }

@@ -39,31 +39,48 @@ const IntKey kIntKeys[] = {
     {"kv_cache_mb", &ServiceConfig::kv_cache_mb, 1, int64_t{1} << 20,
      "KV cache budget over all ranks, MiB (default 256)"},
     {"max_num_seqs", &ServiceConfig::max_num_seqs, 1, 4096, "Batch slots (default 64)"},
-    {"max_num_batched_tokens", &ServiceConfig::max_num_batched_tokens, 1, 1 << 20, "Tokens per engine step (default 4096)"},
-    {"static_batch_wait_ms", &ServiceConfig::static_batch_wait_ms, 0, 600000, "Static batching: longest wait for a full batch (default 200)"},
-    {"max_model_len", &ServiceConfig::max_model_len, 0, 1 << 24, "Cap on prompt + max_tokens; 0 = model context (default 0)"},
-    {"max_prompt_tokens", &ServiceConfig::max_prompt_tokens, 1, 1 << 24, "Cap on the rendered prompt length (default 32768)"},
-    {"lease_s", &ServiceConfig::lease_s, 1, 86400, "Job lease in seconds, renewed while running (default 60)"},
-    {"poll_ms", &ServiceConfig::poll_ms, 1, 60000, "Poll period for external inserts, ms (default 50)"},
-    {"drain_timeout_s", &ServiceConfig::drain_timeout_s, 0, 86400, "Maintenance: wait for in-flight work, then requeue (default 60)"},
-    {"shutdown_timeout_s", &ServiceConfig::shutdown_timeout_s, 0, 86400, "SIGTERM: wait for in-flight work, then requeue (default 30)"},
-    {"warmup_seqs", &ServiceConfig::warmup_seqs, 0, 4096, "Sequences in the warmup batch after a (re)build (default 4)"},
-    {"health_stall_s", &ServiceConfig::health_stall_s, 1, 86400, "/health fails when work is pending and no step ran this long (default 60)"},
+    {"max_num_batched_tokens", &ServiceConfig::max_num_batched_tokens, 1, 1 << 20,
+     "Tokens per engine step (default 4096)"},
+    {"static_batch_wait_ms", &ServiceConfig::static_batch_wait_ms, 0, 600000,
+     "Static batching: longest wait for a full batch (default 200)"},
+    {"max_model_len", &ServiceConfig::max_model_len, 0, 1 << 24,
+     "Cap on prompt + max_tokens; 0 = model context (default 0)"},
+    {"max_prompt_tokens", &ServiceConfig::max_prompt_tokens, 1, 1 << 24,
+     "Cap on the rendered prompt length (default 32768)"},
+    {"lease_s", &ServiceConfig::lease_s, 1, 86400,
+     "Job lease in seconds, renewed while running (default 60)"},
+    {"poll_ms", &ServiceConfig::poll_ms, 1, 60000,
+     "Poll period for external inserts, ms (default 50)"},
+    {"drain_timeout_s", &ServiceConfig::drain_timeout_s, 0, 86400,
+     "Maintenance: wait for in-flight work, then requeue (default 60)"},
+    {"shutdown_timeout_s", &ServiceConfig::shutdown_timeout_s, 0, 86400,
+     "SIGTERM: wait for in-flight work, then requeue (default 30)"},
+    {"warmup_seqs", &ServiceConfig::warmup_seqs, 0, 4096,
+     "Sequences in the warmup batch after a (re)build (default 4)"},
+    {"health_stall_s", &ServiceConfig::health_stall_s, 1, 86400,
+     "/health fails when work is pending and no step ran this long (default 60)"},
 };
 const SmallIntKey kSmallIntKeys[] = {
     {"tp", &ServiceConfig::tp, 1, 64, "Tensor-parallel ranks (default 1)"},
     {"threads", &ServiceConfig::threads, 0, 4096, "CPU compute threads; 0 = all cores"},
-    {"http_port", &ServiceConfig::http_port, -1, 65535, "Loopback health/metrics port; 0 = any free; -1 = off (default 9464)"},
+    {"http_port", &ServiceConfig::http_port, -1, 65535,
+     "Loopback health/metrics port; 0 = any free; -1 = off (default 9464)"},
 };
 const StrKey kStrKeys[] = {
-    {"db", &ServiceConfig::db, 4096, "Job database (default $MOEBATCH_DB or ~/.local/share/moebatch/jobs.db)"},
+    {"db", &ServiceConfig::db, 4096,
+     "Job database (default $MOEBATCH_DB or ~/.local/share/moebatch/jobs.db)"},
     {"model", &ServiceConfig::model, 4096, "Checkpoint directory (config.json + *.safetensors)"},
-    {"tokenizer", &ServiceConfig::tokenizer, 4096, "Tokenizer directory (default: the model directory)"},
+    {"tokenizer", &ServiceConfig::tokenizer, 4096,
+     "Tokenizer directory (default: the model directory)"},
     {"backend", &ServiceConfig::backend, 16, "cpu | cuda (default cpu)"},
-    {"restart_at", &ServiceConfig::restart_at, 128, "Nightly restart: HH:MM local time or 'M H * * *'; empty = off"},
-    {"http_host", &ServiceConfig::http_host, 64, "Health/metrics address, loopback only (default 127.0.0.1)"},
-    {"ready_file", &ServiceConfig::ready_file, 4096, "Write {pid, worker, http_port} JSON here once serving"},
-    {"synchronous", &ServiceConfig::synchronous, 16, "SQLite durability: normal | full (default normal)"},
+    {"restart_at", &ServiceConfig::restart_at, 128,
+     "Nightly restart: HH:MM local time or 'M H * * *'; empty = off"},
+    {"http_host", &ServiceConfig::http_host, 64,
+     "Health/metrics address, loopback only (default 127.0.0.1)"},
+    {"ready_file", &ServiceConfig::ready_file, 4096,
+     "Write {pid, worker, http_port} JSON here once serving"},
+    {"synchronous", &ServiceConfig::synchronous, 16,
+     "SQLite durability: normal | full (default normal)"},
 };
 
 std::string flag_of(const char* key) {
@@ -127,8 +144,7 @@ void load_config_file(const std::filesystem::path& path, ServiceConfig& cfg) {
   std::error_code ec;
   const auto size = std::filesystem::file_size(path, ec);
   if (ec) throw InputError("config " + path.string() + ": " + ec.message());
-  if (size > kMaxConfigBytes)
-    throw InputError("config " + path.string() + ": larger than 1 MiB");
+  if (size > kMaxConfigBytes) throw InputError("config " + path.string() + ": larger than 1 MiB");
   std::ifstream in(path);
   std::stringstream ss;
   ss << in.rdbuf();
@@ -183,8 +199,8 @@ nlohmann::json config_to_json(const ServiceConfig& cfg) {
 
 /// Flag values as parsed, before merging with the file.
 struct ServiceFlags {
-  ServiceConfig values;      ///< flag targets
-  std::string config_file;   ///< --config
+  ServiceConfig values;     ///< flag targets
+  std::string config_file;  ///< --config
   std::string batching = "continuous";
 };
 
@@ -198,7 +214,8 @@ std::shared_ptr<ServiceFlags> add_service_flags(CLI::App& cmd) {
       cmd.add_option(flag_of(k.name), f->values.*k.field, k.help);
   }
   for (const IntKey& k : kIntKeys) cmd.add_option(flag_of(k.name), f->values.*k.field, k.help);
-  for (const SmallIntKey& k : kSmallIntKeys) cmd.add_option(flag_of(k.name), f->values.*k.field, k.help);
+  for (const SmallIntKey& k : kSmallIntKeys)
+    cmd.add_option(flag_of(k.name), f->values.*k.field, k.help);
   cmd.add_option("--batching", f->batching, "continuous (default) | static");
   return f;
 }

@@ -24,30 +24,30 @@ enum class BatchingMode {
 /// Every knob of `moebatch serve`. Field names are the JSON keys (snake_case) and, with dashes,
 /// the flag names.
 struct ServiceConfig {
-  std::string db;                     ///< job database (required)
-  std::string model;                  ///< checkpoint directory (required)
-  std::string tokenizer;              ///< tokenizer directory; empty = the model directory
-  std::string backend = "cpu";        ///< cpu | cuda
-  int tp = 1;                         ///< tensor-parallel ranks
-  int threads = 0;                    ///< CPU compute threads; 0 = all cores
-  int64_t kv_cache_mb = 256;          ///< KV cache budget over all ranks, MiB
-  int64_t max_num_seqs = 64;          ///< batch slots (vLLM --max-num-seqs)
+  std::string db;                         ///< job database (required)
+  std::string model;                      ///< checkpoint directory (required)
+  std::string tokenizer;                  ///< tokenizer directory; empty = the model directory
+  std::string backend = "cpu";            ///< cpu | cuda
+  int tp = 1;                             ///< tensor-parallel ranks
+  int threads = 0;                        ///< CPU compute threads; 0 = all cores
+  int64_t kv_cache_mb = 256;              ///< KV cache budget over all ranks, MiB
+  int64_t max_num_seqs = 64;              ///< batch slots (vLLM --max-num-seqs)
   int64_t max_num_batched_tokens = 4096;  ///< tokens per step (vLLM --max-num-batched-tokens)
   BatchingMode batching = BatchingMode::Continuous;  ///< see BatchingMode
-  int64_t static_batch_wait_ms = 200;  ///< static mode: longest wait for a batch to fill
-  int64_t max_model_len = 0;          ///< prompt + max_tokens cap; 0 = the model's context
-  int64_t max_prompt_tokens = 32768;  ///< rendered prompt length cap
-  int64_t lease_s = 60;               ///< job lease; renewed every lease/3 while running
-  int64_t poll_ms = 50;               ///< data_version poll period (external inserts)
-  int64_t drain_timeout_s = 60;       ///< maintenance: wait this long for in-flight work
-  int64_t shutdown_timeout_s = 30;    ///< SIGTERM: wait this long, then give jobs back
-  std::string restart_at;             ///< "HH:MM" or "M H * * *"; empty = no nightly restart
-  int64_t warmup_seqs = 4;            ///< sequences in the warmup batch after a (re)build
+  int64_t static_batch_wait_ms = 200;   ///< static mode: longest wait for a batch to fill
+  int64_t max_model_len = 0;            ///< prompt + max_tokens cap; 0 = the model's context
+  int64_t max_prompt_tokens = 32768;    ///< rendered prompt length cap
+  int64_t lease_s = 60;                 ///< job lease; renewed every lease/3 while running
+  int64_t poll_ms = 50;                 ///< data_version poll period (external inserts)
+  int64_t drain_timeout_s = 60;         ///< maintenance: wait this long for in-flight work
+  int64_t shutdown_timeout_s = 30;      ///< SIGTERM: wait this long, then give jobs back
+  std::string restart_at;               ///< "HH:MM" or "M H * * *"; empty = no nightly restart
+  int64_t warmup_seqs = 4;              ///< sequences in the warmup batch after a (re)build
   std::string http_host = "127.0.0.1";  ///< health/metrics address (loopback only)
-  int http_port = 9464;               ///< health/metrics port; 0 = any free port; -1 = off
-  int64_t health_stall_s = 60;        ///< /health fails when busy and no step for this long
-  std::string ready_file;             ///< written (JSON: pid, worker, http_port) once serving
-  std::string synchronous = "normal";  ///< SQLite durability: normal | full
+  int http_port = 9464;                 ///< health/metrics port; 0 = any free port; -1 = off
+  int64_t health_stall_s = 60;          ///< /health fails when busy and no step for this long
+  std::string ready_file;               ///< written (JSON: pid, worker, http_port) once serving
+  std::string synchronous = "normal";   ///< SQLite durability: normal | full
 };
 
 /// Reads a JSON object of ServiceConfig keys onto `cfg` (unknown keys are errors). InputError

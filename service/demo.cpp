@@ -19,11 +19,18 @@
 namespace moebatch {
 namespace {
 
-const char* const kTopics[] = {
-    "mixture-of-experts routing", "SQLite write-ahead logging", "batch inference",
-    "tensor parallelism",         "paged KV caches",            "ZeroMQ sockets",
-    "nightly restarts",           "tail latency",               "token sampling",
-    "chunked prefill",            "lease-based job queues",     "Prometheus metrics"};
+const char* const kTopics[] = {"mixture-of-experts routing",
+                               "SQLite write-ahead logging",
+                               "batch inference",
+                               "tensor parallelism",
+                               "paged KV caches",
+                               "ZeroMQ sockets",
+                               "nightly restarts",
+                               "tail latency",
+                               "token sampling",
+                               "chunked prefill",
+                               "lease-based job queues",
+                               "Prometheus metrics"};
 
 std::string text_prompt(int64_t i) {
   return fmt::format("Job {}: write two sentences about {}.", i, kTopics[i % 12]);
@@ -32,7 +39,8 @@ std::string text_prompt(int64_t i) {
 std::string chat_prompt(int64_t i) {
   nlohmann::json m = nlohmann::json::array(
       {{{"role", "system"}, {"content", "You are a concise assistant."}},
-       {{"role", "user"}, {"content", fmt::format("Question {}: what is {}?", i, kTopics[i % 12])}}});
+       {{"role", "user"},
+        {"content", fmt::format("Question {}: what is {}?", i, kTopics[i % 12])}}});
   return m.dump();
 }
 
@@ -160,9 +168,10 @@ int run_service_demo(const DemoOptions& o, std::ostream& out) {
   ServiceHooks hooks;
   hooks.handle_signals = false;
   Service service(cfg, hooks);
-  out << fmt::format("model   {} (random weights)\ndatabase {}\nhealth  http://127.0.0.1:{}/health "
-                     "and /metrics while it runs\n\n",
-                     model.string(), db_path.string(), service.http_port());
+  out << fmt::format(
+      "model   {} (random weights)\ndatabase {}\nhealth  http://127.0.0.1:{}/health "
+      "and /metrics while it runs\n\n",
+      model.string(), db_path.string(), service.http_port());
 
   int service_code = 0;
   std::thread service_thread([&] { service_code = service.run(); });
@@ -184,9 +193,10 @@ int run_service_demo(const DemoOptions& o, std::ostream& out) {
       service.wake();
       api_jobs += hi - lo - half;
     }
-    out << fmt::format("submitted {} jobs: {} by SQL INSERT (external producer), {} by the store "
-                       "API (CLI/ZeroMQ path)\n",
-                       o.jobs, sql_jobs, api_jobs);
+    out << fmt::format(
+        "submitted {} jobs: {} by SQL INSERT (external producer), {} by the store "
+        "API (CLI/ZeroMQ path)\n",
+        o.jobs, sql_jobs, api_jobs);
     // Wait for every job to be final.
     for (;;) {
       const QueueStats st = store.stats();

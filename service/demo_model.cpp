@@ -58,9 +58,8 @@ void write_text(const std::filesystem::path& p, const std::string& text) {
 }
 
 std::string dir_name(const DemoModelSpec& s, int64_t vocab) {
-  return "demo-qwen3moe-v1-h" + std::to_string(s.hidden) + "-l" + std::to_string(s.layers) +
-         "-e" + std::to_string(s.experts) + "-v" + std::to_string(vocab) + "-s" +
-         std::to_string(s.seed);
+  return "demo-qwen3moe-v1-h" + std::to_string(s.hidden) + "-l" + std::to_string(s.layers) + "-e" +
+         std::to_string(s.experts) + "-v" + std::to_string(vocab) + "-s" + std::to_string(s.seed);
 }
 
 }  // namespace

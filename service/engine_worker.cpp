@@ -63,8 +63,8 @@ std::unique_ptr<Engine> make_engine(const ServiceConfig& cfg, EngineInfo& info) 
   info.weight_bytes = weight_bytes_fp32(mc);
   info.description = std::string(arch_name(mc.arch)) + ", " + std::to_string(mc.num_layers) +
                      " layers, " + std::to_string(mc.num_experts) + " experts, hidden " +
-                     std::to_string(mc.hidden_size) + ", vocab " +
-                     std::to_string(mc.vocab_size) + ", cpu tp=" + std::to_string(cfg.tp);
+                     std::to_string(mc.hidden_size) + ", vocab " + std::to_string(mc.vocab_size) +
+                     ", cpu tp=" + std::to_string(cfg.tp);
   EngineOptions eo;
   eo.max_num_seqs = cfg.max_num_seqs;
   eo.max_num_batched_tokens = cfg.max_num_batched_tokens;
@@ -100,7 +100,9 @@ EngineWorker::~EngineWorker() {
   }
 }
 
-void EngineWorker::start() { thread_ = std::thread([this] { run(); }); }
+void EngineWorker::start() {
+  thread_ = std::thread([this] { run(); });
+}
 
 void EngineWorker::join() {
   if (thread_.joinable()) thread_.join();
@@ -224,8 +226,8 @@ bool EngineWorker::admit(std::chrono::milliseconds wait) {
     const auto fill_deadline =
         SteadyClock::now() + std::chrono::milliseconds(cfg_.static_batch_wait_ms);
     while (batch.size() < slots) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          fill_deadline - SteadyClock::now());
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(fill_deadline - SteadyClock::now());
       if (left.count() <= 0) break;
       auto next = input_.pop_for(left);
       if (!next) break;
@@ -248,13 +250,12 @@ void EngineWorker::step() {
   counters_.occupied_slots +=
       std::min<int64_t>(static_cast<int64_t>(active_.size()), cfg_.max_num_seqs);
   std::vector<FinishedSequence> finished = engine_->step();
-  const auto now = SteadyClock::now();
   counters_.steps += 1;
   bool any = false;
   for (FinishedSequence& f : finished) {
     const auto id = static_cast<int64_t>(f.id);
-    auto it = std::find_if(active_.begin(), active_.end(),
-                           [&](const auto& a) { return a.first == id; });
+    auto it =
+        std::find_if(active_.begin(), active_.end(), [&](const auto& a) { return a.first == id; });
     MB_CHECK(it != active_.end(), "engine finished a sequence the worker did not add");
     WorkResult r;
     r.job_id = id;
@@ -272,7 +273,6 @@ void EngineWorker::step() {
     std::lock_guard lock(mu_);
     if (command_ != Command::None) ++drained_;
   }
-  (void)now;
   counters_.active = static_cast<int64_t>(active_.size());
   if (any) notify_();
 }

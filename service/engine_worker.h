@@ -39,15 +39,15 @@ struct EngineInfo {
 
 /// What the engine side of one maintenance cycle did.
 struct CycleReport {
-  bool ok = false;              ///< rebuilt and warmed up
-  std::string error;            ///< why not, when !ok
-  int64_t drained = 0;          ///< sequences that finished during the drain
-  int64_t aborted = 0;          ///< sequences dropped at the drain deadline (to be requeued)
-  int64_t mem_before = 0;       ///< process RSS before destroying the engine, bytes
-  int64_t mem_after = 0;        ///< process RSS after rebuild and warmup, bytes
-  double drain_s = 0;           ///< drain duration
-  double rebuild_s = 0;         ///< destroy + build duration
-  double warmup_s = 0;          ///< warmup batch duration
+  bool ok = false;         ///< rebuilt and warmed up
+  std::string error;       ///< why not, when !ok
+  int64_t drained = 0;     ///< sequences that finished during the drain
+  int64_t aborted = 0;     ///< sequences dropped at the drain deadline (to be requeued)
+  int64_t mem_before = 0;  ///< process RSS before destroying the engine, bytes
+  int64_t mem_after = 0;   ///< process RSS after rebuild and warmup, bytes
+  double drain_s = 0;      ///< drain duration
+  double rebuild_s = 0;    ///< destroy + build duration
+  double warmup_s = 0;     ///< warmup batch duration
 };
 
 /// Engine-thread counters, read by /metrics.
@@ -118,7 +118,7 @@ class EngineWorker {
   ServiceConfig cfg_;
   std::function<void()> notify_;
   Handoff<WorkItem> input_;
-  std::unique_ptr<Engine> engine_;  // engine thread only (after start)
+  std::unique_ptr<Engine> engine_;                  // engine thread only (after start)
   std::vector<std::pair<int64_t, Active>> active_;  // engine thread only
   EngineCounters counters_;
 

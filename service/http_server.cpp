@@ -68,8 +68,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
 
 }  // namespace
 
-HttpServer::HttpServer(net::io_context& io, const std::string& host, int port,
-                       HttpHandler handler)
+HttpServer::HttpServer(net::io_context& io, const std::string& host, int port, HttpHandler handler)
     : acceptor_(io), handler_(std::make_shared<HttpHandler>(std::move(handler))) {
   MB_CHECK(port >= 0 && port <= 65535, "http port out of range");
   beast::error_code ec;

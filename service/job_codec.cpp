@@ -18,8 +18,8 @@ std::vector<ChatMessage> parse_chat(const std::string& json) {
   if (j.is_discarded() || !j.is_array()) throw InputError("prompt: not a JSON array of messages");
   std::vector<ChatMessage> out;
   for (const auto& m : j) {
-    if (!m.is_object() || !m.contains("role") || !m.contains("content") ||
-        !m["role"].is_string() || !m["content"].is_string()) {
+    if (!m.is_object() || !m.contains("role") || !m.contains("content") || !m["role"].is_string() ||
+        !m["content"].is_string()) {
       throw InputError("prompt: every message needs string role and content");
     }
     out.push_back({m["role"].get<std::string>(), m["content"].get<std::string>(), std::nullopt});
@@ -100,7 +100,8 @@ std::variant<WorkItem, std::string> prepare_work(const Job& job, const Tokenizer
   w.top_k = sp.top_k;
   w.seed = sp.seed ? static_cast<uint64_t>(*sp.seed) : default_seed(job.id);
   for (TokenId id : tokenizer.eos_ids()) {
-    if (static_cast<int64_t>(id) < limits.vocab_size) w.stop_ids.push_back(static_cast<int32_t>(id));
+    if (static_cast<int64_t>(id) < limits.vocab_size)
+      w.stop_ids.push_back(static_cast<int32_t>(id));
   }
   w.claimed = std::chrono::steady_clock::now();
   return w;

@@ -25,9 +25,9 @@ struct IntakeLimits {
 
 /// What the dispatcher remembers about a job between claim and completion.
 struct InFlightJob {
-  int64_t enqueued_at = 0;             ///< jobs.enqueued_at
-  int64_t started_at = 0;              ///< jobs.started_at of this attempt
-  std::vector<std::string> stop;       ///< stop strings, applied on the text
+  int64_t enqueued_at = 0;                ///< jobs.enqueued_at
+  int64_t started_at = 0;                 ///< jobs.started_at of this attempt
+  std::vector<std::string> stop;          ///< stop strings, applied on the text
   std::optional<std::string> client_key;  ///< for the completion notice
   std::optional<std::string> batch_id;    ///< for the completion notice
 };

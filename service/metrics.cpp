@@ -10,7 +10,7 @@ namespace {
 constexpr int64_t kRateWindowMs = 10000;
 
 const std::vector<double> kLatencyBounds = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-                                            1,     2.5,  5,     10,   30,  60,  300};
+                                            1,     2.5,  5,     10,   30,  60,   300};
 
 void gauge(std::string& out, const std::string& name, const std::string& help, double v) {
   out += fmt::format("# HELP {} {}\n# TYPE {} gauge\n{} {}\n", name, help, name, name, v);
@@ -52,8 +52,7 @@ ServiceMetrics::ServiceMetrics()
       total_s_(kLatencyBounds),
       restart_downtime_s_({1, 5, 10, 30, 60, 120, 300, 600}) {}
 
-void ServiceMetrics::job_done(double queue_wait_s, double ttft_s, double total_s,
-                              int64_t tokens) {
+void ServiceMetrics::job_done(double queue_wait_s, double ttft_s, double total_s, int64_t tokens) {
   ++jobs_done_;
   tokens_done_ += tokens;
   queue_wait_s_.observe(queue_wait_s);
@@ -67,8 +66,8 @@ void ServiceMetrics::restart(bool ok, double downtime_s) {
 }
 
 std::string ServiceMetrics::render(const MetricsInputs& in) {
-  window_.push_back({in.now_ms, jobs_done_, in.engine_tokens, in.engine_steps,
-                     in.engine_slot_steps});
+  window_.push_back(
+      {in.now_ms, jobs_done_, in.engine_tokens, in.engine_steps, in.engine_slot_steps});
   while (window_.size() > 2 && in.now_ms - window_[1].ms >= kRateWindowMs) window_.pop_front();
   const Sample& a = window_.front();
   const Sample& b = window_.back();
@@ -90,11 +89,10 @@ std::string ServiceMetrics::render(const MetricsInputs& in) {
   counter(out, "moebatch_jobs_failed_total", "Jobs this process failed for good.", jobs_failed_);
   counter(out, "moebatch_jobs_requeued_total",
           "Claimed jobs given back (shutdown, drain timeout, engine failure).", jobs_requeued_);
-  counter(out, "moebatch_tokens_generated_total", "Tokens the engine generated.",
-          in.engine_tokens);
+  counter(out, "moebatch_tokens_generated_total", "Tokens the engine generated.", in.engine_tokens);
   counter(out, "moebatch_engine_steps_total", "Engine steps run.", in.engine_steps);
-  counter(out, "moebatch_engine_slot_steps_total",
-          "Occupied batch slots summed over engine steps.", in.engine_slot_steps);
+  counter(out, "moebatch_engine_slot_steps_total", "Occupied batch slots summed over engine steps.",
+          in.engine_slot_steps);
   gauge(out, "moebatch_jobs_per_second", "Jobs completed per second over the last ~10 s.",
         jobs_rate);
   gauge(out, "moebatch_tokens_per_second", "Tokens generated per second over the last ~10 s.",
@@ -110,8 +108,7 @@ std::string ServiceMetrics::render(const MetricsInputs& in) {
   out += "# TYPE moebatch_restarts_total counter\n";
   out += fmt::format("moebatch_restarts_total{{result=\"ok\"}} {}\n", restarts_ok_);
   out += fmt::format("moebatch_restarts_total{{result=\"failed\"}} {}\n", restarts_failed_);
-  queue_wait_s_.render("moebatch_queue_wait_seconds", "Enqueue to claim, per completed job.",
-                       out);
+  queue_wait_s_.render("moebatch_queue_wait_seconds", "Enqueue to claim, per completed job.", out);
   ttft_s_.render("moebatch_ttft_seconds", "Claim to first token, per completed job.", out);
   total_s_.render("moebatch_job_total_seconds", "Enqueue to finish, per completed job.", out);
   restart_downtime_s_.render("moebatch_restart_downtime_seconds",

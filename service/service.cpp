@@ -63,7 +63,8 @@ Service::Service(ServiceConfig cfg, ServiceHooks hooks)
   limits_.vocab_size = info.vocab_size;
   limits_.max_prompt_tokens = cfg_.max_prompt_tokens;
   limits_.max_model_len = info.max_context;
-  if (cfg_.max_model_len > 0) limits_.max_model_len = std::min(limits_.max_model_len, cfg_.max_model_len);
+  if (cfg_.max_model_len > 0)
+    limits_.max_model_len = std::min(limits_.max_model_len, cfg_.max_model_len);
   // A sequence reserves KV for prompt + max_tokens up front, so one longer than the whole
   // cache could never be admitted: refuse it at intake with a reason instead.
   limits_.max_model_len = std::min(limits_.max_model_len, info.kv_tokens);
@@ -103,8 +104,8 @@ void Service::log_start() const {
 
 void Service::write_ready_file() const {
   if (cfg_.ready_file.empty()) return;
-  nlohmann::json j{{"pid", getpid()}, {"worker", worker_}, {"http_port", http_port()},
-                   {"db", cfg_.db}};
+  nlohmann::json j{
+      {"pid", getpid()}, {"worker", worker_}, {"http_port", http_port()}, {"db", cfg_.db}};
   // Write then rename, so a reader never sees half a file.
   const std::string tmp = cfg_.ready_file + ".tmp";
   {

@@ -41,8 +41,8 @@ class Tokenizer;
 
 /// A job that reached a final state, for the completion notice.
 struct FinalNotice {
-  int64_t job_id = 0;                   ///< jobs.id
-  std::string state;                    ///< "done" | "failed"
+  int64_t job_id = 0;                     ///< jobs.id
+  std::string state;                      ///< "done" | "failed"
   std::optional<std::string> client_key;  ///< the job's client key
   std::optional<std::string> batch_id;    ///< the job's batch
   std::optional<std::string> error;       ///< failure reason

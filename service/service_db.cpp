@@ -49,7 +49,10 @@ int64_t ServiceDb::record_cycle(const CycleRecord& c) {
       "INSERT INTO service_cycles (worker, trigger, started_at, ended_at, downtime_ms, drained, "
       "requeued, mem_before, mem_after, warmup_ms, result, error) "
       "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)");
-  s.bind(1, std::string_view(c.worker)).bind(2, std::string_view(c.trigger)).bind(3, c.started_at).bind(4, c.ended_at);
+  s.bind(1, std::string_view(c.worker))
+      .bind(2, std::string_view(c.trigger))
+      .bind(3, c.started_at)
+      .bind(4, c.ended_at);
   s.bind(5, c.downtime_ms).bind(6, c.drained).bind(7, c.requeued).bind(8, c.mem_before);
   s.bind(9, c.mem_after).bind(10, c.warmup_ms).bind(11, std::string_view(c.result));
   s.bind(12, c.error.empty() ? std::optional<std::string>() : std::optional(c.error));

@@ -23,19 +23,19 @@ class Db;
 
 /// One maintenance cycle as recorded.
 struct CycleRecord {
-  int64_t id = 0;              ///< row id
-  std::string worker;          ///< daemon that ran it
-  std::string trigger;         ///< "schedule" | "request"
-  int64_t started_at = 0;      ///< ms since the epoch (service clock)
-  int64_t ended_at = 0;        ///< ms since the epoch
-  int64_t downtime_ms = 0;     ///< admission paused: started_at .. resumed
-  int64_t drained = 0;         ///< sequences finished during the drain
-  int64_t requeued = 0;        ///< sequences given back at the drain deadline
-  int64_t mem_before = 0;      ///< process RSS before the teardown, bytes
-  int64_t mem_after = 0;       ///< process RSS after rebuild + warmup, bytes
-  int64_t warmup_ms = 0;       ///< warmup batch duration
-  std::string result;          ///< "ok" | "failed"
-  std::string error;           ///< failure reason, empty when ok
+  int64_t id = 0;           ///< row id
+  std::string worker;       ///< daemon that ran it
+  std::string trigger;      ///< "schedule" | "request"
+  int64_t started_at = 0;   ///< ms since the epoch (service clock)
+  int64_t ended_at = 0;     ///< ms since the epoch
+  int64_t downtime_ms = 0;  ///< admission paused: started_at .. resumed
+  int64_t drained = 0;      ///< sequences finished during the drain
+  int64_t requeued = 0;     ///< sequences given back at the drain deadline
+  int64_t mem_before = 0;   ///< process RSS before the teardown, bytes
+  int64_t mem_after = 0;    ///< process RSS after rebuild + warmup, bytes
+  int64_t warmup_ms = 0;    ///< warmup batch duration
+  std::string result;       ///< "ok" | "failed"
+  std::string error;        ///< failure reason, empty when ok
 };
 
 /// The service tables over one connection.

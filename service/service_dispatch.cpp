@@ -85,9 +85,8 @@ void Service::claim() {
   // Room: every engine slot plus the hand-off, so a freed slot is refilled at the next step
   // from jobs already tokenized; never more, so no job waits leased behind a full queue.
   Handoff<WorkItem>& handoff = worker_engine_->input();
-  const int64_t by_slots =
-      cfg_.max_num_seqs + static_cast<int64_t>(handoff.capacity()) -
-      static_cast<int64_t>(in_flight_.size());
+  const int64_t by_slots = cfg_.max_num_seqs + static_cast<int64_t>(handoff.capacity()) -
+                           static_cast<int64_t>(in_flight_.size());
   const int64_t by_handoff = static_cast<int64_t>(handoff.capacity() - handoff.size());
   const int64_t room = std::min(by_slots, by_handoff);
   if (room <= 0) return;
@@ -152,7 +151,8 @@ void Service::drain_results() {
           store_->fail(worker_, r.job_id, "engine: " + r.error, /*retryable=*/false);
           metrics_.job_failed();
           if (hooks_.on_final)
-            hooks_.on_final({r.job_id, "failed", job.client_key, job.batch_id, "engine: " + r.error});
+            hooks_.on_final(
+                {r.job_id, "failed", job.client_key, job.batch_id, "engine: " + r.error});
           break;
         case WorkOutcome::Aborted:
           if (dead) {
@@ -203,7 +203,8 @@ void Service::arm_renew() {
       try {
         const int64_t n = store_->renew(worker_, ids, std::chrono::seconds(cfg_.lease_s));
         if (n < static_cast<int64_t>(ids.size()))
-          spdlog::warn("lease renewal: {} of {} leases were no longer ours", ids.size() - n, ids.size());
+          spdlog::warn("lease renewal: {} of {} leases were no longer ours", ids.size() - n,
+                       ids.size());
       } catch (const std::exception& e) {
         spdlog::error("lease renewal: {}", e.what());
       }

@@ -14,14 +14,14 @@ namespace moebatch {
 
 /// One tokenized, validated job ready for the engine.
 struct WorkItem {
-  int64_t job_id = 0;                 ///< jobs.id
-  std::vector<int32_t> prompt;        ///< rendered and tokenized prompt
-  int64_t max_tokens = 1;             ///< generated-token budget (>= 1)
-  float temperature = 0.0f;           ///< 0 = greedy
-  float top_p = 1.0f;                 ///< nucleus mass in (0, 1]
-  int64_t top_k = 0;                  ///< 0 = all
-  uint64_t seed = 0;                  ///< sampler seed
-  std::vector<int32_t> stop_ids;      ///< end-of-sequence token ids
+  int64_t job_id = 0;                             ///< jobs.id
+  std::vector<int32_t> prompt;                    ///< rendered and tokenized prompt
+  int64_t max_tokens = 1;                         ///< generated-token budget (>= 1)
+  float temperature = 0.0f;                       ///< 0 = greedy
+  float top_p = 1.0f;                             ///< nucleus mass in (0, 1]
+  int64_t top_k = 0;                              ///< 0 = all
+  uint64_t seed = 0;                              ///< sampler seed
+  std::vector<int32_t> stop_ids;                  ///< end-of-sequence token ids
   std::chrono::steady_clock::time_point claimed;  ///< when the dispatcher claimed the job
 };
 
@@ -34,15 +34,15 @@ enum class WorkOutcome {
 
 /// The engine thread's report on one WorkItem.
 struct WorkResult {
-  int64_t job_id = 0;                  ///< jobs.id
+  int64_t job_id = 0;  ///< jobs.id
   WorkOutcome outcome = WorkOutcome::Finished;
-  std::vector<int32_t> tokens;         ///< generated ids (a stop token included)
-  bool hit_stop_token = false;         ///< ended on a stop id (else max_tokens)
-  int64_t prompt_tokens = 0;           ///< prompt length
-  double handoff_s = 0;                ///< claimed -> added to the engine
-  double ttft_s = 0;                   ///< added -> first token
-  double total_s = 0;                  ///< added -> finished
-  std::string error;                   ///< reason when Rejected or Aborted
+  std::vector<int32_t> tokens;  ///< generated ids (a stop token included)
+  bool hit_stop_token = false;  ///< ended on a stop id (else max_tokens)
+  int64_t prompt_tokens = 0;    ///< prompt length
+  double handoff_s = 0;         ///< claimed -> added to the engine
+  double ttft_s = 0;            ///< added -> first token
+  double total_s = 0;           ///< added -> finished
+  std::string error;            ///< reason when Rejected or Aborted
 };
 
 }  // namespace moebatch

@@ -21,8 +21,9 @@
 
 namespace moebatch {
 // Defined in bench_service_run.cpp (queue side: the two sides cannot share a TU).
-double run_through_service(const std::filesystem::path& model, const std::vector<std::string>& prompts,
-                           int64_t max_tokens, int64_t slots, int64_t* tokens_out);
+double run_through_service(const std::filesystem::path& model,
+                           const std::vector<std::string>& prompts, int64_t max_tokens,
+                           int64_t slots, int64_t* tokens_out);
 }  // namespace moebatch
 
 using namespace moebatch;
@@ -37,8 +38,9 @@ std::vector<std::string> make_prompts(int64_t n) {
   return p;
 }
 
-double run_engine_direct(const std::filesystem::path& model, const std::vector<std::string>& prompts,
-                         int64_t max_tokens, int64_t slots, int64_t* tokens_out) {
+double run_engine_direct(const std::filesystem::path& model,
+                         const std::vector<std::string>& prompts, int64_t max_tokens, int64_t slots,
+                         int64_t* tokens_out) {
   const Tokenizer tok = Tokenizer::from_dir(model);
   CpuBackendOptions o;
   o.kv_cache_bytes = int64_t{64} << 20;
@@ -81,8 +83,8 @@ int main(int argc, char** argv) {
   const int reps = argc > 3 ? std::stoi(argv[3]) : 3;
   const int64_t slots = 64;
   spdlog::set_level(spdlog::level::warn);
-  const auto model = ensure_demo_model(MOEBATCH_BENCH_CACHE,
-                                       std::filesystem::path(MOEBATCH_TEST_DATA) / "qwen3-tokenizer");
+  const auto model = ensure_demo_model(
+      MOEBATCH_BENCH_CACHE, std::filesystem::path(MOEBATCH_TEST_DATA) / "qwen3-tokenizer");
   const auto prompts = make_prompts(jobs);
   std::vector<double> direct, service;
   int64_t tok_direct = 0, tok_service = 0;
@@ -103,9 +105,14 @@ int main(int argc, char** argv) {
   std::printf("full service    %8.3f %8lld %10.1f\n", s, static_cast<long long>(tok_service),
               tok_service / s);
   std::printf("overhead        %+7.1f %%\n", overhead);
-  nlohmann::json j{{"jobs", jobs},          {"max_tokens", max_tokens}, {"slots", slots},
-                   {"direct_s", direct},    {"service_s", service},     {"tokens_direct", tok_direct},
-                   {"tokens_service", tok_service}, {"overhead_pct", overhead}};
+  nlohmann::json j{{"jobs", jobs},
+                   {"max_tokens", max_tokens},
+                   {"slots", slots},
+                   {"direct_s", direct},
+                   {"service_s", service},
+                   {"tokens_direct", tok_direct},
+                   {"tokens_service", tok_service},
+                   {"overhead_pct", overhead}};
   std::ofstream("bench_service.json") << j.dump(2) << "\n";
   return 0;
 }

@@ -33,7 +33,8 @@ TEST(Codec, ChatJobsAreRenderedWithTheTemplate) {
   const WorkItem& w = std::get<WorkItem>(r);
   const auto expect = tok().encode_chat({{"user", "Hi there", std::nullopt}});
   ASSERT_EQ(w.prompt.size(), expect.size());
-  for (size_t i = 0; i < expect.size(); ++i) EXPECT_EQ(w.prompt[i], static_cast<int32_t>(expect[i]));
+  for (size_t i = 0; i < expect.size(); ++i)
+    EXPECT_EQ(w.prompt[i], static_cast<int32_t>(expect[i]));
   EXPECT_EQ(w.max_tokens, 5);
   EXPECT_FLOAT_EQ(w.temperature, 0.5f);
   EXPECT_EQ(w.top_k, 3);
@@ -50,15 +51,14 @@ TEST(Codec, BadJobsGetAReason) {
   ASSERT_TRUE(std::holds_alternative<std::string>(too_long));
   EXPECT_NE(std::get<std::string>(too_long).find("exceeds the context limit of 16"),
             std::string::npos);
-  auto big_prompt = prepare_work(
-      make_job(PromptKind::Text, "a b c d e f g h i j k l m n o p", 1), tok(), lim);
+  auto big_prompt =
+      prepare_work(make_job(PromptKind::Text, "a b c d e f g h i j k l m n o p", 1), tok(), lim);
   EXPECT_NE(std::get<std::string>(big_prompt).find("exceeds the limit of 8"), std::string::npos);
   auto zero = prepare_work(make_job(PromptKind::Text, "hi", 0), tok(), lim);
   EXPECT_NE(std::get<std::string>(zero).find("max_tokens"), std::string::npos);
   IntakeLimits small_vocab{4096, 4096, 100};
   auto vocab = prepare_work(make_job(PromptKind::Text, "zebra", 1), tok(), small_vocab);
-  EXPECT_NE(std::get<std::string>(vocab).find("outside the model's vocabulary"),
-            std::string::npos);
+  EXPECT_NE(std::get<std::string>(vocab).find("outside the model's vocabulary"), std::string::npos);
   auto chat = prepare_work(make_job(PromptKind::Chat, R"({"role":"user"})", 1), tok(), lim);
   EXPECT_NE(std::get<std::string>(chat).find("prompt"), std::string::npos);
 }

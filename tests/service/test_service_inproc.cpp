@@ -116,12 +116,14 @@ TEST(ServiceInProc, SubmitToDoneWithLatencyRowsHealthAndMetrics) {
   EXPECT_EQ(test::http_get(run.svc.http_port(), "/nope").first, 404);
   EXPECT_EQ(run.stop(), 0);
 
-  EXPECT_EQ(test::query_i64(cfg.db, "SELECT count(*) FROM jobs WHERE state = 'done' AND "
-                                    "completion_tokens BETWEEN 1 AND 6 AND prompt_tokens > 0 AND "
-                                    "result_text IS NOT NULL AND finish_reason IN ('stop','length')"),
+  EXPECT_EQ(test::query_i64(cfg.db,
+                            "SELECT count(*) FROM jobs WHERE state = 'done' AND "
+                            "completion_tokens BETWEEN 1 AND 6 AND prompt_tokens > 0 AND "
+                            "result_text IS NOT NULL AND finish_reason IN ('stop','length')"),
             12);
-  EXPECT_EQ(test::query_i64(cfg.db, "SELECT count(*) FROM job_latency WHERE total_ms >= "
-                                    "queue_wait_ms AND ttft_ms IS NOT NULL AND decode_ms >= 0"),
+  EXPECT_EQ(test::query_i64(cfg.db,
+                            "SELECT count(*) FROM job_latency WHERE total_ms >= "
+                            "queue_wait_ms AND ttft_ms IS NOT NULL AND decode_ms >= 0"),
             12);
   EXPECT_EQ(finals.size(), 12u);
   // The chat job's prompt was rendered with the template: many more tokens than its text.
@@ -180,8 +182,9 @@ TEST(ServiceInProc, HigherPriorityRunsFirstAndStaticBatchingCompletes) {
   ASSERT_TRUE(wait_final(store, 10, std::chrono::seconds(60)));
   EXPECT_EQ(run.stop(), 0);
   // The urgent job (id 10, submitted last) started no later than any other.
-  EXPECT_EQ(test::query_i64(cfg.db, "SELECT id FROM jobs ORDER BY started_at, priority DESC LIMIT 1"),
-            10);
+  EXPECT_EQ(
+      test::query_i64(cfg.db, "SELECT id FROM jobs ORDER BY started_at, priority DESC LIMIT 1"),
+      10);
   EXPECT_EQ(test::query_i64(cfg.db, "SELECT count(*) FROM jobs WHERE state = 'done'"), 10);
 }
 
@@ -210,7 +213,8 @@ TEST(ServiceInProc, NightlyCycleUnderLoadLosesAndDuplicatesNothing) {
   so.clock = clock;
   JobStore store(so);
   Running run(cfg, hooks);
-  ASSERT_TRUE(wait_until([&] { return test::http_get(run.svc.http_port(), "/health").first == 200; }));
+  ASSERT_TRUE(
+      wait_until([&] { return test::http_get(run.svc.http_port(), "/health").first == 200; }));
   clock->place_at(target);
   // Jobs before, during and after the cycle.
   int64_t submitted = 0;

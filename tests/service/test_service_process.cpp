@@ -21,11 +21,28 @@ struct Daemon {
   std::filesystem::path model = test::demo_model();
 
   std::vector<std::string> args() const {
-    std::vector<std::string> a = {SERVICE_DAEMON_BIN, "--db", db.string(), "--model",
-                                  model.string(), "--ready-file", ready.string(), "--http-port",
-                                  "0", "--max-num-seqs", "8", "--max-num-batched-tokens", "512",
-                                  "--kv-cache-mb", "16", "--poll-ms", "10", "--warmup-seqs", "1",
-                                  "--threads", "2", "--tokenizer",
+    std::vector<std::string> a = {SERVICE_DAEMON_BIN,
+                                  "--db",
+                                  db.string(),
+                                  "--model",
+                                  model.string(),
+                                  "--ready-file",
+                                  ready.string(),
+                                  "--http-port",
+                                  "0",
+                                  "--max-num-seqs",
+                                  "8",
+                                  "--max-num-batched-tokens",
+                                  "512",
+                                  "--kv-cache-mb",
+                                  "16",
+                                  "--poll-ms",
+                                  "10",
+                                  "--warmup-seqs",
+                                  "1",
+                                  "--threads",
+                                  "2",
+                                  "--tokenizer",
                                   std::string(MOEBATCH_TEST_DATA) + "/qwen3-tokenizer"};
     a.insert(a.end(), extra.begin(), extra.end());
     return a;
@@ -197,15 +214,15 @@ TEST(ServiceProcess, MaintenanceNowRunsACycleAndDeadEngineExitsNonZero) {
   test::Child c = d.start();
   auto ready = test::wait_ready(d.ready, 60s);
   ASSERT_TRUE(ready) << c.read_log();
-  auto [code, out] = test::run_command({MOEBATCH_BIN, "maintenance", "--now", "--db",
-                                        d.db.string()},
-                                       dir.path / "maint.log");
+  auto [code, out] = test::run_command(
+      {MOEBATCH_BIN, "maintenance", "--now", "--db", d.db.string()}, dir.path / "maint.log");
   ASSERT_EQ(code, 0) << out;
   ASSERT_TRUE(wait_until(
       [&] { return test::query_i64(d.db, "SELECT count(*) FROM service_cycles") == 1; }, 30s))
       << c.read_log();
-  EXPECT_EQ(test::query_i64(d.db, "SELECT count(*) FROM service_cycles WHERE result = 'ok' AND "
-                                  "trigger = 'request' AND mem_after > 0"),
+  EXPECT_EQ(test::query_i64(d.db,
+                            "SELECT count(*) FROM service_cycles WHERE result = 'ok' AND "
+                            "trigger = 'request' AND mem_after > 0"),
             1);
   ASSERT_TRUE(wait_until([&] { return count(d.db, "state = 'done'") == 24; }, 60s));
   EXPECT_EQ(test::query_i64(d.db, "SELECT count(*) FROM job_latency"), 24);
@@ -216,8 +233,9 @@ TEST(ServiceProcess, MaintenanceNowRunsACycleAndDeadEngineExitsNonZero) {
   test::run_command({MOEBATCH_BIN, "maintenance", "--now", "--db", d.db.string()},
                     dir.path / "maint2.log");
   EXPECT_EQ(c.wait_for(30s), 3) << c.read_log();
-  EXPECT_EQ(test::query_i64(d.db, "SELECT count(*) FROM service_cycles WHERE result = 'failed' "
-                                  "AND error IS NOT NULL"),
+  EXPECT_EQ(test::query_i64(d.db,
+                            "SELECT count(*) FROM service_cycles WHERE result = 'failed' "
+                            "AND error IS NOT NULL"),
             1);
   EXPECT_EQ(test::http_get((*ready)["http_port"].get<int>(), "/health").first, -1);
   auto [lc, listing] = test::run_command({MOEBATCH_BIN, "maintenance", "--db", d.db.string()},
@@ -229,12 +247,29 @@ TEST(ServiceProcess, MaintenanceNowRunsACycleAndDeadEngineExitsNonZero) {
 TEST(ServiceProcess, ServeRunsTheEngineBehindTheZeroMqIngress) {
   test::TempDir dir;
   const auto db = dir.path / "jobs.db";
-  test::Child c = test::Child::spawn(
-      {MOEBATCH_BIN, "serve", "--db", db.string(), "--model", test::demo_model().string(),
-       "--bind", "tcp://127.0.0.1:*", "--pub", "tcp://127.0.0.1:*", "--http-port", "0",
-       "--max-num-seqs", "4", "--max-num-batched-tokens", "256", "--kv-cache-mb", "16",
-       "--warmup-seqs", "1", "--threads", "2"},
-      dir.path / "serve.log");
+  test::Child c = test::Child::spawn({MOEBATCH_BIN,
+                                      "serve",
+                                      "--db",
+                                      db.string(),
+                                      "--model",
+                                      test::demo_model().string(),
+                                      "--bind",
+                                      "tcp://127.0.0.1:*",
+                                      "--pub",
+                                      "tcp://127.0.0.1:*",
+                                      "--http-port",
+                                      "0",
+                                      "--max-num-seqs",
+                                      "4",
+                                      "--max-num-batched-tokens",
+                                      "256",
+                                      "--kv-cache-mb",
+                                      "16",
+                                      "--warmup-seqs",
+                                      "1",
+                                      "--threads",
+                                      "2"},
+                                     dir.path / "serve.log");
   std::string router;
   ASSERT_TRUE(wait_until(
       [&] {

@@ -78,8 +78,8 @@ TEST(RestartSchedule, DailyAndCronNextTimes) {
   const auto list = RestartSchedule::parse("0,30 4 * * *");
   EXPECT_EQ(*list.next_after(local_ms(2026, 11, 29, 4, 10, 0)), local_ms(2026, 11, 29, 4, 30, 0));
   EXPECT_FALSE(RestartSchedule::parse("").next_after(0));
-  for (const char* bad : {"3:00pm", "25:00", "03:60", "* * * * *", "0 3 * *", "x 3 * * *",
-                          "0 3 32 * *", ":30"}) {
+  for (const char* bad :
+       {"3:00pm", "25:00", "03:60", "* * * * *", "0 3 * *", "x 3 * * *", "0 3 32 * *", ":30"}) {
     EXPECT_THROW(RestartSchedule::parse(bad), InputError) << bad;
   }
 }
