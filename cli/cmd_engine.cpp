@@ -108,7 +108,7 @@ void register_engine_commands(CLI::App& app) {
   });
 
   auto gf = std::make_shared<ModelFlags>();
-  auto sp = std::make_shared<SamplingParams>();
+  auto sp = std::make_shared<GenerationParams>();
   auto as_json = std::make_shared<bool>(false);
   auto* gen = app.add_subcommand("generate", "Generate token ids from a prompt (prompt excluded)");
   add_model_flags(gen, *gf);

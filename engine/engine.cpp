@@ -7,7 +7,7 @@
 namespace moebatch {
 namespace {
 
-double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+double seconds(SteadyClock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 void validate_tokens(const std::vector<int32_t>& tokens, int64_t vocab) {
   if (tokens.empty()) throw InputError("request: prompt is empty");
@@ -44,7 +44,7 @@ void Engine::add(Request req) {
   auto seq = std::make_unique<Sequence>();
   seq->tokens = req.prompt;
   seq->rng.seed(req.sampling.seed);
-  seq->t_added = Clock::now();
+  seq->t_added = SteadyClock::now();
   seq->req = std::move(req);
   scheduler_.add(std::move(seq));
 }
@@ -63,7 +63,7 @@ std::vector<FinishedSequence> Engine::step() {
   if (on_device) {
     std::vector<RowSampling> rows;
     for (const Sequence* s : st.samples_for) {
-      const SamplingParams& sp = s->req.sampling;
+      const GenerationParams& sp = s->req.sampling;
       rows.push_back({sp.temperature, static_cast<int32_t>(std::min<int64_t>(sp.top_k, 1 << 30)), sp.top_p, sp.seed,
                       static_cast<uint64_t>(s->generated())});
     }
@@ -72,7 +72,7 @@ std::vector<FinishedSequence> Engine::step() {
   } else {
     backend_->forward(st.batch, logits_);
   }
-  const auto now = Clock::now();
+  const auto now = SteadyClock::now();
   for (size_t i = 0; i < st.samples_for.size(); ++i) {
     Sequence* s = st.samples_for[i];
     const float* row = on_device ? nullptr : logits_.data() + i * vocab;

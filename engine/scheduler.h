@@ -17,13 +17,13 @@
 
 namespace moebatch {
 
-using Clock = std::chrono::steady_clock;
+using SteadyClock = std::chrono::steady_clock;
 
 /// A generation request as the engine receives it.
 struct Request {
   uint64_t id = 0;              ///< caller's id, returned with the result
   std::vector<int32_t> prompt;  ///< token ids (non-empty)
-  SamplingParams sampling;      ///< how to sample and when to stop
+  GenerationParams sampling;      ///< how to sample and when to stop
   bool keep_logits = false;     ///< return the logits row of every sampled step (tests, debug)
 };
 
@@ -38,7 +38,7 @@ struct Sequence {
   std::vector<int32_t> block_table;          ///< reserved KV blocks
   std::mt19937_64 rng;                       ///< this request's sampler RNG
   std::vector<float> logits;                 ///< kept logits rows (keep_logits only)
-  Clock::time_point t_added, t_first_token;  ///< timings
+  SteadyClock::time_point t_added, t_first_token;  ///< timings
   int64_t prompt_len() const { return static_cast<int64_t>(req.prompt.size()); }
   int64_t generated() const { return static_cast<int64_t>(tokens.size()) - prompt_len(); }
 };

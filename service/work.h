@@ -1,7 +1,6 @@
 // What crosses the thread boundary between the dispatcher (Asio thread, owns the job store) and
 // the engine thread (owns the Engine). Deliberately free of queue and engine headers: the two
-// sides are compiled in different translation units (queue/ and engine/ both declare a
-// moebatch::SamplingParams and a moebatch::Clock), and these plain structs are the whole
+// sides are compiled in different translation units, and these plain structs are the whole
 // contract between them.
 #pragma once
 

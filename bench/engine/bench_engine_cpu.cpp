@@ -15,7 +15,7 @@
 
 namespace {
 
-using moebatch::Clock;
+using moebatch::SteadyClock;
 
 struct Result {
   std::string model;
@@ -38,15 +38,15 @@ Result run(const std::string& data, const std::string& model, int batch, int thr
     r.sampling.max_tokens = kDecode + 1;
     eng.add(r);
   }
-  auto t0 = Clock::now();
+  auto t0 = SteadyClock::now();
   eng.step();  // prefill of all prompts + first sampled token
-  auto t1 = Clock::now();
+  auto t1 = SteadyClock::now();
   int steps = 0;
   while (!eng.idle()) {
     eng.step();
     ++steps;
   }
-  auto t2 = Clock::now();
+  auto t2 = SteadyClock::now();
   const double tp = std::chrono::duration<double>(t1 - t0).count();
   const double td = std::chrono::duration<double>(t2 - t1).count();
   return {model, batch, batch * kPrompt / tp, batch * double(kDecode) / td, 1e3 * td / steps};

@@ -135,7 +135,7 @@ TEST(Sampler, GreedyTopKTopPAndSeeding) {
   const int64_t V = 50;
   std::vector<float> logits(V);
   for (auto& v : logits) v = nd(rng);
-  SamplingParams p;
+  GenerationParams p;
   std::mt19937_64 r1(1);
   EXPECT_EQ(sample_token(logits.data(), V, p, r1),
             std::max_element(logits.begin(), logits.end()) - logits.begin());
@@ -167,16 +167,16 @@ TEST(Sampler, GreedyTopKTopPAndSeeding) {
   for (int i = 0; i < 50; ++i)
     EXPECT_EQ(sample_token(logits.data(), V, p, a), sample_token(logits.data(), V, p, b));
   auto bad = [&](auto mutate) {
-    SamplingParams q;
+    GenerationParams q;
     mutate(q);
     return q;
   };
-  EXPECT_THROW(validate_sampling(bad([](SamplingParams& q) { q.temperature = -1; }), V),
+  EXPECT_THROW(validate_sampling(bad([](GenerationParams& q) { q.temperature = -1; }), V),
                InputError);
-  EXPECT_THROW(validate_sampling(bad([](SamplingParams& q) { q.top_p = 0; }), V), InputError);
-  EXPECT_THROW(validate_sampling(bad([](SamplingParams& q) { q.max_tokens = 0; }), V), InputError);
+  EXPECT_THROW(validate_sampling(bad([](GenerationParams& q) { q.top_p = 0; }), V), InputError);
+  EXPECT_THROW(validate_sampling(bad([](GenerationParams& q) { q.max_tokens = 0; }), V), InputError);
   EXPECT_THROW(
-      validate_sampling(bad([&](SamplingParams& q) { q.stop_token_ids = {int32_t(V)}; }), V),
+      validate_sampling(bad([&](GenerationParams& q) { q.stop_token_ids = {int32_t(V)}; }), V),
       InputError);
 }
 
