@@ -172,8 +172,8 @@ void register_demo_command(CLI::App& app) {
   auto* demo = app.add_subcommand(
       "demo",
       "The whole pipeline in under a minute: start the service on the bundled tiny model (RANDOM "
-      "weights: gibberish text) on CPU, submit jobs through SQL inserts, the store API and "
-      "ZeroMQ when built, wait, print throughput and latency");
+      "weights: gibberish text) on CPU behind the ZeroMQ ingress, submit jobs through SQL inserts "
+      "and ZeroMQ, wait, print throughput and latency");
   demo->add_option("--jobs", o->jobs, "Jobs to submit (default 300, 1..100000)");
   demo->add_option("--max-tokens", o->max_tokens, "max_tokens per job (default 16, 1..512)");
   demo->add_option("--max-num-seqs", o->max_num_seqs, "Batch slots (default 64)");

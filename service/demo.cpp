@@ -13,6 +13,8 @@
 
 #include "common/error.h"
 #include "queue/job_store.h"
+#include "queue/zmq/client.h"
+#include "queue/zmq/ingress.h"
 #include "service/demo_model.h"
 #include "service/service.h"
 
@@ -73,13 +75,14 @@ void insert_with_sql(const std::filesystem::path& db_path, int64_t first, int64_
   if (rc != SQLITE_OK) throw Error("demo: SQL producer failed: " + msg);
 }
 
-// The store API: what `moebatch submit` and the ZeroMQ ingress use.
-void submit_with_store(JobStore& store, int64_t first, int64_t count, int64_t max_tokens) {
+// Jobs submitted by the ZeroMQ producer, with their idempotency keys.
+std::vector<JobSpec> zmq_specs(int64_t first, int64_t count, int64_t max_tokens) {
   std::vector<JobSpec> specs;
   for (int64_t i = first; i < first + count; ++i) {
     JobSpec s;
-    s.client_key = fmt::format("demo-api-{}", i);
-    s.batch_id = "demo-api";
+    // The idempotency key: a message resent after a lost ack maps to the same jobs.
+    s.client_key = fmt::format("demo-zmq-{}", i);
+    s.batch_id = "demo-zmq";
     s.prompt_kind = i % 3 == 0 ? PromptKind::Chat : PromptKind::Text;
     s.prompt = s.prompt_kind == PromptKind::Chat ? chat_prompt(i) : text_prompt(i);
     s.sampling.max_tokens = max_tokens;
@@ -91,8 +94,16 @@ void submit_with_store(JobStore& store, int64_t first, int64_t count, int64_t ma
     s.sampling.seed = i;
     specs.push_back(std::move(s));
   }
-  store.submit_many(specs);
+  return specs;
 }
+
+// What the ZeroMQ producer saw: jobs created, messages (with retries) and the ids of a resent
+// message that came back as already known.
+struct ZmqTally {
+  int64_t created = 0;
+  int64_t sends = 0;
+  int64_t resent_known = 0;
+};
 
 struct Latencies {
   std::vector<double> wait, ttft, total;
@@ -125,6 +136,14 @@ Latencies read_latencies(const std::filesystem::path& db_path) {
   sqlite3_finalize(st);
   sqlite3_close(db);
   return l;
+}
+
+int64_t done_in_batch(JobStore& store, const char* batch) {
+  ListFilter f;
+  f.state = JobState::Done;
+  f.batch_id = batch;
+  f.limit = 100000;
+  return static_cast<int64_t>(store.list(f).size());
 }
 
 // Nearest-rank percentile.
@@ -168,35 +187,61 @@ int run_service_demo(const DemoOptions& o, std::ostream& out) {
   ServiceHooks hooks;
   hooks.handle_signals = false;
   Service service(cfg, hooks);
+  // The ZeroMQ ingress in front of the same database, wired as `moebatch serve` wires it: a
+  // committed submit wakes the dispatcher at once instead of at its next poll.
+  zmq_ingress::IngressOptions io_opts;
+  io_opts.bind = "tcp://127.0.0.1:*";
+  io_opts.store.path = db_path;
+  io_opts.worker.on_committed = [&service](size_t) { service.wake(); };
+  zmq_ingress::Ingress ingress(std::move(io_opts));
   out << fmt::format(
-      "model   {} (random weights)\ndatabase {}\nhealth  http://127.0.0.1:{}/health "
-      "and /metrics while it runs\n\n",
-      model.string(), db_path.string(), service.http_port());
+      "model   {} (random weights)\ndatabase {}\ningress {} (ZeroMQ ROUTER)\nhealth  "
+      "http://127.0.0.1:{}/health and /metrics while it runs\n\n",
+      model.string(), db_path.string(), ingress.router_endpoint(), service.http_port());
 
   int service_code = 0;
   std::thread service_thread([&] { service_code = service.run(); });
   const auto t0 = std::chrono::steady_clock::now();
-  int64_t sql_jobs = 0, api_jobs = 0;
+  int64_t sql_jobs = 0, zmq_jobs = 0, first_zmq = -1;
+  ZmqTally zt;
+  const auto stop_all = [&] {
+    service.stop();
+    service_thread.join();
+    ingress.stop();
+  };
   try {
-    // Producers run while the service is already working: half via SQL, half via the API, in
+    // Producers run while the service is already working: half via SQL, half via ZeroMQ, in
     // a few waves so the service picks up work as it arrives.
     StoreOptions so;
     so.path = db_path;
     JobStore store(so);
+    zmq_ingress::ClientOptions co;
+    co.endpoint = ingress.router_endpoint();
+    zmq_ingress::LazyPirateClient client(co);
     const int64_t waves = 4;
     for (int64_t w = 0; w < waves; ++w) {
       const int64_t lo = o.jobs * w / waves, hi = o.jobs * (w + 1) / waves;
       const int64_t half = (hi - lo) / 2;
       insert_with_sql(db_path, lo, half, o.max_tokens);
       sql_jobs += half;
-      submit_with_store(store, lo + half, hi - lo - half, o.max_tokens);
-      service.wake();
-      api_jobs += hi - lo - half;
+      // Messages of at most 25 jobs, each acked after its commit.
+      for (const SubmitResult& r :
+           client.submit_jobs(zmq_specs(lo + half, hi - lo - half, o.max_tokens), 25)) {
+        zt.created += r.created ? 1 : 0;
+      }
+      if (first_zmq < 0 && hi - lo - half > 0) first_zmq = lo + half;
+      zmq_jobs += hi - lo - half;
     }
+    // A producer that lost an ack resends the same message: the keys map it to the same jobs.
+    if (first_zmq >= 0) {
+      for (const SubmitResult& r : client.submit_jobs(zmq_specs(first_zmq, 1, o.max_tokens), 25))
+        zt.resent_known += r.created ? 0 : 1;
+    }
+    zt.sends = client.sends();
     out << fmt::format(
-        "submitted {} jobs: {} by SQL INSERT (external producer), {} by the store "
-        "API (CLI/ZeroMQ path)\n",
-        o.jobs, sql_jobs, api_jobs);
+        "submitted {} jobs: {} by SQL INSERT (external producer), {} over ZeroMQ ({} "
+        "messages, idempotency keys; a resent job came back as known: {})\n",
+        o.jobs, sql_jobs, zmq_jobs, zt.sends, zt.resent_known == 1 ? "yes" : "NO");
     // Wait for every job to be final.
     for (;;) {
       const QueueStats st = store.stats();
@@ -207,21 +252,24 @@ int run_service_demo(const DemoOptions& o, std::ostream& out) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
   } catch (...) {
-    service.stop();
-    service_thread.join();
+    stop_all();
     throw;
   }
   const double wall_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  service.stop();
-  service_thread.join();
+  stop_all();
 
   StoreOptions so;
   so.path = db_path;
   JobStore store(so);
   const QueueStats st = store.stats();
   const Latencies l = read_latencies(db_path);
+  const int64_t sql_done = done_in_batch(store, "demo-sql");
+  const int64_t zmq_done = done_in_batch(store, "demo-zmq");
   out << "\n";
+  out << fmt::format("{:<26} {:>10} {:>10}\n", "submitted by", "jobs", "done");
+  out << fmt::format("{:<26} {:>10} {:>10}\n", "  SQL INSERT", sql_jobs, sql_done);
+  out << fmt::format("{:<26} {:>10} {:>10}\n\n", "  ZeroMQ (Lazy Pirate)", zmq_jobs, zmq_done);
   out << fmt::format("{:<26} {:>10}\n", "jobs done", st.counts.at(JobState::Done));
   out << fmt::format("{:<26} {:>10}\n", "jobs failed", st.counts.at(JobState::Failed));
   out << fmt::format("{:<26} {:>10}\n", "completion tokens", l.completion_tokens);
@@ -237,7 +285,7 @@ int run_service_demo(const DemoOptions& o, std::ostream& out) {
                      pct(l.total, 95), pct(l.total, 99));
   out << "\nsample outputs (random weights, so gibberish):\n";
   std::vector<Job> samples;
-  for (const char* batch : {"demo-sql", "demo-api"}) {
+  for (const char* batch : {"demo-sql", "demo-zmq"}) {
     ListFilter f;
     f.state = JobState::Done;
     f.batch_id = batch;
@@ -259,7 +307,8 @@ int run_service_demo(const DemoOptions& o, std::ostream& out) {
       std::filesystem::remove_all(dir);
     }
   }
-  const bool all_done = st.counts.at(JobState::Done) == o.jobs && service_code == 0;
+  const bool all_done = st.counts.at(JobState::Done) == o.jobs && service_code == 0 &&
+                        zt.created == zmq_jobs && zt.resent_known == (zmq_jobs > 0 ? 1 : 0);
   return all_done ? 0 : 1;
 }
 

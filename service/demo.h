@@ -1,8 +1,10 @@
 // `moebatch demo`: the whole pipeline in under a minute on a 2-core machine. Starts the service
-// in-process on the bundled random-weight model (CPU), submits jobs through direct SQL INSERTs
-// (an external producer) and the store API (what `moebatch submit` and the ZeroMQ ingress call),
-// waits for every job to reach a final state, stops the service gracefully, and prints a summary
-// table: jobs by state, tokens/s, and latency p50/p95/p99.
+// in-process on the bundled random-weight model (CPU) with the ZeroMQ ingress in front of it (as
+// `moebatch serve` runs it), submits half of the jobs through direct SQL INSERTs (an external
+// producer) and half through the Lazy-Pirate ZeroMQ client (batched messages, idempotency keys,
+// one message resent to show it creates nothing), waits for every job to reach a final state,
+// stops the service gracefully, and prints a summary table: jobs per producer, jobs by state,
+// tokens/s, and latency p50/p95/p99.
 #pragma once
 
 #include <cstdint>
@@ -24,7 +26,8 @@ struct DemoOptions {
   bool keep = false;                                 ///< keep the temporary database
 };
 
-/// Runs the demo, printing to `out`; returns 0 when every job finished, 1 otherwise.
+/// Runs the demo, printing to `out`; returns 0 when every job finished and the resent ZeroMQ
+/// message created nothing, 1 otherwise.
 int run_service_demo(const DemoOptions& opts, std::ostream& out);
 
 }  // namespace moebatch

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <thread>
 
 #include "queue/job_store.h"
@@ -289,6 +290,29 @@ TEST(ServiceProcess, ServeRunsTheEngineBehindTheZeroMqIngress) {
   EXPECT_EQ(test::query_i64(db, "SELECT count(*) FROM job_latency"), 1);
   c.signal(SIGTERM);
   EXPECT_EQ(c.wait_for(30s), 0) << c.read_log();
+}
+
+// `moebatch demo` runs the service with the ZeroMQ ingress in front and submits through both
+// producers; the table counts each way, and the resent ZeroMQ message creates no second job.
+TEST(ServiceProcess, DemoSubmitsThroughSqlAndZeroMqAndFinishesEveryJob) {
+  test::TempDir dir;
+  test::demo_model();  // generated into the test cache, which the demo reads through the env
+  setenv("MOEBATCH_CACHE", MOEBATCH_TEST_CACHE, 1);
+  const auto db = dir.path / "demo.db";
+  auto [code, out] = test::run_command({MOEBATCH_BIN, "demo", "--jobs", "24", "--max-tokens", "4",
+                                        "--threads", "2", "--db", db.string()},
+                                       dir.path / "demo.log");
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("12 by SQL INSERT"), std::string::npos) << out;
+  EXPECT_NE(out.find("12 over ZeroMQ"), std::string::npos) << out;
+  EXPECT_NE(out.find("came back as known: yes"), std::string::npos) << out;
+  EXPECT_EQ(count(db, "batch_id = 'demo-sql' AND state = 'done'"), 12);
+  EXPECT_EQ(count(db, "batch_id = 'demo-zmq' AND state = 'done'"), 12);
+  EXPECT_EQ(count(db, "client_key LIKE 'demo-zmq-%'"), 12) << "the resent message made a job";
+  EXPECT_EQ(count(db, "1"), 24);
+  const auto p = out.find("jobs done");
+  ASSERT_NE(p, std::string::npos) << out;
+  EXPECT_EQ(std::stoi(out.substr(p + 9, out.find('\n', p) - p - 9)), 24) << out;
 }
 
 TEST(ServiceProcess, BadConfigIsRefusedWithExitCode2) {
