@@ -72,7 +72,8 @@ const StrKey kStrKeys[] = {
     {"model", &ServiceConfig::model, 4096, "Checkpoint directory (config.json + *.safetensors)"},
     {"tokenizer", &ServiceConfig::tokenizer, 4096,
      "Tokenizer directory (default: the model directory)"},
-    {"backend", &ServiceConfig::backend, 16, "cpu | cuda (default cpu)"},
+    {"backend", &ServiceConfig::backend, 16,
+     "cpu | cuda (default cpu); cuda needs a CUDA build and a visible GPU"},
     {"restart_at", &ServiceConfig::restart_at, 128,
      "Nightly restart: HH:MM local time or 'M H * * *'; empty = off"},
     {"http_host", &ServiceConfig::http_host, 64,
@@ -136,6 +137,11 @@ void apply_config_json(const nlohmann::json& j, const std::string& source, Servi
         throw InputError(where + ": expected continuous or static, got '" + s + "'");
       }
     }
+    if (key == "gpu_memory_utilization") {
+      known = true;
+      if (!value.is_number()) throw InputError(where + ": expected a number");
+      cfg.gpu_memory_utilization = value.get<double>();
+    }
     if (!known) throw InputError(where + ": unknown key");
   }
 }
@@ -176,6 +182,14 @@ void validate_config(const ServiceConfig& cfg) {
   if (cfg.model.empty()) throw InputError("model: required");
   if (cfg.backend != "cpu" && cfg.backend != "cuda")
     throw InputError("backend: expected cpu or cuda, got '" + cfg.backend + "'");
+  // NaN fails both comparisons, so it is refused too.
+  if (!(cfg.gpu_memory_utilization > 0.0 && cfg.gpu_memory_utilization <= 1.0)) {
+    throw InputError("gpu_memory_utilization: must be in (0, 1], got " +
+                     std::to_string(cfg.gpu_memory_utilization));
+  }
+  if (cfg.backend == "cuda" && cfg.tp != 1)
+    throw InputError("tp: the cuda backend runs one GPU per model (tp 1), got " +
+                     std::to_string(cfg.tp));
   // Every running sequence contributes one decode token per step, so a step must hold them all.
   if (cfg.max_num_batched_tokens < cfg.max_num_seqs) {
     throw InputError("max_num_batched_tokens (" + std::to_string(cfg.max_num_batched_tokens) +
@@ -194,6 +208,7 @@ nlohmann::json config_to_json(const ServiceConfig& cfg) {
   for (const IntKey& k : kIntKeys) j[k.name] = cfg.*k.field;
   for (const SmallIntKey& k : kSmallIntKeys) j[k.name] = cfg.*k.field;
   j["batching"] = batching_name(cfg.batching);
+  j["gpu_memory_utilization"] = cfg.gpu_memory_utilization;
   return j;
 }
 
@@ -217,6 +232,8 @@ std::shared_ptr<ServiceFlags> add_service_flags(CLI::App& cmd) {
   for (const SmallIntKey& k : kSmallIntKeys)
     cmd.add_option(flag_of(k.name), f->values.*k.field, k.help);
   cmd.add_option("--batching", f->batching, "continuous (default) | static");
+  cmd.add_option("--gpu-memory-utilization", f->values.gpu_memory_utilization,
+                 "cuda: share of the GPU's memory for weights, activations and KV (default 0.90)");
   return f;
 }
 

@@ -28,6 +28,7 @@ struct ServiceConfig {
   std::string model;                      ///< checkpoint directory (required)
   std::string tokenizer;                  ///< tokenizer directory; empty = the model directory
   std::string backend = "cpu";            ///< cpu | cuda
+  double gpu_memory_utilization = 0.90;   ///< cuda: share of the GPU's memory this process uses
   int tp = 1;                             ///< tensor-parallel ranks
   int threads = 0;                        ///< CPU compute threads; 0 = all cores
   int64_t kv_cache_mb = 256;              ///< KV cache budget over all ranks, MiB

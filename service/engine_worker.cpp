@@ -11,6 +11,11 @@
 #include "common/error.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/engine.h"
+#include "service/gpu_memory.h"
+
+#ifdef MOEBATCH_HAVE_CUDA
+#include "engine/cuda/cuda_backend.h"
+#endif
 
 namespace moebatch {
 namespace {
@@ -43,13 +48,67 @@ int64_t weight_bytes_fp32(const ModelConfig& c) {
   return n * static_cast<int64_t>(sizeof(float));
 }
 
-std::unique_ptr<Engine> make_engine(const ServiceConfig& cfg, EngineInfo& info) {
-  // Backend factory: the CPU reference backend is always built; the CUDA engine registers
-  // here when it is part of the build.
-  if (cfg.backend != "cpu") {
-    throw InputError("backend '" + cfg.backend +
-                     "': not available in this build (the CUDA engine is not linked; use cpu)");
+std::string describe(const ModelConfig& mc, const std::string& backend) {
+  return std::string(arch_name(mc.arch)) + ", " + std::to_string(mc.num_layers) + " layers, " +
+         std::to_string(mc.num_experts) + " experts, hidden " + std::to_string(mc.hidden_size) +
+         ", vocab " + std::to_string(mc.vocab_size) + ", " + backend;
+}
+
+EngineOptions engine_options(const ServiceConfig& cfg) {
+  EngineOptions eo;
+  eo.max_num_seqs = cfg.max_num_seqs;
+  eo.max_num_batched_tokens = cfg.max_num_batched_tokens;
+  return eo;
+}
+
+// Fails before any model byte is read when the CUDA engine cannot run here, so a wrong
+// `--backend cuda` is a start-up configuration error (exit 2), not an engine death.
+void require_cuda() {
+  if (!cuda_backend_built()) {
+    throw InputError(
+        "backend cuda: this build has no CUDA backend (built without nvcc); use --backend cpu");
   }
+  std::string why;
+  if (cuda_device_count(&why) == 0)
+    throw InputError("backend cuda: no CUDA device is visible (" + why + "); use --backend cpu");
+}
+
+#ifdef MOEBATCH_HAVE_CUDA
+std::unique_ptr<Engine> make_cuda(const ServiceConfig& cfg, EngineInfo& info) {
+  CudaBackendOptions o;
+  o.gpu_memory_utilization = cfg.gpu_memory_utilization;
+  o.max_model_len = cfg.max_model_len;
+  // kv_cache_mb caps the KV pool; the memory plan may give it less, never more.
+  o.max_kv_cache_bytes = cfg.kv_cache_mb << 20;
+  const EngineOptions eo = engine_options(cfg);
+  // The backend is built here rather than by make_cuda_engine, with the same capacities that
+  // factory derives from the scheduler limits, because the service reads its memory plan (the
+  // KV token capacity caps job length at intake and goes into the start log).
+  o.max_num_seqs = eo.max_num_seqs;
+  o.max_num_batched_tokens = std::max(eo.max_num_batched_tokens, eo.max_num_seqs);
+  auto backend = std::make_unique<CudaBackend>(cfg.model, o);
+  const ModelConfig& mc = backend->config();
+  const MemoryPlan& plan = backend->memory_plan();
+  info.vocab_size = mc.vocab_size;
+  info.max_context = mc.max_position_embeddings;
+  info.kv_tokens = plan.kv_blocks * backend->block_size();
+  info.kv_bytes_per_token = 2 * mc.num_layers * mc.num_kv_heads * mc.head_dim * 2;  // bf16
+  info.weight_bytes = static_cast<int64_t>(plan.weights);
+  info.description = describe(mc, "cuda device 0, gpu_memory_utilization " +
+                                      std::to_string(cfg.gpu_memory_utilization).substr(0, 4));
+  return std::make_unique<Engine>(std::move(backend), eo);
+}
+#endif
+
+std::unique_ptr<Engine> make_engine(const ServiceConfig& cfg, EngineInfo& info) {
+  if (cfg.backend == "cuda") {
+    require_cuda();
+#ifdef MOEBATCH_HAVE_CUDA
+    return make_cuda(cfg, info);
+#endif
+  }
+  if (cfg.backend != "cpu")
+    throw InputError("backend: expected cpu or cuda, got '" + cfg.backend + "'");
   CpuBackendOptions o;
   o.tp = cfg.tp;
   o.threads = cfg.threads;
@@ -61,14 +120,8 @@ std::unique_ptr<Engine> make_engine(const ServiceConfig& cfg, EngineInfo& info) 
   info.kv_tokens = backend->num_kv_blocks() * backend->block_size();
   info.kv_bytes_per_token = 2 * mc.num_layers * mc.num_kv_heads * mc.head_dim * 4;
   info.weight_bytes = weight_bytes_fp32(mc);
-  info.description = std::string(arch_name(mc.arch)) + ", " + std::to_string(mc.num_layers) +
-                     " layers, " + std::to_string(mc.num_experts) + " experts, hidden " +
-                     std::to_string(mc.hidden_size) + ", vocab " + std::to_string(mc.vocab_size) +
-                     ", cpu tp=" + std::to_string(cfg.tp);
-  EngineOptions eo;
-  eo.max_num_seqs = cfg.max_num_seqs;
-  eo.max_num_batched_tokens = cfg.max_num_batched_tokens;
-  return std::make_unique<Engine>(std::move(backend), eo);
+  info.description = describe(mc, "cpu tp=" + std::to_string(cfg.tp));
+  return std::make_unique<Engine>(std::move(backend), engine_options(cfg));
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "queue/job_store.h"
+#include "service/gpu_memory.h"
 #include "test_util.h"
 
 namespace moebatch {
@@ -313,6 +314,33 @@ TEST(ServiceProcess, DemoSubmitsThroughSqlAndZeroMqAndFinishesEveryJob) {
   const auto p = out.find("jobs done");
   ASSERT_NE(p, std::string::npos) << out;
   EXPECT_EQ(std::stoi(out.substr(p + 9, out.find('\n', p) - p - 9)), 24) << out;
+}
+
+// Without a GPU (CI), or in a build without the CUDA backend, `serve --backend cuda` refuses to
+// start: a configuration error with exit status 2 and a message naming the backend, before any
+// socket is bound or job claimed.
+TEST(ServiceProcess, BackendCudaWithoutAGpuFailsAtStartWithExitCode2) {
+  if (cuda_device_count() > 0) GTEST_SKIP() << "a GPU is visible: tests/gpu covers the real run";
+  test::TempDir dir;
+  const auto db = dir.path / "jobs.db";
+  auto [code, out] = test::run_command(
+      {MOEBATCH_BIN, "serve", "--db", db.string(), "--model", test::demo_model().string(),
+       "--bind", "tcp://127.0.0.1:*", "--http-port", "0", "--backend", "cuda"},
+      dir.path / "serve.log");
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_NE(out.find("backend cuda: "), std::string::npos) << out;
+  EXPECT_NE(out.find(cuda_backend_built() ? "no CUDA device" : "no CUDA backend"),
+            std::string::npos)
+      << out;
+  // The same through the config file key.
+  std::ofstream(dir.path / "svc.json") << R"({"backend": "cuda", "gpu_memory_utilization": 0.5})";
+  auto [code2, out2] = test::run_command(
+      {SERVICE_DAEMON_BIN, "--db", db.string(), "--model", test::demo_model().string(),
+       "--http-port", "0", "--config", (dir.path / "svc.json").string()},
+      dir.path / "daemon.log");
+  EXPECT_EQ(code2, 2) << out2;
+  EXPECT_NE(out2.find("backend cuda: "), std::string::npos) << out2;
+  EXPECT_EQ(test::query_i64(db, "SELECT count(*) FROM jobs"), 0);
 }
 
 TEST(ServiceProcess, BadConfigIsRefusedWithExitCode2) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <ctime>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -65,6 +66,50 @@ TEST(Config, FileThenFlagsWinAndBoundsAreChecked) {
   EXPECT_THROW(validate_config(c), InputError);
   std::ofstream(dir.path / "bad.json") << "{not json";
   EXPECT_THROW(load_config_file(dir.path / "bad.json", c), InputError);
+}
+
+TEST(Config, BackendAndGpuMemoryUtilizationFromFileAndFlags) {
+  test::TempDir dir;
+  const auto file = dir.path / "svc.json";
+  std::ofstream(file) << R"({"db": "a.db", "model": "m", "backend": "cuda",
+                             "gpu_memory_utilization": 0.5})";
+  {
+    CLI::App app;
+    auto flags = add_service_flags(app);
+    const char* argv[] = {"x", "--config", file.c_str()};
+    app.parse(3, const_cast<char**>(argv));
+    ServiceConfig cfg = finish_service_flags(*flags, app);
+    EXPECT_EQ(cfg.backend, "cuda");
+    EXPECT_DOUBLE_EQ(cfg.gpu_memory_utilization, 0.5);
+    EXPECT_DOUBLE_EQ(config_to_json(cfg)["gpu_memory_utilization"].get<double>(), 0.5);
+  }
+  {
+    CLI::App app;
+    auto flags = add_service_flags(app);
+    const char* argv[] = {"x", "--config", file.c_str(), "--backend", "cpu",
+                          "--gpu-memory-utilization", "0.75"};
+    app.parse(7, const_cast<char**>(argv));
+    ServiceConfig cfg = finish_service_flags(*flags, app);
+    EXPECT_EQ(cfg.backend, "cpu");  // flag beats file
+    EXPECT_DOUBLE_EQ(cfg.gpu_memory_utilization, 0.75);
+  }
+  ServiceConfig c;
+  c.db = "x";
+  c.model = "m";
+  EXPECT_DOUBLE_EQ(c.gpu_memory_utilization, 0.90);
+  EXPECT_THROW(apply_config_json(nlohmann::json{{"gpu_memory_utilization", "0.5"}}, "t", c),
+               InputError);
+  for (double bad : {0.0, -0.1, 1.01, std::nan("")}) {
+    c.gpu_memory_utilization = bad;
+    EXPECT_THROW(validate_config(c), InputError) << bad;
+  }
+  c.gpu_memory_utilization = 1.0;
+  validate_config(c);
+  c.backend = "rocm";
+  EXPECT_THROW(validate_config(c), InputError);
+  c.backend = "cuda";
+  c.tp = 2;  // one GPU per model
+  EXPECT_THROW(validate_config(c), InputError);
 }
 
 TEST(RestartSchedule, DailyAndCronNextTimes) {
