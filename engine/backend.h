@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "engine/model_config.h"
@@ -29,6 +30,13 @@ struct RowSampling {
   uint64_t seed = 0;         ///< the request's seed
   uint64_t step = 0;         ///< tokens the sequence generated so far (draw counter)
 };
+
+/// Checks a batch against a KV cache of `num_blocks` blocks of `block_size` tokens before any
+/// device work starts: array lengths, token ids, block ids, slots, and that each token's block
+/// table covers its position (< max_model_len). Throws moebatch::Error naming the violation.
+void validate_step_batch(const StepBatch& b, const ModelConfig& cfg, int64_t num_blocks,
+                         int64_t block_size,
+                         int64_t max_model_len = std::numeric_limits<int64_t>::max());
 
 /// A model on some device. Not thread-safe: one step at a time, driven by the engine thread.
 class Backend {

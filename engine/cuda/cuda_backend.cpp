@@ -181,33 +181,6 @@ void CudaBackend::plan_memory(size_t weights, size_t activations) {
                plan_.kv_blocks * opts_.block_size);
 }
 
-void CudaBackend::validate(const StepBatch& b) const {
-  const size_t n = b.tokens.size();
-  const int64_t bs = opts_.block_size;
-  MB_CHECK(n > 0, "empty batch");
-  MB_CHECK(b.positions.size() == n && b.seq_index.size() == n && b.slot_mapping.size() == n,
-           "batch arrays must have one entry per token");
-  MB_CHECK(b.max_blocks_per_seq > 0 && b.block_tables.size() % b.max_blocks_per_seq == 0,
-           "block_tables must be [num_seqs, max_blocks_per_seq]");
-  const int64_t num_seqs = static_cast<int64_t>(b.block_tables.size()) / b.max_blocks_per_seq;
-  for (int32_t blk : b.block_tables)
-    MB_CHECK(blk >= -1 && blk < plan_.kv_blocks, "block id out of range");
-  for (size_t i = 0; i < n; ++i) {
-    MB_CHECK(b.tokens[i] >= 0 && b.tokens[i] < cfg_.vocab_size, "token id out of vocab");
-    MB_CHECK(b.seq_index[i] >= 0 && b.seq_index[i] < num_seqs, "seq_index out of range");
-    MB_CHECK(b.positions[i] >= 0 && b.positions[i] < b.max_blocks_per_seq * bs &&
-                 b.positions[i] < max_model_len_,
-             "position beyond the block table or max_model_len");
-    MB_CHECK(b.slot_mapping[i] >= 0 && b.slot_mapping[i] < plan_.kv_blocks * bs,
-             "slot out of range");
-    const int32_t* table = b.block_tables.data() + b.seq_index[i] * b.max_blocks_per_seq;
-    for (int32_t p = 0; p <= b.positions[i] / bs; ++p)
-      MB_CHECK(table[p] >= 0, "block table does not cover the token's positions");
-  }
-  for (int32_t r : b.logits_rows)
-    MB_CHECK(r >= 0 && static_cast<size_t>(r) < n, "logits row out of range");
-}
-
 CudaBackend::Chunk CudaBackend::prepare(const StepBatch& b, int t0, int t1) const {
   Chunk c;
   const int bs = static_cast<int>(opts_.block_size);
@@ -346,7 +319,7 @@ void CudaBackend::run_chunk(const Chunk& c) {
 
 template <class OnRows>
 void CudaBackend::run(const StepBatch& b, OnRows&& on_rows) {
-  validate(b);
+  validate_step_batch(b, cfg_, plan_.kv_blocks, opts_.block_size, max_model_len_);
   const int n = static_cast<int>(b.tokens.size());
   const int T = static_cast<int>(rank_.buf.cap.tokens), R = static_cast<int>(rank_.buf.cap.logits_rows);
   for (int t0 = 0; t0 < n; t0 += T) {

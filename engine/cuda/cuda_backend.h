@@ -81,7 +81,6 @@ class CudaBackend final : public Backend {
   struct Chunk;
   void init(const ModelConfig& cfg, const std::filesystem::path* model_dir, uint64_t seed);
   void plan_memory(size_t weights, size_t activations);
-  void validate(const StepBatch& b) const;
   Chunk prepare(const StepBatch& b, int t0, int t1) const;
   void upload(const Chunk& c);
   void run_chunk(const Chunk& c);

@@ -1,0 +1,35 @@
+#include "engine/backend.h"
+
+#include "common/error.h"
+
+namespace moebatch {
+
+void validate_step_batch(const StepBatch& b, const ModelConfig& cfg, int64_t num_blocks,
+                         int64_t block_size, int64_t max_model_len) {
+  const size_t n = b.tokens.size();
+  MB_CHECK(n > 0, "empty batch");
+  MB_CHECK(b.positions.size() == n && b.seq_index.size() == n && b.slot_mapping.size() == n,
+           "batch arrays must have one entry per token");
+  MB_CHECK(b.max_blocks_per_seq > 0 && b.block_tables.size() % b.max_blocks_per_seq == 0,
+           "block_tables must be [num_seqs, max_blocks_per_seq]");
+  const int64_t num_seqs = static_cast<int64_t>(b.block_tables.size()) / b.max_blocks_per_seq;
+  for (int32_t blk : b.block_tables)
+    MB_CHECK(blk >= -1 && blk < num_blocks, "block id out of range");
+  for (size_t i = 0; i < n; ++i) {
+    MB_CHECK(b.tokens[i] >= 0 && b.tokens[i] < cfg.vocab_size, "token id out of vocab");
+    MB_CHECK(b.seq_index[i] >= 0 && b.seq_index[i] < num_seqs, "seq_index out of range");
+    MB_CHECK(b.positions[i] >= 0 && b.positions[i] < b.max_blocks_per_seq * block_size &&
+                 b.positions[i] < max_model_len,
+             "position beyond the block table or max_model_len");
+    MB_CHECK(b.slot_mapping[i] >= 0 && b.slot_mapping[i] < num_blocks * block_size,
+             "slot out of range");
+    const int32_t* table = b.block_tables.data() + b.seq_index[i] * b.max_blocks_per_seq;
+    for (int32_t p = 0; p <= b.positions[i] / block_size; ++p) {
+      MB_CHECK(table[p] >= 0, "block table does not cover the token's positions");
+    }
+  }
+  for (int32_t r : b.logits_rows)
+    MB_CHECK(r >= 0 && static_cast<size_t>(r) < n, "logits row out of range");
+}
+
+}  // namespace moebatch
