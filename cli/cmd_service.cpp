@@ -239,7 +239,7 @@ void register_maintenance_command(CLI::App& app) {
       return;
     }
     std::cout << fmt::format("{:>4}  {:<8} {:>11} {:>8} {:>8} {:>10} {:>10}  {}\n", "id", "trigger",
-                             "downtime_ms", "drained", "requeued", "rss_before", "rss_after",
+                             "downtime_ms", "drained", "requeued", "mem_before", "mem_after",
                              "result");
     for (const auto& r : rows) {
       std::cout << fmt::format(

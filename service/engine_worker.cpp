@@ -342,8 +342,18 @@ void EngineWorker::abort_active(const std::string& reason) {
   counters_.active = 0;
 }
 
+std::optional<GpuMemory> EngineWorker::gpu_memory() const {
+  if (cfg_.backend != "cuda") return std::nullopt;
+  return moebatch::gpu_memory(0);
+}
+
+int64_t EngineWorker::memory_in_use() const {
+  if (auto g = gpu_memory()) return g->used;
+  return process_rss_bytes();
+}
+
 void EngineWorker::rebuild(CycleReport& report) {
-  report.mem_before = process_rss_bytes();
+  report.mem_before = memory_in_use();
   const auto t0 = SteadyClock::now();
   // Destroy first: the old engine's memory (device memory, communicators on a GPU) must be
   // gone before the new one allocates, or a full device could not hold both.
@@ -354,7 +364,7 @@ void EngineWorker::rebuild(CycleReport& report) {
   const auto t2 = SteadyClock::now();
   report.rebuild_s = seconds_between(t0, t1);
   report.warmup_s = seconds_between(t1, t2);
-  report.mem_after = process_rss_bytes();
+  report.mem_after = memory_in_use();
   report.ok = true;
 }
 

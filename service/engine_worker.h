@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "service/config.h"
+#include "service/gpu_memory.h"
 #include "service/handoff.h"
 #include "service/work.h"
 
@@ -43,8 +44,8 @@ struct CycleReport {
   std::string error;       ///< why not, when !ok
   int64_t drained = 0;     ///< sequences that finished during the drain
   int64_t aborted = 0;     ///< sequences dropped at the drain deadline (to be requeued)
-  int64_t mem_before = 0;  ///< process RSS before destroying the engine, bytes
-  int64_t mem_after = 0;   ///< process RSS after rebuild and warmup, bytes
+  int64_t mem_before = 0;  ///< memory_in_use() before destroying the engine, bytes
+  int64_t mem_after = 0;   ///< memory_in_use() after rebuild and warmup, bytes
   double drain_s = 0;      ///< drain duration
   double rebuild_s = 0;    ///< destroy + build duration
   double warmup_s = 0;     ///< warmup batch duration
@@ -98,6 +99,11 @@ class EngineWorker {
   EngineInfo info() const;
   /// Counters for metrics and health.
   const EngineCounters& counters() const { return counters_; }
+  /// Device memory of the GPU the engine runs on; nullopt with the CPU backend. Any thread.
+  std::optional<GpuMemory> gpu_memory() const;
+  /// The memory a cycle record reports: GPU memory in use with the CUDA backend (what a
+  /// rebuild must give back), process RSS otherwise.
+  int64_t memory_in_use() const;
 
  private:
   enum class Command { None, Maintenance, Stop };

@@ -104,6 +104,19 @@ std::string ServiceMetrics::render(const MetricsInputs& in) {
   gauge(out, "moebatch_in_flight_jobs", "Jobs claimed and not yet reported.",
         static_cast<double>(in.in_flight));
   gauge(out, "moebatch_engine_up", "1 while the engine thread is alive.", in.engine_alive ? 1 : 0);
+  // Only with the CUDA backend: a CPU service has no device memory, and a zero would read as
+  // an empty GPU on a dashboard.
+  if (in.gpu_used_bytes && in.gpu_total_bytes) {
+    out += fmt::format(
+        "# HELP moebatch_gpu_memory_used_bytes Device memory in use (all processes), from "
+        "cudaMemGetInfo.\n# TYPE moebatch_gpu_memory_used_bytes gauge\n"
+        "moebatch_gpu_memory_used_bytes {}\n",
+        *in.gpu_used_bytes);
+    out += fmt::format(
+        "# HELP moebatch_gpu_memory_total_bytes Device memory.\n"
+        "# TYPE moebatch_gpu_memory_total_bytes gauge\nmoebatch_gpu_memory_total_bytes {}\n",
+        *in.gpu_total_bytes);
+  }
   out += "# HELP moebatch_restarts_total Maintenance cycles by result.\n";
   out += "# TYPE moebatch_restarts_total counter\n";
   out += fmt::format("moebatch_restarts_total{{result=\"ok\"}} {}\n", restarts_ok_);

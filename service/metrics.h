@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,8 @@ struct MetricsInputs {
   int64_t in_flight = 0;                       ///< claimed, not yet reported
   bool engine_alive = true;                    ///< engine thread healthy
   int64_t now_ms = 0;                          ///< steady-clock ms, for rates
+  std::optional<int64_t> gpu_used_bytes;       ///< device memory in use; unset off the GPU
+  std::optional<int64_t> gpu_total_bytes;      ///< device memory; unset off the GPU
 };
 
 /// Counters and histograms of one service.

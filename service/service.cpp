@@ -229,9 +229,10 @@ void Service::finish_maintenance() {
   }
   metrics_.restart(report->ok, rec.downtime_ms / 1000.0);
   spdlog::info(
-      "maintenance {}: downtime {} ms, drained {}, requeued {}, RSS {:.1f} -> {:.1f} MiB, warmup "
+      "maintenance {}: downtime {} ms, drained {}, requeued {}, {} {:.1f} -> {:.1f} MiB, warmup "
       "{} ms{}",
-      rec.result, rec.downtime_ms, rec.drained, rec.requeued, mib(rec.mem_before),
+      rec.result, rec.downtime_ms, rec.drained, rec.requeued,
+      cfg_.backend == "cuda" ? "GPU memory" : "RSS", mib(rec.mem_before),
       mib(rec.mem_after), rec.warmup_ms, report->ok ? "" : ": " + rec.error);
   maintenance_.reset();
   if (!stopping_) admitting_ = true;
@@ -289,6 +290,10 @@ HttpReply Service::handle_http(const std::string& target) {
     in.in_flight = static_cast<int64_t>(in_flight_.size());
     in.engine_alive = !worker_engine_->dead();
     in.now_ms = steady_now_ms();
+    if (const auto g = worker_engine_->gpu_memory()) {
+      in.gpu_used_bytes = g->used;
+      in.gpu_total_bytes = g->total;
+    }
     return {200, "text/plain; version=0.0.4", metrics_.render(in)};
   }
   return {404, "text/plain", "not found: try /health or /metrics\n"};

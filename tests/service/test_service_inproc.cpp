@@ -113,6 +113,7 @@ TEST(ServiceInProc, SubmitToDoneWithLatencyRowsHealthAndMetrics) {
   EXPECT_NE(metrics.find("moebatch_jobs_done_total 12\n"), std::string::npos) << metrics;
   EXPECT_NE(metrics.find("moebatch_queue_jobs{state=\"done\"} 12\n"), std::string::npos);
   EXPECT_NE(metrics.find("moebatch_job_total_seconds_count 12\n"), std::string::npos);
+  EXPECT_EQ(metrics.find("moebatch_gpu_memory"), std::string::npos) << "cpu backend: no GPU gauges";
   EXPECT_EQ(test::http_get(run.svc.http_port(), "/nope").first, 404);
   EXPECT_EQ(run.stop(), 0);
 

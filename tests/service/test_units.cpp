@@ -11,6 +11,7 @@
 
 #include "common/error.h"
 #include "service/config.h"
+#include "service/gpu_memory.h"
 #include "service/handoff.h"
 #include "service/metrics.h"
 #include "service/restart_schedule.h"
@@ -178,6 +179,20 @@ TEST(Metrics, PrometheusTextHasCountsHistogramsAndRates) {
   EXPECT_NE(t.find("moebatch_job_total_seconds_bucket{le=\"+Inf\"} 2\n"), std::string::npos);
   EXPECT_NE(t.find("moebatch_job_total_seconds_count 2\n"), std::string::npos);
   EXPECT_NE(t.find("# TYPE moebatch_ttft_seconds histogram\n"), std::string::npos);
+  EXPECT_EQ(t.find("moebatch_gpu_memory"), std::string::npos) << "no GPU gauges off the GPU";
+}
+
+TEST(Metrics, GpuMemoryGaugesOnlyWhenTheBackendReportsThem) {
+  ServiceMetrics m;
+  MetricsInputs in;
+  in.gpu_used_bytes = int64_t{150} << 30;  // exact integers, not 1.6e+11
+  in.gpu_total_bytes = int64_t{141} << 30;
+  const std::string t = m.render(in);
+  EXPECT_NE(t.find("# TYPE moebatch_gpu_memory_used_bytes gauge\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("moebatch_gpu_memory_used_bytes 161061273600\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("moebatch_gpu_memory_total_bytes 151397597184\n"), std::string::npos) << t;
+  // With the CPU backend the worker reports none: the service leaves the gauges out.
+  EXPECT_FALSE(gpu_memory(0).has_value() && !cuda_backend_built());
 }
 
 }  // namespace
