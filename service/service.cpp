@@ -8,6 +8,7 @@
 #include <boost/asio/post.hpp>
 #include <csignal>
 #include <fstream>
+#include <future>
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
@@ -45,7 +46,12 @@ Service::Service(ServiceConfig cfg, ServiceHooks hooks)
       schedule_(RestartSchedule::parse(cfg_.restart_at)) {
   validate_config(cfg_);
   const std::string tok_dir = cfg_.tokenizer.empty() ? cfg_.model : cfg_.tokenizer;
-  tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::from_dir(tok_dir));
+  // Parsing tokenizer.json and building the engine are independent and each takes a good part
+  // of start-up, so they overlap: a restarted daemon is back sooner. An engine error wins; the
+  // future's destructor then waits for the tokenizer thread.
+  auto tokenizer = std::async(std::launch::async, [tok_dir] {
+    return std::make_unique<Tokenizer>(Tokenizer::from_dir(tok_dir));
+  });
 
   const std::filesystem::path db_path(cfg_.db);
   if (db_path.has_parent_path()) std::filesystem::create_directories(db_path.parent_path());
@@ -59,6 +65,7 @@ Service::Service(ServiceConfig cfg, ServiceHooks hooks)
   // The engine thread reports through the io_context, never by touching io-thread state.
   worker_engine_ = std::make_unique<EngineWorker>(
       cfg_, [this] { boost::asio::post(io_, [this] { on_notify(); }); });
+  tokenizer_ = tokenizer.get();
   const EngineInfo info = worker_engine_->info();
   limits_.vocab_size = info.vocab_size;
   limits_.max_prompt_tokens = cfg_.max_prompt_tokens;
