@@ -26,12 +26,6 @@ double seconds_between(SteadyClock::time_point a, SteadyClock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-int64_t steady_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             SteadyClock::now().time_since_epoch())
-      .count();
-}
-
 // Parameters the CPU backend materializes in fp32 (lm_head is a separate copy even when tied).
 int64_t weight_bytes_fp32(const ModelConfig& c) {
   const int64_t H = c.hidden_size;
@@ -143,7 +137,7 @@ EngineWorker::EngineWorker(const ServiceConfig& cfg, std::function<void()> notif
     : cfg_(cfg), notify_(std::move(notify)), input_(static_cast<size_t>(cfg.max_num_seqs)) {
   build_engine();
   warmup();
-  counters_.last_progress_ms = steady_ms();
+  counters_.last_progress_ms = steady_now_ms();
 }
 
 EngineWorker::~EngineWorker() {
@@ -371,7 +365,7 @@ void EngineWorker::rebuild(CycleReport& report) {
 void EngineWorker::run() {
   try {
     while (true) {
-      counters_.last_progress_ms = steady_ms();
+      counters_.last_progress_ms = steady_now_ms();
       Command cmd;
       SteadyClock::time_point deadline, started;
       {
@@ -427,6 +421,12 @@ void EngineWorker::run() {
   }
   finished_ = true;
   notify_();
+}
+
+int64_t steady_now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             SteadyClock::now().time_since_epoch())
+      .count();
 }
 
 }  // namespace moebatch

@@ -60,6 +60,10 @@ struct EngineCounters {
   std::atomic<int64_t> last_progress_ms{0};  ///< steady-clock ms of the last step or idle wait
 };
 
+/// Milliseconds on the steady clock: the time base of EngineCounters::last_progress_ms, so
+/// the dispatcher's stall check compares like with like.
+int64_t steady_now_ms();
+
 /// Resident set size of this process in bytes (0 when /proc is unavailable).
 int64_t process_rss_bytes();
 

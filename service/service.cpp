@@ -21,12 +21,6 @@
 namespace moebatch {
 namespace {
 
-int64_t steady_now_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 std::string make_worker_id(int64_t now_ms) {
   char host[256] = {0};
   if (gethostname(host, sizeof(host) - 1) != 0) std::snprintf(host, sizeof(host), "unknown");

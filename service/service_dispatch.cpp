@@ -16,12 +16,6 @@
 namespace moebatch {
 namespace {
 
-int64_t steady_now_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 // Even with no commit from elsewhere, claim this often: retry backoffs (not_before) and expired
 // leases of dead workers become claimable with the passage of time alone.
 constexpr int64_t kForcedClaimMs = 1000;
