@@ -11,36 +11,43 @@
 
 #include "cli/commands.h"
 #include "common/error.h"
-#include "engine/cpu/cpu_backend.h"
-#ifdef MOEBATCH_HAVE_CUDA
-#include "engine/cuda/cuda_backend.h"
-#endif
 #include "engine/engine.h"
+#include "engine/factory.h"
 #include "engine/safetensors.h"
 
 namespace moebatch::cli {
 namespace {
 
-/// Flags shared by both commands.
+/// Flags shared by both commands: the engine to build, and the prompt.
 struct ModelFlags {
-  std::string model;
+  EngineSpec spec;
   std::string tokens;
-  std::string backend = "cpu";
-  int tp = 1;
-  int threads = 0;
-  double gpu_memory_utilization = 0.90;
+  bool expert_parallel = false;
 };
 
 void add_model_flags(CLI::App* cmd, ModelFlags& f) {
-  cmd->add_option("--model", f.model, "Checkpoint directory (config.json + *.safetensors)")
+  cmd->add_option("--model", f.spec.model,
+                  "Checkpoint directory (config.json + *.safetensors), or random:<shape> "
+                  "(random weights; cuda)")
       ->required();
   cmd->add_option("--tokens", f.tokens, "Prompt token ids, comma-separated (e.g. 1,2,3)")
       ->required();
-  cmd->add_option("--backend", f.backend, "cpu | cuda (default cpu)");
-  cmd->add_option("--tp", f.tp, "Tensor-parallel ranks (default 1)");
-  cmd->add_option("--threads", f.threads, "CPU compute threads (default: all cores)");
-  cmd->add_option("--gpu-memory-utilization", f.gpu_memory_utilization,
+  cmd->add_option("--backend", f.spec.backend, "cpu | cuda (default cpu)");
+  cmd->add_option("--tensor-parallel-size,--tp", f.spec.tensor_parallel_size,
+                  "Tensor-parallel ranks (default 1)");
+  cmd->add_flag("--enable-expert-parallel", f.expert_parallel,
+                "Whole experts per rank instead of splitting each expert's width");
+  cmd->add_option("--threads", f.spec.threads, "CPU compute threads (default: all cores)");
+  cmd->add_option("--gpu-memory-utilization", f.spec.gpu_memory_utilization,
                   "cuda: share of GPU memory for weights, activations and KV cache (default 0.90)");
+}
+
+std::unique_ptr<Engine> build(ModelFlags& f) {
+  f.spec.expert_split = f.expert_parallel ? ExpertSplit::Expert : ExpertSplit::Intermediate;
+  // One sequence at a time: 64 MiB of host KV holds tens of thousands of tokens of the tiny
+  // models (a GPU's KV pool is sized by its memory plan).
+  if (f.spec.backend == "cpu") f.spec.kv_cache_bytes = 64 << 20;
+  return make_engine(f.spec).engine;
 }
 
 std::vector<int32_t> parse_tokens(const std::string& s) {
@@ -64,29 +71,6 @@ std::vector<int32_t> parse_tokens(const std::string& s) {
   return out;
 }
 
-std::unique_ptr<Engine> make_engine(const ModelFlags& f) {
-  if (f.backend == "cuda") {
-#ifdef MOEBATCH_HAVE_CUDA
-    if (f.tp != 1) throw InputError("--backend cuda: --tp must be 1 (one GPU per model for now)");
-    CudaBackendOptions o;
-    o.gpu_memory_utilization = f.gpu_memory_utilization;
-    return make_cuda_engine(f.model, o, EngineOptions{});
-#else
-    throw InputError(
-        "--backend cuda: this build has no CUDA backend (built without nvcc; use --backend cpu)");
-#endif
-  }
-  if (f.backend != "cpu")
-    throw InputError("--backend: expected cpu or cuda, got '" + f.backend + "'");
-  CpuBackendOptions o;
-  o.tp = f.tp;
-  o.threads = f.threads;
-  // One sequence at a time: 64 MiB holds tens of thousands of tokens of the tiny models.
-  o.kv_cache_bytes = 64 << 20;
-  auto backend = std::make_unique<CpuBackend>(f.model, o);
-  return std::make_unique<Engine>(std::move(backend), EngineOptions{});
-}
-
 }  // namespace
 
 void register_engine_commands(CLI::App& app) {
@@ -99,7 +83,7 @@ void register_engine_commands(CLI::App& app) {
   logits->add_option("--out", *out, "Output .safetensors file")->required();
   logits->callback([lf, out] {
     auto tokens = parse_tokens(lf->tokens);
-    auto engine = make_engine(*lf);
+    auto engine = build(*lf);
     std::vector<float> l = engine->score(tokens);
     write_safetensors(*out, {{"logits",
                               {static_cast<int64_t>(tokens.size()), engine->config().vocab_size},
@@ -113,7 +97,8 @@ void register_engine_commands(CLI::App& app) {
   auto* gen = app.add_subcommand("generate", "Generate token ids from a prompt (prompt excluded)");
   add_model_flags(gen, *gf);
   gen->add_option("--max-tokens", sp->max_tokens, "Tokens to generate at most")->required();
-  gen->add_option("--temperature", sp->temperature, "0 = greedy (default)");
+  gen->add_option("--temperature", sp->temperature,
+                  "0 = greedy; default 1.0 (OpenAI's default, as for queued jobs)");
   gen->add_option("--top-k", sp->top_k, "Keep the k most likely tokens (0 = all)");
   gen->add_option("--top-p", sp->top_p, "Nucleus probability mass (default 1)");
   gen->add_option("--seed", sp->seed, "Sampler seed (default 0)");
@@ -123,7 +108,7 @@ void register_engine_commands(CLI::App& app) {
     Request r;
     r.prompt = parse_tokens(gf->tokens);
     r.sampling = *sp;
-    auto engine = make_engine(*gf);
+    auto engine = build(*gf);
     engine->add(r);
     auto fin = run_to_completion(*engine);
     MB_CHECK(fin.size() == 1, "one request must finish exactly once");

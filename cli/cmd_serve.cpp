@@ -97,7 +97,7 @@ void run_full_service(const ServeFlags& f, const ServiceFlags& sf, CLI::App& cmd
     c.job_id = n.job_id;
     c.key = n.client_key;
     c.batch_id = n.batch_id;
-    c.state = n.state == "done" ? JobState::Done : JobState::Failed;
+    c.state = n.state;
     c.error = n.error;
     in->publish_completion(c);
   };

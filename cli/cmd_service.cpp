@@ -1,5 +1,5 @@
 // CLI commands of the service module:
-//  - `moebatch demo`: the whole pipeline on the bundled random-weight model (cli/ demo below);
+//  - `moebatch demo`: the whole pipeline on the bundled random-weight model (service/demo.h);
 //  - `moebatch maintenance [--now]`: request a maintenance cycle from a running service / list
 //    recorded cycles;
 //  - `moebatch queue-demo`: the queue-only walk-through (claims, lease expiry, retry, release,
@@ -78,7 +78,7 @@ std::string join_ids(const std::vector<int64_t>& ids) {
   return s;
 }
 
-void run_demo(const std::string& file_flag, bool keep) {
+void run_queue_demo(const std::string& file_flag, bool keep) {
   std::filesystem::path example =
       file_flag.empty() ? find_example() : std::filesystem::path(file_flag);
   std::string tmpl = (std::filesystem::temp_directory_path() / "moebatch-demo-XXXXXX").string();
@@ -86,9 +86,10 @@ void run_demo(const std::string& file_flag, bool keep) {
   const std::filesystem::path dir = tmpl;
   const std::filesystem::path db = dir / "jobs.db";
   auto clock = std::make_shared<ManualClock>(SystemClock().now_ms());
-  std::cout << "moebatch demo: the durable job queue on its own.\n"
-            << "The inference engine is not built yet, so this demo generates no text: no job\n"
-            << "reaches 'done'. Generation arrives with the engine. Time below is simulated.\n"
+  std::cout << "moebatch queue-demo: the durable job queue on its own. It imports a batch file,\n"
+            << "inserts rows with plain SQL, then walks claims, lease expiry, a retry, a release\n"
+            << "and a cancel. Time below is simulated. No engine runs here, so no job reaches\n"
+            << "'done'. Generation arrives with the engine: `moebatch demo` runs it end to end.\n"
             << "database: " << db.string() << "\n";
   {
     StoreOptions o;
@@ -156,7 +157,7 @@ void run_demo(const std::string& file_flag, bool keep) {
       std::cout << fmt::format("{:<10} {:>4}\n", job_state_to_string(state), n);
     }
     std::cout << "latency records: " << st.total_ms.count
-              << " (written when the engine completes jobs)\n";
+              << " (one per completed job; none here, as no engine runs)\n";
   }
   if (keep) {
     std::cout << "\nkept " << db.string() << "; try: moebatch list --db " << db.string() << "\n";
@@ -258,17 +259,19 @@ void register_maintenance_command(CLI::App& app) {
 void register_service_commands(CLI::App& app) {
   register_demo_command(app);
   register_maintenance_command(app);
-  struct DemoFlags {
+  struct QueueDemoFlags {
     std::string file;
     bool keep = false;
   };
-  auto f = std::make_shared<DemoFlags>();
+  auto f = std::make_shared<QueueDemoFlags>();
   auto* demo = app.add_subcommand(
-      "queue-demo", "Queue-only walk-through on a temporary database (no generation)");
+      "queue-demo",
+      "Queue-only walk-through on a temporary database and a simulated clock (no engine, no "
+      "text; `moebatch demo` runs the whole pipeline)");
   demo->add_option("--file", f->file,
                    "OpenAI Batch JSONL to import (default examples/demo_batch.jsonl)");
   demo->add_flag("--keep", f->keep, "Keep the temporary database and print its path");
-  demo->callback([f] { run_demo(f->file, f->keep); });
+  demo->callback([f] { run_queue_demo(f->file, f->keep); });
 }
 
 }  // namespace moebatch::cli

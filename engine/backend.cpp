@@ -1,8 +1,15 @@
 #include "engine/backend.h"
 
 #include "common/error.h"
+#include "engine/sampler.h"
 
 namespace moebatch {
+
+int64_t BackendInfo::weight_bytes() const {
+  int64_t n = 0;
+  for (const DeviceUsage& d : devices) n += d.weight_bytes;
+  return n;
+}
 
 void validate_step_batch(const StepBatch& b, const ModelConfig& cfg, int64_t num_blocks,
                          int64_t block_size, int64_t max_model_len) {
@@ -30,6 +37,30 @@ void validate_step_batch(const StepBatch& b, const ModelConfig& cfg, int64_t num
   }
   for (int32_t r : b.logits_rows)
     MB_CHECK(r >= 0 && static_cast<size_t>(r) < n, "logits row out of range");
+  MB_CHECK(b.state_slots.empty() || static_cast<int64_t>(b.state_slots.size()) == num_seqs,
+           "state_slots must have one entry per block_tables row");
+}
+
+void sample_rows_host(const std::vector<float>& logits, int64_t vocab,
+                      const std::vector<RowSampling>& rows, std::vector<int32_t>& tokens) {
+  MB_CHECK(logits.size() == rows.size() * static_cast<size_t>(vocab), "one logits row per sample");
+  tokens.resize(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    GenerationParams p;
+    p.temperature = rows[i].temperature > 0.0f ? rows[i].temperature : 0.0f;
+    p.top_k = rows[i].top_k > 0 ? rows[i].top_k : 0;
+    p.top_p = rows[i].top_p;
+    p.seed = rows[i].seed;
+    tokens[i] = sample_token(logits.data() + i * vocab, vocab, p, rows[i].step);
+  }
+}
+
+void Backend::forward_sample(const StepBatch& batch, const std::vector<RowSampling>& rows,
+                             std::vector<int32_t>& tokens, std::vector<float>* logits) {
+  std::vector<float> local;
+  std::vector<float>& out = logits ? *logits : local;
+  forward(batch, out);
+  sample_rows_host(out, config().vocab_size, rows, tokens);
 }
 
 }  // namespace moebatch

@@ -23,7 +23,7 @@ void validate_tokens(const std::vector<int32_t>& tokens, int64_t vocab) {
 
 Engine::Engine(std::unique_ptr<Backend> backend, const EngineOptions& opts)
     : backend_(std::move(backend)),
-      blocks_(backend_->num_kv_blocks(), backend_->block_size()),
+      blocks_(backend_->info().kv_blocks, backend_->info().block_size),
       scheduler_(opts.max_num_seqs, opts.max_num_batched_tokens, blocks_) {}
 
 void Engine::add(Request req) {
@@ -31,10 +31,10 @@ void Engine::add(Request req) {
   validate_tokens(req.prompt, cfg.vocab_size);
   validate_sampling(req.sampling, cfg.vocab_size);
   const int64_t total = static_cast<int64_t>(req.prompt.size()) + req.sampling.max_tokens;
-  if (total > cfg.max_position_embeddings) {
+  const int64_t max_len = std::min(cfg.max_position_embeddings, backend_->info().max_model_len);
+  if (total > max_len) {
     throw InputError("request: prompt + max_tokens = " + std::to_string(total) +
-                     " exceeds max_position_embeddings " +
-                     std::to_string(cfg.max_position_embeddings));
+                     " exceeds the model length of " + std::to_string(max_len) + " tokens");
   }
   if (blocks_.blocks_for(total) > blocks_.num_blocks()) {
     throw InputError("request: prompt + max_tokens = " + std::to_string(total) +
@@ -43,54 +43,36 @@ void Engine::add(Request req) {
   }
   auto seq = std::make_unique<Sequence>();
   seq->tokens = req.prompt;
-  seq->rng.seed(req.sampling.seed);
   seq->t_added = SteadyClock::now();
   seq->req = std::move(req);
   scheduler_.add(std::move(seq));
 }
 
 std::vector<FinishedSequence> Engine::step() {
-  std::vector<FinishedSequence> done;
   ScheduledStep st = scheduler_.schedule();
-  if (st.batch.tokens.empty()) return done;
-  const int64_t vocab = backend_->config().vocab_size;
-  // Device sampling returns tokens only; a request that keeps its logits needs them on the host.
-  const bool on_device =
-      backend_->samples_on_device() &&
-      std::none_of(st.samples_for.begin(), st.samples_for.end(),
-                   [](const Sequence* s) { return s->req.keep_logits; });
-  std::vector<int32_t> sampled(st.samples_for.size());
-  if (on_device) {
-    std::vector<RowSampling> rows;
-    for (const Sequence* s : st.samples_for) {
-      const GenerationParams& sp = s->req.sampling;
-      rows.push_back({sp.temperature, static_cast<int32_t>(std::min<int64_t>(sp.top_k, 1 << 30)), sp.top_p, sp.seed,
-                      static_cast<uint64_t>(s->generated())});
-    }
-    backend_->forward_sample(st.batch, rows, sampled);
-    MB_CHECK(sampled.size() == st.samples_for.size(), "backend returned one token per row");
-  } else {
-    backend_->forward(st.batch, logits_);
+  if (st.batch.tokens.empty()) return {};
+  // run: one token per logits row, sampled where the backend samples (logits come back only
+  // when a request keeps them)
+  rows_.clear();
+  bool keep_logits = false;
+  for (const Sequence* s : st.samples_for) {
+    const GenerationParams& p = s->req.sampling;
+    rows_.push_back({p.temperature, static_cast<int32_t>(std::min<int64_t>(p.top_k, 1 << 30)),
+                     p.top_p, p.seed, static_cast<uint64_t>(s->generated())});
+    keep_logits = keep_logits || s->req.keep_logits;
   }
-  const auto now = SteadyClock::now();
-  for (size_t i = 0; i < st.samples_for.size(); ++i) {
-    Sequence* s = st.samples_for[i];
-    const float* row = on_device ? nullptr : logits_.data() + i * vocab;
-    const int32_t tok = on_device ? sampled[i] : sample_token(row, vocab, s->req.sampling, s->rng);
-    if (s->generated() == 0) s->t_first_token = now;
-    s->tokens.push_back(tok);
-    if (s->req.keep_logits) s->logits.insert(s->logits.end(), row, row + vocab);
-    const auto& stops = s->req.sampling.stop_token_ids;
-    const bool stop = std::find(stops.begin(), stops.end(), tok) != stops.end();
-    if (!stop && s->generated() < s->req.sampling.max_tokens) continue;
-    auto fin = scheduler_.finish(s);
+  backend_->forward_sample(st.batch, rows_, sampled_, keep_logits ? &logits_ : nullptr);
+  // postprocess: append, check stops, finish
+  std::vector<FinishedSequence> done;
+  for (auto& fin : scheduler_.postprocess(st, sampled_, keep_logits ? &logits_ : nullptr,
+                                          config().vocab_size)) {
     FinishedSequence f;
     f.id = fin->req.id;
     f.tokens.assign(fin->tokens.begin() + fin->prompt_len(), fin->tokens.end());
-    f.reason = stop ? FinishReason::Stop : FinishReason::Length;
+    f.reason = fin->reason;
     f.prompt_tokens = fin->prompt_len();
     f.time_to_first_token_s = seconds(fin->t_first_token - fin->t_added);
-    f.total_s = seconds(now - fin->t_added);
+    f.total_s = seconds(SteadyClock::now() - fin->t_added);
     f.logits = std::move(fin->logits);
     done.push_back(std::move(f));
   }
@@ -102,7 +84,8 @@ std::vector<float> Engine::score(const std::vector<int32_t>& tokens) {
   const ModelConfig& cfg = backend_->config();
   validate_tokens(tokens, cfg.vocab_size);
   const auto T = static_cast<int64_t>(tokens.size());
-  if (T > cfg.max_position_embeddings || blocks_.blocks_for(T) > blocks_.num_blocks()) {
+  if (T > std::min(cfg.max_position_embeddings, backend_->info().max_model_len) ||
+      blocks_.blocks_for(T) > blocks_.num_blocks()) {
     throw InputError("score: " + std::to_string(T) + " tokens exceed the model or KV cache length");
   }
   std::vector<int32_t> table = blocks_.allocate(T);
@@ -110,6 +93,7 @@ std::vector<float> Engine::score(const std::vector<int32_t>& tokens) {
   b.tokens = tokens;
   b.block_tables = table;
   b.max_blocks_per_seq = static_cast<int32_t>(table.size());
+  b.state_slots = {0};  // the engine is idle: every slot is free
   const int64_t bs = blocks_.block_size();
   for (int64_t p = 0; p < T; ++p) {
     b.positions.push_back(static_cast<int32_t>(p));

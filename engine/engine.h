@@ -1,6 +1,7 @@
 // The Engine facade the service drives from one thread: add(request), step() → finished
-// sequences, idle(). It owns the scheduler, block manager and sampler state and calls a Backend
-// for the model math; it knows nothing of queues, databases or sockets.
+// sequences, abort(id), idle(). It owns the scheduler and block manager and calls a Backend for
+// the model math and sampling; it knows nothing of queues, databases or sockets. Engines are
+// built by engine/factory.h.
 #pragma once
 
 #include <memory>
@@ -38,19 +39,29 @@ class Engine {
   /// Validates and queues a request (InputError: empty prompt, token id outside the vocab,
   /// bad sampling, longer than the model or the KV cache can ever hold).
   void add(Request req);
-  /// Runs one batched forward step and returns the sequences that finished in it.
+  /// One step: schedule, run the model and sample, then postprocess. Returns the sequences
+  /// that finished in it.
   std::vector<FinishedSequence> step();
+  /// Drops request `id` (waiting or running): its slot and KV blocks are free for the next
+  /// step and it is never returned. False when the engine does not hold it.
+  bool abort(uint64_t id) { return scheduler_.abort(id); }
   /// True when no request is waiting or running.
   bool idle() const { return scheduler_.idle(); }
+  /// Sequences in slots now.
+  size_t num_running() const { return scheduler_.num_running(); }
   /// Teacher-forced logits [T, vocab] of every position of `tokens` (requires idle()).
   std::vector<float> score(const std::vector<int32_t>& tokens);
   /// The backend's model config.
   const ModelConfig& config() const { return backend_->config(); }
+  /// The backend's capacities and memory.
+  const BackendInfo& backend_info() const { return backend_->info(); }
 
  private:
   std::unique_ptr<Backend> backend_;
   BlockManager blocks_;
   Scheduler scheduler_;
+  std::vector<RowSampling> rows_;  // per-step scratch
+  std::vector<int32_t> sampled_;
   std::vector<float> logits_;
 };
 

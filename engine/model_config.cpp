@@ -146,12 +146,19 @@ const char* arch_name(ModelArch a) {
   return "?";
 }
 
-bool ModelConfig::is_moe_layer(int64_t i) const {
-  if (num_experts == 0) return false;
-  if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), i) != mlp_only_layers.end()) {
-    return false;
+int64_t ModelConfig::num_kv_layers() const {
+  return std::count_if(layers.begin(), layers.end(), [](const LayerKind& k) { return k.has_kv(); });
+}
+
+std::vector<LayerKind> default_layer_kinds(const ModelConfig& c) {
+  std::vector<LayerKind> out(static_cast<size_t>(c.num_layers));
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    const bool forced_dense = std::find(c.mlp_only_layers.begin(), c.mlp_only_layers.end(), i) !=
+                              c.mlp_only_layers.end();
+    const bool moe = c.num_experts > 0 && !forced_dense && (i + 1) % c.decoder_sparse_step == 0;
+    if (moe) out[i].mlp = c.has_shared_expert() ? MlpKind::MoeShared : MlpKind::Moe;
   }
-  return (i + 1) % decoder_sparse_step == 0;
+  return out;
 }
 
 ModelConfig parse_model_config(const json& j, const std::string& src) {
@@ -197,6 +204,7 @@ ModelConfig parse_model_config(const json& j, const std::string& src) {
   if (c.arch == ModelArch::Qwen3Dense) {
     c.qkv_bias = get_bool(j, src, "attention_bias", false);
     c.qk_norm = true;
+    c.layers = default_layer_kinds(c);
     return c;
   }
   // MoE families. Hub files say num_experts, transformers-5 saves num_local_experts.
@@ -224,6 +232,7 @@ ModelConfig parse_model_config(const json& j, const std::string& src) {
     c.qkv_bias = get_bool(j, src, "attention_bias", false);
     c.qk_norm = true;
   }
+  c.layers = default_layer_kinds(c);
   return c;
 }
 

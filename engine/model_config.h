@@ -17,6 +17,25 @@ enum class ModelArch { Qwen3Moe, Qwen2Moe, Qwen3Dense };
 /// Weight quantization of the checkpoint; the loader dequantizes to the backend's dtype.
 enum class QuantMethod { None, Fp8Block };
 
+/// The token mixer of one decoder layer. Only full attention is implemented; Gated DeltaNet
+/// (Qwen3-Next's linear attention, with per-sequence recurrent state) plugs in here.
+enum class MixerKind { FullAttention, LinearAttention };
+
+/// The feed-forward block of one decoder layer.
+enum class MlpKind {
+  Dense,      ///< SwiGLU MLP of intermediate_size
+  Moe,        ///< routed experts
+  MoeShared,  ///< routed experts + a shared expert behind a sigmoid gate (Qwen2-MoE)
+};
+
+/// What one decoder layer is made of; the forwards dispatch on it per layer.
+struct LayerKind {
+  MixerKind mixer = MixerKind::FullAttention;  ///< token mixer
+  MlpKind mlp = MlpKind::Dense;                ///< feed-forward block
+  bool has_kv() const { return mixer == MixerKind::FullAttention; }
+  bool is_moe() const { return mlp != MlpKind::Dense; }
+};
+
 /// Validated model hyper-parameters. All sizes are positive and consistent once constructed.
 struct ModelConfig {
   ModelArch arch = ModelArch::Qwen3Moe;         ///< family, from architectures or model_type
@@ -44,12 +63,22 @@ struct ModelConfig {
   QuantMethod quant = QuantMethod::None;        ///< checkpoint weight quantization
   int64_t quant_block_rows = 0;                 ///< FP8 block size along out (rows)
   int64_t quant_block_cols = 0;                 ///< FP8 block size along in (cols)
+  std::vector<LayerKind> layers;                ///< [num_layers], decided once at parse time
 
   /// True when layer `i` uses routed experts (else a dense SwiGLU MLP).
-  bool is_moe_layer(int64_t i) const;
+  bool is_moe_layer(int64_t i) const { return layers[static_cast<size_t>(i)].is_moe(); }
+  /// Layers that keep a paged KV cache (full attention).
+  int64_t num_kv_layers() const;
+  /// Bytes of per-sequence recurrent state over all layers (0: no linear-attention layers).
+  int64_t state_bytes_per_seq() const { return 0; }
   /// True when the model has a shared expert with a sigmoid gate (Qwen2-MoE).
   bool has_shared_expert() const { return shared_expert_intermediate_size > 0; }
 };
+
+/// The per-layer kinds of the qwen3_moe / qwen2_moe / qwen3 families: full attention everywhere;
+/// MoE on every decoder_sparse_step-th layer except mlp_only_layers (dense models: all dense).
+/// Code that builds a ModelConfig by hand (benchmarks, tests) sets `layers` with this.
+std::vector<LayerKind> default_layer_kinds(const ModelConfig& c);
 
 /// Parses and validates a config.json document; `source` names it in error messages.
 ModelConfig parse_model_config(const nlohmann::json& j, const std::string& source);

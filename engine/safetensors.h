@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/weight_source.h"
+
 namespace moebatch {
 
 /// Element types a checkpoint may hold.
@@ -69,8 +71,9 @@ class SafetensorsFile {
   std::map<std::string, TensorView> tensors_;
 };
 
-/// All tensors of a checkpoint directory: one file, or the shards named by the index.
-class Checkpoint {
+/// All tensors of a checkpoint directory: one file, or the shards named by the index. Hub
+/// names map onto themselves.
+class Checkpoint final : public WeightSource {
  public:
   /// Opens `dir/model.safetensors.index.json` if present, else `dir/model.safetensors`.
   explicit Checkpoint(const std::filesystem::path& dir);
@@ -81,6 +84,13 @@ class Checkpoint {
   const TensorView& at(const std::string& name) const;
   /// The directory opened.
   const std::string& dir() const { return dir_; }
+
+  const std::string& source_name() const override { return dir_; }
+  bool has_tensor(const std::string& name) const override { return has(name); }
+  SourceTensor find_tensor(const std::string& name) const override {
+    const TensorView& t = at(name);
+    return {&t, 0, t.shape};
+  }
 
  private:
   std::string dir_;

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "common/random.h"
 
 namespace moebatch {
 
@@ -69,7 +70,7 @@ class SortedCandidates {
 }  // namespace
 
 int32_t sample_token(const float* logits, int64_t vocab, const GenerationParams& p,
-                     std::mt19937_64& rng) {
+                     uint64_t step) {
   if (p.temperature == 0.0f) {
     return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
   }
@@ -102,8 +103,8 @@ int32_t sample_token(const float* logits, int64_t vocab, const GenerationParams&
     }
     kept = std::min(cum, sum);
   }
-  // 53 random bits → u in [0, 1): fully specified, unlike std::uniform_real_distribution.
-  const double u = static_cast<double>(rng() >> 11) * 0x1.0p-53 * kept;
+  // The GPU sampler's draw (kernels/sampling.cuh): u in [0, 1) from (seed, step).
+  const double u = static_cast<double>(uniform01(p.seed, step)) * kept;
   double cum = 0.0;
   size_t avail = 0;
   for (size_t i = 0; i < keep; ++i) {

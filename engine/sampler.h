@@ -1,16 +1,18 @@
-// Token sampling from one row of logits: greedy, or temperature with top-k / top-p, driven by a
-// per-request RNG so a sequence's samples never depend on its batch neighbours.
+// Token sampling from one row of logits: greedy, or temperature with top-k / top-p. The random
+// draw of a sequence's n-th token is uniform01(seed, n) (common/random.h), the same draw the GPU
+// sampler makes, so a sequence's samples never depend on its batch neighbours or the backend.
 #pragma once
 
 #include <cstdint>
-#include <random>
 #include <vector>
 
 namespace moebatch {
 
 /// How to pick the next token and when to stop.
 struct GenerationParams {
-  float temperature = 0.0f;  ///< 0 = greedy (argmax, ties to the lower id)
+  /// 0 = greedy (argmax, ties to the lower id). Default 1.0, as in OpenAI's API and the job
+  /// queue: a request that says nothing samples from the model's distribution.
+  float temperature = 1.0f;
   int64_t top_k = 0;         ///< keep the k most likely tokens; 0 = all
   float top_p = 1.0f;        ///< keep the smallest set with cumulative probability >= top_p
   uint64_t seed = 0;         ///< seed of this request's RNG
@@ -22,8 +24,8 @@ struct GenerationParams {
 /// inside the vocab); throws InputError naming the field.
 void validate_sampling(const GenerationParams& p, int64_t vocab);
 
-/// Picks a token from logits[0..vocab). Uses `rng` only when temperature > 0.
-int32_t sample_token(const float* logits, int64_t vocab, const GenerationParams& p,
-                     std::mt19937_64& rng);
+/// Picks a token from logits[0..vocab); `step` is the number of tokens the sequence generated
+/// before this one (the draw counter; unused when greedy).
+int32_t sample_token(const float* logits, int64_t vocab, const GenerationParams& p, uint64_t step);
 
 }  // namespace moebatch

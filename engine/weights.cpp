@@ -53,6 +53,16 @@ void add_gate_up(TensorPlan& p, const std::string& prefix, int64_t inter, int64_
 
 }  // namespace
 
+const char* weight_format_name(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::F32:
+      return "f32";
+    case WeightFormat::Bf16:
+      return "bf16";
+  }
+  return "?";
+}
+
 int64_t TensorPlan::numel() const {
   int64_t n = 1;
   for (auto d : shape) n *= d;
@@ -114,14 +124,19 @@ ModelPlan plan_weights(const ModelConfig& c, const ShardSpec& s) {
     LayerWeightsT<TensorPlan> L;
     L.input_norm = whole(p + "input_layernorm.weight", {H});
     L.post_norm = whole(p + "post_attention_layernorm.weight", {H});
-    // Column-parallel q/k/v: a rank's heads are contiguous rows.
-    L.wq = row_slice(a + "q_proj.weight", {q_rows, H}, d.head0 * hd, d.num_heads * hd);
-    L.wk = row_slice(a + "k_proj.weight", {kv_rows, H}, d.kv_head0 * hd, d.num_kv_heads * hd);
-    L.wv = row_slice(a + "v_proj.weight", {kv_rows, H}, d.kv_head0 * hd, d.num_kv_heads * hd);
+    // Column-parallel q/k/v fused into one matrix: this rank's q heads, then its k and v heads
+    // (contiguous rows of each hub tensor), so one GEMM yields [q | k | v] per token.
+    const int64_t nq = d.num_heads * hd, nkv = d.num_kv_heads * hd;
+    const int64_t q0 = d.head0 * hd, kv0 = d.kv_head0 * hd;
+    L.wqkv.shape = {nq + 2 * nkv, H};
+    L.wqkv.pieces = {{a + "q_proj.weight", {q_rows, H}, q0, nq, 0, H, 0},
+                     {a + "k_proj.weight", {kv_rows, H}, kv0, nkv, 0, H, nq},
+                     {a + "v_proj.weight", {kv_rows, H}, kv0, nkv, 0, H, nq + nkv}};
     if (c.qkv_bias) {
-      L.bq = row_slice(a + "q_proj.bias", {q_rows}, d.head0 * hd, d.num_heads * hd);
-      L.bk = row_slice(a + "k_proj.bias", {kv_rows}, d.kv_head0 * hd, d.num_kv_heads * hd);
-      L.bv = row_slice(a + "v_proj.bias", {kv_rows}, d.kv_head0 * hd, d.num_kv_heads * hd);
+      L.bqkv.shape = {nq + 2 * nkv};
+      L.bqkv.pieces = {{a + "q_proj.bias", {q_rows}, q0, nq, 0, 1, 0},
+                       {a + "k_proj.bias", {kv_rows}, kv0, nkv, 0, 1, nq},
+                       {a + "v_proj.bias", {kv_rows}, kv0, nkv, 0, 1, nq + nkv}};
     }
     if (c.qk_norm) {
       L.q_norm = whole(a + "q_norm.weight", {hd});
@@ -163,15 +178,16 @@ ModelPlan plan_weights(const ModelConfig& c, const ShardSpec& s) {
 namespace {
 
 template <class Out, class Conv>
-void read_plan(const Checkpoint& ckpt, const ModelConfig& cfg, const TensorPlan& plan, Out* dst,
+void read_plan(const WeightSource& ckpt, const ModelConfig& cfg, const TensorPlan& plan, Out* dst,
                Conv conv) {
   const int64_t dst_cols = plan.shape.size() > 1 ? plan.shape.back() : 1;
   const int64_t dst_rows = plan.numel() / dst_cols;
   for (const auto& pc : plan.pieces) {
-    const TensorView& t = ckpt.at(pc.name);
-    const std::string where = ckpt.dir() + ": tensor '" + pc.name + "'";
-    if (t.shape != pc.src_shape) {
-      throw InputError(where + ": shape " + shape_str(t.shape) + " but the config implies " +
+    const SourceTensor found = ckpt.find_tensor(pc.name);
+    const TensorView& t = *found.view;
+    const std::string where = ckpt.source_name() + ": tensor '" + pc.name + "'";
+    if (found.shape != pc.src_shape) {
+      throw InputError(where + ": shape " + shape_str(found.shape) + " but the config implies " +
                        shape_str(pc.src_shape));
     }
     const bool fp8 = t.dtype == DType::F8_E4M3;
@@ -181,27 +197,31 @@ void read_plan(const Checkpoint& ckpt, const ModelConfig& cfg, const TensorPlan&
     }
     MB_CHECK(pc.cols == dst_cols && pc.dst_row0 + pc.rows <= dst_rows,
              "plan piece must fit its destination");
-    const int64_t src_cols = t.shape.size() > 1 ? t.shape[1] : 1;
+    const int64_t src_cols = found.shape.size() > 1 ? found.shape[1] : 1;
+    MB_CHECK(found.row0 >= 0 && (found.row0 + found.shape[0]) * src_cols <= t.numel(),
+             "a source tensor's rows must lie inside its file tensor");
     const TensorView* scale = nullptr;
     int64_t br = 0, bc = 0, scols = 0;
     if (fp8) {
       // Fine-grained FP8: w = w_fp8 * weight_scale_inv[row / br, col / bc].
+      MB_CHECK(found.row0 == 0, "FP8 block scales index whole tensors");
       if (cfg.quant != QuantMethod::Fp8Block) {
         throw InputError(where + ": F8_E4M3 weight but config.json has no fp8 quantization_config");
       }
       const std::string sname = pc.name + "_scale_inv";
-      if (!ckpt.has(sname)) throw InputError(where + ": F8_E4M3 weight without '" + sname + "'");
-      scale = &ckpt.at(sname);
+      if (!ckpt.has_tensor(sname))
+        throw InputError(where + ": F8_E4M3 weight without '" + sname + "'");
+      scale = ckpt.find_tensor(sname).view;
       br = cfg.quant_block_rows;
       bc = cfg.quant_block_cols;
-      std::vector<int64_t> want = {(t.shape[0] + br - 1) / br, (src_cols + bc - 1) / bc};
+      std::vector<int64_t> want = {(found.shape[0] + br - 1) / br, (src_cols + bc - 1) / bc};
       if (scale->shape != want) {
-        throw InputError(ckpt.dir() + ": tensor '" + sname + "': shape " + shape_str(scale->shape) +
-                         " but blocks of " + std::to_string(br) + "x" + std::to_string(bc) +
-                         " imply " + shape_str(want));
+        throw InputError(ckpt.source_name() + ": tensor '" + sname + "': shape " +
+                         shape_str(scale->shape) + " but blocks of " + std::to_string(br) + "x" +
+                         std::to_string(bc) + " imply " + shape_str(want));
       }
       if (scale->dtype != DType::F32 && scale->dtype != DType::BF16) {
-        throw InputError(ckpt.dir() + ": tensor '" + sname + "': dtype " +
+        throw InputError(ckpt.source_name() + ": tensor '" + sname + "': dtype " +
                          dtype_name(scale->dtype) + ", expected F32 or BF16");
       }
       scols = want[1];
@@ -211,7 +231,7 @@ void read_plan(const Checkpoint& ckpt, const ModelConfig& cfg, const TensorPlan&
       Out* out = dst + (pc.dst_row0 + r) * dst_cols;
       for (int64_t cc = 0; cc < pc.cols; ++cc) {
         const int64_t sc = pc.col0 + cc;
-        float v = t.get_f32(sr * src_cols + sc);
+        float v = t.get_f32((found.row0 + sr) * src_cols + sc);
         if (fp8) v *= scale->get_f32((sr / br) * scols + sc / bc);
         out[cc] = conv(v);
       }
@@ -221,17 +241,17 @@ void read_plan(const Checkpoint& ckpt, const ModelConfig& cfg, const TensorPlan&
 
 }  // namespace
 
-void read_plan_f32(const Checkpoint& ckpt, const ModelConfig& cfg, const TensorPlan& plan,
+void read_plan_f32(const WeightSource& ckpt, const ModelConfig& cfg, const TensorPlan& plan,
                    float* dst) {
   read_plan(ckpt, cfg, plan, dst, [](float v) { return v; });
 }
 
-void read_plan_bf16(const Checkpoint& ckpt, const ModelConfig& cfg, const TensorPlan& plan,
+void read_plan_bf16(const WeightSource& ckpt, const ModelConfig& cfg, const TensorPlan& plan,
                     uint16_t* dst) {
   read_plan(ckpt, cfg, plan, dst, [](float v) { return f32_to_bf16(v); });
 }
 
-ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& cfg, const ShardSpec& spec) {
+ModelWeights load_weights(const WeightSource& ckpt, const ModelConfig& cfg, const ShardSpec& spec) {
   const ModelPlan plan = plan_weights(cfg, spec);
   auto load = [&](HostTensor& t, const TensorPlan& p) {
     if (p.empty()) return;

@@ -23,6 +23,15 @@
 
 namespace moebatch {
 
+/// Storage format of a weight tensor as a backend holds it. The CPU backend holds fp32; the CUDA
+/// backend holds bf16 today. Each compressed format (FP8 block-128, NVFP4, GGUF k-quants) adds a
+/// value here, a loader path that keeps its bytes as they are, and a case in the GEMM dispatch
+/// of each backend (engine/cuda/linear.h); an unsupported combination fails loudly there.
+enum class WeightFormat { F32, Bf16 };
+
+/// Human name of a format ("bf16", ...).
+const char* weight_format_name(WeightFormat f);
+
 /// How MoE layers are divided among tensor-parallel ranks.
 enum class ExpertSplit { Intermediate, Expert };
 
@@ -84,12 +93,8 @@ struct HostTensor {
 template <class T>
 struct LayerWeightsT {
   T input_norm;      // [H]
-  T wq;              // [nh*hd, H]
-  T wk;              // [nkv*hd, H]
-  T wv;              // [nkv*hd, H]
-  T bq;              // [nh*hd]   (qkv_bias only)
-  T bk;              // [nkv*hd]  (qkv_bias only)
-  T bv;              // [nkv*hd]  (qkv_bias only)
+  T wqkv;            // [(nh + 2*nkv)*hd, H] rows: q heads, then k heads, then v heads
+  T bqkv;            // [(nh + 2*nkv)*hd]    (qkv_bias only)
   T q_norm;          // [hd]      (qk_norm only)
   T k_norm;          // [hd]      (qk_norm only)
   T wo;              // [H, nh*hd]
@@ -107,12 +112,8 @@ struct LayerWeightsT {
   template <class U, class F>
   void zip(const LayerWeightsT<U>& o, F&& f) {
     f(input_norm, o.input_norm);
-    f(wq, o.wq);
-    f(wk, o.wk);
-    f(wv, o.wv);
-    f(bq, o.bq);
-    f(bk, o.bk);
-    f(bv, o.bv);
+    f(wqkv, o.wqkv);
+    f(bqkv, o.bqkv);
     f(q_norm, o.q_norm);
     f(k_norm, o.k_norm);
     f(wo, o.wo);
@@ -144,15 +145,15 @@ using LayerWeights = LayerWeightsT<HostTensor>;
 /// Builds the slice plan of rank `spec.rank`: hub names, expected full shapes, slices.
 ModelPlan plan_weights(const ModelConfig& cfg, const ShardSpec& spec);
 
-/// Fills `dst` (plan.numel() floats) from the checkpoint, checking names, shapes and dtypes and
+/// Fills `dst` (plan.numel() floats) from `src`, checking names, shapes and dtypes and
 /// dequantizing FP8 blocks. Throws InputError naming the tensor, expected vs actual.
-void read_plan_f32(const Checkpoint& ckpt, const ModelConfig& cfg, const TensorPlan& plan,
+void read_plan_f32(const WeightSource& src, const ModelConfig& cfg, const TensorPlan& plan,
                    float* dst);
 /// Same, narrowing to bf16 (round to nearest even) for backends that store bf16.
-void read_plan_bf16(const Checkpoint& ckpt, const ModelConfig& cfg, const TensorPlan& plan,
+void read_plan_bf16(const WeightSource& src, const ModelConfig& cfg, const TensorPlan& plan,
                     uint16_t* dst);
 
 /// Loads rank `spec.rank`'s fp32 weights.
-ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& cfg, const ShardSpec& spec);
+ModelWeights load_weights(const WeightSource& src, const ModelConfig& cfg, const ShardSpec& spec);
 
 }  // namespace moebatch

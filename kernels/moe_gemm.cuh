@@ -37,9 +37,4 @@ struct MoeGemmParams {
 /// a block per 64 weight rows of an expert over all of k. The engine's path at every batch.
 void moe_gemm(const MoeGemmParams& p, cudaStream_t stream);
 
-/// Small-batch variant (any pair count; meant for experts with ≤ 8 rows): a block owns 16 weight
-/// rows and its 4 warps split k, summed in a fixed order (deterministic). Not on the engine's
-/// path: at batch 1 it measured slower than moe_gemm (docs/kernels.md).
-void moe_gemm_split_k(const MoeGemmParams& p, cudaStream_t stream);
-
 }  // namespace moebatch::kernels

@@ -124,6 +124,9 @@ class JobStore {
   /// Extends the lease of those ids that worker still holds; returns how many were renewed.
   int64_t renew(const std::string& worker, const std::vector<int64_t>& ids,
                 std::chrono::milliseconds lease);
+  /// Those of `ids` whose lease `worker` no longer holds (cancelled, finished, expired and taken
+  /// over, or gone): the work on them can stop. Read-only.
+  std::vector<int64_t> not_held(const std::string& worker, const std::vector<int64_t>& ids);
   /// Records the result if worker holds the lease of running job id; false (and no change)
   /// otherwise, e.g. for a stale worker whose lease expired and was taken over or cancelled.
   bool complete(const std::string& worker, int64_t id, const JobResult& result,

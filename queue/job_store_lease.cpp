@@ -121,6 +121,21 @@ std::vector<Job> JobStore::claim(const std::string& worker, int64_t n,
   return claimed;
 }
 
+std::vector<int64_t> JobStore::not_held(const std::string& worker,
+                                        const std::vector<int64_t>& ids) {
+  check_worker(worker);
+  std::vector<int64_t> lost;
+  Stmt& q = db_->prepare(
+      "SELECT 1 FROM jobs WHERE id = ?1 AND state = 'running' AND lease_owner = ?2");
+  for (int64_t id : ids) {
+    q.reset();
+    q.bind(1, id).bind(2, std::string_view(worker));
+    if (!q.step()) lost.push_back(id);
+  }
+  q.reset();
+  return lost;
+}
+
 int64_t JobStore::renew(const std::string& worker, const std::vector<int64_t>& ids,
                         std::chrono::milliseconds lease) {
   check_worker(worker);

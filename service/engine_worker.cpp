@@ -9,13 +9,9 @@
 #include <sstream>
 
 #include "common/error.h"
-#include "engine/cpu/cpu_backend.h"
+#include "engine/device_query.h"
 #include "engine/engine.h"
-#include "service/gpu_memory.h"
-
-#ifdef MOEBATCH_HAVE_CUDA
-#include "engine/cuda/cuda_backend.h"
-#endif
+#include "engine/factory.h"
 
 namespace moebatch {
 namespace {
@@ -26,96 +22,20 @@ double seconds_between(SteadyClock::time_point a, SteadyClock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-// Parameters the CPU backend materializes in fp32 (lm_head is a separate copy even when tied).
-int64_t weight_bytes_fp32(const ModelConfig& c) {
-  const int64_t H = c.hidden_size;
-  int64_t n = 2 * c.vocab_size * H + H;
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    n += H * c.num_heads * c.head_dim * 2 + H * c.num_kv_heads * c.head_dim * 2 + 2 * H;
-    if (c.is_moe_layer(l)) {
-      n += c.num_experts * H + c.num_experts * 3 * c.moe_intermediate_size * H;
-      n += 3 * c.shared_expert_intermediate_size * H;
-    } else {
-      n += 3 * c.intermediate_size * H;
-    }
-  }
-  return n * static_cast<int64_t>(sizeof(float));
-}
-
-std::string describe(const ModelConfig& mc, const std::string& backend) {
-  return std::string(arch_name(mc.arch)) + ", " + std::to_string(mc.num_layers) + " layers, " +
-         std::to_string(mc.num_experts) + " experts, hidden " + std::to_string(mc.hidden_size) +
-         ", vocab " + std::to_string(mc.vocab_size) + ", " + backend;
-}
-
-EngineOptions engine_options(const ServiceConfig& cfg) {
-  EngineOptions eo;
-  eo.max_num_seqs = cfg.max_num_seqs;
-  eo.max_num_batched_tokens = cfg.max_num_batched_tokens;
-  return eo;
-}
-
-// Fails before any model byte is read when the CUDA engine cannot run here, so a wrong
-// `--backend cuda` is a start-up configuration error (exit 2), not an engine death.
-void require_cuda() {
-  if (!cuda_backend_built()) {
-    throw InputError(
-        "backend cuda: this build has no CUDA backend (built without nvcc); use --backend cpu");
-  }
-  std::string why;
-  if (cuda_device_count(&why) == 0)
-    throw InputError("backend cuda: no CUDA device is visible (" + why + "); use --backend cpu");
-}
-
-#ifdef MOEBATCH_HAVE_CUDA
-std::unique_ptr<Engine> make_cuda(const ServiceConfig& cfg, EngineInfo& info) {
-  CudaBackendOptions o;
-  o.gpu_memory_utilization = cfg.gpu_memory_utilization;
-  o.max_model_len = cfg.max_model_len;
-  // kv_cache_mb caps the KV pool; the memory plan may give it less, never more.
-  o.max_kv_cache_bytes = cfg.kv_cache_mb << 20;
-  const EngineOptions eo = engine_options(cfg);
-  // The backend is built here rather than by make_cuda_engine, with the same capacities that
-  // factory derives from the scheduler limits, because the service reads its memory plan (the
-  // KV token capacity caps job length at intake and goes into the start log).
-  o.max_num_seqs = eo.max_num_seqs;
-  o.max_num_batched_tokens = std::max(eo.max_num_batched_tokens, eo.max_num_seqs);
-  auto backend = std::make_unique<CudaBackend>(cfg.model, o);
-  const ModelConfig& mc = backend->config();
-  const MemoryPlan& plan = backend->memory_plan();
-  info.vocab_size = mc.vocab_size;
-  info.max_context = mc.max_position_embeddings;
-  info.kv_tokens = plan.kv_blocks * backend->block_size();
-  info.kv_bytes_per_token = 2 * mc.num_layers * mc.num_kv_heads * mc.head_dim * 2;  // bf16
-  info.weight_bytes = static_cast<int64_t>(plan.weights);
-  info.description = describe(mc, "cuda device 0, gpu_memory_utilization " +
-                                      std::to_string(cfg.gpu_memory_utilization).substr(0, 4));
-  return std::make_unique<Engine>(std::move(backend), eo);
-}
-#endif
-
-std::unique_ptr<Engine> make_engine(const ServiceConfig& cfg, EngineInfo& info) {
-  if (cfg.backend == "cuda") {
-    require_cuda();
-#ifdef MOEBATCH_HAVE_CUDA
-    return make_cuda(cfg, info);
-#endif
-  }
-  if (cfg.backend != "cpu")
-    throw InputError("backend: expected cpu or cuda, got '" + cfg.backend + "'");
-  CpuBackendOptions o;
-  o.tp = cfg.tp;
-  o.threads = cfg.threads;
-  o.kv_cache_bytes = cfg.kv_cache_mb << 20;
-  auto backend = std::make_unique<CpuBackend>(cfg.model, o);
-  const ModelConfig& mc = backend->config();
-  info.vocab_size = mc.vocab_size;
-  info.max_context = mc.max_position_embeddings;
-  info.kv_tokens = backend->num_kv_blocks() * backend->block_size();
-  info.kv_bytes_per_token = 2 * mc.num_layers * mc.num_kv_heads * mc.head_dim * 4;
-  info.weight_bytes = weight_bytes_fp32(mc);
-  info.description = describe(mc, "cpu tp=" + std::to_string(cfg.tp));
-  return std::make_unique<Engine>(std::move(backend), engine_options(cfg));
+// The engine this service configuration asks for.
+EngineSpec engine_spec(const ServiceConfig& cfg) {
+  EngineSpec spec;
+  spec.model = cfg.model;
+  spec.backend = cfg.backend;
+  spec.tensor_parallel_size = cfg.tp;
+  spec.threads = cfg.threads;
+  // CPU: the KV pool's size; CUDA: a cap, the memory plan may give it less, never more.
+  spec.kv_cache_bytes = cfg.kv_cache_mb << 20;
+  spec.gpu_memory_utilization = cfg.gpu_memory_utilization;
+  spec.max_model_len = cfg.max_model_len;
+  spec.scheduler.max_num_seqs = cfg.max_num_seqs;
+  spec.scheduler.max_num_batched_tokens = cfg.max_num_batched_tokens;
+  return spec;
 }
 
 }  // namespace
@@ -156,10 +76,10 @@ void EngineWorker::join() {
 }
 
 void EngineWorker::build_engine() {
-  EngineInfo info;
-  engine_ = make_engine(cfg_, info);
+  BuiltEngine built = make_engine(engine_spec(cfg_));
+  engine_ = std::move(built.engine);
   std::lock_guard lock(mu_);
-  info_ = info;
+  info_ = std::move(built.info);
 }
 
 // A short batch through every code path (prefill, decode, sampling) so the first real jobs do
@@ -172,6 +92,7 @@ void EngineWorker::warmup() {
     Request r;
     r.id = static_cast<uint64_t>(i);
     for (int64_t t = 0; t < 8; ++t) r.prompt.push_back(static_cast<int32_t>((i * 8 + t) % vocab));
+    r.sampling.temperature = 0.0f;
     r.sampling.max_tokens = 4;
     engine_->add(std::move(r));
   }
@@ -242,6 +163,7 @@ void EngineWorker::add(WorkItem item) {
   r.sampling.seed = item.seed;
   r.sampling.max_tokens = item.max_tokens;
   r.sampling.stop_token_ids = std::move(item.stop_ids);
+  r.stop_strings = std::move(item.stop_strings);
   try {
     engine_->add(std::move(r));
   } catch (const InputError& e) {
@@ -293,6 +215,35 @@ bool EngineWorker::admit(std::chrono::milliseconds wait) {
   return added;
 }
 
+void EngineWorker::cancel(const std::vector<int64_t>& job_ids) {
+  if (job_ids.empty()) return;
+  // First out of the hand-off, then the request to the engine thread: an item the engine
+  // thread popped before the removal is active by the time it reads the request (it adds what
+  // it pops before it looks at requests again), so every cancelled job is caught one way.
+  input_.remove_if([&](const WorkItem& w) {
+    return std::find(job_ids.begin(), job_ids.end(), w.job_id) != job_ids.end();
+  });
+  std::lock_guard lock(mu_);
+  cancel_requests_.insert(cancel_requests_.end(), job_ids.begin(), job_ids.end());
+}
+
+// Aborts the sequences of cancelled jobs, freeing their slots and KV for the next step.
+void EngineWorker::apply_cancellations() {
+  std::vector<int64_t> ids;
+  {
+    std::lock_guard lock(mu_);
+    ids.swap(cancel_requests_);
+  }
+  for (int64_t id : ids) {
+    auto it =
+        std::find_if(active_.begin(), active_.end(), [&](const auto& a) { return a.first == id; });
+    if (it == active_.end()) continue;  // already finished, or never reached the engine
+    engine_->abort(static_cast<uint64_t>(id));
+    active_.erase(it);
+  }
+  counters_.active = static_cast<int64_t>(active_.size());
+}
+
 void EngineWorker::step() {
   counters_.occupied_slots +=
       std::min<int64_t>(static_cast<int64_t>(active_.size()), cfg_.max_num_seqs);
@@ -307,7 +258,8 @@ void EngineWorker::step() {
     WorkResult r;
     r.job_id = id;
     r.outcome = WorkOutcome::Finished;
-    r.hit_stop_token = f.reason == FinishReason::Stop;
+    r.hit_stop_token = f.reason == FinishReason::StopToken;
+    r.hit_stop_string = f.reason == FinishReason::StopString;
     r.prompt_tokens = f.prompt_tokens;
     r.handoff_s = seconds_between(it->second.claimed, it->second.added);
     r.ttft_s = f.time_to_first_token_s;
@@ -336,14 +288,22 @@ void EngineWorker::abort_active(const std::string& reason) {
   counters_.active = 0;
 }
 
-std::optional<GpuMemory> EngineWorker::gpu_memory() const {
-  if (cfg_.backend != "cuda") return std::nullopt;
-  return moebatch::gpu_memory(0);
+std::vector<std::pair<std::string, GpuMemory>> EngineWorker::gpu_memory() const {
+  std::vector<std::pair<std::string, GpuMemory>> out;
+  for (const DeviceUsage& d : info().backend.devices) {
+    if (d.device.rfind("cuda:", 0) != 0) continue;
+    if (auto g = moebatch::gpu_memory(std::stoi(d.device.substr(5))))
+      out.emplace_back(d.device, *g);
+  }
+  return out;
 }
 
 int64_t EngineWorker::memory_in_use() const {
-  if (auto g = gpu_memory()) return g->used;
-  return process_rss_bytes();
+  const auto gpus = gpu_memory();
+  if (gpus.empty()) return process_rss_bytes();
+  int64_t used = 0;
+  for (const auto& [name, g] : gpus) used += g.used;
+  return used;
 }
 
 void EngineWorker::rebuild(CycleReport& report) {
@@ -375,6 +335,7 @@ void EngineWorker::run() {
         started = command_started_;
       }
       if (cmd == Command::None) admit(std::chrono::milliseconds(50));
+      apply_cancellations();
       const bool busy = !engine_->idle();
       if (cmd != Command::None && (!busy || SteadyClock::now() >= deadline)) {
         const auto aborted = static_cast<int64_t>(active_.size());

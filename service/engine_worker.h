@@ -19,24 +19,13 @@
 #include <thread>
 #include <vector>
 
+#include "engine/device_query.h"
+#include "engine/factory.h"
 #include "service/config.h"
-#include "service/gpu_memory.h"
 #include "service/handoff.h"
 #include "service/work.h"
 
 namespace moebatch {
-
-class Engine;
-
-/// Size facts of the built engine, for the start log, validation and metrics.
-struct EngineInfo {
-  int64_t vocab_size = 0;          ///< model vocabulary
-  int64_t max_context = 0;         ///< max_position_embeddings
-  int64_t kv_tokens = 0;           ///< tokens the KV cache holds (all sequences together)
-  int64_t kv_bytes_per_token = 0;  ///< KV bytes per token over all layers and ranks
-  int64_t weight_bytes = 0;        ///< parameter bytes as stored by the backend
-  std::string description;         ///< "qwen3_moe, 2 layers, 8 experts, cpu tp=1"
-};
 
 /// What the engine side of one maintenance cycle did.
 struct CycleReport {
@@ -81,6 +70,10 @@ class EngineWorker {
   void start();
   /// The bounded input: the dispatcher try_push()es claimed, tokenized jobs here.
   Handoff<WorkItem>& input() { return input_; }
+  /// Stops work on these jobs (cancelled, or their lease lost): a running sequence is aborted
+  /// and its slot freed before the next step; one still in the hand-off is dropped when taken.
+  /// Nothing is reported for them.
+  void cancel(const std::vector<int64_t>& job_ids);
   /// Results reported since the last call (finished, rejected or aborted items).
   std::vector<WorkResult> take_results();
   /// Starts a maintenance cycle: stop taking input, finish in-flight sequences until
@@ -99,12 +92,13 @@ class EngineWorker {
   bool dead() const { return dead_.load(); }
   /// Why the engine died.
   std::string death_reason() const;
-  /// Size facts of the current engine.
+  /// Facts about the current engine (devices, memory, capacities).
   EngineInfo info() const;
   /// Counters for metrics and health.
   const EngineCounters& counters() const { return counters_; }
-  /// Device memory of the GPU the engine runs on; nullopt with the CPU backend. Any thread.
-  std::optional<GpuMemory> gpu_memory() const;
+  /// Memory of each GPU the engine runs on ("cuda:N", used/total); empty with the CPU
+  /// backend. Any thread.
+  std::vector<std::pair<std::string, GpuMemory>> gpu_memory() const;
   /// The memory a cycle record reports: GPU memory in use with the CUDA backend (what a
   /// rebuild must give back), process RSS otherwise.
   int64_t memory_in_use() const;
@@ -120,6 +114,7 @@ class EngineWorker {
   void warmup();
   bool admit(std::chrono::milliseconds wait);
   void add(WorkItem item);
+  void apply_cancellations();
   void step();
   void abort_active(const std::string& reason);
   void push_result(WorkResult r);
@@ -130,10 +125,12 @@ class EngineWorker {
   Handoff<WorkItem> input_;
   std::unique_ptr<Engine> engine_;                  // engine thread only (after start)
   std::vector<std::pair<int64_t, Active>> active_;  // engine thread only
+  std::vector<int64_t> cancelled_pending_;  // engine thread only: cancelled before being taken
   EngineCounters counters_;
 
   mutable std::mutex mu_;  // guards everything below
   std::vector<WorkResult> results_;
+  std::vector<int64_t> cancel_requests_;
   std::optional<CycleReport> cycle_report_;
   Command command_ = Command::None;
   std::chrono::steady_clock::time_point command_deadline_;

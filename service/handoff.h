@@ -61,6 +61,15 @@ class Handoff {
     return out;
   }
 
+  /// Removes every queued item for which `pred(item)` is true; returns how many.
+  template <typename Pred>
+  size_t remove_if(Pred pred) {
+    std::lock_guard lock(mu_);
+    const size_t before = items_.size();
+    std::erase_if(items_, pred);
+    return before - items_.size();
+  }
+
   /// Items queued now.
   size_t size() const {
     std::lock_guard lock(mu_);

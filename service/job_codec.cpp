@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "engine/tokenizer/streaming.h"
+#include "engine/tokenizer/text_stop.h"
 #include "engine/tokenizer/tokenizer.h"
 
 namespace moebatch {
@@ -38,22 +39,12 @@ uint64_t default_seed(int64_t job_id) {
 
 int64_t ms_of(double s) { return static_cast<int64_t>(std::llround(s * 1000.0)); }
 
-// Generated ids decoded one by one: an id the tokenizer does not know (a model vocabulary
-// padded past the tokenizer's, as Qwen3's is) becomes U+FFFD instead of failing the job.
+// Generated ids decoded one by one, leniently (unknown ids become U+FFFD), exactly as the
+// engine's stop-string watcher decodes them.
 std::string decode_tokens(const std::vector<int32_t>& ids, const Tokenizer& tokenizer) {
   IncrementalDecoder dec(tokenizer, /*skip_special=*/true);
   std::string text;
-  for (int32_t id : ids) {
-    if (id < 0 || static_cast<size_t>(id) >= tokenizer.vocab_size()) {
-      text += dec.finish() + "\xEF\xBF\xBD";
-      continue;
-    }
-    try {
-      text += dec.push(static_cast<TokenId>(id));
-    } catch (const InputError&) {
-      text += dec.finish() + "\xEF\xBF\xBD";
-    }
-  }
+  for (int32_t id : ids) text += dec.push_lenient(id);
   return text + dec.finish();
 }
 
@@ -103,6 +94,13 @@ std::variant<WorkItem, std::string> prepare_work(const Job& job, const Tokenizer
     if (static_cast<int64_t>(id) < limits.vocab_size)
       w.stop_ids.push_back(static_cast<int32_t>(id));
   }
+  if (!sp.stop.empty()) {
+    try {
+      w.stop_strings = std::make_shared<TextStopStrings>(tokenizer, sp.stop);
+    } catch (const InputError& e) {
+      return std::string("stop: ") + e.what();
+    }
+  }
   w.claimed = std::chrono::steady_clock::now();
   return w;
 }
@@ -129,7 +127,8 @@ Completion make_completion(const WorkResult& r, const InFlightJob& job,
   c.result.text = std::move(text);
   c.result.prompt_tokens = r.prompt_tokens;
   c.result.completion_tokens = static_cast<int64_t>(r.tokens.size());
-  c.result.finish_reason = (r.hit_stop_token || stopped_by_string) ? "stop" : "length";
+  c.result.finish_reason =
+      (r.hit_stop_token || r.hit_stop_string || stopped_by_string) ? "stop" : "length";
 
   // Latency: queue wait on the store's clock; engine phases measured on the steady clock from
   // the moment of the claim, so total = wait + hand-off + engine time.

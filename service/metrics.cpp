@@ -106,16 +106,18 @@ std::string ServiceMetrics::render(const MetricsInputs& in) {
   gauge(out, "moebatch_engine_up", "1 while the engine thread is alive.", in.engine_alive ? 1 : 0);
   // Only with the CUDA backend: a CPU service has no device memory, and a zero would read as
   // an empty GPU on a dashboard.
-  if (in.gpu_used_bytes && in.gpu_total_bytes) {
-    out += fmt::format(
+  if (!in.gpus.empty()) {
+    out +=
         "# HELP moebatch_gpu_memory_used_bytes Device memory in use (all processes), from "
-        "cudaMemGetInfo.\n# TYPE moebatch_gpu_memory_used_bytes gauge\n"
-        "moebatch_gpu_memory_used_bytes {}\n",
-        *in.gpu_used_bytes);
-    out += fmt::format(
+        "cudaMemGetInfo.\n# TYPE moebatch_gpu_memory_used_bytes gauge\n";
+    for (const auto& g : in.gpus)
+      out += fmt::format("moebatch_gpu_memory_used_bytes{{device=\"{}\"}} {}\n", g.device, g.used);
+    out +=
         "# HELP moebatch_gpu_memory_total_bytes Device memory.\n"
-        "# TYPE moebatch_gpu_memory_total_bytes gauge\nmoebatch_gpu_memory_total_bytes {}\n",
-        *in.gpu_total_bytes);
+        "# TYPE moebatch_gpu_memory_total_bytes gauge\n";
+    for (const auto& g : in.gpus)
+      out +=
+          fmt::format("moebatch_gpu_memory_total_bytes{{device=\"{}\"}} {}\n", g.device, g.total);
   }
   out += "# HELP moebatch_restarts_total Maintenance cycles by result.\n";
   out += "# TYPE moebatch_restarts_total counter\n";

@@ -42,8 +42,13 @@ struct MetricsInputs {
   int64_t in_flight = 0;                       ///< claimed, not yet reported
   bool engine_alive = true;                    ///< engine thread healthy
   int64_t now_ms = 0;                          ///< steady-clock ms, for rates
-  std::optional<int64_t> gpu_used_bytes;       ///< device memory in use; unset off the GPU
-  std::optional<int64_t> gpu_total_bytes;      ///< device memory; unset off the GPU
+  /// Memory of one GPU the engine runs on.
+  struct Gpu {
+    std::string device;  ///< "cuda:N"
+    int64_t used = 0;    ///< bytes in use, every process together
+    int64_t total = 0;   ///< device memory
+  };
+  std::vector<Gpu> gpus;  ///< one per GPU of the engine; empty with the CPU backend
 };
 
 /// Counters and histograms of one service.

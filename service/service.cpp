@@ -68,7 +68,7 @@ Service::Service(ServiceConfig cfg, ServiceHooks hooks)
     limits_.max_model_len = std::min(limits_.max_model_len, cfg_.max_model_len);
   // A sequence reserves KV for prompt + max_tokens up front, so one longer than the whole
   // cache could never be admitted: refuse it at intake with a reason instead.
-  limits_.max_model_len = std::min(limits_.max_model_len, info.kv_tokens);
+  limits_.max_model_len = std::min(limits_.max_model_len, info.backend.kv_tokens());
   if (tokenizer_->vocab_size() > static_cast<size_t>(info.vocab_size)) {
     spdlog::warn("tokenizer has {} ids but the model only {}: prompts using the extra ids fail",
                  tokenizer_->vocab_size(), info.vocab_size);
@@ -93,13 +93,19 @@ void Service::log_start() const {
   const EngineInfo info = worker_engine_->info();
   spdlog::info("moebatch service {} starting; effective config: {}", worker_,
                config_to_json(cfg_).dump());
-  spdlog::info("engine: {}", info.description);
+  spdlog::info("engine: {}; {}", info.model, info.backend.description);
+  for (const DeviceUsage& d : info.backend.devices) {
+    spdlog::info(
+        "memory on {}: weights {:.1f} MiB (as held), KV cache {:.1f} MiB, step buffers "
+        "{:.1f} MiB{}",
+        d.device, mib(d.weight_bytes), mib(d.kv_bytes), mib(d.activation_bytes),
+        d.total_bytes ? fmt::format(" of {:.1f} MiB", mib(d.total_bytes)) : "");
+  }
   spdlog::info(
-      "memory budget: weights {:.1f} MiB (as held by the backend), KV {} bytes/token, KV cache "
-      "holds {} tokens ({:.1f} MiB), {} slots; jobs are capped at {} tokens (prompt + "
-      "max_tokens)",
-      mib(info.weight_bytes), info.kv_bytes_per_token, info.kv_tokens,
-      mib(info.kv_tokens * info.kv_bytes_per_token), cfg_.max_num_seqs, limits_.max_model_len);
+      "KV {} bytes/token, KV cache holds {} tokens, {} slots; jobs are capped at {} tokens "
+      "(prompt + max_tokens)",
+      info.backend.kv_bytes_per_token, info.backend.kv_tokens(), cfg_.max_num_seqs,
+      limits_.max_model_len);
   spdlog::info("restart schedule: {}", schedule_.enabled() ? schedule_.spec() : "off");
 }
 
@@ -233,8 +239,8 @@ void Service::finish_maintenance() {
       "maintenance {}: downtime {} ms, drained {}, requeued {}, {} {:.1f} -> {:.1f} MiB, warmup "
       "{} ms{}",
       rec.result, rec.downtime_ms, rec.drained, rec.requeued,
-      cfg_.backend == "cuda" ? "GPU memory" : "RSS", mib(rec.mem_before),
-      mib(rec.mem_after), rec.warmup_ms, report->ok ? "" : ": " + rec.error);
+      cfg_.backend == "cuda" ? "GPU memory" : "RSS", mib(rec.mem_before), mib(rec.mem_after),
+      rec.warmup_ms, report->ok ? "" : ": " + rec.error);
   maintenance_.reset();
   if (!stopping_) admitting_ = true;
   claim_now_ = true;
@@ -291,10 +297,8 @@ HttpReply Service::handle_http(const std::string& target) {
     in.in_flight = static_cast<int64_t>(in_flight_.size());
     in.engine_alive = !worker_engine_->dead();
     in.now_ms = steady_now_ms();
-    if (const auto g = worker_engine_->gpu_memory()) {
-      in.gpu_used_bytes = g->used;
-      in.gpu_total_bytes = g->total;
-    }
+    for (const auto& [device, g] : worker_engine_->gpu_memory())
+      in.gpus.push_back({device, g.used, g.total});
     return {200, "text/plain; version=0.0.4", metrics_.render(in)};
   }
   return {404, "text/plain", "not found: try /health or /metrics\n"};

@@ -26,6 +26,7 @@
 #include <string>
 
 #include "queue/clock.h"
+#include "queue/job.h"
 #include "service/config.h"
 #include "service/http_server.h"
 #include "service/job_codec.h"
@@ -42,7 +43,7 @@ class Tokenizer;
 /// A job that reached a final state, for the completion notice.
 struct FinalNotice {
   int64_t job_id = 0;                     ///< jobs.id
-  std::string state;                      ///< "done" | "failed"
+  JobState state = JobState::Done;        ///< Done or Failed
   std::optional<std::string> client_key;  ///< the job's client key
   std::optional<std::string> batch_id;    ///< the job's batch
   std::optional<std::string> error;       ///< failure reason
@@ -112,6 +113,7 @@ class Service {
   void claim();
   void on_notify();
   void drain_results();
+  void stop_lost_jobs();
   void arm_renew();
   void release_handoff();
 

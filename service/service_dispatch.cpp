@@ -72,6 +72,8 @@ void Service::claim() {
       spdlog::info("maintenance requested (request {})", *req);
       start_maintenance("request");
     }
+    // A cancel is a commit from another connection too: stop the engine's work on it now.
+    stop_lost_jobs();
   }
   if (!admitting_) return;
   const int64_t now = steady_now_ms();
@@ -96,7 +98,8 @@ void Service::claim() {
       metrics_.job_failed();
       spdlog::info("job {} failed: {}", job.id, *reason);
       if (hooks_.on_final)
-        hooks_.on_final({job.id, "failed", job.spec.client_key, job.spec.batch_id, *reason});
+        hooks_.on_final(
+            {job.id, JobState::Failed, job.spec.client_key, job.spec.batch_id, *reason});
       continue;
     }
     InFlightJob f;
@@ -146,14 +149,14 @@ void Service::drain_results() {
           metrics_.job_failed();
           if (hooks_.on_final)
             hooks_.on_final(
-                {r.job_id, "failed", job.client_key, job.batch_id, "engine: " + r.error});
+                {r.job_id, JobState::Failed, job.client_key, job.batch_id, "engine: " + r.error});
           break;
         case WorkOutcome::Aborted:
           if (dead) {
             // Counted as an attempt: a job that kills the engine every time must end failed.
             const FailOutcome o = store_->fail(worker_, r.job_id, r.error, /*retryable=*/true);
             if (o == FailOutcome::Failed && hooks_.on_final)
-              hooks_.on_final({r.job_id, "failed", job.client_key, job.batch_id, r.error});
+              hooks_.on_final({r.job_id, JobState::Failed, job.client_key, job.batch_id, r.error});
             metrics_.jobs_requeued(1);
           } else {
             released.push_back(r.job_id);
@@ -176,13 +179,30 @@ void Service::drain_results() {
         metrics_.job_done(c.latency.queue_wait_ms / 1000.0, c.latency.ttft_ms.value_or(0) / 1000.0,
                           c.latency.total_ms / 1000.0, c.result.completion_tokens);
         if (hooks_.on_final)
-          hooks_.on_final({c.id, "done", notice_ids[i].first, notice_ids[i].second, std::nullopt});
+          hooks_.on_final(
+              {c.id, JobState::Done, notice_ids[i].first, notice_ids[i].second, std::nullopt});
       }
     }
   } catch (const std::exception& e) {
     spdlog::error("result writer: {} (affected jobs run again when their lease ends)", e.what());
   }
   claim_now_ = true;
+}
+
+// Jobs in flight whose lease this worker no longer holds (cancelled, or expired and taken over)
+// leave the engine at once, freeing their slots; their results could not be recorded anyway.
+void Service::stop_lost_jobs() {
+  if (in_flight_.empty()) return;
+  std::vector<int64_t> ids;
+  for (const auto& [id, job] : in_flight_) ids.push_back(id);
+  const std::vector<int64_t> lost = store_->not_held(worker_, ids);
+  if (lost.empty()) return;
+  for (int64_t id : lost) {
+    in_flight_.erase(id);
+    spdlog::info("job {}: lease no longer held (cancelled or taken over); engine work stopped", id);
+  }
+  worker_engine_->cancel(lost);
+  claim_now_ = true;  // the freed slots can take queued jobs
 }
 
 void Service::arm_renew() {
@@ -196,9 +216,11 @@ void Service::arm_renew() {
       for (const auto& [id, job] : in_flight_) ids.push_back(id);
       try {
         const int64_t n = store_->renew(worker_, ids, std::chrono::seconds(cfg_.lease_s));
-        if (n < static_cast<int64_t>(ids.size()))
+        if (n < static_cast<int64_t>(ids.size())) {
           spdlog::warn("lease renewal: {} of {} leases were no longer ours", ids.size() - n,
                        ids.size());
+          stop_lost_jobs();
+        }
       } catch (const std::exception& e) {
         spdlog::error("lease renewal: {}", e.what());
       }

@@ -1,13 +1,16 @@
 // What crosses the thread boundary between the dispatcher (Asio thread, owns the job store) and
-// the engine thread (owns the Engine). Deliberately free of queue and engine headers: the two
-// sides are compiled in different translation units, and these plain structs are the whole
-// contract between them.
+// the engine thread (owns the Engine). Free of queue headers and of all engine headers but the
+// one-function stop-string interface: the two sides are compiled in different translation
+// units, and these plain structs are the whole contract between them.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "engine/stop_strings.h"
 
 namespace moebatch {
 
@@ -21,12 +24,13 @@ struct WorkItem {
   int64_t top_k = 0;                              ///< 0 = all
   uint64_t seed = 0;                              ///< sampler seed
   std::vector<int32_t> stop_ids;                  ///< end-of-sequence token ids
+  std::shared_ptr<StopStrings> stop_strings;      ///< the job's stop strings (null: none)
   std::chrono::steady_clock::time_point claimed;  ///< when the dispatcher claimed the job
 };
 
 /// How a job left the engine.
 enum class WorkOutcome {
-  Finished,  ///< generated to a stop token or max_tokens
+  Finished,  ///< generated to a stop token, a stop string or max_tokens
   Rejected,  ///< the engine refused the request (InputError): fail the job, not retryable
   Aborted,   ///< dropped unfinished (drain timeout, engine failure): give the job back
 };
@@ -36,7 +40,8 @@ struct WorkResult {
   int64_t job_id = 0;  ///< jobs.id
   WorkOutcome outcome = WorkOutcome::Finished;
   std::vector<int32_t> tokens;  ///< generated ids (a stop token included)
-  bool hit_stop_token = false;  ///< ended on a stop id (else max_tokens)
+  bool hit_stop_token = false;   ///< ended on a stop id (the last token)
+  bool hit_stop_string = false;  ///< ended when the text completed a stop string
   int64_t prompt_tokens = 0;    ///< prompt length
   double handoff_s = 0;         ///< claimed -> added to the engine
   double ttft_s = 0;            ///< added -> first token

@@ -10,7 +10,7 @@
 #include <random>
 #include <thread>
 
-#include "engine/cpu/cpu_backend.h"
+#include "engine/factory.h"
 #include "engine/engine.h"
 
 namespace {
@@ -25,16 +25,19 @@ struct Result {
 
 Result run(const std::string& data, const std::string& model, int batch, int threads) {
   constexpr int kPrompt = 128, kDecode = 32;
-  moebatch::CpuBackendOptions o;
-  o.threads = threads;
-  o.kv_cache_bytes = 128 << 20;
-  moebatch::Engine eng(std::make_unique<moebatch::CpuBackend>(data + "/" + model, o),
-                       {.max_num_seqs = batch, .max_num_batched_tokens = batch * kPrompt});
+  moebatch::EngineSpec spec;
+  spec.model = data + "/" + model;
+  spec.threads = threads;
+  spec.kv_cache_bytes = 128 << 20;
+  spec.scheduler = {.max_num_seqs = batch, .max_num_batched_tokens = batch * kPrompt};
+  auto built = moebatch::make_engine(spec);
+  moebatch::Engine& eng = *built.engine;
   std::mt19937 rng(7);
   for (int i = 0; i < batch; ++i) {
     moebatch::Request r;
     r.id = i;
     for (int t = 0; t < kPrompt; ++t) r.prompt.push_back(static_cast<int32_t>(rng() % 1024));
+    r.sampling.temperature = 0.0f;
     r.sampling.max_tokens = kDecode + 1;
     eng.add(r);
   }

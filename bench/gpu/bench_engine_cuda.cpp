@@ -51,6 +51,7 @@ ModelConfig qwen3_30b_a3b() {
   c.rms_norm_eps = 1e-6;
   c.rope_theta = 1e6;
   c.max_position_embeddings = 40960;
+  c.layers = default_layer_kinds(c);
   return c;
 }
 
@@ -171,12 +172,13 @@ int main(int argc, char** argv) {
   auto t0 = Clock::now();
   CudaBackend be(cfg, 20261129, o);
   const double load_s = seconds_since(t0);
-  std::printf("weights: %.1f GB generated in %.2f s; copy bandwidth %.2f TB/s\n",
-              be.memory_plan().weights / 1e9, load_s, bw / 1e12);
+  std::printf("%s\nweights: %.1f GB generated in %.2f s; copy bandwidth %.2f TB/s\n",
+              be.info().description.c_str(), be.memory_plan().weights / 1e9, load_s, bw / 1e12);
 
   nlohmann::json J;
   J["copy_bandwidth_Bps"] = bw;
   J["params"] = P.total;
+  J["backend"] = be.info().description;
   J["memory_plan"] = {{"weights", be.memory_plan().weights},
                       {"activations", be.memory_plan().activations},
                       {"kv", be.memory_plan().kv},
@@ -200,9 +202,9 @@ int main(int argc, char** argv) {
     std::vector<RowSampling> greedy(batch);
     std::vector<int32_t> next;
     // prefill: once to warm up (the same k/v are rewritten), then timed
-    be.forward_sample(s.prefill, greedy, next);
+    be.forward_sample(s.prefill, greedy, next, nullptr);
     t0 = Clock::now();
-    be.forward_sample(s.prefill, greedy, next);
+    be.forward_sample(s.prefill, greedy, next, nullptr);
     const double prefill_s = seconds_since(t0);
     const double ptoks = double(batch) * kPrompt;
     const double pflops = 2.0 * ptoks * (decode_bytes(cfg, P, 1, 0) / 2 - P.lm_head) +
@@ -212,18 +214,18 @@ int main(int argc, char** argv) {
     const double proof_s = std::max(pflops / kGemmPeakFlops, pbytes / bw);
     // decode: warm steps (first step of a shape runs eagerly and captures its graph), then timed
     int pos = kPrompt;
-    for (int i = 0; i < kWarmSteps; ++i, ++pos) be.forward_sample(decode_step(s, next, pos), greedy, next);
+    for (int i = 0; i < kWarmSteps; ++i, ++pos) be.forward_sample(decode_step(s, next, pos), greedy, next, nullptr);
     std::vector<double> ms;
     for (int i = 0; i < kTimedSteps; ++i, ++pos) {
       StepBatch b = decode_step(s, next, pos);
       t0 = Clock::now();
-      be.forward_sample(b, greedy, next);
+      be.forward_sample(b, greedy, next, nullptr);
       ms.push_back(seconds_since(t0) * 1e3);
     }
     // One more graph-replayed step inside a profiler range (ncu --profile-from-start off sees
     // only it; without a profiler the range is a no-op).
     CUDA_CHECK(cudaProfilerStart());
-    be.forward_sample(decode_step(s, next, pos++), greedy, next);
+    be.forward_sample(decode_step(s, next, pos++), greedy, next, nullptr);
     CUDA_CHECK(cudaProfilerStop());
     std::sort(ms.begin(), ms.end());
     const double step_ms = ms[ms.size() / 2];

@@ -2,12 +2,25 @@
 # One device call for the CUDA engine: configure (engine-only), build the engine GPU tests, the
 # kernel tests and the engine benchmark; run the tests, then the HF peer (its own 61 GB, freed
 # when it exits), then the benchmark. Logs and JSON go to $OUT; summaries print last.
-# Usage: bench/gpu/run_engine_device.sh [tests|bench|all] [peer batches, e.g. 1,64, or none]
+# Usage: bench/gpu/run_engine_device.sh [tests|bench|all|base] [peer batches, e.g. 1,64, or none]
+# `base`: build and run only the engine benchmark of an earlier tree, BASE_SRC (a tarball of it
+# with a top-level src/, e.g. `git archive <commit> --prefix=src/ ... | gzip`), for a before/after
+# comparison on the same machine; its JSON is bench_engine_cuda_base.json.
 set -uo pipefail
 OUT=${OUT:-/tmp/moebatch-out}
 WHAT=${1:-all}
 PEER_BATCHES=${2:-1,64}
 mkdir -p "$OUT"
+if [ "$WHAT" = base ]; then
+  rm -rf /tmp/base && mkdir -p /tmp/base && tar xzf "${BASE_SRC:?}" -C /tmp/base
+  cmake -S /tmp/base/src -B /tmp/base/build -G Ninja -DMOEBATCH_ENGINE_ONLY=ON -DMOEBATCH_CUDA=ON \
+    -DMOEBATCH_BUILD_TESTS=OFF > "$OUT/base_configure.log" 2>&1 || { tail -20 "$OUT/base_configure.log"; exit 1; }
+  cmake --build /tmp/base/build -j16 --target moebatch_bench_engine_cuda > "$OUT/base_build.log" 2>&1 ||
+    { grep -E "error" -A3 "$OUT/base_build.log" | head -40; exit 1; }
+  /tmp/base/build/moebatch_bench_engine_cuda "$OUT/bench_engine_cuda_base.json" > "$OUT/bench_base.log" 2>&1
+  echo "base bench rc=$?"; tail -40 "$OUT/bench_base.log"
+  exit 0
+fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw,memory.used --format=csv > "$OUT/gpu.txt" 2>&1
 if ! cmake -S . -B build-dev -G Ninja -DMOEBATCH_ENGINE_ONLY=ON -DMOEBATCH_CUDA=ON > "$OUT/configure.log" 2>&1; then
   tail -40 "$OUT/configure.log"; exit 1

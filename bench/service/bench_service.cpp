@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/cpu/cpu_backend.h"
+#include "engine/factory.h"
 #include "engine/engine.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "service/demo_model.h"
@@ -42,17 +42,18 @@ double run_engine_direct(const std::filesystem::path& model,
                          const std::vector<std::string>& prompts, int64_t max_tokens, int64_t slots,
                          int64_t* tokens_out) {
   const Tokenizer tok = Tokenizer::from_dir(model);
-  CpuBackendOptions o;
-  o.kv_cache_bytes = int64_t{64} << 20;
-  EngineOptions eo;
-  eo.max_num_seqs = slots;
-  eo.max_num_batched_tokens = 4096;
-  Engine engine(std::make_unique<CpuBackend>(model, o), eo);
+  EngineSpec spec;
+  spec.model = model.string();
+  spec.kv_cache_bytes = int64_t{64} << 20;
+  spec.scheduler = {.max_num_seqs = slots, .max_num_batched_tokens = 4096};
+  auto built = make_engine(spec);
+  Engine& engine = *built.engine;
   // Warm up like the service does.
   for (int i = 0; i < 4; ++i) {
     Request r;
     r.id = 1000000 + i;
     r.prompt = {1, 2, 3, 4, 5, 6, 7, 8};
+    r.sampling.temperature = 0.0f;
     r.sampling.max_tokens = 4;
     engine.add(r);
   }
@@ -62,6 +63,7 @@ double run_engine_direct(const std::filesystem::path& model,
     Request r;
     r.id = i;
     for (auto id : tok.encode(prompts[i], false)) r.prompt.push_back(static_cast<int32_t>(id));
+    r.sampling.temperature = 0.0f;
     r.sampling.max_tokens = max_tokens;
     for (auto id : tok.eos_ids()) r.sampling.stop_token_ids.push_back(static_cast<int32_t>(id));
     engine.add(r);

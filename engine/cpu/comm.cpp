@@ -11,9 +11,12 @@ InProcessComm::InProcessComm(int world)
   MB_CHECK(world >= 1, "communicator world must be >= 1");
 }
 
-void InProcessComm::all_reduce_sum(int rank, float* data, size_t n) {
+void InProcessComm::all_reduce_sum(int rank, void* data, size_t n, CommDType dtype,
+                                   CommStream /*stream*/) {
+  MB_CHECK(dtype == CommDType::F32, "in-process communicator: fp32 only");
   if (world_ == 1) return;
-  ptrs_[rank] = data;
+  auto* out = static_cast<float*>(data);
+  ptrs_[rank] = out;
   barrier_.arrive_and_wait();  // every rank's input is published
   std::vector<float> sum(n, 0.0f);
   for (int r = 0; r < world_; ++r) {
@@ -21,26 +24,18 @@ void InProcessComm::all_reduce_sum(int rank, float* data, size_t n) {
     for (size_t i = 0; i < n; ++i) sum[i] += p[i];
   }
   barrier_.arrive_and_wait();  // nobody overwrites its input while others still read it
-  std::copy(sum.begin(), sum.end(), data);
+  std::copy(sum.begin(), sum.end(), out);
 }
 
-void InProcessComm::gather_cols(int rank, const float* local, int64_t rows, int64_t cols,
-                                float* out) {
-  if (world_ == 1) {
-    std::copy(local, local + rows * cols, out);
-    return;
-  }
-  ptrs_[rank] = local;
-  barrier_.arrive_and_wait();
-  if (rank == 0) {
-    for (int r = 0; r < world_; ++r) {
-      for (int64_t i = 0; i < rows; ++i) {
-        std::copy(ptrs_[r] + i * cols, ptrs_[r] + (i + 1) * cols,
-                  out + i * cols * world_ + r * cols);
-      }
-    }
-  }
-  barrier_.arrive_and_wait();
+void InProcessComm::all_gather(int rank, const void* send, void* recv, size_t n, CommDType dtype,
+                               CommStream /*stream*/) {
+  MB_CHECK(dtype == CommDType::F32, "in-process communicator: fp32 only");
+  const auto* in = static_cast<const float*>(send);
+  auto* out = static_cast<float*>(recv);
+  ptrs_[rank] = in;
+  if (world_ > 1) barrier_.arrive_and_wait();  // every rank's input is published
+  for (int r = 0; r < world_; ++r) std::copy(ptrs_[r], ptrs_[r] + n, out + r * n);
+  if (world_ > 1) barrier_.arrive_and_wait();  // inputs stay valid until everyone has copied
 }
 
 }  // namespace moebatch

@@ -1,6 +1,6 @@
-// In-process communicator for tensor-parallel ranks running as threads of one process. It mirrors
-// the NCCL calls the GPU backend makes (all-reduce sum, gather) so the sharding math is tested on
-// CPU-only CI machines.
+// In-process communicator for tensor-parallel ranks running as threads of one process, sharing
+// host memory (fp32). It implements the same Communicator interface as the device
+// communicators, so the sharding math is tested on CPU-only CI machines.
 #pragma once
 
 #include <barrier>
@@ -8,22 +8,22 @@
 #include <cstdint>
 #include <vector>
 
+#include "engine/comm.h"
+
 namespace moebatch {
 
-/// Collective operations among `world` threads; every rank must make the same calls in order.
-class InProcessComm {
+/// Barrier-synchronized collectives among `world` threads (F32 only; streams are ignored).
+class InProcessComm final : public Communicator {
  public:
   /// world >= 1 ranks.
   explicit InProcessComm(int world);
 
-  /// In-place sum over ranks of data[0..n). Every rank gets bitwise the same result (ranks are
-  /// summed in rank order).
-  void all_reduce_sum(int rank, float* data, size_t n);
-  /// Column gather: each rank holds local [rows, cols]; rank 0's `out` gets [rows, world*cols]
-  /// with rank r's block at columns r*cols. Other ranks' `out` is untouched (may be null).
-  void gather_cols(int rank, const float* local, int64_t rows, int64_t cols, float* out);
-  /// Number of ranks.
-  int world() const { return world_; }
+  int world() const override { return world_; }
+  /// Sums ranks in rank order, so every rank holds bitwise the same result.
+  void all_reduce_sum(int rank, void* data, size_t count, CommDType dtype,
+                      CommStream stream) override;
+  void all_gather(int rank, const void* send, void* recv, size_t count, CommDType dtype,
+                  CommStream stream) override;
 
  private:
   int world_;

@@ -10,6 +10,18 @@
 #include "engine/safetensors.h"
 
 namespace moebatch {
+namespace {
+
+// Bytes of a rank's fp32 weights as held (lm_head is its own copy even when tied).
+int64_t host_bytes(ModelWeights& w) {
+  int64_t n =
+      static_cast<int64_t>(w.embed.data.size() + w.final_norm.data.size() + w.lm_head.data.size());
+  for (LayerWeights& L : w.layers)
+    L.zip(L, [&](HostTensor& t, const HostTensor&) { n += static_cast<int64_t>(t.data.size()); });
+  return n * static_cast<int64_t>(sizeof(float));
+}
+
+}  // namespace
 
 CpuBackend::CpuBackend(const std::filesystem::path& model_dir, const CpuBackendOptions& opts)
     : cfg_(load_model_config(model_dir)), opts_(opts), comm_(std::max(1, opts.tp)) {
@@ -24,20 +36,32 @@ CpuBackend::CpuBackend(const std::filesystem::path& model_dir, const CpuBackendO
   std::vector<ShardDims> dims;
   for (int r = 0; r < opts.tp; ++r)
     dims.push_back(shard_dims(cfg_, {r, opts.tp, opts.expert_split}));
-  const int64_t bytes_per_block = cfg_.num_layers * 2 * opts.block_size * dims[0].num_kv_heads *
-                                  cfg_.head_dim * static_cast<int64_t>(sizeof(float)) * opts.tp;
-  num_blocks_ = std::max<int64_t>(1, opts.kv_cache_bytes / bytes_per_block);
+  // KV of one token on one rank, over the layers that hold KV (fp32)
+  const int64_t kv_per_token = cfg_.num_kv_layers() * 2 * dims[0].num_kv_heads * cfg_.head_dim *
+                               static_cast<int64_t>(sizeof(float));
+  const int64_t bytes_per_block = kv_per_token * opts.block_size * opts.tp;
+  const int64_t num_blocks = std::max<int64_t>(1, opts.kv_cache_bytes / bytes_per_block);
+  info_.kv_blocks = num_blocks;
+  info_.block_size = opts.block_size;
+  info_.kv_bytes_per_token = kv_per_token * opts.tp;
+  info_.max_model_len = cfg_.max_position_embeddings;
+  info_.description = fmt::format("cpu tp={}, {} threads/rank, f32 weights", opts.tp, per_rank);
   spdlog::info(
       "cpu backend: {} ({} layers, {} experts), tp={}, {} threads/rank, KV cache {} blocks x {} "
       "tokens ({:.1f} MiB)",
-      arch_name(cfg_.arch), cfg_.num_layers, cfg_.num_experts, opts.tp, per_rank, num_blocks_,
-      opts.block_size, num_blocks_ * bytes_per_block / 1048576.0);
+      arch_name(cfg_.arch), cfg_.num_layers, cfg_.num_experts, opts.tp, per_rank, num_blocks,
+      opts.block_size, num_blocks * bytes_per_block / 1048576.0);
   for (int r = 0; r < opts.tp; ++r) {
     auto rank = std::unique_ptr<CpuRank>(
         new CpuRank{r, dims[r], load_weights(ckpt, cfg_, {r, opts.tp, opts.expert_split}),
-                    HostKvCache(cfg_.num_layers, num_blocks_, opts.block_size, dims[r].num_kv_heads,
+                    HostKvCache(cfg_.num_layers, num_blocks, opts.block_size, dims[r].num_kv_heads,
                                 cfg_.head_dim),
                     std::make_unique<ThreadPool>(per_rank)});
+    DeviceUsage u;
+    u.device = "cpu";
+    u.weight_bytes = host_bytes(rank->weights);
+    u.kv_bytes = num_blocks * opts.block_size * kv_per_token;
+    info_.devices.push_back(u);
     ranks_.push_back(std::move(rank));
   }
 }
@@ -47,7 +71,7 @@ CpuBackend::~CpuBackend() = default;
 void CpuBackend::forward(const StepBatch& batch, std::vector<float>& logits) {
   // Checked before any rank starts: a bad index caught inside one rank thread would leave the
   // others waiting at a barrier.
-  validate_step_batch(batch, cfg_, num_blocks_, opts_.block_size);
+  validate_step_batch(batch, cfg_, info_.kv_blocks, opts_.block_size);
   if (ranks_.size() == 1) {
     cpu_forward(cfg_, *ranks_[0], comm_, batch, logits);
     return;

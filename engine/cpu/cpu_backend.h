@@ -33,7 +33,7 @@ struct CpuRank {
 };
 
 /// Runs one rank's forward over `batch`. Rank 0 writes `logits` ([rows, vocab]).
-void cpu_forward(const ModelConfig& cfg, CpuRank& r, InProcessComm& comm, const StepBatch& batch,
+void cpu_forward(const ModelConfig& cfg, CpuRank& r, Communicator& comm, const StepBatch& batch,
                  std::vector<float>& logits);
 
 /// fp32 CPU backend over a checkpoint directory.
@@ -44,14 +44,13 @@ class CpuBackend final : public Backend {
   ~CpuBackend() override;
 
   const ModelConfig& config() const override { return cfg_; }
-  int64_t num_kv_blocks() const override { return num_blocks_; }
-  int64_t block_size() const override { return opts_.block_size; }
+  const BackendInfo& info() const override { return info_; }
   void forward(const StepBatch& batch, std::vector<float>& logits) override;
 
  private:
   ModelConfig cfg_;
   CpuBackendOptions opts_;
-  int64_t num_blocks_ = 0;
+  BackendInfo info_;
   std::vector<std::unique_ptr<CpuRank>> ranks_;
   InProcessComm comm_;
 };

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "common/error.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cpu/ops.h"
 
@@ -118,7 +119,7 @@ void moe(const ModelConfig& cfg, const ShardDims& d, const LayerWeights& L, Thre
 
 }  // namespace
 
-void cpu_forward(const ModelConfig& cfg, CpuRank& r, InProcessComm& comm, const StepBatch& b,
+void cpu_forward(const ModelConfig& cfg, CpuRank& r, Communicator& comm, const StepBatch& b,
                  std::vector<float>& logits) {
   const ShardDims& d = r.dims;
   const ModelWeights& W = r.weights;
@@ -132,20 +133,27 @@ void cpu_forward(const ModelConfig& cfg, CpuRank& r, InProcessComm& comm, const 
   for (int64_t t = 0; t < n; ++t) {
     std::copy_n(W.embed.ptr() + b.tokens[t] * H, H, x.data() + t * H);
   }
+  const int64_t qkv_width = (nh + 2 * nkv) * hd;
+  Vec qkv(static_cast<size_t>(n * qkv_width));
   Vec q(static_cast<size_t>(n * nh * hd)), k(static_cast<size_t>(n * nkv * hd)), v(k.size());
   Vec attn(q.size());
 
   for (int64_t l = 0; l < cfg.num_layers; ++l) {
     const LayerWeights& L = W.layers[l];
 
-    // attention norm + qkv projections (+ bias for Qwen2-MoE)
+    const LayerKind kind = cfg.layers[static_cast<size_t>(l)];
+    MB_CHECK(kind.mixer == MixerKind::FullAttention, "cpu forward: linear attention not built");
+
+    // attention norm + fused qkv projection (+ bias for Qwen2-MoE), split into q, k, v
     cpu::rmsnorm(x.data(), L.input_norm.ptr(), n, H, eps, h.data());
-    cpu::matmul(pool, h.data(), n, H, L.wq.ptr(), nh * hd, L.bq.empty() ? nullptr : L.bq.ptr(),
-                q.data());
-    cpu::matmul(pool, h.data(), n, H, L.wk.ptr(), nkv * hd, L.bk.empty() ? nullptr : L.bk.ptr(),
-                k.data());
-    cpu::matmul(pool, h.data(), n, H, L.wv.ptr(), nkv * hd, L.bv.empty() ? nullptr : L.bv.ptr(),
-                v.data());
+    cpu::matmul(pool, h.data(), n, H, L.wqkv.ptr(), qkv_width,
+                L.bqkv.empty() ? nullptr : L.bqkv.ptr(), qkv.data());
+    for (int64_t t = 0; t < n; ++t) {
+      const float* row = qkv.data() + t * qkv_width;
+      std::copy_n(row, nh * hd, q.data() + t * nh * hd);
+      std::copy_n(row + nh * hd, nkv * hd, k.data() + t * nkv * hd);
+      std::copy_n(row + (nh + nkv) * hd, nkv * hd, v.data() + t * nkv * hd);
+    }
 
     // q/k per-head RMSNorm (Qwen3), then RoPE on q and k
     if (!L.q_norm.empty()) {
@@ -165,17 +173,17 @@ void cpu_forward(const ModelConfig& cfg, CpuRank& r, InProcessComm& comm, const 
     // attention over the paged cache, then row-parallel o_proj + all-reduce + residual
     paged_attention(pool, b, r.kv, l, q.data(), nh, attn.data());
     cpu::matmul(pool, attn.data(), n, nh * hd, L.wo.ptr(), H, nullptr, o.data());
-    comm.all_reduce_sum(r.rank, o.data(), o.size());
+    comm.all_reduce_sum(r.rank, o.data(), o.size(), CommDType::F32, nullptr);
     for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
 
     // MLP norm, then routed experts or dense MLP, all-reduce, residual
     cpu::rmsnorm(x.data(), L.post_norm.ptr(), n, H, eps, h.data());
-    if (cfg.is_moe_layer(l)) {
+    if (kind.is_moe()) {
       moe(cfg, d, L, pool, h.data(), n, o.data());
     } else {
       swiglu(pool, h.data(), n, H, L.mlp_gate_up.ptr(), L.mlp_down.ptr(), d.intermediate, o.data());
     }
-    comm.all_reduce_sum(r.rank, o.data(), o.size());
+    comm.all_reduce_sum(r.rank, o.data(), o.size(), CommDType::F32, nullptr);
     for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
   }
 
@@ -193,7 +201,16 @@ void cpu_forward(const ModelConfig& cfg, CpuRank& r, InProcessComm& comm, const 
   cpu::matmul(pool, xr.data(), rows, H, W.lm_head.ptr(), d.vocab, nullptr, local.data());
   if (r.rank == 0) logits.resize(static_cast<size_t>(rows * cfg.vocab_size));
   if (d.vocab_split) {
-    comm.gather_cols(r.rank, local.data(), rows, d.vocab, r.rank == 0 ? logits.data() : nullptr);
+    // every rank's [rows, vocab/world] block, then rank 0 lays them side by side per row
+    const int world = comm.world();
+    Vec all(local.size() * world);
+    comm.all_gather(r.rank, local.data(), all.data(), local.size(), CommDType::F32, nullptr);
+    if (r.rank == 0) {
+      for (int k = 0; k < world; ++k)
+        for (int64_t i = 0; i < rows; ++i)
+          std::copy_n(all.data() + (k * rows + i) * d.vocab, d.vocab,
+                      logits.data() + i * cfg.vocab_size + k * d.vocab);
+    }
   } else if (r.rank == 0) {
     std::copy(local.begin(), local.end(), logits.begin());
   }

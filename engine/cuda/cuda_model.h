@@ -1,12 +1,10 @@
-// What one rank's CUDA forward works on: bf16 device weights (the same per-layer structs the
-// loader plans), the paged KV cache, the activation and step-input buffers, and the shape of one
-// forward call. Everything is owned by CudaBackend and passed to the forward explicitly.
+// What one rank's CUDA forward works on: device weights in their storage format (the same
+// per-layer structs the loader plans), the paged KV cache, the activation and step-input buffers,
+// and the shape of one forward call. Owned by a CudaRank and passed to the forward explicitly.
 #pragma once
 
-#include <cublas_v2.h>
-
+#include <cstddef>
 #include <cstdint>
-#include <string>
 #include <vector>
 
 #include "engine/model_config.h"
@@ -17,29 +15,42 @@ namespace moebatch {
 
 using kernels::bf16;
 
-/// A bf16 view into device memory owned by an arena (no ownership here).
+/// Bytes of one element stored in format `f`.
+size_t weight_format_bytes(WeightFormat f);
+
+/// A weight tensor in device memory owned by an arena (no ownership here). The bytes are
+/// untyped; the typed accessors check the format, so a kernel never reads a format it was not
+/// written for (engine/cuda/linear.h dispatches GEMMs on `format`).
 struct DeviceTensor {
-  bf16* ptr = nullptr;         ///< first element
-  std::vector<int64_t> shape;  ///< dims, outermost first; empty when the field is absent
+  void* data = nullptr;                      ///< first byte
+  WeightFormat format = WeightFormat::Bf16;  ///< how the bytes encode the values
+  std::vector<int64_t> shape;                ///< dims, outermost first; empty: field absent
   bool empty() const { return shape.empty(); }
   int64_t numel() const;
+  /// Bytes held (numel · element size of the format).
+  size_t bytes() const { return static_cast<size_t>(numel()) * weight_format_bytes(format); }
+  /// The values as bf16; Error naming the format when the tensor holds another one.
+  bf16* as_bf16() const;
+  /// as_bf16(), or nullptr for an absent field (optional norms and biases).
+  bf16* optional_bf16() const { return empty() ? nullptr : as_bf16(); }
 };
 
 using DeviceModelWeights = ModelWeightsT<DeviceTensor>;
 using DeviceLayerWeights = LayerWeightsT<DeviceTensor>;
 
-/// Paged KV cache of one rank: per layer k and v [num_blocks, block_size, nkv, hd]. Block
-/// `num_blocks - 1` is a scratch block that padded decode rows write to and read from, so the
-/// engine's block manager sees one block fewer.
+/// Paged KV cache of one rank: per KV layer (the layers whose mixer keeps a cache, in layer
+/// order) k and v [num_blocks, block_size, nkv, hd]. Block `num_blocks - 1` is a scratch block
+/// that padded decode rows write to and read from, so the engine's block manager sees one block
+/// fewer.
 struct DeviceKvCache {
-  bf16* base = nullptr;     ///< [layers, 2, num_blocks, block_size, nkv, hd]
-  int64_t num_blocks = 0;   ///< including the scratch block
-  int64_t block_size = 0;   ///< tokens per block
-  int64_t num_kv_heads = 0; ///< local kv heads
-  int64_t head_dim = 0;     ///< per-head width
+  bf16* base = nullptr;      ///< [kv layers, 2, num_blocks, block_size, nkv, hd]
+  int64_t num_blocks = 0;    ///< including the scratch block
+  int64_t block_size = 0;    ///< tokens per block
+  int64_t num_kv_heads = 0;  ///< local kv heads
+  int64_t head_dim = 0;      ///< per-head width
   int64_t layer_elems() const { return num_blocks * block_size * num_kv_heads * head_dim; }
-  bf16* k(int64_t layer) const { return base + 2 * layer * layer_elems(); }
-  bf16* v(int64_t layer) const { return base + (2 * layer + 1) * layer_elems(); }
+  bf16* k(int64_t kv_layer) const { return base + 2 * kv_layer * layer_elems(); }
+  bf16* v(int64_t kv_layer) const { return base + (2 * kv_layer + 1) * layer_elems(); }
 };
 
 /// Capacities every buffer of StepBuffers is sized for.
@@ -71,7 +82,8 @@ struct StepBuffers {
   // activations
   bf16* x = nullptr;                // [T, H] residual stream
   bf16* h = nullptr;                // [T, H] normed input of attention / MLP; final norm output
-  bf16* o = nullptr;                // [T, H] branch output (o_proj, MLP)
+  bf16* o = nullptr;                // [T, H] branch output (o_proj, MLP); a partial sum before
+                                    //        the all-reduce when world > 1
   bf16* qkv = nullptr;              // [T, (nh + 2 nkv) hd]
   bf16* attn = nullptr;             // [T, nh hd]
   float* router_logits = nullptr;   // [T, E]
@@ -86,7 +98,10 @@ struct StepBuffers {
   bf16* expert_out = nullptr;       // [T k, H]; also the shared expert's [T, H] output
   float* attn_ws = nullptr;         // split-K workspace of decode attention
   bf16* xr = nullptr;               // [R, H] final-normed rows that need logits
-  float* logits = nullptr;          // [R, V]
+  float* logits = nullptr;          // [R, V] full-vocab logits (rank 0 samples from these)
+  float* logits_local = nullptr;    // [R, V_local] this rank's lm_head rows (= logits unless
+                                    //                the lm_head is vocab-parallel)
+  float* logits_gather = nullptr;   // [world, R, V_local] all-gather target (vocab-parallel only)
   StepCapacity cap;                 ///< what the buffers hold
 };
 
@@ -106,49 +121,5 @@ struct StepShape {
   int attn_splits = 1;  ///< split-K partitions (decode only)
   bool decode = false;  ///< one query token per sequence: decode attention kernel
 };
-
-/// Accumulates device time per forward stage from events recorded between stages (profiling;
-/// never used inside a captured graph).
-class StageTimer {
- public:
-  StageTimer() = default;
-  ~StageTimer();
-  StageTimer(const StageTimer&) = delete;
-  StageTimer& operator=(const StageTimer&) = delete;
-  /// Starts timing on `stream`.
-  void begin(cudaStream_t stream);
-  /// Attributes the time since the previous mark to `stage`.
-  void mark(const char* stage, cudaStream_t stream);
-  /// Synchronizes and adds every interval to the per-stage totals (milliseconds).
-  void collect();
-  /// Stage name and total milliseconds, in first-seen order.
-  const std::vector<std::pair<std::string, double>>& totals() const { return totals_; }
-
- private:
-  std::vector<cudaEvent_t> events_;
-  std::vector<const char*> labels_;
-  size_t used_ = 0;
-  std::vector<std::pair<std::string, double>> totals_;
-};
-
-/// Everything one rank's forward needs.
-struct CudaRank {
-  int rank = 0;                    ///< tensor-parallel rank (0 here)
-  ShardDims dims;                  ///< local sizes
-  DeviceModelWeights weights;      ///< bf16 shard
-  DeviceKvCache kv;                ///< paged cache
-  StepBuffers buf;                 ///< activations and inputs
-  cublasHandle_t cublas = nullptr; ///< bound to the forward's stream on each call
-};
-
-/// Runs the decoder over the call's tokens: embeddings through the final norm (into buf.h),
-/// writing every token's k/v into its slot. `timer` may be null.
-void cuda_forward(const ModelConfig& cfg, CudaRank& r, const StepShape& s, cudaStream_t stream,
-                  StageTimer* timer);
-
-/// lm_head on logits rows [first, first + rows) of the call (rows <= cap.logits_rows):
-/// gathers the final-normed rows and writes buf.logits [rows, V] in fp32.
-void cuda_lm_head(const ModelConfig& cfg, CudaRank& r, int first, int rows, int tokens,
-                  cudaStream_t stream, StageTimer* timer);
 
 }  // namespace moebatch

@@ -1,11 +1,13 @@
 // Device memory of the CUDA backend: the weight arena laid out from the loader's plans (filled
-// from a checkpoint through read_plan_bf16, or with seeded random values for benchmarks), the
-// step buffers, and the stage timer used for per-kernel profiles.
+// from a checkpoint through read_plan_bf16, or with seeded random values for benchmarks) and the
+// step buffers.
 #include "engine/cuda/device_memory.h"
 
 #include <algorithm>
 #include <cmath>
 #include <vector>
+
+#include <spdlog/fmt/fmt.h>
 
 #include "common/error.h"
 #include "kernels/attention.cuh"
@@ -40,7 +42,7 @@ class Carver {
 void carve(Carver& c, const ModelConfig& cfg, const ShardDims& d, const StepCapacity& cap,
            StepBuffers& b) {
   const size_t T = cap.tokens, R = cap.logits_rows, W = cap.table_width;
-  const size_t H = cfg.hidden_size, hd = cfg.head_dim, V = d.vocab;
+  const size_t H = cfg.hidden_size, hd = cfg.head_dim, V = cfg.vocab_size, Vl = d.vocab;
   const size_t nh = d.num_heads, nkv = d.num_kv_heads;
   const size_t E = std::max<int64_t>(cfg.num_experts, 1);
   const size_t topk = std::max<int64_t>(cfg.num_experts_per_tok, 1);
@@ -81,19 +83,38 @@ void carve(Carver& c, const ModelConfig& cfg, const ShardDims& d, const StepCapa
                                           static_cast<int>(hd), static_cast<int>(cap.attn_splits)));
   b.xr = c.take<bf16>(R * H);
   b.logits = c.take<float>(R * V);
+  if (d.vocab_split) {
+    // vocab-parallel lm_head: local rows, then the all-gather [world, R, V_local] (= R·V floats)
+    // that rank 0 interleaves into `logits`
+    b.logits_local = c.take<float>(R * Vl);
+    b.logits_gather = c.take<float>(R * V);
+  } else {
+    b.logits_local = b.logits;
+  }
   b.cap = cap;
 }
 
-// Assigns every plan field a 16-byte aligned range in field order. Fields are multiples of 16
-// bytes (every row width is a multiple of 8), so wq, wk, wv (and bq, bk, bv) come out as one
-// contiguous matrix: the forward runs the three projections as one GEMM.
-size_t layout_weights(const ModelPlan& plan, bool alias_lm_head, char* base,
-                      DeviceModelWeights& w) {
+// Assigns every plan field a 16-byte aligned range in field order (every field is a multiple of
+// 16 bytes: row widths are multiples of 8). Every tensor is stored as bf16 (read_plan_bf16); a
+// format kept as stored (FP8 blocks, NVFP4) would set its format and size here.
+WeightArena layout_weights(const ModelPlan& plan, bool alias_lm_head, char* base,
+                           DeviceModelWeights& w) {
   Carver c(base, 16);
+  WeightArena arena;
   auto place = [&](DeviceTensor& t, const TensorPlan& p) {
     if (p.empty()) return;
     t.shape = p.shape;
-    t.ptr = c.take<bf16>(static_cast<size_t>(p.numel()));
+    t.format = WeightFormat::Bf16;
+    const size_t before = c.bytes();
+    t.data = c.take<char>(t.bytes());
+    const size_t used = c.bytes() - before;
+    auto it = std::find_if(arena.formats.begin(), arena.formats.end(),
+                           [&](const auto& f) { return f.first == t.format; });
+    if (it == arena.formats.end()) {
+      arena.formats.emplace_back(t.format, used);
+    } else {
+      it->second += used;
+    }
   };
   place(w.embed, plan.embed);
   w.layers.resize(plan.layers.size());
@@ -104,15 +125,38 @@ size_t layout_weights(const ModelPlan& plan, bool alias_lm_head, char* base,
   } else {
     place(w.lm_head, plan.lm_head);
   }
-  return c.bytes();
+  arena.bytes = c.bytes();
+  return arena;
+}
+
+bool aliases_lm_head(const ModelConfig& cfg, const ShardDims& d) {
+  return cfg.tie_word_embeddings && !d.vocab_split;
 }
 
 }  // namespace
+
+size_t weight_format_bytes(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::F32:
+      return 4;
+    case WeightFormat::Bf16:
+      return 2;
+  }
+  throw Error("unknown weight format");
+}
 
 int64_t DeviceTensor::numel() const {
   int64_t n = 1;
   for (int64_t s : shape) n *= s;
   return shape.empty() ? 0 : n;
+}
+
+bf16* DeviceTensor::as_bf16() const {
+  if (format != WeightFormat::Bf16) {
+    throw Error(std::string("weight tensor holds ") + weight_format_name(format) +
+                ", read as bf16");
+  }
+  return static_cast<bf16*>(data);
 }
 
 size_t step_buffer_bytes(const ModelConfig& cfg, const ShardDims& d, const StepCapacity& cap) {
@@ -130,22 +174,25 @@ StepBuffers carve_step_buffers(void* base, const ModelConfig& cfg, const ShardDi
   return b;
 }
 
-size_t weight_bytes(const ModelConfig& cfg, const ShardDims& d, const ModelPlan& plan) {
+std::string describe_formats(const std::vector<std::pair<WeightFormat, size_t>>& formats) {
+  std::string s;
+  for (const auto& [f, bytes] : formats) {
+    if (!s.empty()) s += " + ";
+    s += fmt::format("{:.2f} GiB {}", static_cast<double>(bytes) / (1u << 30),
+                     weight_format_name(f));
+  }
+  return s;
+}
+
+WeightArena weight_arena(const ModelConfig& cfg, const ShardDims& d, const ModelPlan& plan) {
   DeviceModelWeights unused;
-  return layout_weights(plan, cfg.tie_word_embeddings && !d.vocab_split, nullptr, unused);
+  return layout_weights(plan, aliases_lm_head(cfg, d), nullptr, unused);
 }
 
 DeviceModelWeights place_weights(const ModelConfig& cfg, const ShardDims& d,
                                  const ModelPlan& plan, void* base) {
   DeviceModelWeights w;
-  layout_weights(plan, cfg.tie_word_embeddings && !d.vocab_split, static_cast<char*>(base), w);
-  for (const auto& L : w.layers) {
-    MB_CHECK(L.wk.ptr == L.wq.ptr + L.wq.numel() && L.wv.ptr == L.wk.ptr + L.wk.numel(),
-             "wq, wk, wv must be packed as one matrix");
-    MB_CHECK(L.bq.empty() || (L.bk.ptr == L.bq.ptr + L.bq.numel() &&
-                              L.bv.ptr == L.bk.ptr + L.bk.numel()),
-             "bq, bk, bv must be packed as one vector");
-  }
+  layout_weights(plan, aliases_lm_head(cfg, d), static_cast<char*>(base), w);
   return w;
 }
 
@@ -156,14 +203,14 @@ void load_weights_device(const Checkpoint& ckpt, const ModelConfig& cfg, const M
     if (p.empty()) return;
     host.resize(static_cast<size_t>(p.numel()));
     read_plan_bf16(ckpt, cfg, p, host.data());
-    CUDA_CHECK(cudaMemcpyAsync(t.ptr, host.data(), host.size() * sizeof(uint16_t),
+    CUDA_CHECK(cudaMemcpyAsync(t.as_bf16(), host.data(), host.size() * sizeof(uint16_t),
                                cudaMemcpyHostToDevice, stream));
     CUDA_CHECK(cudaStreamSynchronize(stream));  // `host` is reused by the next tensor
   };
   copy(w.embed, plan.embed);
   for (size_t l = 0; l < plan.layers.size(); ++l) w.layers[l].zip(plan.layers[l], copy);
   copy(w.final_norm, plan.final_norm);
-  if (w.lm_head.ptr != w.embed.ptr) copy(w.lm_head, plan.lm_head);
+  if (w.lm_head.data != w.embed.data) copy(w.lm_head, plan.lm_head);
 }
 
 void random_weights_device(uint64_t seed, DeviceModelWeights& w, cudaStream_t stream) {
@@ -175,52 +222,14 @@ void random_weights_device(uint64_t seed, DeviceModelWeights& w, cudaStream_t st
     if (t.empty()) return;
     const float scale =
         t.shape.size() >= 2 ? 1.0f / std::sqrt(static_cast<float>(t.shape.back())) : 1.0f;
-    kernels::fill_uniform(t.ptr, static_cast<size_t>(t.numel()),
+    kernels::fill_uniform(t.as_bf16(), static_cast<size_t>(t.numel()),
                           kernels::splitmix64(seed ^ kernels::splitmix64(index)), scale, stream);
   };
   fill(w.embed, w.embed);
   for (auto& L : w.layers) L.zip(L, fill);
   fill(w.final_norm, w.final_norm);
-  if (w.lm_head.ptr != w.embed.ptr) fill(w.lm_head, w.lm_head);
+  if (w.lm_head.data != w.embed.data) fill(w.lm_head, w.lm_head);
   CUDA_CHECK(cudaStreamSynchronize(stream));
-}
-
-StageTimer::~StageTimer() {
-  for (cudaEvent_t e : events_) cudaEventDestroy(e);
-}
-
-void StageTimer::begin(cudaStream_t stream) {
-  used_ = 0;
-  labels_.clear();
-  mark(nullptr, stream);
-}
-
-void StageTimer::mark(const char* stage, cudaStream_t stream) {
-  if (used_ == events_.size()) {
-    cudaEvent_t e;
-    CUDA_CHECK(cudaEventCreate(&e));
-    events_.push_back(e);
-  }
-  CUDA_CHECK(cudaEventRecord(events_[used_++], stream));
-  labels_.push_back(stage);
-}
-
-void StageTimer::collect() {
-  if (used_ == 0) return;
-  CUDA_CHECK(cudaEventSynchronize(events_[used_ - 1]));
-  for (size_t i = 1; i < used_; ++i) {
-    float ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, events_[i - 1], events_[i]));
-    auto it = std::find_if(totals_.begin(), totals_.end(),
-                           [&](const auto& p) { return p.first == labels_[i]; });
-    if (it == totals_.end()) {
-      totals_.emplace_back(labels_[i], ms);
-    } else {
-      it->second += ms;
-    }
-  }
-  used_ = 0;
-  labels_.clear();
 }
 
 }  // namespace moebatch

@@ -5,6 +5,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "engine/cuda/cuda_model.h"
 #include "engine/safetensors.h"
@@ -12,13 +15,22 @@
 
 namespace moebatch {
 
-/// Bytes of the bf16 weight arena for `plan` (tied embeddings on one rank share the table).
-size_t weight_bytes(const ModelConfig& cfg, const ShardDims& d, const ModelPlan& plan);
+/// Size of one rank's weight arena and how it splits by storage format.
+struct WeightArena {
+  size_t bytes = 0;  ///< the whole arena (alignment padding counted with the tensor after it)
+  std::vector<std::pair<WeightFormat, size_t>> formats;  ///< bytes per format, first-seen order
+};
 
-/// Lays the plan's tensors out in the arena at `base` (weight_bytes(...) bytes) and returns the
-/// views; checks that wq/wk/wv (and their biases) are packed back to back.
-DeviceModelWeights place_weights(const ModelConfig& cfg, const ShardDims& d,
-                                 const ModelPlan& plan, void* base);
+/// "56.87 GiB bf16" (or "40.10 GiB bf16 + 16.02 GiB fp8" once formats mix).
+std::string describe_formats(const std::vector<std::pair<WeightFormat, size_t>>& formats);
+
+/// The arena `plan` needs (tied embeddings on one rank share the table with the lm_head).
+WeightArena weight_arena(const ModelConfig& cfg, const ShardDims& d, const ModelPlan& plan);
+
+/// Lays the plan's tensors out in the arena at `base` (weight_arena(...).bytes bytes) in field
+/// order, each in the format the loader stores (bf16 today), and returns the views.
+DeviceModelWeights place_weights(const ModelConfig& cfg, const ShardDims& d, const ModelPlan& plan,
+                                 void* base);
 
 /// Fills placed weights from a checkpoint through read_plan_bf16 (shapes, dtypes and FP8
 /// dequantization checked there).

@@ -1,18 +1,21 @@
 // The CUDA forward of Qwen3-MoE / Qwen2-MoE / Qwen3 for one rank, read top to bottom, mirroring
-// engine/cpu/forward.cpp: embed → per layer [norm → qkv (+bias) → q/k norm + rope → kv write →
-// attention → o_proj → residual + norm → router + experts (+shared expert) or dense MLP] →
-// residual + final norm; then lm_head on the rows that need logits. bf16 storage, fp32 math
-// inside every kernel. The residual stream is bf16 (rounded after each add, as in HF bf16).
-// Every launch goes to one stream and reads fixed buffer addresses, so a decode step can be
-// captured into a CUDA graph as is.
-#include <cmath>
+// engine/cpu/forward.cpp: embed → per layer [norm → mixer (qkv (+bias) → q/k norm + rope + kv
+// write → attention → o_proj) (+all-reduce) → residual + norm → MLP (router + experts (+shared
+// expert) or dense) (+all-reduce)] → residual + final norm; then lm_head on the rows that need
+// logits (+gather). bf16 storage, fp32 math inside every kernel; the residual stream is bf16
+// (rounded after each add, as in HF bf16). Every launch goes to the rank's stream and reads
+// fixed buffer addresses, so a decode step can be captured into a CUDA graph as is.
+#include "engine/cuda/forward.h"
 
-#include "engine/cuda/cuda_model.h"
+#include <cmath>
+#include <string>
+
+#include "common/error.h"
+#include "engine/cuda/linear.h"
 #include "kernels/attention.cuh"
 #include "kernels/cuda_check.cuh"
 #include "kernels/embedding.cuh"
 #include "kernels/gemm.cuh"
-#include "kernels/moe_gemm.cuh"
 #include "kernels/moe_ops.cuh"
 #include "kernels/moe_routing.cuh"
 #include "kernels/rmsnorm.cuh"
@@ -23,254 +26,273 @@ namespace {
 
 namespace k = kernels;
 
-void mark(StageTimer* t, const char* stage, cudaStream_t st) {
-  if (t) t->mark(stage, st);
-}
+// One forward call's constants: sizes, buffers and the kernel operands every layer shares,
+// filled once from the StepShape; a layer copies an operand struct and sets its weights and
+// cache pointers.
+struct Step {
+  CudaRank& r;
+  StepBuffers& B;
+  cudaStream_t st;
+  StageTimer* tm;
+  GemmContext gemm;
+  int n, H;                        // tokens of the call, hidden size
+  bool decode;                     // one query token per sequence: decode attention
+  k::RmsNormParams norm;           // B.h = norm(in (+ B.x)); in, residual, weight per call
+  k::QkNormRopeParams rope;        // q/k/v inside B.qkv rows; norms and cache per layer
+  k::AttentionParams attn;         // B.qkv → B.attn over the paged cache; cache per layer
+  k::RouteSmallParams route;       // router + top-k + align (≤ 8 tokens); weight per layer
+  k::MoeGemmParams gate_up, down;  // expert GEMM operands; weights per layer
 
-// SwiGLU MLP o[n, H] = down(silu(gate h) * up h) through cuBLAS (dense layers, shared expert).
-void swiglu(CudaRank& r, const bf16* in, int n, int H, const DeviceTensor& gate_up,
-            const DeviceTensor& down, int inter, bf16* out, cudaStream_t st) {
-  StepBuffers& B = r.buf;
-  k::linear(r.cublas, st, B.gate_up, in, gate_up.ptr, n, 2 * inter, H);
-  k::silu_mul(B.act, B.gate_up, n, inter, st);
-  k::linear(r.cublas, st, out, B.act, down.ptr, n, H, inter);
-}
+  Step(const ModelConfig& cfg, CudaRank& rank, const StepShape& s, StageTimer* timer)
+      : r(rank), B(rank.buf), st(rank.stream), tm(timer), gemm{rank.cublas, rank.stream} {
+    const ShardDims& d = r.dims;
+    n = s.tokens;
+    H = static_cast<int>(cfg.hidden_size);
+    decode = s.decode;
+    const int hd = static_cast<int>(cfg.head_dim);
+    const int nh = static_cast<int>(d.num_heads), nkv = static_cast<int>(d.num_kv_heads);
+    const int qkv_width = (nh + 2 * nkv) * hd;
+    const float eps = static_cast<float>(cfg.rms_norm_eps);
 
-// Routed experts (+ shared expert with its sigmoid gate): B.o = MoE(B.h).
-void moe(const ModelConfig& cfg, CudaRank& r, const DeviceLayerWeights& L, int n,
-         cudaStream_t st, StageTimer* tm) {
-  StepBuffers& B = r.buf;
-  const int H = static_cast<int>(cfg.hidden_size), E = static_cast<int>(cfg.num_experts);
-  const int topk = static_cast<int>(cfg.num_experts_per_tok);
-  const int Ie = static_cast<int>(r.dims.moe_intermediate);
-  const int pairs = n * topk;
+    norm = {.out = B.h, .rows = n, .cols = H, .eps = eps};
+    rope = {.q = B.qkv, .k = B.qkv + nh * hd, .q_stride = qkv_width, .k_stride = qkv_width,
+            .positions = B.positions, .tokens = n, .n_q_heads = nh, .n_kv_heads = nkv,
+            .head_dim = hd, .theta = static_cast<float>(cfg.rope_theta), .eps = eps,
+            .v = B.qkv + (nh + nkv) * hd, .v_stride = qkv_width, .slot_mapping = B.slots};
+    attn = {.out = B.attn, .q = B.qkv, .q_stride = qkv_width, .block_tables = B.block_tables,
+            .q_start = B.q_start, .kv_lens = B.kv_lens, .num_seqs = s.seqs, .num_tokens = n,
+            .max_q_len = s.max_q_len, .max_kv_len = s.max_kv_len,
+            .max_blocks_per_seq = s.table_width, .block_size = static_cast<int>(r.kv.block_size),
+            .n_q_heads = nh, .n_kv_heads = nkv, .head_dim = hd,
+            .scale = 1.0f / std::sqrt(static_cast<float>(hd))};
+    if (decode) {  // split-K over the key range, partials in the workspace
+      attn.num_splits = s.attn_splits;
+      attn.workspace = B.attn_ws;
+    }
 
-  // router top-k: fp32 logits, softmax over all experts, top-k (+ renormalize)
-  k::RouterParams rp;
-  rp.topk_ids = B.topk_ids;
-  rp.topk_weights = B.topk_weights;
-  rp.tokens = n;
-  rp.num_experts = E;
-  rp.top_k = topk;
-  rp.renormalize = cfg.norm_topk_prob;
-  // align: (token, j) pairs grouped by expert, segments padded to the GEMM tile
-  k::AlignParams ap;
-  ap.sorted_ids = B.sorted_ids;
-  ap.expert_offsets = B.expert_offsets;
-  ap.topk_ids = B.topk_ids;
-  ap.num_pairs = pairs;
-  ap.num_experts = E;
-  ap.block_m = k::kMoeGemmTileM;
-  ap.active_experts = B.active_experts;
-  if (n <= k::kRouteSmallMaxTokens) {
-    // decode batches: GEMM, top-k and align in one launch
-    k::RouteSmallParams sp;
-    sp.router = rp;
-    sp.align = ap;
-    sp.x = B.h;
-    sp.weight = L.router.ptr;
-    sp.logits = B.router_logits;
-    sp.hidden = H;
-    sp.counter = B.route_counter;
-    k::moe_route_small(sp, st);
-    mark(tm, "router_align", st);
-  } else {
-    k::linear(r.cublas, st, B.router_logits, B.h, L.router.ptr, n, E, H);
-    k::moe_router_topk(rp, B.router_logits, st);
-    mark(tm, "router", st);
-    k::moe_align(ap, st);
-    mark(tm, "moe_align", st);
+    // router: fp32 logits, softmax over all experts, top-k (+ renormalize); align: (token, j)
+    // pairs grouped by expert, segments padded to the GEMM tile
+    const int E = static_cast<int>(cfg.num_experts);
+    const int topk = static_cast<int>(cfg.num_experts_per_tok);
+    const int pairs = n * topk;
+    route = {.router = {.topk_ids = B.topk_ids, .topk_weights = B.topk_weights, .tokens = n,
+                        .num_experts = E, .top_k = topk, .renormalize = cfg.norm_topk_prob},
+             .align = {.sorted_ids = B.sorted_ids, .expert_offsets = B.expert_offsets,
+                       .topk_ids = B.topk_ids, .num_pairs = pairs, .num_experts = E,
+                       .block_m = k::kMoeGemmTileM, .active_experts = B.active_experts},
+             .x = B.h, .logits = B.router_logits, .hidden = H, .counter = B.route_counter};
+
+    // experts: gate+up with SiLU·mul in its epilogue (input row = pair / top_k), then down
+    const int Ie = static_cast<int>(d.moe_intermediate);
+    gate_up = {.out = B.act, .in = B.h, .sorted_ids = B.sorted_ids,
+               .expert_offsets = B.expert_offsets, .active_experts = B.active_experts,
+               .num_pairs = pairs, .in_row_div = topk, .num_experts = E, .n = Ie, .k = H,
+               .silu_gate_up = true};
+    down = gate_up;
+    down.out = B.expert_out;
+    down.in = B.act;
+    down.in_row_div = 1;
+    down.n = H;
+    down.k = Ie;
+    down.silu_gate_up = false;
   }
 
-  // experts: grouped gate+up GEMM with SiLU·mul in its epilogue (input row = pair / top_k),
-  // then the grouped down GEMM
-  k::MoeGemmParams gp;
-  gp.out = B.act;
-  gp.in = B.h;
-  gp.weight = L.w_gate_up.ptr;
-  gp.sorted_ids = B.sorted_ids;
-  gp.expert_offsets = B.expert_offsets;
-  gp.active_experts = B.active_experts;
-  gp.num_pairs = pairs;
-  gp.in_row_div = topk;
-  gp.num_experts = E;
-  gp.n = Ie;
-  gp.k = H;
-  gp.silu_gate_up = true;
-  k::moe_gemm(gp, st);
-  mark(tm, "moe_gemm_gate_up_silu", st);
-  gp.out = B.expert_out;
-  gp.in = B.act;
-  gp.weight = L.w_down.ptr;
-  gp.in_row_div = 1;
-  gp.n = H;
-  gp.k = Ie;
-  gp.silu_gate_up = false;
-  k::moe_gemm(gp, st);
-  mark(tm, "moe_gemm_down", st);
+  void mark(const char* stage) const {
+    if (tm) tm->mark(stage, st);
+  }
+};
+
+// h = rmsnorm(x) · w, or with a branch output: x += branch (bf16), then h = rmsnorm(x) · w.
+void norm(const Step& s, const bf16* branch, const DeviceTensor& w) {
+  k::RmsNormParams p = s.norm;
+  p.weight = w.as_bf16();
+  if (!branch) {
+    p.in = s.B.x;
+    k::rmsnorm(p, s.st);
+  } else {
+    p.in = branch;
+    p.residual = s.B.x;
+    k::add_rmsnorm(p, s.st);
+  }
+  s.mark("norm");
+}
+
+// Sums a branch output [n, H] over the ranks (row-parallel o_proj, split MLP); no-op on one.
+void all_reduce(const Step& s, bf16* x) {
+  if (s.r.world == 1) return;
+  s.r.comm->all_reduce_sum(s.r.rank, x, static_cast<size_t>(s.n) * s.H, CommDType::Bf16, s.st);
+  s.mark("all_reduce");
+}
+
+// Full attention of this rank's heads: B.o = o_proj(attention(qkv(B.h))), a partial sum over
+// heads when world > 1. Every token's k/v go to its paged slot before anyone attends.
+void attention(const Step& s, const DeviceLayerWeights& L, const DeviceKvCache& kv,
+               int64_t kv_layer) {
+  const StepBuffers& B = s.B;
+  // qkv projection: one GEMM over the fused [(nh + 2 nkv) hd, H] weight yields rows
+  // [q | k | v]; + bias for Qwen2-MoE
+  linear(s.gemm, B.qkv, B.h, L.wqkv, s.n);
+  if (!L.bqkv.empty())
+    k::add_bias(B.qkv, L.bqkv.as_bf16(), s.n, static_cast<int>(L.bqkv.shape[0]), s.st);
+  s.mark("qkv_proj");
+
+  // q/k per-head RMSNorm (Qwen3) + NEOX rope, in place inside the qkv rows, and the kv write
+  // in the same launch
+  k::QkNormRopeParams rp = s.rope;
+  rp.q_norm = L.q_norm.optional_bf16();
+  rp.k_norm = L.k_norm.optional_bf16();
+  rp.k_cache = kv.k(kv_layer);
+  rp.v_cache = kv.v(kv_layer);
+  k::qk_norm_rope(rp, s.st);
+  s.mark("qk_norm_rope_kv_write");
+
+  // attention over the paged cache: decode kernel (split-K) for one token per sequence,
+  // prefill kernel for chunks and mixed steps
+  k::AttentionParams at = s.attn;
+  at.k_cache = kv.k(kv_layer);
+  at.v_cache = kv.v(kv_layer);
+  if (s.decode) {
+    k::attention_decode(at, s.st);
+  } else {
+    k::attention_prefill(at, s.st);
+  }
+  s.mark("attention");
+
+  // o_proj (row-parallel when world > 1)
+  linear(s.gemm, B.o, B.attn, L.wo, s.n);
+  s.mark("o_proj");
+}
+
+// SwiGLU MLP out[n, H] = down(silu(gate h) · up h) through the GEMM dispatch (dense layers,
+// shared expert).
+void dense_mlp(const Step& s, const DeviceTensor& gate_up, const DeviceTensor& down, bf16* out) {
+  const StepBuffers& B = s.B;
+  linear(s.gemm, B.gate_up, B.h, gate_up, s.n);
+  k::silu_mul(B.act, B.gate_up, s.n, static_cast<int>(gate_up.shape[0] / 2), s.st);
+  linear(s.gemm, out, B.act, down, s.n);
+}
+
+// Routed experts: B.o = Σ_j w[t, j] · expert_j(B.h[t]).
+void moe(const Step& s, const DeviceLayerWeights& L) {
+  const StepBuffers& B = s.B;
+  // router top-k + align; decode batches do GEMM, top-k and align in one launch
+  if (s.n <= k::kRouteSmallMaxTokens) {
+    k::RouteSmallParams rp = s.route;
+    rp.weight = L.router.as_bf16();
+    k::moe_route_small(rp, s.st);
+    s.mark("router_align");
+  } else {
+    linear(s.gemm, B.router_logits, B.h, L.router, s.n);
+    k::moe_router_topk(s.route.router, B.router_logits, s.st);
+    s.mark("router");
+    k::moe_align(s.route.align, s.st);
+    s.mark("moe_align");
+  }
+
+  // experts: grouped gate+up GEMM with SiLU·mul in its epilogue, then the grouped down GEMM
+  expert_gemm(s.gate_up, L.w_gate_up, s.st);
+  s.mark("moe_gemm_gate_up_silu");
+  expert_gemm(s.down, L.w_down, s.st);
+  s.mark("moe_gemm_down");
 
   // combine: o[t] = Σ_j w[t, j] · y[t·k + j], in j order (batch independent)
-  k::moe_combine(B.o, B.expert_out, B.topk_weights, n, topk, H, st);
-  mark(tm, "moe_combine", st);
+  k::moe_combine(B.o, B.expert_out, B.topk_weights, s.n, s.route.router.top_k, s.H, s.st);
+  s.mark("moe_combine");
+}
 
-  // shared expert (Qwen2-MoE): o += sigmoid(h · g) · mlp(h)
-  if (!L.shared_gate_up.empty()) {
-    const int Is = static_cast<int>(r.dims.shared_intermediate);
-    swiglu(r, B.h, n, H, L.shared_gate_up, L.shared_down, Is, B.expert_out, st);
-    k::SharedExpertGateParams sp;
-    sp.out = B.o;
-    sp.moe_out = B.o;
-    sp.shared_out = B.expert_out;
-    sp.x = B.h;
-    sp.gate_weight = L.shared_gate.ptr;
-    sp.tokens = n;
-    sp.hidden = H;
-    k::shared_expert_gate(sp, st);
-    mark(tm, "shared_expert", st);
-  }
+// Shared expert (Qwen2-MoE): B.o += sigmoid(h · g) · mlp(h).
+void shared_expert(const Step& s, const DeviceLayerWeights& L) {
+  const StepBuffers& B = s.B;
+  MB_CHECK(!L.shared_gate_up.empty(), "MoeShared layer without shared-expert weights");
+  dense_mlp(s, L.shared_gate_up, L.shared_down, B.expert_out);
+  k::shared_expert_gate({.out = B.o, .moe_out = B.o, .shared_out = B.expert_out, .x = B.h,
+                         .gate_weight = L.shared_gate.as_bf16(), .tokens = s.n, .hidden = s.H},
+                        s.st);
+  s.mark("shared_expert");
 }
 
 }  // namespace
 
-void cuda_forward(const ModelConfig& cfg, CudaRank& r, const StepShape& s, cudaStream_t st,
-                  StageTimer* tm) {
-  const ShardDims& d = r.dims;
+void cuda_forward(const ModelConfig& cfg, CudaRank& r, const StepShape& shape, StageTimer* tm) {
+  MB_CHECK(shape.tokens > 0 && shape.tokens <= r.buf.cap.tokens,
+           "cuda_forward: token count outside the buffers");
+  if (tm) tm->begin(r.stream);
+  const Step s(cfg, r, shape, tm);
   const DeviceModelWeights& W = r.weights;
   StepBuffers& B = r.buf;
-  const int n = s.tokens;
-  const int H = static_cast<int>(cfg.hidden_size), hd = static_cast<int>(cfg.head_dim);
-  const int nh = static_cast<int>(d.num_heads), nkv = static_cast<int>(d.num_kv_heads);
-  const int qkv_width = (nh + 2 * nkv) * hd;
-  const float eps = static_cast<float>(cfg.rms_norm_eps);
-  MB_CHECK(n > 0 && n <= B.cap.tokens, "cuda_forward: token count outside the buffers");
-  if (tm) tm->begin(st);
 
   // embed
-  k::embedding_gather(B.x, W.embed.ptr, B.tokens, n, H, static_cast<int>(cfg.vocab_size), st);
-  mark(tm, "embedding", st);
+  k::embedding_gather(B.x, W.embed.as_bf16(), B.tokens, s.n, s.H,
+                      static_cast<int>(cfg.vocab_size), s.st);
+  s.mark("embedding");
 
+  int64_t kv_layer = 0;  // index among the layers that keep a KV cache
   for (int64_t l = 0; l < cfg.num_layers; ++l) {
-    const DeviceLayerWeights& L = W.layers[l];
+    const LayerKind kind = cfg.layers[static_cast<size_t>(l)];
+    const DeviceLayerWeights& L = W.layers[static_cast<size_t>(l)];
 
-    // attention norm; from layer 1 on fused with the residual add of the previous MLP output
-    k::RmsNormParams np;
-    np.out = B.h;
-    np.weight = L.input_norm.ptr;
-    np.rows = n;
-    np.cols = H;
-    np.eps = eps;
-    if (l == 0) {
-      np.in = B.x;
-      k::rmsnorm(np, st);
-    } else {
-      np.in = B.o;
-      np.residual = B.x;
-      k::add_rmsnorm(np, st);
+    // mixer norm; from layer 1 on fused with the residual add of the previous MLP output
+    norm(s, l == 0 ? nullptr : B.o, L.input_norm);
+
+    // token mixer → B.o, summed over ranks
+    switch (kind.mixer) {
+      case MixerKind::FullAttention:
+        attention(s, L, r.kv, kv_layer++);
+        break;
+      case MixerKind::LinearAttention:
+        throw Error("cuda forward: layer " + std::to_string(l) +
+                    " is linear attention, which the CUDA backend does not implement");
     }
-    mark(tm, "norm", st);
+    all_reduce(s, B.o);
 
-    // qkv projection: wq, wk, wv are consecutive rows of one [(nh + 2 nkv) hd, H] matrix
-    // (the loader packs them), so one GEMM yields rows [q | k | v]; + bias for Qwen2-MoE
-    k::linear(r.cublas, st, B.qkv, B.h, L.wq.ptr, n, qkv_width, H);
-    if (!L.bq.empty()) k::add_bias(B.qkv, L.bq.ptr, n, qkv_width, st);
-    mark(tm, "qkv_proj", st);
+    // residual add + MLP norm
+    norm(s, B.o, L.post_norm);
 
-    // q/k per-head RMSNorm (Qwen3) + NEOX rope, in place inside the qkv rows, and the kv write
-    // (every token's rotated k and its v into its paged slot) in the same launch, before anyone
-    // attends
-    k::QkNormRopeParams rp;
-    rp.q = B.qkv;
-    rp.k = B.qkv + nh * hd;
-    rp.q_stride = qkv_width;
-    rp.k_stride = qkv_width;
-    rp.q_norm = L.q_norm.empty() ? nullptr : L.q_norm.ptr;
-    rp.k_norm = L.k_norm.empty() ? nullptr : L.k_norm.ptr;
-    rp.positions = B.positions;
-    rp.tokens = n;
-    rp.n_q_heads = nh;
-    rp.n_kv_heads = nkv;
-    rp.head_dim = hd;
-    rp.theta = static_cast<float>(cfg.rope_theta);
-    rp.eps = eps;
-    rp.k_cache = r.kv.k(l);
-    rp.v_cache = r.kv.v(l);
-    rp.v = B.qkv + (nh + nkv) * hd;
-    rp.v_stride = qkv_width;
-    rp.slot_mapping = B.slots;
-    k::qk_norm_rope(rp, st);
-    mark(tm, "qk_norm_rope_kv_write", st);
-
-    // attention over the paged cache: decode kernel (split-K) for one token per sequence,
-    // prefill kernel for chunks and mixed steps
-    k::AttentionParams at;
-    at.out = B.attn;
-    at.q = B.qkv;
-    at.q_stride = qkv_width;
-    at.k_cache = r.kv.k(l);
-    at.v_cache = r.kv.v(l);
-    at.block_tables = B.block_tables;
-    at.q_start = B.q_start;
-    at.kv_lens = B.kv_lens;
-    at.num_seqs = s.seqs;
-    at.num_tokens = n;
-    at.max_q_len = s.max_q_len;
-    at.max_kv_len = s.max_kv_len;
-    at.max_blocks_per_seq = s.table_width;
-    at.block_size = static_cast<int>(r.kv.block_size);
-    at.n_q_heads = nh;
-    at.n_kv_heads = nkv;
-    at.head_dim = hd;
-    at.scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    if (s.decode) {
-      at.num_splits = s.attn_splits;
-      at.workspace = B.attn_ws;
-      k::attention_decode(at, st);
-    } else {
-      k::attention_prefill(at, st);
+    // MLP → B.o, summed over ranks
+    switch (kind.mlp) {
+      case MlpKind::Dense:
+        dense_mlp(s, L.mlp_gate_up, L.mlp_down, B.o);
+        s.mark("dense_mlp");
+        break;
+      case MlpKind::Moe:
+        moe(s, L);
+        break;
+      case MlpKind::MoeShared:
+        moe(s, L);
+        shared_expert(s, L);
+        break;
     }
-    mark(tm, "attention", st);
-
-    // o_proj, then residual add + post-attention norm in one kernel
-    k::linear(r.cublas, st, B.o, B.attn, L.wo.ptr, n, H, nh * hd);
-    mark(tm, "o_proj", st);
-    np.in = B.o;
-    np.residual = B.x;
-    np.weight = L.post_norm.ptr;
-    k::add_rmsnorm(np, st);
-    mark(tm, "norm", st);
-
-    // MLP: routed experts (+ shared expert) or dense SwiGLU, into B.o
-    if (cfg.is_moe_layer(l)) {
-      moe(cfg, r, L, n, st, tm);
-    } else {
-      swiglu(r, B.h, n, H, L.mlp_gate_up, L.mlp_down, static_cast<int>(d.intermediate), B.o, st);
-      mark(tm, "dense_mlp", st);
-    }
+    all_reduce(s, B.o);
   }
 
   // last residual add + final norm (every row; the lm_head gathers the rows it needs)
-  k::RmsNormParams fp;
-  fp.out = B.h;
-  fp.in = B.o;
-  fp.residual = B.x;
-  fp.weight = W.final_norm.ptr;
-  fp.rows = n;
-  fp.cols = H;
-  fp.eps = eps;
-  k::add_rmsnorm(fp, st);
-  mark(tm, "norm", st);
+  norm(s, B.o, W.final_norm);
 }
 
 void cuda_lm_head(const ModelConfig& cfg, CudaRank& r, int first, int rows, int tokens,
-                  cudaStream_t st, StageTimer* tm) {
+                  StageTimer* tm) {
   StepBuffers& B = r.buf;
   const int H = static_cast<int>(cfg.hidden_size);
   MB_CHECK(rows > 0 && rows <= B.cap.logits_rows, "cuda_lm_head: rows outside the buffers");
   // gather the rows that need logits (the gather treats the normed states as a table)
-  k::embedding_gather(B.xr, B.h, B.logits_rows + first, rows, H, tokens, st);
-  k::linear(r.cublas, st, B.logits, B.xr, r.weights.lm_head.ptr, rows,
-            static_cast<int>(r.dims.vocab), H);
-  mark(tm, "lm_head", st);
+  k::embedding_gather(B.xr, B.h, B.logits_rows + first, rows, H, tokens, r.stream);
+  linear(GemmContext{r.cublas, r.stream}, B.logits_local, B.xr, r.weights.lm_head, rows);
+  if (r.dims.vocab_split) {
+    // vocab-parallel: gather every rank's [rows, V/world] slice, then rank 0 (the one that
+    // samples) interleaves the slices into [rows, V]
+    const size_t Vl = static_cast<size_t>(r.dims.vocab), V = static_cast<size_t>(cfg.vocab_size);
+    r.comm->all_gather(r.rank, B.logits_local, B.logits_gather, rows * Vl, CommDType::F32,
+                       r.stream);
+    if (r.rank == 0) {
+      for (int w = 0; w < r.world; ++w) {
+        CUDA_CHECK(cudaMemcpy2DAsync(B.logits + w * Vl, V * sizeof(float),
+                                     B.logits_gather + w * rows * Vl, Vl * sizeof(float),
+                                     Vl * sizeof(float), static_cast<size_t>(rows),
+                                     cudaMemcpyDeviceToDevice, r.stream));
+      }
+    }
+  }
+  if (tm) tm->mark("lm_head", r.stream);
 }
 
 }  // namespace moebatch

@@ -18,6 +18,16 @@ std::string IncrementalDecoder::push(TokenId id) {
   return out;
 }
 
+std::string IncrementalDecoder::push_lenient(int64_t id) {
+  static constexpr const char* kReplacement = "\xEF\xBF\xBD";
+  if (id < 0 || static_cast<size_t>(id) >= tokenizer_->vocab_size()) return finish() + kReplacement;
+  try {
+    return push(static_cast<TokenId>(id));
+  } catch (const InputError&) {
+    return finish() + kReplacement;
+  }
+}
+
 std::string IncrementalDecoder::finish() {
   std::string out;
   tok::utf8_append_lossy(pending_, out);

@@ -25,6 +25,10 @@ class IncrementalDecoder {
   /// whose bytes span several tokens). InputError for an unknown id.
   std::string push(TokenId id);
 
+  /// As push(), but an id the tokenizer does not know (a model vocabulary padded past the
+  /// tokenizer's, as Qwen3's is) flushes the held bytes and becomes U+FFFD instead of failing.
+  std::string push_lenient(int64_t id);
+
   /// Flushes held bytes at end of sequence; a truncated character becomes U+FFFD.
   std::string finish();
 

@@ -217,7 +217,7 @@ void Ingress::handle_request() {
   }
   const zmq::message_t& body = frames[expected - 1];
   json id = nullptr;
-  WorkItem item;
+  RoutedRequest item;
   try {
     item.request = parse_request(body.to_string_view(), options_.limits, &id);
   } catch (const ProtocolException& e) {

@@ -11,8 +11,10 @@
 // - a store thread (queue/zmq/store_worker.h) owning the JobStore;
 // - with CURVE, a ZAP thread (queue/zmq/curve.h).
 // Every socket belongs to exactly one thread; the other threads reach it through inproc
-// hand-offs. An Asio program (the dispatcher, `moebatch serve`) calls publish_completion() from
-// any thread and stop() from its signal handler; nothing else is shared.
+// hand-offs. The owner (`moebatch serve`) calls publish_completion() from any thread (the
+// service's final-job hook) and stop() when it shuts down: from its signal handler with
+// --no-engine, after the service has drained otherwise. The on_committed callback
+// (StoreWorkerOptions) runs on the store thread. Nothing else is shared.
 //
 // Limits: ZMQ_MAXMSGSIZE (the transport drops a peer that sends a bigger frame), an application
 // limit below it (max_request_bytes: answered with "too_large"), a cap on jobs per message,

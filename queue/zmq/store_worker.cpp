@@ -48,7 +48,7 @@ StoreWorker::~StoreWorker() {
   join();
 }
 
-bool StoreWorker::try_push(WorkItem& item) {
+bool StoreWorker::try_push(RoutedRequest& item) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_ || queue_.size() >= options_.capacity) return false;
@@ -71,7 +71,7 @@ void StoreWorker::join() {
 }
 
 void StoreWorker::run() {
-  std::vector<WorkItem> items;
+  std::vector<RoutedRequest> items;
   for (;;) {
     items.clear();
     {
@@ -90,7 +90,7 @@ void StoreWorker::run() {
   store_.reset();
 }
 
-void StoreWorker::process(std::vector<WorkItem>& items) {
+void StoreWorker::process(std::vector<RoutedRequest>& items) {
   size_t i = 0;
   while (i < items.size()) {
     if (items[i].request.cmd != Command::Submit) {
@@ -117,7 +117,7 @@ void StoreWorker::crash_if(CrashPoint point) {
   }
 }
 
-void StoreWorker::commit_submits(std::vector<WorkItem>& items, size_t begin, size_t end) {
+void StoreWorker::commit_submits(std::vector<RoutedRequest>& items, size_t begin, size_t end) {
   std::vector<JobSpec> specs;
   for (size_t k = begin; k < end; ++k) {
     for (JobSpec& s : items[k].request.jobs) specs.push_back(std::move(s));
@@ -161,7 +161,7 @@ void StoreWorker::commit_submits(std::vector<WorkItem>& items, size_t begin, siz
   }
 }
 
-void StoreWorker::answer_one(WorkItem& item) {
+void StoreWorker::answer_one(RoutedRequest& item) {
   const Request& r = item.request;
   try {
     if (r.cmd == Command::Stats) {
@@ -210,14 +210,14 @@ void StoreWorker::answer_one(WorkItem& item) {
   }
 }
 
-void StoreWorker::reply(const WorkItem& item, const std::string& body) {
+void StoreWorker::reply(const RoutedRequest& item, const std::string& body) {
   for (const std::string& frame : item.envelope) {
     replies_.send(zmq::buffer(frame), zmq::send_flags::sndmore);
   }
   replies_.send(zmq::buffer(body), zmq::send_flags::none);
 }
 
-void StoreWorker::reply_error(const WorkItem& item, const ProtocolError& err) {
+void StoreWorker::reply_error(const RoutedRequest& item, const ProtocolError& err) {
   counters_.errors.fetch_add(1);
   if (err.code == error_code::kBusy) counters_.busy.fetch_add(1);
   reply(item, error_reply(item.request.id, err));

@@ -46,8 +46,9 @@ struct IngressCounters {
   std::atomic<uint64_t> notices_refused{0};  ///< publish_completion calls refused (hand-off full)
 };
 
-/// One accepted request with the ROUTER envelope to answer it on.
-struct WorkItem {
+/// One accepted request on its way to the store thread, with the ROUTER envelope that routes
+/// its reply back to the peer.
+struct RoutedRequest {
   std::vector<std::string> envelope;  ///< routing id, plus "" for REQ-style peers
   Request request;                    ///< parsed and validated
 };
@@ -74,7 +75,7 @@ class StoreWorker {
   StoreWorker& operator=(const StoreWorker&) = delete;
 
   /// Queues item; false (item untouched) when the queue is full or closed. Never blocks.
-  bool try_push(WorkItem& item);
+  bool try_push(RoutedRequest& item);
   /// No more items; queued ones are still answered, then the end marker is sent.
   void close();
   /// Waits for the thread to finish.
@@ -82,11 +83,11 @@ class StoreWorker {
 
  private:
   void run();
-  void process(std::vector<WorkItem>& items);
-  void commit_submits(std::vector<WorkItem>& items, size_t begin, size_t end);
-  void answer_one(WorkItem& item);
-  void reply(const WorkItem& item, const std::string& body);
-  void reply_error(const WorkItem& item, const ProtocolError& err);
+  void process(std::vector<RoutedRequest>& items);
+  void commit_submits(std::vector<RoutedRequest>& items, size_t begin, size_t end);
+  void answer_one(RoutedRequest& item);
+  void reply(const RoutedRequest& item, const std::string& body);
+  void reply_error(const RoutedRequest& item, const ProtocolError& err);
   void crash_if(CrashPoint point);
 
   std::unique_ptr<JobStore> store_;
@@ -96,7 +97,7 @@ class StoreWorker {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<WorkItem> queue_;  // guarded by mu_
+  std::deque<RoutedRequest> queue_;  // guarded by mu_
   bool closed_ = false;         // guarded by mu_
   std::thread thread_;
 };

@@ -1,18 +1,24 @@
-// Reads a fixture's reference.safetensors (see tests/data/FIXTURES.md) and compares logits.
+// A fixture's float64 oracle (reference.safetensors, see tests/data/FIXTURES.md), the rule for
+// which positions are comparable, and a CPU engine over a fixture. The generic pieces (fixture
+// paths, rel_err) are the shared harness's, in tests/common.
 #pragma once
 
-#include <cmath>
 #include <limits>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "engine/cpu/cpu_backend.h"
 #include "engine/engine.h"
+#include "engine/factory.h"
 #include "engine/safetensors.h"
-#include "tests/engine/test_util.h"
+#include "tests/common/compare.h"
+#include "tests/common/files.h"
 
 namespace moebatch {
+
+// The engine and GPU tests live in namespace moebatch and call these unqualified.
+using test::rel_err;
+using test::test_data_dir;
 
 /// One reference prompt with its oracle outputs.
 struct RefPrompt {
@@ -23,18 +29,21 @@ struct RefPrompt {
   std::vector<float> route_gap;      ///< [T] (inf for dense models)
 };
 
+/// A tensor's values as floats.
 inline std::vector<float> floats(const TensorView& t) {
   std::vector<float> v(static_cast<size_t>(t.numel()));
   for (int64_t i = 0; i < t.numel(); ++i) v[i] = t.get_f32(i);
   return v;
 }
 
+/// A tensor's values as int32 (stored as any dtype).
 inline std::vector<int32_t> ints(const TensorView& t) {
   std::vector<int32_t> v(static_cast<size_t>(t.numel()));
   for (int64_t i = 0; i < t.numel(); ++i) v[i] = static_cast<int32_t>(t.get_f32(i));
   return v;
 }
 
+/// The reference prompts of fixture `model`, in file order.
 inline std::vector<RefPrompt> load_reference(const std::string& model) {
   SafetensorsFile f(test_data_dir() + "/" + model + "/reference.safetensors");
   std::vector<RefPrompt> out;
@@ -56,17 +65,6 @@ inline std::vector<RefPrompt> load_reference(const std::string& model) {
   return out;
 }
 
-/// ‖a − b‖ / ‖b‖ over one row.
-inline double rel_err(const float* a, const float* b, int64_t n) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    if (std::isnan(a[i])) return std::numeric_limits<double>::infinity();
-    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    den += double(b[i]) * b[i];
-  }
-  return std::sqrt(num / den);
-}
-
 /// Number of leading positions whose router gaps (and all earlier ones) exceed `thr`.
 inline size_t comparable_prefix(const std::vector<float>& gaps, float thr) {
   size_t t = 0;
@@ -74,17 +72,36 @@ inline size_t comparable_prefix(const std::vector<float>& gaps, float thr) {
   return t;
 }
 
-/// An engine over the CPU backend for a fixture.
+/// The factory's spec of a CPU engine over fixture `model` (2 threads, 16 MiB of KV).
+inline EngineSpec fixture_spec(const std::string& model, int tp = 1, EngineOptions eo = {},
+                               ExpertSplit split = ExpertSplit::Intermediate) {
+  EngineSpec spec;
+  spec.model = test_data_dir() + "/" + model;
+  spec.tensor_parallel_size = tp;
+  spec.threads = 2;
+  spec.kv_cache_bytes = 16 << 20;
+  spec.expert_split = split;
+  spec.scheduler = eo;
+  return spec;
+}
+
+/// An engine over the CPU backend for a fixture, built by the factory.
 inline std::unique_ptr<Engine> make_engine(const std::string& model, int tp = 1,
                                            EngineOptions eo = {},
                                            ExpertSplit split = ExpertSplit::Intermediate) {
-  CpuBackendOptions o;
-  o.tp = tp;
-  o.threads = 2;
-  o.kv_cache_bytes = 16 << 20;
-  o.expert_split = split;
-  return std::make_unique<Engine>(std::make_unique<CpuBackend>(test_data_dir() + "/" + model, o),
-                                  eo);
+  return moebatch::make_engine(fixture_spec(model, tp, eo, split)).engine;
+}
+
+/// A greedy request (temperature 0), optionally keeping every sampled step's logits.
+inline Request greedy_request(uint64_t id, std::vector<int32_t> prompt, int64_t max_tokens,
+                              bool keep_logits = false) {
+  Request r;
+  r.id = id;
+  r.prompt = std::move(prompt);
+  r.sampling.temperature = 0.0f;
+  r.sampling.max_tokens = max_tokens;
+  r.keep_logits = keep_logits;
+  return r;
 }
 
 }  // namespace moebatch

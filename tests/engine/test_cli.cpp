@@ -1,34 +1,18 @@
 // The real `moebatch` binary: logits and generate against the fixture oracle, and clear errors
 // (exit status 2) for bad input.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "tests/common/files.h"
+#include "tests/common/subprocess.h"
 #include "tests/engine/reference.h"
 
 namespace moebatch {
 namespace {
 
-struct Proc {
-  int status = -1;
-  std::string out;
-};
-
-// Runs the CLI with `args`; stdout captured, stderr merged when `merge_err`.
-Proc run_cli(const std::string& args, bool merge_err = false) {
-  std::string cmd = std::string(MOEBATCH_BIN) + " " + args + (merge_err ? " 2>&1" : " 2>/dev/null");
-  Proc p;
-  FILE* f = popen(cmd.c_str(), "r");
-  if (!f) return p;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, f)) > 0) p.out.append(buf, n);
-  int st = pclose(f);
-  p.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return p;
-}
+using test::run_cli;
+using test::TempDir;
 
 std::string join(const std::vector<int32_t>& v) {
   std::string s;
@@ -36,16 +20,22 @@ std::string join(const std::vector<int32_t>& v) {
   return s;
 }
 
+/// `moebatch logits` of prompt on a fixture with extra flags, written to dir/logits.safetensors.
+test::RunResult run_logits(const TempDir& dir, const std::string& fixture,
+                           const std::vector<int32_t>& prompt,
+                           const std::vector<std::string>& extra) {
+  const std::string model = test_data_dir() + "/" + fixture, out = dir.file("logits.safetensors");
+  std::vector<std::string> args{"logits", "--model", model, "--tokens", join(prompt), "--out", out};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return run_cli(args);
+}
+
 TEST(Cli, LogitsMatchReference) {
-  const std::string model = test_data_dir() + "/qwen3_moe_tiny";
-  auto ref = load_reference("qwen3_moe_tiny");
-  const auto& r = ref[2];
+  const RefPrompt r = load_reference("qwen3_moe_tiny")[2];
   TempDir tmp;
-  const std::string out = tmp.path() + "/l.safetensors";
-  auto p =
-      run_cli("logits --model " + model + " --tokens " + join(r.prompt) + " --tp 2 --out " + out);
-  ASSERT_EQ(p.status, 0);
-  SafetensorsFile f(out);
+  auto p = run_logits(tmp, "qwen3_moe_tiny", r.prompt, {"--tp", "2"});
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  SafetensorsFile f(tmp.file("logits.safetensors"));
   const auto& t = f.at("logits");
   ASSERT_EQ(t.dtype, DType::F32);
   ASSERT_EQ(t.shape, (std::vector<int64_t>{static_cast<int64_t>(r.prompt.size()), 1024}));
@@ -58,20 +48,15 @@ TEST(Cli, LogitsMatchReference) {
 // Where a GPU is present the CUDA backend must reproduce the oracle within bf16 tolerance; where
 // none is (or the build has no CUDA), the command must fail cleanly with status 2.
 TEST(Cli, CudaBackendMatchesReferenceOrSaysUnavailable) {
-  const std::string model = test_data_dir() + "/qwen3_dense_tiny";
-  auto ref = load_reference("qwen3_dense_tiny");
-  const auto& r = ref[0];
+  const RefPrompt r = load_reference("qwen3_dense_tiny")[0];
   TempDir tmp;
-  const std::string out = tmp.path() + "/l.safetensors";
-  auto p = run_cli("logits --model " + model + " --tokens " + join(r.prompt) +
-                       " --backend cuda --out " + out,
-                   true);
-  if (p.status != 0) {
-    EXPECT_EQ(p.status, 2) << p.out;
-    EXPECT_NE(p.out.find("not available"), std::string::npos) << p.out;
-    GTEST_SKIP() << "no usable CUDA backend here: " << p.out;
+  auto p = run_logits(tmp, "qwen3_dense_tiny", r.prompt, {"--backend", "cuda"});
+  if (p.exit_code != 0) {
+    EXPECT_EQ(p.exit_code, 2) << p.err;
+    EXPECT_NE(p.err.find("not available"), std::string::npos) << p.err;
+    GTEST_SKIP() << "no usable CUDA backend here: " << p.err;
   }
-  SafetensorsFile f(out);
+  SafetensorsFile f(tmp.file("logits.safetensors"));
   auto got = floats(f.at("logits"));
   const int64_t vocab = 1024;
   ASSERT_EQ(got.size(), r.prompt.size() * vocab);
@@ -84,9 +69,9 @@ TEST(Cli, CudaBackendMatchesReferenceOrSaysUnavailable) {
 TEST(Cli, GenerateJsonMatchesGreedyReference) {
   auto ref = load_reference("qwen3_dense_tiny");
   const auto& r = ref[1];
-  auto p = run_cli("generate --model " + test_data_dir() + "/qwen3_dense_tiny --tokens " +
-                   join(r.prompt) + " --max-tokens 8 --temperature 0 --json");
-  ASSERT_EQ(p.status, 0);
+  auto p = run_cli({"generate", "--model", test_data_dir() + "/qwen3_dense_tiny", "--tokens",
+                    join(r.prompt), "--max-tokens", "8", "--temperature", "0", "--json"});
+  ASSERT_EQ(p.exit_code, 0) << p.err;
   auto j = nlohmann::json::parse(p.out);
   auto tokens = j.at("tokens").get<std::vector<int32_t>>();
   ASSERT_EQ(tokens.size(), 8u);
@@ -95,18 +80,18 @@ TEST(Cli, GenerateJsonMatchesGreedyReference) {
 
 TEST(Cli, BadInputGivesClearErrorAndStatus2) {
   const std::string model = test_data_dir() + "/qwen3_moe_tiny";
-  auto p = run_cli("generate --model " + model + " --tokens 1,x --max-tokens 2", true);
-  EXPECT_EQ(p.status, 2);
-  EXPECT_NE(p.out.find("'x' is not a token id"), std::string::npos) << p.out;
-  p = run_cli("generate --model " + model + " --tokens 1,5000 --max-tokens 2", true);
-  EXPECT_EQ(p.status, 2);
-  EXPECT_NE(p.out.find("outside vocab"), std::string::npos) << p.out;
-  p = run_cli("generate --model /nonexistent/model --tokens 1 --max-tokens 2", true);
-  EXPECT_EQ(p.status, 2);
-  EXPECT_NE(p.out.find("/nonexistent/model"), std::string::npos) << p.out;
-  p = run_cli("generate --model " + model + " --tokens 1 --max-tokens 2 --tp 3", true);
-  EXPECT_EQ(p.status, 2);
-  EXPECT_NE(p.out.find("tp = 3"), std::string::npos) << p.out;
+  auto p = run_cli({"generate", "--model", model, "--tokens", "1,x", "--max-tokens", "2"});
+  EXPECT_EQ(p.exit_code, 2);
+  EXPECT_NE(p.err.find("'x' is not a token id"), std::string::npos) << p.err;
+  p = run_cli({"generate", "--model", model, "--tokens", "1,5000", "--max-tokens", "2"});
+  EXPECT_EQ(p.exit_code, 2);
+  EXPECT_NE(p.err.find("outside vocab"), std::string::npos) << p.err;
+  p = run_cli({"generate", "--model", "/nonexistent/model", "--tokens", "1", "--max-tokens", "2"});
+  EXPECT_EQ(p.exit_code, 2);
+  EXPECT_NE(p.err.find("/nonexistent/model"), std::string::npos) << p.err;
+  p = run_cli({"generate", "--model", model, "--tokens", "1", "--max-tokens", "2", "--tp", "3"});
+  EXPECT_EQ(p.exit_code, 2);
+  EXPECT_NE(p.err.find("tp = 3"), std::string::npos) << p.err;
 }
 
 }  // namespace

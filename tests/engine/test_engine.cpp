@@ -10,26 +10,22 @@
 #include "common/error.h"
 #include "engine/cpu/comm.h"
 #include "engine/cpu/ops.h"
+#include "tests/common/prompts.h"
 #include "tests/engine/reference.h"
 
 namespace moebatch {
 namespace {
 
+using test::random_prompt;
+using test::read_file;
+using test::TempDir;
+using test::write_file;
+
 std::mt19937 fresh_rng() { return std::mt19937(std::random_device{}()); }
 
-std::vector<int32_t> random_prompt(std::mt19937& rng, size_t len, int64_t vocab) {
-  std::vector<int32_t> p(len);
-  for (auto& t : p) t = static_cast<int32_t>(rng() % vocab);
-  return p;
-}
-
-Request greedy_request(uint64_t id, std::vector<int32_t> prompt, int64_t max_tokens) {
-  Request r;
-  r.id = id;
-  r.prompt = std::move(prompt);
-  r.sampling.max_tokens = max_tokens;
-  r.keep_logits = true;
-  return r;
+// These tests compare logits: their greedy requests keep them.
+Request greedy_logged(uint64_t id, std::vector<int32_t> prompt, int64_t max_tokens) {
+  return greedy_request(id, std::move(prompt), max_tokens, /*keep_logits=*/true);
 }
 
 TEST(CpuOps, MatmulMatchesNaiveAndIsRowIndependent) {
@@ -107,14 +103,14 @@ TEST(Comm, AllReduceAndGatherAcrossThreads) {
   std::vector<double> want(n, 0);
   for (auto& d : data)
     for (size_t i = 0; i < n; ++i) want[i] += d[i] = float(rng() % 1000) / 7;
-  std::vector<float> gathered(2 * 3 * world);
+  // all_gather: rank r sends {r, r + 0.5, r + 0.25}; every rank receives [world, 3].
+  std::vector<std::vector<float>> gathered(world, std::vector<float>(3 * world, -1.0f));
   std::vector<std::thread> ts;
   for (int r = 0; r < world; ++r) {
     ts.emplace_back([&, r] {
-      comm.all_reduce_sum(r, data[r].data(), n);
-      std::vector<float> local = {float(r),      float(r) + 0.5f,  float(r) + 0.25f,
-                                  float(r) + 10, float(r) + 10.5f, float(r) + 10.25f};
-      comm.gather_cols(r, local.data(), 2, 3, r == 0 ? gathered.data() : nullptr);
+      comm.all_reduce_sum(r, data[r].data(), n, CommDType::F32, nullptr);
+      std::vector<float> local = {float(r), float(r) + 0.5f, float(r) + 0.25f};
+      comm.all_gather(r, local.data(), gathered[r].data(), 3, CommDType::F32, nullptr);
     });
   }
   for (auto& t : ts) t.join();
@@ -123,10 +119,12 @@ TEST(Comm, AllReduceAndGatherAcrossThreads) {
       EXPECT_NEAR(data[r][i], want[i], 1e-3);
       EXPECT_EQ(data[r][i], data[0][i]);
     }
-  for (int r = 0; r < world; ++r) {
-    EXPECT_EQ(gathered[r * 3 + 1], r + 0.5f);
-    EXPECT_EQ(gathered[3 * world + r * 3 + 2], r + 10.25f);
-  }
+  for (int me = 0; me < world; ++me)
+    for (int r = 0; r < world; ++r) {
+      EXPECT_EQ(gathered[me][r * 3 + 0], float(r));
+      EXPECT_EQ(gathered[me][r * 3 + 1], r + 0.5f);
+      EXPECT_EQ(gathered[me][r * 3 + 2], r + 0.25f);
+    }
 }
 
 TEST(Sampler, GreedyTopKTopPAndSeeding) {
@@ -136,17 +134,18 @@ TEST(Sampler, GreedyTopKTopPAndSeeding) {
   std::vector<float> logits(V);
   for (auto& v : logits) v = nd(rng);
   GenerationParams p;
-  std::mt19937_64 r1(1);
-  EXPECT_EQ(sample_token(logits.data(), V, p, r1),
+  EXPECT_EQ(p.temperature, 1.0f) << "OpenAI's default, as the job queue's";
+  p.temperature = 0.0f;
+  EXPECT_EQ(sample_token(logits.data(), V, p, 0),
             std::max_element(logits.begin(), logits.end()) - logits.begin());
   p.temperature = 1.0f;
+  p.seed = rng();
   p.top_k = 3;
   std::vector<int32_t> order(V);
   std::iota(order.begin(), order.end(), 0);
   std::sort(order.begin(), order.end(), [&](int a, int b) { return logits[a] > logits[b]; });
   std::map<int32_t, int> counts;
-  std::mt19937_64 r2(rng());
-  for (int i = 0; i < 3000; ++i) counts[sample_token(logits.data(), V, p, r2)]++;
+  for (int i = 0; i < 3000; ++i) counts[sample_token(logits.data(), V, p, i)]++;
   for (auto [tok, c] : counts) {
     EXPECT_TRUE(tok == order[0] || tok == order[1] || tok == order[2]) << tok;
   }
@@ -160,12 +159,18 @@ TEST(Sampler, GreedyTopKTopPAndSeeding) {
   // top_p smaller than the top token's mass keeps only the top token.
   p.top_k = 0;
   p.top_p = 1e-6f;
-  for (int i = 0; i < 50; ++i) EXPECT_EQ(sample_token(logits.data(), V, p, r2), order[0]);
-  // Same seed → same stream.
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(sample_token(logits.data(), V, p, i), order[0]);
+  // The draw depends only on (seed, step): the same pair gives the same token, another seed
+  // gives another stream.
   p.top_p = 1.0f;
-  std::mt19937_64 a(42), b(42);
-  for (int i = 0; i < 50; ++i)
-    EXPECT_EQ(sample_token(logits.data(), V, p, a), sample_token(logits.data(), V, p, b));
+  GenerationParams other = p;
+  other.seed = p.seed + 1;
+  int differ = 0;
+  for (int i = 0; i < 50; ++i) {
+    EXPECT_EQ(sample_token(logits.data(), V, p, i), sample_token(logits.data(), V, p, i));
+    differ += sample_token(logits.data(), V, p, i) != sample_token(logits.data(), V, other, i);
+  }
+  EXPECT_GT(differ, 0);
   auto bad = [&](auto mutate) {
     GenerationParams q;
     mutate(q);
@@ -174,7 +179,8 @@ TEST(Sampler, GreedyTopKTopPAndSeeding) {
   EXPECT_THROW(validate_sampling(bad([](GenerationParams& q) { q.temperature = -1; }), V),
                InputError);
   EXPECT_THROW(validate_sampling(bad([](GenerationParams& q) { q.top_p = 0; }), V), InputError);
-  EXPECT_THROW(validate_sampling(bad([](GenerationParams& q) { q.max_tokens = 0; }), V), InputError);
+  EXPECT_THROW(validate_sampling(bad([](GenerationParams& q) { q.max_tokens = 0; }), V),
+               InputError);
   EXPECT_THROW(
       validate_sampling(bad([&](GenerationParams& q) { q.stop_token_ids = {int32_t(V)}; }), V),
       InputError);
@@ -187,7 +193,7 @@ TEST(Engine, DecodeWithCacheEqualsFullRecompute) {
     auto eng = make_engine(model);
     const int64_t V = eng->config().vocab_size;
     auto prompt = random_prompt(rng, 5 + rng() % 20, V);
-    eng->add(greedy_request(1, prompt, 12));
+    eng->add(greedy_logged(1, prompt, 12));
     auto fin = run_to_completion(*eng);
     ASSERT_EQ(fin.size(), 1u);
     ASSERT_EQ(fin[0].tokens.size(), 12u);
@@ -208,7 +214,7 @@ TEST(Engine, BatchNeighboursChangeNothing) {
   auto alone = make_engine("qwen3_moe_tiny");
   const int64_t V = alone->config().vocab_size;
   auto prompt = random_prompt(rng, 20 + rng() % 30, V);
-  Request a = greedy_request(0, prompt, 10);
+  Request a = greedy_logged(0, prompt, 10);
   a.sampling.temperature = 0.8f;
   a.sampling.top_p = 0.9f;
   a.sampling.seed = rng();
@@ -216,7 +222,7 @@ TEST(Engine, BatchNeighboursChangeNothing) {
   auto ref = run_to_completion(*alone);
   auto busy = make_engine("qwen3_moe_tiny", 1, {.max_num_seqs = 3, .max_num_batched_tokens = 24});
   for (uint64_t id = 1; id <= 5; ++id) {
-    Request o = greedy_request(id, random_prompt(rng, 3 + rng() % 40, V), 2 + rng() % 12);
+    Request o = greedy_logged(id, random_prompt(rng, 3 + rng() % 40, V), 2 + rng() % 12);
     o.sampling.temperature = 1.0f;
     o.sampling.seed = rng();
     busy->add(o);
@@ -237,7 +243,7 @@ TEST(Engine, TensorParallelGenerationMatches) {
   std::vector<std::vector<float>> logits;
   for (int tp : {1, 2, 4}) {
     auto eng = make_engine("qwen2_moe_tiny", tp);
-    eng->add(greedy_request(0, prompt, 6));
+    eng->add(greedy_logged(0, prompt, 6));
     logits.push_back(run_to_completion(*eng)[0].logits);
   }
   for (size_t i = 1; i < logits.size(); ++i)
@@ -250,7 +256,7 @@ TEST(Engine, StopTokensMaxTokensAndSlotRefill) {
   auto eng = make_engine("qwen3_dense_tiny", 1, {.max_num_seqs = 2, .max_num_batched_tokens = 64});
   const int64_t V = eng->config().vocab_size;
   auto prompt = random_prompt(rng, 8, V);
-  eng->add(greedy_request(0, prompt, 8));
+  eng->add(greedy_logged(0, prompt, 8));
   auto free_run = run_to_completion(*eng);
   ASSERT_EQ(free_run[0].reason, FinishReason::Length);
   ASSERT_EQ(free_run[0].tokens.size(), 8u);
@@ -258,9 +264,9 @@ TEST(Engine, StopTokensMaxTokensAndSlotRefill) {
   const int32_t stop = free_run[0].tokens[3];
   size_t first = std::find(free_run[0].tokens.begin(), free_run[0].tokens.end(), stop) -
                  free_run[0].tokens.begin();
-  Request r = greedy_request(1, prompt, 8);
+  Request r = greedy_logged(1, prompt, 8);
   r.sampling.stop_token_ids = {stop};
-  for (uint64_t id = 10; id < 15; ++id) eng->add(greedy_request(id, random_prompt(rng, 4, V), 3));
+  for (uint64_t id = 10; id < 15; ++id) eng->add(greedy_logged(id, random_prompt(rng, 4, V), 3));
   eng->add(r);
   EXPECT_FALSE(eng->idle());
   size_t steps = 0;
@@ -273,7 +279,7 @@ TEST(Engine, StopTokensMaxTokensAndSlotRefill) {
   ASSERT_EQ(all.size(), 6u);
   for (const auto& f : all) {
     if (f.id == 1) {
-      EXPECT_EQ(f.reason, FinishReason::Stop);
+      EXPECT_EQ(f.reason, FinishReason::StopToken);
       EXPECT_EQ(f.tokens.size(), first + 1);
       EXPECT_EQ(f.tokens.back(), stop);
     } else {
@@ -286,10 +292,10 @@ TEST(Engine, StopTokensMaxTokensAndSlotRefill) {
 
 TEST(Engine, RejectsBadRequests) {
   auto eng = make_engine("qwen3_dense_tiny");
-  EXPECT_THROW(eng->add(greedy_request(0, {}, 4)), InputError);
-  EXPECT_THROW(eng->add(greedy_request(0, {1, 1024}, 4)), InputError);
-  EXPECT_THROW(eng->add(greedy_request(0, {1, -1}, 4)), InputError);
-  EXPECT_THROW(eng->add(greedy_request(0, {1}, 5000)), InputError);  // > max_position_embeddings
+  EXPECT_THROW(eng->add(greedy_logged(0, {}, 4)), InputError);
+  EXPECT_THROW(eng->add(greedy_logged(0, {1, 1024}, 4)), InputError);
+  EXPECT_THROW(eng->add(greedy_logged(0, {1, -1}, 4)), InputError);
+  EXPECT_THROW(eng->add(greedy_logged(0, {1}, 5000)), InputError);  // > max_position_embeddings
   EXPECT_TRUE(eng->idle());
   EXPECT_THROW(make_engine("qwen3_dense_tiny", 3), InputError);  // 8 heads over 3 ranks
 }
@@ -297,14 +303,14 @@ TEST(Engine, RejectsBadRequests) {
 TEST(Engine, MalformedCheckpointDirectoryIsClearError) {
   TempDir tmp;
   std::filesystem::copy_file(test_data_dir() + "/qwen3_moe_tiny/config.json",
-                             tmp.path() + "/config.json");
+                             tmp.path() / "config.json");
   // Truncated copy of the real weights file.
-  std::ifstream in(test_data_dir() + "/qwen3_moe_tiny/model.safetensors", std::ios::binary);
-  std::string bytes((std::istreambuf_iterator<char>(in)), {});
-  write_file(tmp.path() + "/model.safetensors", bytes.substr(0, bytes.size() / 2));
-  CpuBackendOptions o;
+  const std::string bytes = read_file(test_data_dir() + "/qwen3_moe_tiny/model.safetensors");
+  write_file(tmp.path() / "model.safetensors", bytes.substr(0, bytes.size() / 2));
+  EngineSpec spec;
+  spec.model = tmp.path().string();
   try {
-    CpuBackend b(tmp.path(), o);
+    make_engine(spec);
     FAIL() << "no error";
   } catch (const InputError& e) {
     std::string w = e.what();

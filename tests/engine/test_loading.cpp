@@ -12,12 +12,15 @@
 #include "engine/model_config.h"
 #include "engine/safetensors.h"
 #include "engine/weights.h"
-#include "tests/engine/test_util.h"
+#include "tests/common/files.h"
 
 namespace moebatch {
 namespace {
 
 using nlohmann::json;
+using test::TempDir;
+using test::test_data_dir;
+using test::write_file;
 
 json base_moe_config() {
   return json::parse(R"({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
@@ -110,7 +113,7 @@ TEST(ModelConfig, RejectsUnsupportedAndInvalidWithFieldName) {
 TEST(ModelConfig, FileErrors) {
   TempDir tmp;
   EXPECT_THROW(load_model_config(tmp.path()), InputError);  // missing
-  write_file(tmp.path() + "/config.json", "{not json");
+  write_file(tmp.path() / "config.json", "{not json");
   EXPECT_THROW(load_model_config(tmp.path()), InputError);
 }
 
@@ -140,10 +143,10 @@ TEST(Safetensors, ReadsValidFileAndRoundTripsWriter) {
   std::vector<float> a(12);
   for (auto& v : a) v = nd(rng);
   std::vector<int32_t> b = {1, -2, 3};
-  write_safetensors(tmp.path() + "/x.safetensors",
+  write_safetensors(tmp.path() / "x.safetensors",
                     {{"a", {3, 4}, DType::F32, std::as_bytes(std::span(a))},
                      {"b", {3}, DType::I32, std::as_bytes(std::span(b))}});
-  SafetensorsFile f(tmp.path() + "/x.safetensors");
+  SafetensorsFile f(tmp.path() / "x.safetensors");
   const auto& ta = f.at("a");
   EXPECT_EQ(ta.shape, (std::vector<int64_t>{3, 4}));
   for (int i = 0; i < 12; ++i) EXPECT_EQ(ta.get_f32(i), a[i]);
@@ -202,7 +205,7 @@ TEST(Safetensors, MalformedFilesGiveClearErrors) {
        "data_offsets"},
   };
   for (const auto& c : cases) {
-    std::string path = tmp.path() + "/" + c.label + ".safetensors";
+    const std::string path = tmp.file(std::string(c.label) + ".safetensors");
     write_file(path, c.bytes);
     try {
       SafetensorsFile f(path);
@@ -218,17 +221,17 @@ TEST(Safetensors, MalformedFilesGiveClearErrors) {
 TEST(Safetensors, ShardedIndex) {
   TempDir tmp;
   std::vector<float> a = {1, 2}, b = {3, 4, 5};
-  write_safetensors(tmp.path() + "/s1.safetensors",
+  write_safetensors(tmp.path() / "s1.safetensors",
                     {{"a", {2}, DType::F32, std::as_bytes(std::span(a))}});
-  write_safetensors(tmp.path() + "/s2.safetensors",
+  write_safetensors(tmp.path() / "s2.safetensors",
                     {{"b", {3}, DType::F32, std::as_bytes(std::span(b))}});
-  write_file(tmp.path() + "/model.safetensors.index.json",
+  write_file(tmp.path() / "model.safetensors.index.json",
              R"({"metadata": {}, "weight_map": {"a": "s1.safetensors", "b": "s2.safetensors"}})");
   Checkpoint ck(tmp.path());
   EXPECT_EQ(ck.at("b").get_f32(2), 5.0f);
   EXPECT_EQ(ck.at("a").get_f32(0), 1.0f);
   EXPECT_THROW(ck.at("zz"), InputError);
-  write_file(tmp.path() + "/model.safetensors.index.json",
+  write_file(tmp.path() / "model.safetensors.index.json",
              R"({"weight_map": {"a": "../etc/passwd"}})");
   EXPECT_THROW(Checkpoint{tmp.path()}, InputError);
 }
@@ -252,7 +255,7 @@ TEST(Weights, ShapeMismatchNamesTensorExpectedAndActual) {
 TEST(Weights, MissingTensorIsNamed) {
   TempDir tmp;
   std::vector<float> a = {1, 2};
-  write_safetensors(tmp.path() + "/model.safetensors",
+  write_safetensors(tmp.path() / "model.safetensors",
                     {{"x", {2}, DType::F32, std::as_bytes(std::span(a))}});
   Checkpoint ck(tmp.path());
   auto cfg = load_model_config(test_data_dir() + "/qwen3_moe_tiny");
@@ -277,9 +280,10 @@ TEST(Weights, ShardsReassembleToFullModel) {
   const int64_t H = cfg.hidden_size, hd = cfg.head_dim;
   for (int r = 0; r < world; ++r) {
     const auto& S = shards[r].layers[1];
-    const int64_t qr = S.wq.shape[0];
-    for (int64_t i = 0; i < qr * H; ++i) ASSERT_EQ(S.wq.data[i], L.wq.data[r * qr * H + i]);
-    for (int64_t i = 0; i < qr; ++i) ASSERT_EQ(S.bq.data[i], L.bq.data[r * qr + i]);
+    // q rows lead the fused wqkv matrix: a shard's q heads are its slice of the full q rows
+    const int64_t qr = cfg.num_heads / world * hd;
+    for (int64_t i = 0; i < qr * H; ++i) ASSERT_EQ(S.wqkv.data[i], L.wqkv.data[r * qr * H + i]);
+    for (int64_t i = 0; i < qr; ++i) ASSERT_EQ(S.bqkv.data[i], L.bqkv.data[r * qr + i]);
     const int64_t oc = S.wo.shape[1];
     for (int64_t h = 0; h < H; ++h)
       for (int64_t c = 0; c < oc; ++c)

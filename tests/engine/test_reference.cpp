@@ -47,6 +47,7 @@ TEST_P(Fixture, GreedyMatchesReferenceUntilNearTie) {
     Request q;
     q.id = i;
     q.prompt = r.prompt;
+    q.sampling.temperature = 0.0f;
     q.sampling.max_tokens = static_cast<int64_t>(r.greedy.size());
     eng->add(q);
     auto fin = run_to_completion(*eng);

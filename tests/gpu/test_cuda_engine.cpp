@@ -1,17 +1,26 @@
 // The CUDA engine on one GPU: every fixture against its float64 oracle (bf16 tolerance, compared
 // only up to the first router near-tie), GPU against the CPU engine on fresh random prompts,
 // decode-with-cache against full recompute, batch invariance, graph replay against eager,
-// device sampling, the memory plan's error, and the q/k/v bias kernel. Skips without a GPU.
+// device sampling, the memory plan's error and info(), and the q/k/v bias kernel (these skip
+// without a GPU); the option checks, the weight-format dispatch and the rank threads run
+// everywhere.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <random>
+#include <stdexcept>
 #include <string>
+#include <thread>
 
 #include "common/error.h"
 #include "engine/cuda/cuda_backend.h"
+#include "engine/cuda/linear.h"
+#include "engine/cuda/rank_threads.h"
+#include "engine/engine.h"
 #include "kernels/gemm.cuh"
+#include "tests/common/prompts.h"
 #include "tests/engine/reference.h"
 #include "tests/gpu/gpu_test_util.h"
 
@@ -25,8 +34,8 @@ constexpr float kGreedyMargin = 1e-1f;
 // Per-position ‖gpu − ref‖ / ‖ref‖ of the logits (bf16 storage: ~1e-2 expected).
 constexpr double kRelTol = 3e-2;
 
-const std::vector<std::string> kFixtures = {"qwen3_moe_tiny", "qwen2_moe_tiny",
-                                            "qwen3_dense_tiny", "qwen3_moe_tiny_fp8"};
+const std::vector<std::string> kFixtures = {"qwen3_moe_tiny", "qwen2_moe_tiny", "qwen3_dense_tiny",
+                                            "qwen3_moe_tiny_fp8"};
 
 bool have_gpu() {
   int n = 0;
@@ -44,34 +53,30 @@ CudaBackendOptions small_options(bool graphs = true) {
   return o;
 }
 
+// The same capacities through the factory, as the CLI and the service build engines.
 std::unique_ptr<Engine> gpu_engine(const std::string& model, bool graphs = true) {
-  EngineOptions eo;
-  eo.max_num_seqs = 8;
-  eo.max_num_batched_tokens = 64;
-  auto be = std::make_unique<CudaBackend>(test_data_dir() + "/" + model, small_options(graphs));
-  return std::make_unique<Engine>(std::move(be), eo);
+  const CudaBackendOptions o = small_options(graphs);
+  EngineSpec spec = fixture_spec(
+      model, 1,
+      {.max_num_seqs = o.max_num_seqs, .max_num_batched_tokens = o.max_num_batched_tokens});
+  spec.backend = "cuda";
+  spec.kv_cache_bytes = o.max_kv_cache_bytes;
+  spec.cuda_graphs = o.cuda_graphs;
+  return make_engine(spec).engine;
 }
 
-std::vector<int32_t> random_prompt(std::mt19937& rng, size_t len, int64_t vocab) {
-  std::vector<int32_t> p(len);
-  for (auto& t : p) t = static_cast<int32_t>(rng() % vocab);
-  return p;
-}
+using test::random_prompt;
 
 Request request(uint64_t id, std::vector<int32_t> prompt, int64_t max_tokens, bool keep) {
-  Request r;
-  r.id = id;
-  r.prompt = std::move(prompt);
-  r.sampling.max_tokens = max_tokens;
-  r.keep_logits = keep;
-  return r;
+  return greedy_request(id, std::move(prompt), max_tokens, keep);
 }
 
 // Per-row relative errors of two [rows, V] logits blocks; NaN rows give +inf.
 std::vector<double> row_errors(const std::vector<float>& got, const std::vector<float>& ref,
                                int64_t V) {
   std::vector<double> e;
-  for (size_t r = 0; r * V < ref.size(); ++r) e.push_back(rel_err(got.data() + r * V, ref.data() + r * V, V));
+  for (size_t r = 0; r * V < ref.size(); ++r)
+    e.push_back(rel_err(got.data() + r * V, ref.data() + r * V, V));
   return e;
 }
 
@@ -215,8 +220,10 @@ TEST_P(CudaFixture, BatchInvariance) {
 // bitwise equal logits and tokens.
 TEST_P(CudaFixture, GraphReplayEqualsEager) {
   std::mt19937 rng(std::random_device{}());
-  auto graphs = std::make_unique<CudaBackend>(test_data_dir() + "/" + GetParam(), small_options(true));
-  auto eager = std::make_unique<CudaBackend>(test_data_dir() + "/" + GetParam(), small_options(false));
+  auto graphs =
+      std::make_unique<CudaBackend>(test_data_dir() + "/" + GetParam(), small_options(true));
+  auto eager =
+      std::make_unique<CudaBackend>(test_data_dir() + "/" + GetParam(), small_options(false));
   CudaBackend* g = graphs.get();
   CudaBackend* e = eager.get();
   EngineOptions eo;
@@ -263,8 +270,10 @@ TEST_P(CudaFixture, DeviceSamplingMatchesHost) {
     auto f = run_to_completion(*b);
     ASSERT_EQ(f.size(), 1u);
     for (int32_t t : f[0].tokens) EXPECT_TRUE(t >= 0 && t < V);
-    if (rep == 0) first = f[0].tokens;
-    else EXPECT_EQ(f[0].tokens, first) << "same seed, different tokens";
+    if (rep == 0)
+      first = f[0].tokens;
+    else
+      EXPECT_EQ(f[0].tokens, first) << "same seed, different tokens";
   }
 }
 
@@ -283,6 +292,113 @@ TEST(CudaBackendMemory, OutOfMemoryAtStartNamesTheNumbers) {
     EXPECT_NE(msg.find("out of GPU memory"), std::string::npos) << msg;
     EXPECT_NE(msg.find("weights"), std::string::npos) << msg;
     EXPECT_NE(msg.find("GiB"), std::string::npos) << msg;
+  }
+}
+
+// info(): one device, its memory as planned, KV bytes per token from the model's shape.
+TEST(CudaBackendInfo, ReportsPerDeviceNumbers) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  CudaBackend be(test_data_dir() + "/qwen3_moe_tiny", small_options());
+  const ModelConfig& mc = be.config();
+  const BackendInfo& info = be.info();
+  EXPECT_NE(info.description.find("cuda tp=1 on cuda:0"), std::string::npos) << info.description;
+  EXPECT_NE(info.description.find("bf16"), std::string::npos) << info.description;
+  EXPECT_EQ(info.block_size, 16);
+  EXPECT_GT(info.kv_blocks, 0);
+  EXPECT_EQ(info.kv_blocks, be.memory_plan().kv_blocks);
+  EXPECT_EQ(info.kv_bytes_per_token, mc.num_kv_layers() * 2 * mc.num_kv_heads * mc.head_dim * 2);
+  EXPECT_EQ(info.state_slots, 0);
+  EXPECT_EQ(info.max_model_len, mc.max_position_embeddings);
+  ASSERT_EQ(info.devices.size(), 1u);
+  const DeviceUsage& d = info.devices[0];
+  EXPECT_EQ(d.device, "cuda:0");
+  EXPECT_EQ(d.weight_bytes, static_cast<int64_t>(be.memory_plan().weights));
+  EXPECT_EQ(info.weight_bytes(), d.weight_bytes);
+  EXPECT_GT(d.weight_bytes, 0);
+  // the pool holds the engine's blocks plus the scratch block of padded decode rows
+  EXPECT_EQ(d.kv_bytes, (info.kv_blocks + 1) * info.block_size * info.kv_bytes_per_token);
+  EXPECT_LE(d.kv_bytes, 64 << 20);  // small_options caps the pool
+  EXPECT_EQ(d.state_bytes, 0);
+  EXPECT_GT(d.activation_bytes, 0);
+  EXPECT_GE(d.total_bytes, d.weight_bytes + d.kv_bytes + d.activation_bytes);
+}
+
+// More than one rank without a communicator, or with expert-parallel MoE, is refused before
+// any device is touched (runs without a GPU).
+TEST(CudaBackendOptionsCheck, TensorParallelNeedsCommunicator) {
+  CudaBackendOptions o = small_options();
+  o.tensor_parallel_size = 2;
+  try {
+    CudaBackend be(test_data_dir() + "/qwen3_moe_tiny", o);
+    FAIL() << "expected an InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("NCCL communicator"), std::string::npos) << e.what();
+  }
+  struct TwoRanks final : Communicator {
+    int world() const override { return 2; }
+    void all_reduce_sum(int, void*, size_t, CommDType, CommStream) override {}
+    void all_gather(int, const void*, void*, size_t, CommDType, CommStream) override {}
+  } comm;
+  o.comm = &comm;
+  o.expert_split = ExpertSplit::Expert;
+  EXPECT_THROW(CudaBackend(test_data_dir() + "/qwen3_moe_tiny", o), InputError);
+  o.devices = {0, 0};
+  o.expert_split = ExpertSplit::Intermediate;
+  EXPECT_THROW(CudaBackend(test_data_dir() + "/qwen3_moe_tiny", o), InputError);
+}
+
+// A weight format without a kernel fails loudly in the GEMM dispatch, naming the format (no
+// device work happens before the check).
+TEST(CudaWeightFormats, UnsupportedFormatNamesIt) {
+  DeviceTensor w;
+  w.format = WeightFormat::F32;
+  w.shape = {16, 32};
+  try {
+    linear(GemmContext{}, static_cast<bf16*>(nullptr), nullptr, w, 1);
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("f32"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(w.as_bf16(), Error);
+  w.shape = {4, 32, 32};
+  kernels::MoeGemmParams p;
+  p.num_experts = 4;
+  p.n = 32;
+  p.k = 32;
+  EXPECT_THROW(expert_gemm(p, w, nullptr), Error);
+  EXPECT_EQ(w.bytes(), 4u * 32 * 32 * 4);
+}
+
+// Rank threads: every rank runs once per run_all on its own thread (the caller's with one),
+// the first exception comes back after all ranks ran, and start/stop cycles are clean.
+TEST(RankThreadsTest, RunsEveryRankAndRethrows) {
+  for (int cycle = 0; cycle < 20; ++cycle) {
+    for (int n : {1, 2, 4}) {
+      RankThreads threads(n);
+      ASSERT_EQ(threads.size(), n);
+      for (int step = 0; step < 5; ++step) {
+        std::vector<int> hits(n, 0);
+        std::vector<std::thread::id> ids(n);
+        threads.run_all([&](int r) {
+          ++hits[r];
+          ids[r] = std::this_thread::get_id();
+        });
+        for (int r = 0; r < n; ++r) EXPECT_EQ(hits[r], 1);
+        if (n == 1) {
+          EXPECT_EQ(ids[0], std::this_thread::get_id());
+        }
+        for (int r = 1; r < n; ++r) EXPECT_NE(ids[r], ids[0]);
+      }
+      std::atomic<int> ran{0};
+      EXPECT_THROW(threads.run_all([&](int r) {
+        ++ran;
+        if (r == n - 1) throw std::runtime_error("rank failed");
+      }),
+                   std::runtime_error);
+      EXPECT_EQ(ran.load(), n);
+      threads.run_all([&](int) { ++ran; });  // still usable after a failure
+      EXPECT_EQ(ran.load(), 2 * n);
+    }
   }
 }
 

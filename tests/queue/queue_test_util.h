@@ -1,12 +1,10 @@
-// Helpers shared by the queue tests: a temporary directory that is removed afterwards, and a
-// store factory over a real SQLite file with a manual clock.
+// Helpers shared by the queue, ZeroMQ and service tests: options for a store over a real SQLite
+// file (with a manual clock where a test moves time), and a minimal job.
 #pragma once
-
-#include <unistd.h>
 
 #include <filesystem>
 #include <memory>
-#include <random>
+#include <optional>
 #include <string>
 
 #include "queue/clock.h"
@@ -14,34 +12,12 @@
 
 namespace moebatch::test {
 
-/// A fresh directory under the system temp dir, deleted with its contents on destruction.
-class TempDir {
- public:
-  TempDir() {
-    std::random_device rd;
-    path_ = std::filesystem::temp_directory_path() /
-            ("moebatch-queue-test-" + std::to_string(::getpid()) + "-" + std::to_string(rd()));
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  /// The directory.
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
-
-/// Options for a store on path driven by clock.
+/// Options for a store on path driven by clock (the system clock unless given).
 inline StoreOptions store_options(const std::filesystem::path& path,
-                                  std::shared_ptr<const Clock> clock) {
+                                  std::shared_ptr<const Clock> clock = nullptr) {
   StoreOptions o;
   o.path = path;
-  o.clock = std::move(clock);
+  if (clock) o.clock = std::move(clock);
   return o;
 }
 

@@ -2,14 +2,12 @@
 // example works verbatim, invalid rows become failed with a reason naming the column, and the
 // database constraints reject what the contract says they reject.
 #include <gtest/gtest.h>
-#include <sqlite3.h>
-
-#include <fstream>
-#include <sstream>
 
 #include "queue/job_store.h"
 #include "queue/schema.h"
-#include "queue_test_util.h"
+#include "tests/common/files.h"
+#include "tests/common/sqlite.h"
+#include "tests/queue/queue_test_util.h"
 
 namespace moebatch {
 namespace {
@@ -18,42 +16,19 @@ using std::chrono::milliseconds;
 using test::store_options;
 using test::TempDir;
 
-// A separate raw connection, as an external producer would have.
-class Producer {
- public:
-  explicit Producer(const std::filesystem::path& path) {
-    EXPECT_EQ(sqlite3_open(path.c_str(), &db_), SQLITE_OK);
-    sqlite3_busy_timeout(db_, 5000);
-  }
-  ~Producer() { sqlite3_close(db_); }
-  /// Runs sql; returns the SQLite error message, empty on success.
-  std::string exec(const std::string& sql) {
-    char* err = nullptr;
-    int rc = sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err);
-    std::string msg = rc == SQLITE_OK ? "" : (err ? err : "error");
-    sqlite3_free(err);
-    return msg;
-  }
-
- private:
-  sqlite3* db_ = nullptr;
-};
-
 class ExternalRowsTest : public ::testing::Test {
  protected:
   TempDir dir;
   std::filesystem::path db = dir.path() / "jobs.db";
   std::shared_ptr<SystemClock> clock = std::make_shared<SystemClock>();
   JobStore store{store_options(db, clock)};
-  Producer producer{db};
+  test::SqlConnection producer{db};  // a separate raw connection, as an external producer has
 };
 
 TEST_F(ExternalRowsTest, DocumentedExampleIsInTheReadmeVerbatim) {
-  std::ifstream in(std::string(MOEBATCH_SOURCE_DIR) + "/schemas/README.md");
-  ASSERT_TRUE(in) << "schemas/README.md not found";
-  std::stringstream ss;
-  ss << in.rdbuf();
-  EXPECT_NE(ss.str().find(std::string(external_insert_example_sql())), std::string::npos)
+  const std::string readme = test::read_file(test::source_dir() + "/schemas/README.md");
+  ASSERT_FALSE(readme.empty()) << "schemas/README.md not found";
+  EXPECT_NE(readme.find(std::string(external_insert_example_sql())), std::string::npos)
       << "schemas/README.md no longer contains example_external_insert.sql verbatim";
 }
 

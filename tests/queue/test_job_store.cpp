@@ -2,9 +2,12 @@
 // retries, cancellation, stats and change detection. Time moves through a ManualClock.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "common/error.h"
 #include "queue/job_store.h"
-#include "queue_test_util.h"
+#include "tests/common/files.h"
+#include "tests/queue/queue_test_util.h"
 
 namespace moebatch {
 namespace {

@@ -2,12 +2,13 @@
 // migrated forward on open with its data intact; newer-than-known files are refused; the
 // migration list itself is checked for order.
 #include <gtest/gtest.h>
-#include <sqlite3.h>
 
 #include "common/error.h"
 #include "queue/job_store.h"
 #include "queue/schema.h"
-#include "queue_test_util.h"
+#include "tests/common/files.h"
+#include "tests/common/sqlite.h"
+#include "tests/queue/queue_test_util.h"
 
 namespace moebatch {
 namespace {
@@ -41,21 +42,10 @@ INSERT INTO jobs (client_key, prompt, state, result_text, prompt_tokens, complet
 PRAGMA user_version = 1;
 )sql";
 
-void exec_raw(const std::filesystem::path& path, const std::string& sql) {
-  sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
-  char* err = nullptr;
-  int rc = sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &err);
-  std::string msg = err ? err : "";
-  sqlite3_free(err);
-  sqlite3_close(db);
-  ASSERT_EQ(rc, SQLITE_OK) << msg;
-}
-
 TEST(Migration, VersionOneDatabaseIsUpgradedWithDataIntact) {
   TempDir dir;
   auto db = dir.path() / "v1.db";
-  exec_raw(db, kV1Schema);
+  ASSERT_EQ(test::exec_sql(db, kV1Schema), "");
   auto clock = std::make_shared<ManualClock>(10'000);
   JobStore store(store_options(db, clock));
   EXPECT_EQ(store.schema_version(), JobStore::schema_version_latest());
@@ -86,7 +76,9 @@ TEST(Migration, VersionOneDatabaseIsUpgradedWithDataIntact) {
 TEST(Migration, NewerSchemaIsRefused) {
   TempDir dir;
   auto db = dir.path() / "future.db";
-  exec_raw(db, "PRAGMA user_version = " + std::to_string(JobStore::schema_version_latest() + 1));
+  ASSERT_EQ(test::exec_sql(db, "PRAGMA user_version = " +
+                                   std::to_string(JobStore::schema_version_latest() + 1)),
+            "");
   try {
     JobStore store(store_options(db, std::make_shared<SystemClock>()));
     FAIL() << "opened a newer schema";

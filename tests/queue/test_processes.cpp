@@ -9,8 +9,9 @@
 #include <sstream>
 
 #include "queue/job_store.h"
-#include "queue_test_util.h"
-#include "subprocess.h"
+#include "tests/common/files.h"
+#include "tests/common/subprocess.h"
+#include "tests/queue/queue_test_util.h"
 
 namespace moebatch {
 namespace {
@@ -62,8 +63,7 @@ TEST(Processes, ConcurrentProducersLoseNothingAndDuplicateNothing) {
     }
     for (auto& p : producers) {
       if (p && !p->read_line(5).empty()) {
-        int status = p->wait();
-        statuses_ok += WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        statuses_ok += p->wait() == 0;
         p.reset();
         ++exited;
       }
@@ -109,8 +109,7 @@ TEST(Processes, KilledWorkersJobsRunAgainWithExactlyOneResult) {
   }
   ASSERT_EQ(held.size(), 6u);
   worker.signal(SIGKILL);
-  int status = worker.wait();
-  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+  ASSERT_EQ(worker.wait(), -SIGKILL);
 
   // Before the lease ends only the 4 unleased jobs are available.
   auto first = store.claim("survivor", 100, milliseconds(60000));

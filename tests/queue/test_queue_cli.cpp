@@ -2,21 +2,21 @@
 // cancel, stats, export and demo, checking exit codes, messages and the database they leave.
 #include <gtest/gtest.h>
 
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "queue/job_store.h"
-#include "queue_test_util.h"
-#include "subprocess.h"
+#include "tests/common/files.h"
+#include "tests/common/subprocess.h"
+#include "tests/queue/queue_test_util.h"
 
 namespace moebatch {
 namespace {
 
 using nlohmann::json;
 using std::chrono::milliseconds;
-using test::run_command;
+using test::run_cli;
 using test::RunResult;
 using test::TempDir;
 
@@ -27,21 +27,15 @@ class QueueCli : public ::testing::Test {
   std::string db = (dir.path() / "nested" / "jobs.db").string();
 
   RunResult mb(std::vector<std::string> args) {
-    args.insert(args.begin(), MOEBATCH_BIN);
     args.push_back("--db");
     args.push_back(db);
-    return run_command(args);
+    return run_cli(args);
   }
   std::string write_file(const std::string& name, const std::string& text) {
-    auto p = dir.path() / name;
-    std::ofstream(p) << text;
-    return p.string();
+    test::write_file(dir.path() / name, text);
+    return dir.file(name);
   }
-  JobStore store() {
-    StoreOptions o;
-    o.path = db;
-    return JobStore(o);
-  }
+  JobStore store() { return JobStore(test::store_options(db)); }
 };
 
 std::string chat_line(const std::string& id, const std::string& body_extra = "") {
@@ -191,8 +185,8 @@ TEST_F(QueueCli, ImportRunExportRoundTrip) {
 }
 
 TEST(QueueCliDemo, RunsToCompletionWithoutInventingOutput) {
-  RunResult r = run_command({MOEBATCH_BIN, "queue-demo", "--file",
-                             std::string(MOEBATCH_SOURCE_DIR) + "/examples/demo_batch.jsonl"});
+  RunResult r =
+      run_cli({"queue-demo", "--file", test::source_dir() + "/examples/demo_batch.jsonl"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("Generation arrives with the engine"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("rejected, it no longer holds the lease"), std::string::npos) << r.out;

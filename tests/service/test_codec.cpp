@@ -4,13 +4,14 @@
 
 #include "engine/tokenizer/tokenizer.h"
 #include "service/job_codec.h"
+#include "tests/common/files.h"
 
 namespace moebatch {
 namespace {
 
 const Tokenizer& tok() {
   static const Tokenizer t =
-      Tokenizer::from_dir(std::filesystem::path(MOEBATCH_TEST_DATA) / "qwen3-tokenizer");
+      Tokenizer::from_dir(std::filesystem::path(test::test_data_dir()) / "qwen3-tokenizer");
   return t;
 }
 

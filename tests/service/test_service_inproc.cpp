@@ -5,13 +5,16 @@
 
 #include <atomic>
 #include <ctime>
-#include <functional>
 #include <thread>
 
 #include "queue/job_store.h"
 #include "service/service.h"
 #include "service/service_db.h"
-#include "test_util.h"
+#include "tests/common/files.h"
+#include "tests/common/sqlite.h"
+#include "tests/common/wait.h"
+#include "tests/queue/queue_test_util.h"
+#include "tests/service/test_util.h"
 
 namespace moebatch {
 namespace {
@@ -80,25 +83,14 @@ bool wait_final(JobStore& store, int64_t expected_final, std::chrono::seconds ti
   return false;
 }
 
-bool wait_until(const std::function<bool()>& pred) {
-  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (std::chrono::steady_clock::now() < end) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return false;
-}
-
 TEST(ServiceInProc, SubmitToDoneWithLatencyRowsHealthAndMetrics) {
   test::TempDir dir;
-  ServiceConfig cfg = base_config(dir.path);
-  std::vector<std::pair<int64_t, std::string>> finals;
+  ServiceConfig cfg = base_config(dir.path());
+  std::vector<std::pair<int64_t, JobState>> finals;
   ServiceHooks hooks;
   hooks.on_final = [&](const FinalNotice& n) { finals.emplace_back(n.job_id, n.state); };
   Running run(cfg, hooks);
-  StoreOptions so;
-  so.path = cfg.db;
-  JobStore store(so);
+  JobStore store(test::store_options(cfg.db));
   std::vector<JobSpec> specs;
   for (int i = 0; i < 12; ++i) specs.push_back(spec("Tell me about item " + std::to_string(i), 6));
   specs[3].prompt_kind = PromptKind::Chat;
@@ -127,32 +119,29 @@ TEST(ServiceInProc, SubmitToDoneWithLatencyRowsHealthAndMetrics) {
                             "queue_wait_ms AND ttft_ms IS NOT NULL AND decode_ms >= 0"),
             12);
   EXPECT_EQ(finals.size(), 12u);
+  for (const auto& [id, state] : finals) EXPECT_EQ(state, JobState::Done) << "job " << id;
   // The chat job's prompt was rendered with the template: many more tokens than its text.
   EXPECT_GT(test::query_i64(cfg.db, "SELECT prompt_tokens FROM jobs WHERE id = 4"), 5);
 }
 
 TEST(ServiceInProc, BadJobsFailAloneWithAReason) {
   test::TempDir dir;
-  ServiceConfig cfg = base_config(dir.path);
+  ServiceConfig cfg = base_config(dir.path());
   cfg.max_model_len = 64;
-  {
-    StoreOptions so;
-    so.path = cfg.db;
-    JobStore create(so);
-  }
+  { JobStore create(test::store_options(cfg.db)); }
   // External producers: good rows around bad ones (too long for the context, malformed stop
   // list, non-array chat, negative max_tokens).
-  test::exec_sql(cfg.db,
-                 "INSERT INTO jobs (prompt, max_tokens, temperature) VALUES ('good one', 4, 0);"
-                 "INSERT INTO jobs (prompt, max_tokens) VALUES ('too long for the context', 200);"
-                 "INSERT INTO jobs (prompt, stop) VALUES ('bad stop', '[1,2]');"
-                 "INSERT INTO jobs (prompt, prompt_kind) VALUES ('{\"a\":1}', 'chat');"
-                 "INSERT INTO jobs (prompt, max_tokens) VALUES ('negative', -5);"
-                 "INSERT INTO jobs (prompt, max_tokens, temperature) VALUES ('good two', 4, 0);");
+  ASSERT_EQ(test::exec_sql(
+                cfg.db,
+                "INSERT INTO jobs (prompt, max_tokens, temperature) VALUES ('good one', 4, 0);"
+                "INSERT INTO jobs (prompt, max_tokens) VALUES ('too long for the context', 200);"
+                "INSERT INTO jobs (prompt, stop) VALUES ('bad stop', '[1,2]');"
+                "INSERT INTO jobs (prompt, prompt_kind) VALUES ('{\"a\":1}', 'chat');"
+                "INSERT INTO jobs (prompt, max_tokens) VALUES ('negative', -5);"
+                "INSERT INTO jobs (prompt, max_tokens, temperature) VALUES ('good two', 4, 0);"),
+            "");
   Running run(cfg);
-  StoreOptions so;
-  so.path = cfg.db;
-  JobStore store(so);
+  JobStore store(test::store_options(cfg.db));
   ASSERT_TRUE(wait_final(store, 6, std::chrono::seconds(60)));
   EXPECT_EQ(run.stop(), 0);
   EXPECT_EQ(store.get(1)->state, JobState::Done);
@@ -168,13 +157,11 @@ TEST(ServiceInProc, BadJobsFailAloneWithAReason) {
 
 TEST(ServiceInProc, HigherPriorityRunsFirstAndStaticBatchingCompletes) {
   test::TempDir dir;
-  ServiceConfig cfg = base_config(dir.path);
+  ServiceConfig cfg = base_config(dir.path());
   cfg.max_num_seqs = 2;
   cfg.batching = BatchingMode::Static;
   cfg.static_batch_wait_ms = 20;
-  StoreOptions so;
-  so.path = cfg.db;
-  JobStore store(so);
+  JobStore store(test::store_options(cfg.db));
   std::vector<JobSpec> specs;
   for (int i = 0; i < 9; ++i) specs.push_back(spec("low " + std::to_string(i), 3));
   specs.push_back(spec("urgent", 3, 10));
@@ -204,18 +191,16 @@ TEST(ServiceInProc, NightlyCycleUnderLoadLosesAndDuplicatesNothing) {
   auto clock = std::make_shared<OffsetClock>(0);
   clock->place_at(target - 60000);
 
-  ServiceConfig cfg = base_config(dir.path);
+  ServiceConfig cfg = base_config(dir.path());
   cfg.restart_at = "03:00";
   cfg.drain_timeout_s = 0;  // force the requeue path for whatever is in flight at 03:00
   ServiceHooks hooks;
   hooks.clock = clock;
-  StoreOptions so;
-  so.path = cfg.db;
-  so.clock = clock;
-  JobStore store(so);
+  JobStore store(test::store_options(cfg.db, clock));
   Running run(cfg, hooks);
   ASSERT_TRUE(
-      wait_until([&] { return test::http_get(run.svc.http_port(), "/health").first == 200; }));
+      test::wait_until([&] { return test::http_get(run.svc.http_port(), "/health").first == 200; },
+                       std::chrono::seconds(30)));
   clock->place_at(target);
   // Jobs before, during and after the cycle.
   int64_t submitted = 0;
@@ -243,6 +228,73 @@ TEST(ServiceInProc, NightlyCycleUnderLoadLosesAndDuplicatesNothing) {
   EXPECT_EQ(test::query_i64(cfg.db, "SELECT count(*) FROM job_latency"), submitted);
   // A requeued job keeps its attempt count: released, not failed.
   EXPECT_EQ(test::query_i64(cfg.db, "SELECT max(attempts) FROM jobs"), 1);
+}
+
+// A stop string that the text reaches early ends generation at that step: few completion
+// tokens, the stop string absent from the text, finish_reason "stop".
+TEST(ServiceInProc, StopStringEndsGenerationEarly) {
+  test::TempDir dir;
+  ServiceConfig cfg = base_config(dir.path());
+  Running run(cfg);
+  JobStore store(test::store_options(cfg.db));
+  const int64_t free_id = store.submit(spec("Write about the sea", 48)).id;
+  ASSERT_TRUE(wait_final(store, 1, std::chrono::seconds(60)));
+  const JobResult free_run = *store.get(free_id)->result;
+  ASSERT_EQ(free_run.completion_tokens, 48);
+  // A stop string cut from the free run's text after its first quarter (on a UTF-8 boundary).
+  size_t at = free_run.text.size() / 4;
+  while (at < free_run.text.size() &&
+         (static_cast<unsigned char>(free_run.text[at]) & 0xC0) == 0x80)
+    ++at;
+  size_t len = 1;
+  while (at + len < free_run.text.size() &&
+         (static_cast<unsigned char>(free_run.text[at + len]) & 0xC0) == 0x80)
+    ++len;
+  ASSERT_LT(at + len, free_run.text.size()) << free_run.text;
+  const std::string stop = free_run.text.substr(at, len);
+  const size_t first = free_run.text.find(stop);  // the earliest occurrence ends it
+  JobSpec s = spec("Write about the sea", 48);
+  s.sampling.stop = {stop};
+  const int64_t id = store.submit(s).id;
+  ASSERT_TRUE(wait_final(store, 2, std::chrono::seconds(60)));
+  const Job job = *store.get(id);
+  ASSERT_EQ(job.state, JobState::Done);
+  EXPECT_EQ(job.result->finish_reason, "stop");
+  EXPECT_EQ(job.result->text, free_run.text.substr(0, first));
+  EXPECT_EQ(job.result->text.find(stop), std::string::npos);
+  EXPECT_LT(job.result->completion_tokens, 40)
+      << "generation ended at the match, not at max_tokens";
+  EXPECT_GE(job.result->completion_tokens, 1);
+}
+
+// Cancelling a running job takes it out of the engine within a second, and its slot serves
+// the next job.
+TEST(ServiceInProc, CancelledRunningJobLeavesTheEngineAndFreesItsSlot) {
+  test::TempDir dir;
+  ServiceConfig cfg = base_config(dir.path());
+  cfg.max_num_seqs = 1;  // one slot: the next job runs only once the cancelled one is gone
+  Running run(cfg);
+  JobStore store(test::store_options(cfg.db));
+  const int64_t long_id = store.submit(spec("A very long story", 3000)).id;
+  auto active = [&] {
+    const auto [status, body] = test::http_get(run.svc.http_port(), "/metrics");
+    const std::string key = "\nmoebatch_engine_active_sequences ";  // the sample, not # HELP
+    const size_t p = body.find(key);
+    return p == std::string::npos ? -1 : std::stoi(body.substr(p + key.size()));
+  };
+  ASSERT_TRUE(test::wait_until([&] { return active() == 1; }, std::chrono::seconds(30)));
+  const int64_t next_id = store.submit(spec("Short one", 4)).id;
+  ASSERT_TRUE(store.cancel(long_id));
+  const auto cancelled_at = std::chrono::steady_clock::now();
+  ASSERT_TRUE(
+      test::wait_until([&] { return active() == 0 || store.get(next_id)->state == JobState::Done; },
+                       std::chrono::seconds(5)));
+  EXPECT_LT(std::chrono::steady_clock::now() - cancelled_at, std::chrono::seconds(1));
+  ASSERT_TRUE(test::wait_until([&] { return store.get(next_id)->state == JobState::Done; },
+                               std::chrono::seconds(30)));
+  const Job cancelled = *store.get(long_id);
+  EXPECT_EQ(cancelled.state, JobState::Cancelled);
+  EXPECT_FALSE(cancelled.result.has_value());
 }
 
 }  // namespace

@@ -8,9 +8,14 @@
 #include <cstdlib>
 #include <thread>
 
+#include "engine/device_query.h"
 #include "queue/job_store.h"
-#include "service/gpu_memory.h"
-#include "test_util.h"
+#include "tests/common/files.h"
+#include "tests/common/sqlite.h"
+#include "tests/common/subprocess.h"
+#include "tests/common/wait.h"
+#include "tests/queue/queue_test_util.h"
+#include "tests/service/test_util.h"
 
 namespace moebatch {
 namespace {
@@ -45,13 +50,13 @@ struct Daemon {
                                   "--threads",
                                   "2",
                                   "--tokenizer",
-                                  std::string(MOEBATCH_TEST_DATA) + "/qwen3-tokenizer"};
+                                  test::test_data_dir() + "/qwen3-tokenizer"};
     a.insert(a.end(), extra.begin(), extra.end());
     return a;
   }
   test::Child start(int n = 0) {
     std::filesystem::remove(ready);
-    return test::Child::spawn(args(), dir / ("daemon" + std::to_string(n) + ".log"));
+    return test::Child(args(), dir / ("daemon" + std::to_string(n) + ".log"));
   }
 };
 
@@ -63,39 +68,37 @@ Daemon make_daemon(const std::filesystem::path& dir) {
   return d;
 }
 
-JobStore open_store(const std::filesystem::path& db) {
-  StoreOptions so;
-  so.path = db;
-  return JobStore(so);
+JobStore open_store(const std::filesystem::path& db) { return JobStore(test::store_options(db)); }
+
+/// n greedy jobs "<prefix> i" of max_tokens each, submitted in one transaction.
+void submit_greedy(const std::filesystem::path& db, size_t n, const std::string& prefix,
+                   int64_t max_tokens) {
+  std::vector<JobSpec> specs(n);
+  for (size_t i = 0; i < n; ++i) {
+    specs[i].prompt = prefix + " " + std::to_string(i);
+    specs[i].sampling.max_tokens = max_tokens;
+    specs[i].sampling.temperature = 0;  // greedy: the CPU sampler is cheap then
+  }
+  open_store(db).submit_many(specs);
 }
 
 int64_t count(const std::filesystem::path& db, const std::string& where) {
   return test::query_i64(db, "SELECT count(*) FROM jobs WHERE " + where);
 }
 
-bool wait_until(const std::function<bool()>& pred, std::chrono::milliseconds timeout) {
-  const auto end = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < end) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return pred();
-}
-
 TEST(ServiceProcess, CliSubmitToResultAndHttpEndpoints) {
   test::TempDir dir;
-  Daemon d = make_daemon(dir.path);
+  Daemon d = make_daemon(dir.path());
   test::Child c = d.start();
   auto ready = test::wait_ready(d.ready, 60s);
   ASSERT_TRUE(ready) << c.read_log();
-  auto [code, out] = test::run_command({MOEBATCH_BIN, "submit", "--db", d.db.string(),
-                                        "Hello service", "--max-tokens", "5", "--json"},
-                                       dir.path / "submit.log");
-  ASSERT_EQ(code, 0) << out;
-  ASSERT_TRUE(wait_until([&] { return count(d.db, "state = 'done'") == 1; }, 30s)) << c.read_log();
-  auto [rc, text] = test::run_command({MOEBATCH_BIN, "result", "--db", d.db.string(), "1"},
-                                      dir.path / "result.log");
-  EXPECT_EQ(rc, 0) << text;
+  auto submit = test::run_cli(
+      {"submit", "--db", d.db.string(), "Hello service", "--max-tokens", "5", "--json"});
+  ASSERT_EQ(submit.exit_code, 0) << submit.out << submit.err;
+  ASSERT_TRUE(test::wait_until([&] { return count(d.db, "state = 'done'") == 1; }, 30s))
+      << c.read_log();
+  auto result = test::run_cli({"result", "--db", d.db.string(), "1"});
+  EXPECT_EQ(result.exit_code, 0) << result.out << result.err;
   EXPECT_EQ(test::query_i64(d.db, "SELECT count(*) FROM job_latency WHERE job_id = 1"), 1);
   const int port = (*ready)["http_port"].get<int>();
   EXPECT_EQ(test::http_get(port, "/health").first, 200);
@@ -113,21 +116,12 @@ TEST(ServiceProcess, CliSubmitToResultAndHttpEndpoints) {
 
 TEST(ServiceProcess, SigtermDrainsCleanlyAndExitsZero) {
   test::TempDir dir;
-  Daemon d = make_daemon(dir.path);
+  Daemon d = make_daemon(dir.path());
   d.extra = {"--shutdown-timeout-s", "20"};
-  {
-    JobStore store = open_store(d.db);
-    std::vector<JobSpec> specs(40);
-    for (size_t i = 0; i < specs.size(); ++i) {
-      specs[i].prompt = "drain me " + std::to_string(i);
-      specs[i].sampling.max_tokens = 24;
-      specs[i].sampling.temperature = 0;  // greedy: the CPU sampler is cheap then
-    }
-    store.submit_many(specs);
-  }
+  submit_greedy(d.db, 40, "drain me", 24);
   test::Child c = d.start();
   ASSERT_TRUE(test::wait_ready(d.ready, 60s)) << c.read_log();
-  ASSERT_TRUE(wait_until([&] { return count(d.db, "state = 'running'") > 0; }, 30s));
+  ASSERT_TRUE(test::wait_until([&] { return count(d.db, "state = 'running'") > 0; }, 30s));
   c.signal(SIGTERM);
   EXPECT_EQ(c.wait_for(30s), 0) << c.read_log();
   // Nothing left leased: each job is done or back in the queue, none running.
@@ -136,7 +130,7 @@ TEST(ServiceProcess, SigtermDrainsCleanlyAndExitsZero) {
   EXPECT_EQ(count(d.db, "attempts > 1"), 0);
   // A second run finishes the rest.
   test::Child c2 = d.start(1);
-  ASSERT_TRUE(wait_until([&] { return count(d.db, "state = 'done'") == 40; }, 60s))
+  ASSERT_TRUE(test::wait_until([&] { return count(d.db, "state = 'done'") == 40; }, 60s))
       << c2.read_log();
   c2.signal(SIGINT);
   EXPECT_EQ(c2.wait_for(30s), 0);
@@ -144,7 +138,7 @@ TEST(ServiceProcess, SigtermDrainsCleanlyAndExitsZero) {
 
 TEST(ServiceProcess, RepeatedSigkillMidBatchLeavesExactlyOneResultPerAckedJob) {
   test::TempDir dir;
-  Daemon d = make_daemon(dir.path);
+  Daemon d = make_daemon(dir.path());
   d.extra = {"--lease-s", "1"};
   { open_store(d.db); }
   // Producer: keeps submitting through its own connection; a job is acked when submit returns.
@@ -172,18 +166,18 @@ TEST(ServiceProcess, RepeatedSigkillMidBatchLeavesExactlyOneResultPerAckedJob) {
     ASSERT_TRUE(test::wait_ready(d.ready, 60s)) << c.read_log();
     // Kill once this incarnation holds leases (mid-batch), or after a short while.
     const std::string mine = test::wait_ready(d.ready, 1s)->at("worker").get<std::string>();
-    if (wait_until([&] { return count(d.db, "lease_owner = '" + mine + "'") > 0; }, 1500ms))
+    if (test::wait_until([&] { return count(d.db, "lease_owner = '" + mine + "'") > 0; }, 1500ms))
       ++killed_mid_batch;
     std::this_thread::sleep_for(std::chrono::milliseconds(50 + 20 * (k % 5)));
     c.signal(SIGKILL);
-    EXPECT_EQ(c.wait_for(10s), 128 + SIGKILL);
+    EXPECT_EQ(c.wait_for(10s), -SIGKILL);
   }
   producing = false;
   producer.join();
   EXPECT_GE(killed_mid_batch, cycles / 2);
   // A last, undisturbed run finishes everything once the dead incarnations' leases expire.
   test::Child last = d.start(cycles);
-  ASSERT_TRUE(wait_until([&] { return count(d.db, "state = 'done'") == acked.load(); }, 90s))
+  ASSERT_TRUE(test::wait_until([&] { return count(d.db, "state = 'done'") == acked.load(); }, 90s))
       << "done " << count(d.db, "state = 'done'") << " of " << acked.load() << ", failed "
       << count(d.db, "state = 'failed'") << ", queued " << count(d.db, "state = 'queued'")
       << ", running " << count(d.db, "state = 'running'") << "\n"
@@ -198,82 +192,70 @@ TEST(ServiceProcess, RepeatedSigkillMidBatchLeavesExactlyOneResultPerAckedJob) {
 TEST(ServiceProcess, MaintenanceNowRunsACycleAndDeadEngineExitsNonZero) {
   test::TempDir dir;
   // A private copy of the model, so the test can break it under the running daemon.
-  const auto model = dir.path / "model";
+  const auto model = dir.path() / "model";
   std::filesystem::copy(test::demo_model(), model);
-  Daemon d = make_daemon(dir.path);
+  Daemon d = make_daemon(dir.path());
   d.model = model;
   d.extra = {"--drain-timeout-s", "5"};
-  {
-    JobStore store = open_store(d.db);
-    std::vector<JobSpec> specs(24);
-    for (size_t i = 0; i < specs.size(); ++i) {
-      specs[i].prompt = "maint " + std::to_string(i);
-      specs[i].sampling.max_tokens = 8;
-      specs[i].sampling.temperature = 0;
-    }
-    store.submit_many(specs);
-  }
+  submit_greedy(d.db, 24, "maint", 8);
   test::Child c = d.start();
   auto ready = test::wait_ready(d.ready, 60s);
   ASSERT_TRUE(ready) << c.read_log();
-  auto [code, out] = test::run_command(
-      {MOEBATCH_BIN, "maintenance", "--now", "--db", d.db.string()}, dir.path / "maint.log");
-  ASSERT_EQ(code, 0) << out;
-  ASSERT_TRUE(wait_until(
+  auto maint = test::run_cli({"maintenance", "--now", "--db", d.db.string()});
+  ASSERT_EQ(maint.exit_code, 0) << maint.out << maint.err;
+  ASSERT_TRUE(test::wait_until(
       [&] { return test::query_i64(d.db, "SELECT count(*) FROM service_cycles") == 1; }, 30s))
       << c.read_log();
   EXPECT_EQ(test::query_i64(d.db,
                             "SELECT count(*) FROM service_cycles WHERE result = 'ok' AND "
                             "trigger = 'request' AND mem_after > 0"),
             1);
-  ASSERT_TRUE(wait_until([&] { return count(d.db, "state = 'done'") == 24; }, 60s));
+  ASSERT_TRUE(test::wait_until([&] { return count(d.db, "state = 'done'") == 24; }, 60s));
   EXPECT_EQ(test::query_i64(d.db, "SELECT count(*) FROM job_latency"), 24);
 
   // Break the checkpoint, then ask for another cycle: the rebuild fails, the engine thread is
   // dead, and the process must exit non-zero instead of idling with a healthy-looking port.
   std::filesystem::remove(model / "model.safetensors");
-  test::run_command({MOEBATCH_BIN, "maintenance", "--now", "--db", d.db.string()},
-                    dir.path / "maint2.log");
+  test::run_cli({"maintenance", "--now", "--db", d.db.string()});
   EXPECT_EQ(c.wait_for(30s), 3) << c.read_log();
   EXPECT_EQ(test::query_i64(d.db,
                             "SELECT count(*) FROM service_cycles WHERE result = 'failed' "
                             "AND error IS NOT NULL"),
             1);
   EXPECT_EQ(test::http_get((*ready)["http_port"].get<int>(), "/health").first, -1);
-  auto [lc, listing] = test::run_command({MOEBATCH_BIN, "maintenance", "--db", d.db.string()},
-                                         dir.path / "list.log");
-  EXPECT_EQ(lc, 0);
-  EXPECT_NE(listing.find("failed"), std::string::npos) << listing;
+  auto listing = test::run_cli({"maintenance", "--db", d.db.string()});
+  EXPECT_EQ(listing.exit_code, 0);
+  EXPECT_NE(listing.out.find("failed"), std::string::npos) << listing.out << listing.err;
 }
 
 TEST(ServiceProcess, ServeRunsTheEngineBehindTheZeroMqIngress) {
   test::TempDir dir;
-  const auto db = dir.path / "jobs.db";
-  test::Child c = test::Child::spawn({MOEBATCH_BIN,
-                                      "serve",
-                                      "--db",
-                                      db.string(),
-                                      "--model",
-                                      test::demo_model().string(),
-                                      "--bind",
-                                      "tcp://127.0.0.1:*",
-                                      "--pub",
-                                      "tcp://127.0.0.1:*",
-                                      "--http-port",
-                                      "0",
-                                      "--max-num-seqs",
-                                      "4",
-                                      "--max-num-batched-tokens",
-                                      "256",
-                                      "--kv-cache-mb",
-                                      "16",
-                                      "--warmup-seqs",
-                                      "1",
-                                      "--threads",
-                                      "2"},
-                                     dir.path / "serve.log");
+  const auto db = dir.path() / "jobs.db";
+  test::Child c({test::moebatch_bin(),
+                 "serve",
+                 "--db",
+                 db.string(),
+                 "--model",
+                 test::demo_model().string(),
+                 "--bind",
+                 "tcp://127.0.0.1:*",
+                 "--pub",
+                 "tcp://127.0.0.1:*",
+                 "--http-port",
+                 "0",
+                 "--max-num-seqs",
+                 "4",
+                 "--max-num-batched-tokens",
+                 "256",
+                 "--kv-cache-mb",
+                 "16",
+                 "--warmup-seqs",
+                 "1",
+                 "--threads",
+                 "2"},
+                dir.path() / "serve.log");
   std::string router;
-  ASSERT_TRUE(wait_until(
+  ASSERT_TRUE(test::wait_until(
       [&] {
         const std::string log = c.read_log();
         const auto p = log.find("{\"http_port\"");
@@ -283,11 +265,11 @@ TEST(ServiceProcess, ServeRunsTheEngineBehindTheZeroMqIngress) {
       },
       60s))
       << c.read_log();
-  auto [code, out] = test::run_command({MOEBATCH_BIN, "submit", "--endpoint", router, "Hi over ZMQ",
-                                        "--max-tokens", "3", "--temperature", "0"},
-                                       dir.path / "submit.log");
-  ASSERT_EQ(code, 0) << out;
-  EXPECT_TRUE(wait_until([&] { return count(db, "state = 'done'") == 1; }, 30s)) << c.read_log();
+  auto submit = test::run_cli(
+      {"submit", "--endpoint", router, "Hi over ZMQ", "--max-tokens", "3", "--temperature", "0"});
+  ASSERT_EQ(submit.exit_code, 0) << submit.out << submit.err;
+  EXPECT_TRUE(test::wait_until([&] { return count(db, "state = 'done'") == 1; }, 30s))
+      << c.read_log();
   EXPECT_EQ(test::query_i64(db, "SELECT count(*) FROM job_latency"), 1);
   c.signal(SIGTERM);
   EXPECT_EQ(c.wait_for(30s), 0) << c.read_log();
@@ -299,11 +281,11 @@ TEST(ServiceProcess, DemoSubmitsThroughSqlAndZeroMqAndFinishesEveryJob) {
   test::TempDir dir;
   test::demo_model();  // generated into the test cache, which the demo reads through the env
   setenv("MOEBATCH_CACHE", MOEBATCH_TEST_CACHE, 1);
-  const auto db = dir.path / "demo.db";
-  auto [code, out] = test::run_command({MOEBATCH_BIN, "demo", "--jobs", "24", "--max-tokens", "4",
-                                        "--threads", "2", "--db", db.string()},
-                                       dir.path / "demo.log");
-  ASSERT_EQ(code, 0) << out;
+  const auto db = dir.path() / "demo.db";
+  auto demo = test::run_cli(
+      {"demo", "--jobs", "24", "--max-tokens", "4", "--threads", "2", "--db", db.string()});
+  ASSERT_EQ(demo.exit_code, 0) << demo.out << demo.err;
+  const std::string& out = demo.out;
   EXPECT_NE(out.find("12 by SQL INSERT"), std::string::npos) << out;
   EXPECT_NE(out.find("12 over ZeroMQ"), std::string::npos) << out;
   EXPECT_NE(out.find("came back as known: yes"), std::string::npos) << out;
@@ -322,30 +304,29 @@ TEST(ServiceProcess, DemoSubmitsThroughSqlAndZeroMqAndFinishesEveryJob) {
 TEST(ServiceProcess, BackendCudaWithoutAGpuFailsAtStartWithExitCode2) {
   if (cuda_device_count() > 0) GTEST_SKIP() << "a GPU is visible: tests/gpu covers the real run";
   test::TempDir dir;
-  const auto db = dir.path / "jobs.db";
-  auto [code, out] = test::run_command(
-      {MOEBATCH_BIN, "serve", "--db", db.string(), "--model", test::demo_model().string(),
-       "--bind", "tcp://127.0.0.1:*", "--http-port", "0", "--backend", "cuda"},
-      dir.path / "serve.log");
-  EXPECT_EQ(code, 2) << out;
-  EXPECT_NE(out.find("backend cuda: "), std::string::npos) << out;
-  EXPECT_NE(out.find(cuda_backend_built() ? "no CUDA device" : "no CUDA backend"),
+  const auto db = dir.path() / "jobs.db";
+  auto serve =
+      test::run_cli({"serve", "--db", db.string(), "--model", test::demo_model().string(), "--bind",
+                     "tcp://127.0.0.1:*", "--http-port", "0", "--backend", "cuda"});
+  EXPECT_EQ(serve.exit_code, 2) << serve.out << serve.err;
+  EXPECT_NE(serve.err.find("backend cuda: "), std::string::npos) << serve.err;
+  EXPECT_NE(serve.err.find(cuda_backend_built() ? "no CUDA device" : "no CUDA backend"),
             std::string::npos)
-      << out;
+      << serve.err;
   // The same through the config file key.
-  std::ofstream(dir.path / "svc.json") << R"({"backend": "cuda", "gpu_memory_utilization": 0.5})";
-  auto [code2, out2] = test::run_command(
-      {SERVICE_DAEMON_BIN, "--db", db.string(), "--model", test::demo_model().string(),
-       "--http-port", "0", "--config", (dir.path / "svc.json").string()},
-      dir.path / "daemon.log");
-  EXPECT_EQ(code2, 2) << out2;
-  EXPECT_NE(out2.find("backend cuda: "), std::string::npos) << out2;
+  test::write_file(dir.path() / "svc.json",
+                   R"({"backend": "cuda", "gpu_memory_utilization": 0.5})");
+  auto daemon = test::run_command({SERVICE_DAEMON_BIN, "--db", db.string(), "--model",
+                                   test::demo_model().string(), "--http-port", "0", "--config",
+                                   dir.file("svc.json")});
+  EXPECT_EQ(daemon.exit_code, 2) << daemon.out << daemon.err;
+  EXPECT_NE(daemon.err.find("backend cuda: "), std::string::npos) << daemon.err;
   EXPECT_EQ(test::query_i64(db, "SELECT count(*) FROM jobs"), 0);
 }
 
 TEST(ServiceProcess, BadConfigIsRefusedWithExitCode2) {
   test::TempDir dir;
-  Daemon d = make_daemon(dir.path);
+  Daemon d = make_daemon(dir.path());
   d.extra = {"--lease-s", "0"};
   test::Child c = d.start();
   EXPECT_EQ(c.wait_for(30s), 2);

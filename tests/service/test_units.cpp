@@ -5,17 +5,16 @@
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <ctime>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "common/error.h"
 #include "service/config.h"
-#include "service/gpu_memory.h"
+#include "engine/device_query.h"
 #include "service/handoff.h"
 #include "service/metrics.h"
 #include "service/restart_schedule.h"
-#include "test_util.h"
+#include "tests/common/files.h"
 
 namespace moebatch {
 namespace {
@@ -34,9 +33,9 @@ int64_t local_ms(int year, int mon, int day, int hour, int min, int sec) {
 
 TEST(Config, FileThenFlagsWinAndBoundsAreChecked) {
   test::TempDir dir;
-  const auto file = dir.path / "svc.json";
-  std::ofstream(file) << R"({"db": "a.db", "model": "m", "max_num_seqs": 8,
-                             "max_num_batched_tokens": 256, "batching": "static"})";
+  const auto file = dir.path() / "svc.json";
+  test::write_file(file, R"({"db": "a.db", "model": "m", "max_num_seqs": 8,
+                             "max_num_batched_tokens": 256, "batching": "static"})");
   CLI::App app;
   auto flags = add_service_flags(app);
   const char* argv[] = {"x", "--config", file.c_str(), "--max-num-seqs", "16"};
@@ -65,15 +64,15 @@ TEST(Config, FileThenFlagsWinAndBoundsAreChecked) {
   c.http_host = "127.0.0.1";
   c.lease_s = 0;
   EXPECT_THROW(validate_config(c), InputError);
-  std::ofstream(dir.path / "bad.json") << "{not json";
-  EXPECT_THROW(load_config_file(dir.path / "bad.json", c), InputError);
+  test::write_file(dir.path() / "bad.json", "{not json");
+  EXPECT_THROW(load_config_file(dir.path() / "bad.json", c), InputError);
 }
 
 TEST(Config, BackendAndGpuMemoryUtilizationFromFileAndFlags) {
   test::TempDir dir;
-  const auto file = dir.path / "svc.json";
-  std::ofstream(file) << R"({"db": "a.db", "model": "m", "backend": "cuda",
-                             "gpu_memory_utilization": 0.5})";
+  const auto file = dir.path() / "svc.json";
+  test::write_file(file, R"({"db": "a.db", "model": "m", "backend": "cuda",
+                             "gpu_memory_utilization": 0.5})");
   {
     CLI::App app;
     auto flags = add_service_flags(app);
@@ -182,15 +181,20 @@ TEST(Metrics, PrometheusTextHasCountsHistogramsAndRates) {
   EXPECT_EQ(t.find("moebatch_gpu_memory"), std::string::npos) << "no GPU gauges off the GPU";
 }
 
-TEST(Metrics, GpuMemoryGaugesOnlyWhenTheBackendReportsThem) {
+TEST(Metrics, GpuMemoryGaugesPerDeviceOnlyWhenTheBackendReportsThem) {
   ServiceMetrics m;
   MetricsInputs in;
-  in.gpu_used_bytes = int64_t{150} << 30;  // exact integers, not 1.6e+11
-  in.gpu_total_bytes = int64_t{141} << 30;
+  // exact integers, not 1.6e+11
+  in.gpus.push_back({"cuda:0", int64_t{150} << 30, int64_t{141} << 30});
+  in.gpus.push_back({"cuda:1", int64_t{7} << 30, int64_t{141} << 30});
   const std::string t = m.render(in);
   EXPECT_NE(t.find("# TYPE moebatch_gpu_memory_used_bytes gauge\n"), std::string::npos) << t;
-  EXPECT_NE(t.find("moebatch_gpu_memory_used_bytes 161061273600\n"), std::string::npos) << t;
-  EXPECT_NE(t.find("moebatch_gpu_memory_total_bytes 151397597184\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("moebatch_gpu_memory_used_bytes{device=\"cuda:0\"} 161061273600\n"),
+            std::string::npos) << t;
+  EXPECT_NE(t.find("moebatch_gpu_memory_used_bytes{device=\"cuda:1\"} 7516192768\n"),
+            std::string::npos) << t;
+  EXPECT_NE(t.find("moebatch_gpu_memory_total_bytes{device=\"cuda:1\"} 151397597184\n"),
+            std::string::npos) << t;
   // With the CPU backend the worker reports none: the service leaves the gauges out.
   EXPECT_FALSE(gpu_memory(0).has_value() && !cuda_backend_built());
 }

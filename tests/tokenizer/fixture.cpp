@@ -3,8 +3,6 @@
 #include <utf8proc.h>
 
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
 #include <vector>
 
 #include "engine/tokenizer/utf8.h"
@@ -12,7 +10,7 @@
 namespace moebatch::test {
 
 std::filesystem::path qwen3_dir() {
-  return std::filesystem::path(MOEBATCH_TEST_DATA) / "qwen3-tokenizer";
+  return std::filesystem::path(test_data_dir()) / "qwen3-tokenizer";
 }
 
 const Tokenizer& qwen3() {
@@ -52,13 +50,6 @@ nlohmann::json tiny_tokenizer_json() {
         {"vocab", vocab},
         {"merges", nlohmann::json::array({nlohmann::json::array({"a", "b"}),
                                                nlohmann::json::array({"ab", "c"})})}}}};
-}
-
-std::string read_all(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 std::string nfc(const std::string& s) {

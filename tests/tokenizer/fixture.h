@@ -1,14 +1,15 @@
 // Shared helpers for the tokenizer tests: the real Qwen3 tokenizer (loaded once per test
-// binary: parsing 11 MB of JSON takes a noticeable fraction of a second) and random text.
+// binary: parsing 11 MB of JSON takes a noticeable fraction of a second) and random text. Paths,
+// temp dirs and file reading are the shared harness's (tests/common/files.h).
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 
 #include "engine/tokenizer/tokenizer.h"
+#include "tests/common/files.h"
 
 namespace moebatch::test {
 
@@ -28,8 +29,5 @@ std::string nfc(const std::string& s);
 /// A minimal valid byte-level tokenizer.json: the 256 byte tokens (ids 0..255 in byte order),
 /// merges a+b -> "ab" (256), ab+c -> "abc" (257), and the special added token "<|end|>" (258).
 nlohmann::json tiny_tokenizer_json();
-
-/// Reads a whole file.
-std::string read_all(const std::filesystem::path& p);
 
 }  // namespace moebatch::test

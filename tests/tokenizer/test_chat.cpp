@@ -8,7 +8,7 @@ namespace moebatch::test {
 namespace {
 
 TEST(ChatTemplate, RecognisesQwen3TemplateByHash) {
-  const std::string cfg = read_all(qwen3_dir() / "tokenizer_config.json");
+  const std::string cfg = read_file(qwen3_dir() / "tokenizer_config.json");
   const auto source = nlohmann::json::parse(cfg).at("chat_template").get<std::string>();
   EXPECT_EQ(ChatTemplate::from_source(source).kind(), ChatTemplateKind::kQwen3);
   EXPECT_THROW(ChatTemplate::from_source(source + " "), InputError);  // any edit: refused

@@ -8,7 +8,9 @@
 namespace moebatch::test {
 namespace {
 
-nlohmann::json reference() { return nlohmann::json::parse(read_all(qwen3_dir() / "reference.json")); }
+nlohmann::json reference() {
+  return nlohmann::json::parse(read_file(qwen3_dir() / "reference.json"));
+}
 
 TEST(TokenizerReference, EveryEncodingMatchesIdsAndDecodedText) {
   const Tokenizer& tk = qwen3();

@@ -2,22 +2,14 @@
 // are refused, and CURVE never runs without a ZAP handler (no fail-open).
 #include <gtest/gtest.h>
 
-#include <fstream>
-
 #include "queue/zmq/client.h"
-#include "zmq_test_util.h"
+#include "tests/zmq/zmq_test_util.h"
 
-namespace moebatch {
+namespace moebatch::test {
 namespace {
 
 using nlohmann::json;
-using test::loopback_options;
-using test::TempDir;
 namespace zi = moebatch::zmq_ingress;
-
-void write(const std::filesystem::path& p, const std::string& text) {
-  std::ofstream(p) << text;
-}
 
 /// A server with one allowed client, keys round-tripped through files as in production.
 struct CurveFixture {
@@ -30,9 +22,9 @@ struct CurveFixture {
     zi::write_key_pair_files((dir.path() / "client").string());
     server = zi::load_secret_key_file(dir.path() / "server.key");
     client = zi::load_secret_key_file(dir.path() / "client.key");
-    write(dir.path() / "clients.txt", "# allowed producers\n\n" +
-                                          zi::load_public_key_file(dir.path() / "client.pub") +
-                                          "\n");
+    write_file(
+        dir.path() / "clients.txt",
+        "# allowed producers\n\n" + zi::load_public_key_file(dir.path() / "client.pub") + "\n");
     auto opts = loopback_options(dir);
     opts.curve = zi::CurveServerConfig{server, zi::load_allowed_keys_file(dir.path() / "clients.txt")};
     ingress = std::make_unique<zi::Ingress>(opts);
@@ -58,15 +50,15 @@ TEST(Curve, KeyFilesAreValidated) {
                 std::filesystem::perms::others_read,
             std::filesystem::perms::none);
   EXPECT_THROW(zi::write_key_pair_files((dir.path() / "k").string()), InputError);  // no overwrite
-  write(dir.path() / "short", "abc\n");
+  write_file(dir.path() / "short", "abc\n");
   EXPECT_THROW(zi::load_public_key_file(dir.path() / "short"), InputError);
-  write(dir.path() / "badchars", std::string(40, '"') + "\n");
+  write_file(dir.path() / "badchars", std::string(40, '"') + "\n");
   EXPECT_THROW(zi::load_public_key_file(dir.path() / "badchars"), InputError);
-  write(dir.path() / "two", kp.public_z85 + "\n" + kp.public_z85 + "\n");
+  write_file(dir.path() / "two", kp.public_z85 + "\n" + kp.public_z85 + "\n");
   EXPECT_THROW(zi::load_public_key_file(dir.path() / "two"), InputError);
-  write(dir.path() / "empty", "# nothing\n");
+  write_file(dir.path() / "empty", "# nothing\n");
   EXPECT_THROW(zi::load_allowed_keys_file(dir.path() / "empty"), InputError);
-  write(dir.path() / "list", kp.public_z85 + "\nnot-a-key\n");
+  write_file(dir.path() / "list", kp.public_z85 + "\nnot-a-key\n");
   try {
     zi::load_allowed_keys_file(dir.path() / "list");
     ADD_FAILURE() << "bad line accepted";
@@ -114,4 +106,4 @@ TEST(Curve, RefusesToStartWhenTheZapHandlerCannotBeInstalled) {
 }
 
 }  // namespace
-}  // namespace moebatch
+}  // namespace moebatch::test

@@ -8,16 +8,12 @@
 #include <thread>
 
 #include "queue/zmq/client.h"
-#include "zmq_test_util.h"
+#include "tests/zmq/zmq_test_util.h"
 
-namespace moebatch {
+namespace moebatch::test {
 namespace {
 
 using nlohmann::json;
-using test::loopback_options;
-using test::Peer;
-using test::submit_request;
-using test::TempDir;
 namespace zi = moebatch::zmq_ingress;
 
 TEST(Ingress, AckedSubmitIsACommittedRow) {
@@ -32,7 +28,7 @@ TEST(Ingress, AckedSubmitIsACommittedRow) {
   EXPECT_EQ(reply["id"], "r1");
   ASSERT_EQ(reply["jobs"].size(), 2u);
   // A separate connection sees the rows as soon as the ack arrived: the commit came first.
-  JobStore store(test::store_options(dir.path() / "jobs.db", std::make_shared<SystemClock>()));
+  JobStore store(store_options(dir.path() / "jobs.db"));
   auto j1 = store.get(reply["jobs"][0]["id"].get<int64_t>());
   auto j2 = store.get(reply["jobs"][1]["id"].get<int64_t>());
   ASSERT_TRUE(j1 && j2);
@@ -56,7 +52,7 @@ TEST(Ingress, DuplicateKeyReturnsTheExistingJob) {
   EXPECT_EQ(b["jobs"][0]["id"], a["jobs"][0]["id"]);
   EXPECT_EQ(b["jobs"][1]["id"], a["jobs"][0]["id"]);
   EXPECT_EQ(b["jobs"][0]["created"], false);
-  JobStore store(test::store_options(dir.path() / "jobs.db", std::make_shared<SystemClock>()));
+  JobStore store(store_options(dir.path() / "jobs.db"));
   EXPECT_EQ(store.stats().counts[JobState::Queued], 1);
 }
 
@@ -69,7 +65,7 @@ TEST(Ingress, StatusResultCancelAndStats) {
                                                       {{"prompt", "b"}, {"key", "kb"}}})));
   const int64_t a = s["jobs"][0]["id"], b = s["jobs"][1]["id"];
   // Finish job a through the store, as the dispatcher would.
-  JobStore store(test::store_options(dir.path() / "jobs.db", std::make_shared<SystemClock>()));
+  JobStore store(store_options(dir.path() / "jobs.db"));
   auto claimed = store.claim("w", 1, std::chrono::milliseconds(60000));
   ASSERT_EQ(claimed.size(), 1u);
   ASSERT_EQ(claimed[0].id, a);
@@ -117,8 +113,8 @@ TEST(Ingress, ConcurrentProducersAreAllAckedExactlyOnce) {
       for (int m = 0; m < kMessages; ++m) {
         std::vector<JobSpec> specs;
         for (int i = 0; i < kPerMessage; ++i) {
-          specs.push_back(test::text_job("p", "p" + std::to_string(p) + "-" +
-                                                  std::to_string(m * kPerMessage + i)));
+          specs.push_back(
+              text_job("p", "p" + std::to_string(p) + "-" + std::to_string(m * kPerMessage + i)));
         }
         auto r = client.submit_jobs(specs);
         std::lock_guard<std::mutex> lock(mu);
@@ -130,7 +126,7 @@ TEST(Ingress, ConcurrentProducersAreAllAckedExactlyOnce) {
   for (auto& t : threads) t.join();
   EXPECT_EQ(acked.load(), kProducers * kMessages * kPerMessage);
   EXPECT_EQ(ids.size(), static_cast<size_t>(kProducers * kMessages * kPerMessage));
-  JobStore store(test::store_options(dir.path() / "jobs.db", std::make_shared<SystemClock>()));
+  JobStore store(store_options(dir.path() / "jobs.db"));
   EXPECT_EQ(store.stats().counts[JobState::Queued], kProducers * kMessages * kPerMessage);
   // Group commit: fewer transactions than messages is likely but not guaranteed; at most one
   // per message is.
@@ -210,4 +206,4 @@ TEST(Ingress, StopAnswersAcceptedRequestsThenRefusesNewOnes) {
 }
 
 }  // namespace
-}  // namespace moebatch
+}  // namespace moebatch::test

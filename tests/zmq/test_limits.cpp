@@ -5,16 +5,12 @@
 
 #include <thread>
 
-#include "zmq_test_util.h"
+#include "tests/zmq/zmq_test_util.h"
 
-namespace moebatch {
+namespace moebatch::test {
 namespace {
 
 using nlohmann::json;
-using test::loopback_options;
-using test::Peer;
-using test::submit_request;
-using test::TempDir;
 namespace zi = moebatch::zmq_ingress;
 
 json stats_request() { return {{"v", 1}, {"cmd", "stats"}, {"id", "still-alive"}}; }
@@ -172,4 +168,4 @@ TEST(IngressLimits, OptionsThatCannotWorkAreRefused) {
 }
 
 }  // namespace
-}  // namespace moebatch
+}  // namespace moebatch::test

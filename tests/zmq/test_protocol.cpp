@@ -3,12 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "queue/zmq/ingress.h"
 #include "queue/zmq/protocol.h"
+#include "tests/common/files.h"
 
 namespace moebatch::zmq_ingress {
 namespace {
@@ -172,8 +172,7 @@ namespace moebatch::zmq_ingress {
 namespace {
 
 nlohmann::json read_schema(const std::string& name) {
-  std::ifstream in(std::string(MOEBATCH_SOURCE_DIR) + "/schemas/" + name);
-  return nlohmann::json::parse(in);
+  return nlohmann::json::parse(test::read_file(test::source_dir() + "/schemas/" + name));
 }
 
 TEST(ProtocolSchemas, RequestExamplesAreAcceptedByTheParser) {

@@ -14,7 +14,8 @@
 #include <zmq_addon.hpp>
 
 #include "queue/zmq/ingress.h"
-#include "queue_test_util.h"
+#include "tests/common/files.h"
+#include "tests/queue/queue_test_util.h"
 
 namespace moebatch::test {
 

@@ -1,4 +1,4 @@
-#include "service/gpu_memory.h"
+#include "engine/device_query.h"
 
 #ifdef MOEBATCH_HAVE_CUDA
 #include <cuda_runtime.h>

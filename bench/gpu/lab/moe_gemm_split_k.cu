@@ -1,3 +1,6 @@
+// Kernel lab: the split-K expert GEMM, moved out of kernels/ (not on the engine path; see
+// docs/kernels.md, "Kernel lab").
+//
 // Small-batch expert GEMM: at batch ≤ 8 each active expert has one 8-row tile, so the work is
 // streaming ~8 experts' weights once. The pipelined kernel (moe_gemm.cu) gives a block 64 rows and
 // all of k: 192 blocks at batch 1, one or two per SM, each waiting on 8 dependent chunks. Here a
@@ -6,12 +9,17 @@
 // once.
 #include <algorithm>
 
+#include "bench/gpu/lab/moe_gemm_split_k.cuh"
 #include "kernels/cuda_check.cuh"
-#include "kernels/moe_gemm.cuh"
 #include "kernels/mma.cuh"
 
-namespace moebatch::kernels {
+namespace moebatch::lab {
 namespace {
+
+using kernels::bf16;
+using kernels::kMoeGemmTileM;
+using kernels::mma_bf16_16816;
+using kernels::MoeGemmParams;
 
 constexpr int kWarps = 4;
 constexpr int kBatchSteps = 8;  // 32-wide k steps whose loads are issued before their MMAs
@@ -131,4 +139,4 @@ void moe_gemm_split_k(const MoeGemmParams& p, cudaStream_t stream) {
   CUDA_CHECK_LAST();
 }
 
-}  // namespace moebatch::kernels
+}  // namespace moebatch::lab

@@ -1,6 +1,7 @@
-// What the service needs to know about CUDA without including CUDA headers: whether this build
-// has the CUDA backend, how many devices are visible, and a device's memory (cudaMemGetInfo).
-// Without the CUDA backend every answer is "none", so callers need no #ifdef.
+// What the engine factory and the service need to know about CUDA without including CUDA
+// headers: whether this build has the CUDA backend, how many devices are visible, and a device's
+// memory (cudaMemGetInfo). Without the CUDA backend every answer is "none", so callers need no
+// #ifdef.
 #pragma once
 
 #include <cstdint>

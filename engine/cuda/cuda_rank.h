@@ -1,0 +1,91 @@
+// One tensor-parallel rank of the CUDA backend on its device: the weight shard, KV pool, step
+// buffers, stream, cuBLAS handle, decode graphs and pinned staging (engine/cuda/cuda_rank.cpp).
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "engine/backend.h"
+#include "engine/comm.h"
+#include "engine/cuda/cuda_model.h"
+#include "engine/cuda/memory_plan.h"
+#include "engine/cuda/stage_timer.h"
+#include "engine/cuda/step_chunk.h"
+#include "engine/safetensors.h"
+#include "engine/weights.h"
+
+namespace moebatch {
+
+/// cuBLAS workspace per rank: fixed, so cuBLAS allocates nothing while a graph is captured.
+constexpr size_t kCublasWorkspace = 32u << 20;
+
+/// Everything one rank owns and its forward reads. Methods run on the rank's thread (the
+/// caller's with one rank) and make the rank's device current first; the destructor may run
+/// on any thread.
+class CudaRank {
+ public:
+  /// Rank `shard.rank` of `shard.world` on CUDA device `device`; `comm` joins the ranks (null
+  /// when world is 1). Touches no device yet.
+  CudaRank(const ModelConfig& cfg, const ShardSpec& shard, int device, Communicator* comm);
+  ~CudaRank();
+  CudaRank(const CudaRank&) = delete;
+  CudaRank& operator=(const CudaRank&) = delete;
+
+  /// Makes this rank's device current on the calling thread.
+  void activate() const;
+  /// Reads the device's total and free memory and its SM count (creates the context).
+  void probe(size_t& total, size_t& free);
+  /// Allocates what `p` plans, places the weights and fills them from `ckpt` (or with seeded
+  /// random values when null), and carves the step buffers for `cap`.
+  void build(const ModelConfig& cfg, const ModelPlan& wplan, const MemoryPlan& p,
+             const StepCapacity& cap, int64_t block_size, const Checkpoint* ckpt, uint64_t seed);
+  /// Copies a chunk's inputs into the step buffers through the pinned staging.
+  void upload(const StepChunk& c);
+  /// Forward + lm_head of a padded decode chunk: replays the graph of its key, or runs the
+  /// launches eagerly and then captures them. `graphs` false: eager every time.
+  void run_decode(const ModelConfig& cfg, const StepChunk& c, bool graphs, StageTimer* tm);
+  /// Copies the first `count` logits rows [count, vocab] to `host` and waits for them.
+  void download_logits(float* host, int count, int64_t vocab);
+  /// Samples `count` logits rows on the device with rows[out_rows[i]]'s controls and writes
+  /// tokens[out_rows[i]] (greedy when every row is greedy, else top-k/top-p).
+  void sample(const std::vector<RowSampling>& rows, const int32_t* out_rows, int count,
+              int64_t vocab, std::vector<int32_t>& tokens);
+  /// Decode graphs captured so far.
+  size_t num_graphs() const { return graphs_.size(); }
+
+  // What the forward (engine/cuda/forward.cpp) reads.
+  const int rank;                   ///< tensor-parallel rank
+  const int world;                  ///< ranks
+  const int device;                 ///< CUDA ordinal
+  Communicator* const comm;         ///< collectives among ranks; null when world is 1
+  const ShardDims dims;             ///< local sizes
+  int num_sms = 0;                  ///< SMs of the device
+  MemoryPlan plan;                  ///< this device's memory plan
+  DeviceModelWeights weights;       ///< this rank's shard
+  DeviceKvCache kv;                 ///< paged cache of the local kv heads
+  StepBuffers buf;                  ///< activations and step inputs
+  cudaStream_t stream = nullptr;    ///< every launch of the rank
+  cublasHandle_t cublas = nullptr;  ///< bound to `stream`, fixed workspace
+
+ private:
+  // Pinned bytes of the sampling controls and sampled tokens (5 arrays of R, 8-byte slots).
+  size_t sampling_staging_bytes() const { return static_cast<size_t>(buf.cap.logits_rows) * 40; }
+
+  bool probed_ = false;  // a context exists: the destructor has something to release
+  void* weight_mem_ = nullptr;
+  void* kv_mem_ = nullptr;
+  void* state_mem_ = nullptr;
+  void* buf_mem_ = nullptr;
+  void* cublas_ws_ = nullptr;
+  void* pinned_ = nullptr;  // host staging of step inputs, sampling controls and tokens
+  size_t pinned_bytes_ = 0;
+  std::map<std::pair<int, int>, cudaGraphExec_t> graphs_;  // (batch bucket, kv bucket)
+};
+
+}  // namespace moebatch

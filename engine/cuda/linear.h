@@ -1,0 +1,30 @@
+// The one place GEMMs on weights choose their kernel by the weight's storage format (vLLM's
+// quant_method per linear, calm's single dtype switch): bf16 weights go to cuBLAS and to the
+// bf16 grouped expert GEMM; a format without a kernel fails loudly here, naming the format.
+// A new format (FP8 block-128, NVFP4, GGUF k-quants) adds a case to each switch below.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include "engine/cuda/cuda_model.h"
+#include "kernels/moe_gemm.cuh"
+
+namespace moebatch {
+
+/// The cuBLAS handle and stream one rank's GEMMs run on.
+struct GemmContext {
+  cublasHandle_t cublas = nullptr;  ///< the rank's handle (with its fixed workspace)
+  cudaStream_t stream = nullptr;    ///< the rank's stream
+};
+
+/// out [rows, w.shape[0]] = in [rows, w.shape[1]] · wᵀ, bf16 output, fp32 accumulation.
+void linear(const GemmContext& g, bf16* out, const bf16* in, const DeviceTensor& w, int rows);
+/// Same with fp32 output (router logits, lm_head logits).
+void linear(const GemmContext& g, float* out, const bf16* in, const DeviceTensor& w, int rows);
+
+/// Grouped expert GEMM with the routing operands of `p` (out, in, sorted ids, offsets, sizes)
+/// and the stacked expert weights `w` ([E, n, k], or [E, 2n, k] with p.silu_gate_up).
+void expert_gemm(kernels::MoeGemmParams p, const DeviceTensor& w, cudaStream_t stream);
+
+}  // namespace moebatch

@@ -1,0 +1,87 @@
+#include "engine/model_shapes.h"
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+
+namespace moebatch {
+namespace {
+
+using json = nlohmann::json;
+
+// Qwen3-30B-A3B's published config.json (the fields the engine reads).
+json qwen3_30b_a3b() {
+  return {{"architectures", {"Qwen3MoeForCausalLM"}},
+          {"model_type", "qwen3_moe"},
+          {"vocab_size", 151936},
+          {"hidden_size", 2048},
+          {"num_hidden_layers", 48},
+          {"num_attention_heads", 32},
+          {"num_key_value_heads", 4},
+          {"head_dim", 128},
+          {"intermediate_size", 6144},
+          {"moe_intermediate_size", 768},
+          {"num_experts", 128},
+          {"num_experts_per_tok", 8},
+          {"norm_topk_prob", true},
+          {"rms_norm_eps", 1e-6},
+          {"rope_theta", 1000000.0},
+          {"max_position_embeddings", 40960},
+          {"tie_word_embeddings", false}};
+}
+
+// The seeds' 125B-A6B class as a qwen3_moe shape (docs/performance.md): 119 B parameters,
+// 6.0 B active per token.
+json flash_next_125b_a6b() {
+  json j = qwen3_30b_a3b();
+  j["hidden_size"] = 4096;
+  j["num_experts"] = 256;
+  j["intermediate_size"] = 12288;
+  return j;
+}
+
+// A small MoE for quick device runs.
+json tiny_moe() {
+  json j = qwen3_30b_a3b();
+  j["hidden_size"] = 256;
+  j["num_hidden_layers"] = 4;
+  j["num_attention_heads"] = 4;
+  j["num_key_value_heads"] = 2;
+  j["head_dim"] = 64;
+  j["intermediate_size"] = 512;
+  j["moe_intermediate_size"] = 128;
+  j["num_experts"] = 16;
+  j["num_experts_per_tok"] = 4;
+  j["vocab_size"] = 4096;
+  return j;
+}
+
+struct Shape {
+  const char* name;
+  json (*config)();
+};
+
+const Shape kShapes[] = {
+    {"qwen3-30b-a3b", qwen3_30b_a3b},
+    {"flash-next-125b-a6b", flash_next_125b_a6b},
+    {"tiny-moe", tiny_moe},
+};
+
+}  // namespace
+
+ModelConfig named_model_shape(const std::string& name) {
+  for (const Shape& s : kShapes) {
+    if (name == s.name) return parse_model_config(s.config(), std::string("shape ") + s.name);
+  }
+  std::string known;
+  for (const Shape& s : kShapes) known += std::string(known.empty() ? "" : ", ") + s.name;
+  throw InputError("unknown model shape '" + name + "' (known: " + known + ")");
+}
+
+std::vector<std::string> model_shape_names() {
+  std::vector<std::string> out;
+  for (const Shape& s : kShapes) out.emplace_back(s.name);
+  return out;
+}
+
+}  // namespace moebatch

@@ -1,0 +1,174 @@
+// Cases of paged causal GQA attention (prefill and decode paths, split-K) against an fp64
+// reference over a randomly paged cache: random block tables, mixed query/context lengths.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "kernels/attention.cuh"
+#include "tests/gpu/ops/op_shapes.h"
+
+namespace moebatch::ops {
+namespace {
+
+constexpr int kBlockSize = 16;
+
+class AttentionCase final : public OpCase {
+ public:
+  explicit AttentionCase(const AttentionShape& s) : s_(s) {}
+
+  void setup(const OpEnv& env, uint32_t seed) override {
+    std::mt19937 rng(seed);
+    const int hd = s_.head_dim, nq = s_.n_q_heads, nkv = s_.n_kv_heads;
+    const int num_seqs = static_cast<int>(s_.q_lens.size());
+    kv_lens_ = s_.kv_lens;
+    for (auto& v : kv_lens_)
+      if (v == 0) v = std::uniform_int_distribution<int>(1, s_.random_kv_max)(rng);
+    const int max_kv = *std::max_element(kv_lens_.begin(), kv_lens_.end());
+    const int max_q = *std::max_element(s_.q_lens.begin(), s_.q_lens.end());
+    max_blocks_ = (max_kv + kBlockSize - 1) / kBlockSize;
+    const int num_blocks = num_seqs * max_blocks_ + 3;
+    q_start_.assign(num_seqs + 1, 0);
+    for (int s = 0; s < num_seqs; ++s) q_start_[s + 1] = q_start_[s] + s_.q_lens[s];
+    const int tokens = q_start_[num_seqs];
+    // Random physical blocks: a permutation shared out to the sequences' tables.
+    std::vector<int32_t> perm(num_blocks);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    tables_.assign(static_cast<size_t>(num_seqs) * max_blocks_, 0);
+    for (int s = 0, next = 0; s < num_seqs; ++s)
+      for (int b = 0; b < max_blocks_; ++b) tables_[s * max_blocks_ + b] = perm[next++];
+    q_stride_ = static_cast<int64_t>(nq) * hd + s_.q_pad;
+    q_ = RandomBf16(static_cast<size_t>(tokens) * q_stride_, 1.5f, rng, env.stream);
+    kc_ = RandomBf16(static_cast<size_t>(num_blocks) * kBlockSize * nkv * hd, 1.5f, rng, env.stream);
+    vc_ = RandomBf16(kc_.size(), 1.f, rng, env.stream);
+    out_ = DevBuf<bf16>(static_cast<size_t>(tokens) * nq * hd);
+    d_tables_ = DevBuf<int32_t>(tables_);
+    d_q_start_ = DevBuf<int32_t>(q_start_);
+    d_kv_lens_ = DevBuf<int32_t>(std::vector<int32_t>(kv_lens_.begin(), kv_lens_.end()));
+    splits_ = s_.splits == kSplitsAuto
+                  ? kernels::attention_decode_splits(num_seqs, nkv, max_kv, env.num_sms, 32)
+                  : s_.splits;
+    ws_ = DevBuf<float>(std::max<size_t>(1, kernels::attention_workspace_floats(tokens, nq, hd, splits_)));
+    out_.poison();
+    ws_.poison();
+
+    p_ = {};
+    p_.out = out_.get();
+    p_.q = q_.get();
+    p_.q_stride = q_stride_;
+    p_.k_cache = kc_.get();
+    p_.v_cache = vc_.get();
+    p_.block_tables = d_tables_.get();
+    p_.q_start = d_q_start_.get();
+    p_.kv_lens = d_kv_lens_.get();
+    p_.num_seqs = num_seqs;
+    p_.num_tokens = tokens;
+    p_.max_q_len = max_q;
+    p_.max_kv_len = max_kv;
+    p_.max_blocks_per_seq = max_blocks_;
+    p_.block_size = kBlockSize;
+    p_.n_q_heads = nq;
+    p_.n_kv_heads = nkv;
+    p_.head_dim = hd;
+    p_.scale = 1.f / std::sqrt(static_cast<float>(hd));
+    p_.num_splits = splits_;
+    p_.workspace = ws_.get();
+  }
+
+  void run(const OpEnv& env, int) override {
+    if (s_.decode) kernels::attention_decode(p_, env.stream); else kernels::attention_prefill(p_, env.stream);
+  }
+
+  OpCheck check(const OpEnv& env, double tol) override {
+    const int hd = s_.head_dim, nq = s_.n_q_heads, nkv = s_.n_kv_heads, group = nq / nkv;
+    const auto q = q_.original(env.stream), kc = kc_.original(env.stream), vc = vc_.original(env.stream);
+    std::vector<double> ref(out_.size());
+    // (token, head) rows: each writes its own head_dim outputs.
+    std::vector<std::pair<int, int>> rows;  // (sequence, query index)
+    for (int s = 0; s < p_.num_seqs; ++s)
+      for (int i = 0; i < s_.q_lens[s]; ++i) rows.emplace_back(s, i);
+    parallel_for(rows.size() * nq, [&](size_t r) {
+      const int s = rows[r / nq].first, i = rows[r / nq].second;
+      const int h = static_cast<int>(r % nq), kvh = h / group;
+      const int tok = q_start_[s] + i, pos = kv_lens_[s] - s_.q_lens[s] + i;
+      auto slot = [&](int j) {
+        return static_cast<size_t>(tables_[s * max_blocks_ + j / kBlockSize]) * kBlockSize + j % kBlockSize;
+      };
+      std::vector<double> sc(pos + 1);
+      double mx = -1e300;
+      for (int j = 0; j <= pos; ++j) {
+        double dot = 0;
+        for (int d = 0; d < hd; ++d)
+          dot += static_cast<double>(bf2f(q[tok * q_stride_ + h * hd + d])) * bf2f(kc[(slot(j) * nkv + kvh) * hd + d]);
+        sc[j] = dot * p_.scale;
+        mx = std::max(mx, sc[j]);
+      }
+      double den = 0;
+      for (auto& v : sc) den += (v = std::exp(v - mx));
+      for (int d = 0; d < hd; ++d) {
+        double o = 0;
+        for (int j = 0; j <= pos; ++j) o += sc[j] * bf2f(vc[(slot(j) * nkv + kvh) * hd + d]);
+        ref[(static_cast<size_t>(tok) * nq + h) * hd + d] = o / den;
+      }
+    });
+    OpCheck c;
+    // bf16 output rounding dominates (fp32 scores and accumulation).
+    c.rel_l2("out", to_float(out_.download<uint16_t>()), ref, tol);
+    return c;
+  }
+
+  // every sequence's K and V rows once, q read and out written
+  double bytes() const override {
+    double kv = 0;
+    for (int v : kv_lens_) kv += v;
+    const double width = static_cast<double>(s_.n_kv_heads) * s_.head_dim;
+    return 4.0 * kv * width + 4.0 * p_.num_tokens * s_.n_q_heads * s_.head_dim;
+  }
+  // q·k and p·v: 4 flops per (query, key, dim), keys up to the query's position
+  double flops() const override {
+    double keys = 0;
+    for (size_t s = 0; s < s_.q_lens.size(); ++s)
+      for (int i = 0; i < s_.q_lens[s]; ++i) keys += kv_lens_[s] - s_.q_lens[s] + i + 1;
+    return 4.0 * keys * s_.n_q_heads * s_.head_dim;
+  }
+  std::string note() const override { return s_.decode ? "splits " + std::to_string(splits_) : ""; }
+
+ private:
+  AttentionShape s_;
+  std::vector<int> kv_lens_;
+  std::vector<int32_t> q_start_, tables_;
+  int max_blocks_ = 0, splits_ = 1;
+  int64_t q_stride_ = 0;
+  RandomBf16 q_, kc_, vc_;
+  DevBuf<bf16> out_;
+  DevBuf<int32_t> d_tables_, d_q_start_, d_kv_lens_;
+  DevBuf<float> ws_;
+  kernels::AttentionParams p_;
+};
+
+// "37,64,20,1", or "1-700" / "x23 192" style summaries for long or uniform lists.
+std::string lens(const std::vector<int>& v, int random_max) {
+  const bool uniform = std::all_of(v.begin(), v.end(), [&](int x) { return x == v[0]; });
+  if (uniform && v[0] == 0) return "1-" + std::to_string(random_max);
+  if (uniform) return std::to_string(v[0]);
+  if (v.size() > 6) return "mixed" + std::string(random_max > 0 ? "1-" + std::to_string(random_max) : "");
+  std::string s;
+  for (int x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
+  return s;
+}
+
+}  // namespace
+
+OpCaseDef attention_case(const AttentionShape& s) {
+  MB_CHECK(!s.q_lens.empty() && s.q_lens.size() == s.kv_lens.size(), "attention case: one q and kv length per sequence");
+  for (size_t i = 0; i < s.q_lens.size(); ++i)
+    MB_CHECK(s.q_lens[i] >= 1 && (s.kv_lens[i] == 0 ? s.random_kv_max >= s.q_lens[i] : s.kv_lens[i] >= s.q_lens[i]),
+             "attention case: every sequence needs kv_len >= q_len >= 1");
+  const std::string shape = "d" + std::to_string(s.head_dim) + " q" + std::to_string(s.n_q_heads) + "/kv" +
+                            std::to_string(s.n_kv_heads) + " seqs" + std::to_string(s.q_lens.size()) + " qlen " +
+                            lens(s.q_lens, 0) + " kvlen " + lens(s.kv_lens, s.random_kv_max) + " splits " +
+                            (s.splits == kSplitsAuto ? std::string("auto") : std::to_string(s.splits));
+  return op_case_def<AttentionCase>(s.decode ? "attn_decode" : "attn_prefill", shape, OpFamily::attention, 5e-3, s);
+}
+
+}  // namespace moebatch::ops

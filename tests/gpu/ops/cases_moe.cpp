@@ -1,0 +1,405 @@
+// Cases of the MoE router, the alignment, the fused small-batch route and the grouped expert
+// GEMM against CPU references, including an expert that receives more rows than one GEMM pass
+// holds and skewed (hot-expert) routings.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <set>
+
+#include "kernels/moe_gemm.cuh"
+#include "kernels/moe_routing.cuh"
+#include "tests/gpu/ops/op_shapes.h"
+
+namespace moebatch::ops {
+namespace {
+
+using kernels::kMoeGemmTileM;
+using std::to_string;
+
+// Reference router on the same (already rounded) logits: softmax in fp64, ties -> lower id.
+void router_ref(const std::vector<float>& logits, int tokens, int E, int K, bool renorm,
+                std::vector<int32_t>& ids, std::vector<double>& w) {
+  ids.assign(static_cast<size_t>(tokens) * K, 0);
+  w.assign(ids.size(), 0);
+  for (int t = 0; t < tokens; ++t) {
+    const float* row = &logits[static_cast<size_t>(t) * E];
+    std::vector<int> order(E);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return row[a] > row[b]; });
+    const double mx = row[order[0]];
+    double sum = 0, picked = 0;
+    for (int e = 0; e < E; ++e) sum += std::exp(row[e] - mx);
+    for (int j = 0; j < K; ++j) picked += std::exp(row[order[j]] - mx) / sum;
+    for (int j = 0; j < K; ++j) {
+      ids[t * K + j] = order[j];
+      w[t * K + j] = std::exp(row[order[j]] - mx) / sum / (renorm ? picked : 1.0);
+    }
+  }
+}
+
+// Random distinct experts per token; with hot >= 0 every token also picks `hot` (skewed load).
+std::vector<int32_t> random_routing(std::mt19937& rng, int tokens, int E, int K, int hot) {
+  std::vector<int32_t> ids(static_cast<size_t>(tokens) * K);
+  std::vector<int> all(E);
+  std::iota(all.begin(), all.end(), 0);
+  for (int t = 0; t < tokens; ++t) {
+    std::shuffle(all.begin(), all.end(), rng);
+    if (hot >= 0) std::iter_swap(all.begin(), std::find(all.begin(), all.end(), hot));
+    for (int j = 0; j < K; ++j) ids[t * K + j] = all[j];
+  }
+  return ids;
+}
+
+// moe_align's contract for the expert ids `ids`: per expert, exactly its pairs (any order), the
+// segment padded to kMoeGemmTileM with the sentinel `pairs`; the active list ascending.
+// Returns the first violation, empty when none.
+std::string align_error(const std::vector<int32_t>& ids, const std::vector<int32_t>& sorted,
+                        const std::vector<int32_t>& off, const std::vector<int32_t>& active, int E) {
+  const int pairs = static_cast<int>(ids.size());
+  if (off[0] != 0) return "expert_offsets[0] = " + to_string(off[0]);
+  std::vector<int32_t> want_active;
+  for (int e = 0; e < E; ++e) {
+    std::vector<int32_t> want;
+    for (int i = 0; i < pairs; ++i)
+      if (ids[i] == e) want.push_back(i);
+    if (!want.empty()) want_active.push_back(e);
+    const int padded = (static_cast<int>(want.size()) + kMoeGemmTileM - 1) / kMoeGemmTileM * kMoeGemmTileM;
+    if (off[e + 1] - off[e] != padded || off[e + 1] > static_cast<int>(sorted.size()))
+      return "expert " + to_string(e) + ": segment [" + to_string(off[e]) + ", " + to_string(off[e + 1]) +
+             ") for " + to_string(want.size()) + " pairs";
+    std::vector<int32_t> got(sorted.begin() + off[e], sorted.begin() + off[e] + want.size());
+    std::sort(got.begin(), got.end());
+    if (got != want) return "expert " + to_string(e) + ": wrong pairs";
+    for (int i = off[e] + static_cast<int>(want.size()); i < off[e + 1]; ++i)
+      if (sorted[i] != pairs) return "expert " + to_string(e) + ": padding " + to_string(sorted[i]);
+  }
+  if (active.empty()) return {};
+  if (active[0] != static_cast<int32_t>(want_active.size()))
+    return "active count " + to_string(active[0]) + " want " + to_string(want_active.size());
+  if (!std::equal(want_active.begin(), want_active.end(), active.begin() + 1)) return "active experts differ";
+  return {};
+}
+
+class RouterCase final : public OpCase {
+ public:
+  explicit RouterCase(const RouterShape& s) : s_(s) {}
+  void setup(const OpEnv&, uint32_t seed) override {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.f, 2.f);
+    logits_.resize(static_cast<size_t>(s_.tokens) * s_.experts);
+    for (auto& v : logits_) v = s_.bf16_logits ? round_bf(nd(rng)) : nd(rng);
+    if (s_.bf16_logits) {
+      std::vector<uint16_t> lb(logits_.size());
+      for (size_t i = 0; i < lb.size(); ++i) lb[i] = f2bf(logits_[i]);
+      d_lb_ = DevBuf<bf16>(lb);
+    } else {
+      d_lf_ = DevBuf<float>(logits_);
+    }
+    ids_ = DevBuf<int32_t>(static_cast<size_t>(s_.tokens) * s_.top_k);
+    w_ = DevBuf<float>(ids_.size());
+    ids_.poison();
+    w_.poison();
+  }
+  void run(const OpEnv& env, int) override {
+    kernels::RouterParams p;
+    p.topk_ids = ids_.get();
+    p.topk_weights = w_.get();
+    p.tokens = s_.tokens;
+    p.num_experts = s_.experts;
+    p.top_k = s_.top_k;
+    p.renormalize = s_.renormalize;
+    if (s_.bf16_logits) kernels::moe_router_topk(p, d_lb_.get(), env.stream);
+    else kernels::moe_router_topk(p, d_lf_.get(), env.stream);
+  }
+  OpCheck check(const OpEnv&, double tol) override {
+    std::vector<int32_t> ids;
+    std::vector<double> w;
+    router_ref(logits_, s_.tokens, s_.experts, s_.top_k, s_.renormalize, ids, w);
+    OpCheck c;
+    c.equal("ids", ids_.download<int32_t>(), ids);
+    c.rel_l2("weights", w_.download<float>(), w, tol);
+    return c;
+  }
+  double bytes() const override {
+    return (s_.bf16_logits ? 2.0 : 4.0) * s_.tokens * s_.experts + 8.0 * s_.tokens * s_.top_k;
+  }
+
+ private:
+  RouterShape s_;
+  std::vector<float> logits_;
+  DevBuf<float> d_lf_, w_;
+  DevBuf<bf16> d_lb_;
+  DevBuf<int32_t> ids_;
+};
+
+// One routing's device side: expert ids and moe_align's outputs for them.
+struct Routing {
+  DevBuf<int32_t> ids, sorted, offsets, active;
+  kernels::AlignParams align(int pairs, int E) const {
+    kernels::AlignParams a;
+    a.sorted_ids = sorted.get();
+    a.expert_offsets = offsets.get();
+    a.active_experts = active.get();
+    a.topk_ids = ids.get();
+    a.num_pairs = pairs;
+    a.num_experts = E;
+    a.block_m = kMoeGemmTileM;
+    return a;
+  }
+};
+
+// `count` random routings, outputs poisoned; ids0 keeps the first on the host. Returns the mean
+// number of experts hit.
+double make_routings(std::mt19937& rng, int tokens, int E, int K, int hot, int count,
+                     std::vector<Routing>& out, std::vector<int32_t>& ids0) {
+  const int pairs = tokens * K, cap = kernels::moe_align_capacity(pairs, E, kMoeGemmTileM);
+  double hit = 0;
+  out.clear();
+  for (int r = 0; r < count; ++r) {
+    const auto ids = random_routing(rng, tokens, E, K, hot);
+    hit += static_cast<double>(std::set<int32_t>(ids.begin(), ids.end()).size()) / count;
+    if (r == 0) ids0 = ids;
+    Routing& R = out.emplace_back(Routing{DevBuf<int32_t>(ids), DevBuf<int32_t>(cap), DevBuf<int32_t>(E + 1),
+                                          DevBuf<int32_t>(E + 1)});
+    R.sorted.poison();
+    R.offsets.poison();
+    R.active.poison();
+  }
+  return hit;
+}
+
+class AlignCase final : public OpCase {
+ public:
+  explicit AlignCase(const AlignShape& s) : s_(s) {}
+  void setup(const OpEnv&, uint32_t seed) override {
+    std::mt19937 rng(seed);
+    make_routings(rng, s_.tokens, s_.experts, s_.top_k, s_.hot, s_.routings, routings_, ids0_);
+  }
+  void run(const OpEnv& env, int iter) override {
+    kernels::moe_align(routings_[iter % s_.routings].align(s_.tokens * s_.top_k, s_.experts), env.stream);
+  }
+  OpCheck check(const OpEnv&, double) override {
+    const Routing& r = routings_[0];
+    const std::string err = align_error(ids0_, r.sorted.download<int32_t>(), r.offsets.download<int32_t>(),
+                                        r.active.download<int32_t>(), s_.experts);
+    OpCheck c;
+    c.expect(err.empty(), "align: " + err);
+    return c;
+  }
+  double bytes() const override { return 8.0 * s_.tokens * s_.top_k; }
+
+ private:
+  AlignShape s_;
+  std::vector<Routing> routings_;
+  std::vector<int32_t> ids0_;
+};
+
+// Fused small-batch router vs the three-launch contract: logits vs fp64, then top-k exactly as
+// router_ref on the kernel's own fp32 logits, and the alignment of those ids; the block counter
+// must be back at zero (graph replays reuse it).
+class RouteSmallCase final : public OpCase {
+ public:
+  explicit RouteSmallCase(const RouteSmallShape& s) : s_(s) {}
+  void setup(const OpEnv& env, uint32_t seed) override {
+    std::mt19937 rng(seed);
+    const int T = s_.tokens, E = s_.experts, pairs = T * s_.top_k;
+    x_ = RandomBf16(static_cast<size_t>(T) * s_.hidden, 1.f, rng, env.stream);
+    w_ = RandomBf16(static_cast<size_t>(E) * s_.hidden, 0.1f, rng, env.stream);
+    logits_ = DevBuf<float>(static_cast<size_t>(T) * E);
+    tw_ = DevBuf<float>(pairs);
+    ids_ = DevBuf<int32_t>(pairs);
+    sorted_ = DevBuf<int32_t>(kernels::moe_align_capacity(pairs, E, kMoeGemmTileM));
+    off_ = DevBuf<int32_t>(E + 1);
+    active_ = DevBuf<int32_t>(E + 1);
+    counter_ = DevBuf<int32_t>(1);
+    for (auto* b : {&ids_, &sorted_, &off_, &active_}) b->poison();
+    logits_.poison();
+    tw_.poison();
+    CUDA_CHECK(cudaMemset(counter_.get(), 0, sizeof(int32_t)));
+  }
+  void run(const OpEnv& env, int) override {
+    kernels::RouteSmallParams p;
+    p.router.topk_ids = ids_.get();
+    p.router.topk_weights = tw_.get();
+    p.router.tokens = s_.tokens;
+    p.router.num_experts = s_.experts;
+    p.router.top_k = s_.top_k;
+    p.router.renormalize = s_.renormalize;
+    p.align.sorted_ids = sorted_.get();
+    p.align.expert_offsets = off_.get();
+    p.align.topk_ids = ids_.get();
+    p.align.num_pairs = s_.tokens * s_.top_k;
+    p.align.num_experts = s_.experts;
+    p.align.block_m = kMoeGemmTileM;
+    p.align.active_experts = active_.get();
+    p.x = x_.get();
+    p.weight = w_.get();
+    p.logits = logits_.get();
+    p.hidden = s_.hidden;
+    p.counter = counter_.get();
+    kernels::moe_route_small(p, env.stream);
+  }
+  OpCheck check(const OpEnv& env, double tol) override {
+    const int T = s_.tokens, E = s_.experts, H = s_.hidden;
+    const auto logits = logits_.download<float>();
+    const auto x = x_.original_f(env.stream), w = w_.original_f(env.stream);
+    std::vector<double> ref_logits(logits.size());
+    for (int t = 0; t < T; ++t)
+      for (int e = 0; e < E; ++e) {
+        double s = 0;
+        for (int k = 0; k < H; ++k) s += static_cast<double>(x[static_cast<size_t>(t) * H + k]) * w[static_cast<size_t>(e) * H + k];
+        ref_logits[static_cast<size_t>(t) * E + e] = s;
+      }
+    OpCheck c;
+    c.rel_l2("logits", logits, ref_logits, tol);
+    std::vector<int32_t> ids;
+    std::vector<double> wref;
+    router_ref(logits, T, E, s_.top_k, s_.renormalize, ids, wref);
+    const auto got_ids = ids_.download<int32_t>();
+    c.equal("ids", got_ids, ids);
+    c.rel_l2("weights", tw_.download<float>(), wref, tol);
+    const std::string err = align_error(got_ids, sorted_.download<int32_t>(), off_.download<int32_t>(),
+                                        active_.download<int32_t>(), E);
+    c.expect(err.empty(), "align: " + err);
+    c.expect(counter_.download<int32_t>()[0] == 0, "block counter left non-zero");
+    return c;
+  }
+  // router weight and x read, logits and the routing written
+  double bytes() const override {
+    return 2.0 * s_.experts * s_.hidden + 2.0 * s_.tokens * s_.hidden + 4.0 * s_.tokens * s_.experts +
+           12.0 * s_.tokens * s_.top_k;
+  }
+  double flops() const override { return 2.0 * s_.tokens * s_.experts * s_.hidden; }
+
+ private:
+  RouteSmallShape s_;
+  RandomBf16 x_, w_;
+  DevBuf<float> logits_, tw_;
+  DevBuf<int32_t> ids_, sorted_, off_, active_, counter_;
+};
+
+// gate+up (input rows = tokens) or down (input rows = pairs) through moe_align + one expert GEMM.
+class MoeGemmCase final : public OpCase {
+ public:
+  explicit MoeGemmCase(const MoeGemmShape& s) : s_(s) {}
+  void setup(const OpEnv& env, uint32_t seed) override {
+    std::mt19937 rng(seed);
+    const int T = s_.tokens, E = s_.experts, H = s_.hidden, I = s_.inter, pairs = T * s_.top_k;
+    hit_ = make_routings(rng, T, E, s_.top_k, s_.hot, s_.routings, routings_, ids0_);
+    for (const Routing& r : routings_) kernels::moe_align(r.align(pairs, E), env.stream);
+    const size_t rows = gate() ? 2 * I : H, cols = gate() ? H : I;
+    switch (s_.format) {  // one place per weight format: its fill here, its dequantization in check()
+      case WeightFormat::bf16: weight_ = RandomBf16(E * rows * cols, 0.05f, rng, env.stream); break;
+    }
+    in_ = RandomBf16(static_cast<size_t>(gate() ? T : pairs) * cols, 1.f, rng, env.stream);
+    out_ = DevBuf<bf16>(static_cast<size_t>(pairs) * out_cols());
+    out_.poison();
+  }
+  void run(const OpEnv& env, int iter) override {
+    const Routing& r = routings_[iter % s_.routings];
+    kernels::MoeGemmParams p;
+    p.sorted_ids = r.sorted.get();
+    p.expert_offsets = r.offsets.get();
+    p.active_experts = s_.active_experts ? r.active.get() : nullptr;
+    p.num_pairs = s_.tokens * s_.top_k;
+    p.num_experts = s_.experts;
+    p.out = out_.get();
+    p.in = in_.get();
+    p.weight = weight_.get();
+    p.in_row_div = gate() ? s_.top_k : 1;
+    p.n = out_cols();
+    p.k = gate() ? s_.hidden : s_.inter;
+    p.silu_gate_up = s_.stage == MoeGemmStage::gate_up_silu;
+    s_.kernel(p, env.stream);
+  }
+  OpCheck check(const OpEnv& env, double tol) override {
+    const int I = s_.inter, K = s_.top_k, pairs = s_.tokens * K, n_out = out_cols();
+    const int k = gate() ? s_.hidden : I, rows = gate() ? 2 * I : s_.hidden;
+    const auto w = weight_.original(env.stream);
+    const auto in = in_.original_f(env.stream);
+    std::vector<double> ref(static_cast<size_t>(pairs) * n_out);
+    parallel_for(pairs, [&](size_t pr) {
+      const size_t e = ids0_[pr];
+      const float* x = &in[(gate() ? pr / K : pr) * k];
+      auto dot = [&](int row) {
+        const uint16_t* wr = &w[(e * rows + row) * k];
+        double s = 0;
+        for (int c = 0; c < k; ++c) s += static_cast<double>(x[c]) * bf2f(wr[c]);
+        return s;
+      };
+      for (int n = 0; n < n_out; ++n) {
+        double v = dot(n);
+        if (s_.stage == MoeGemmStage::gate_up_silu) v = v / (1.0 + std::exp(-v)) * dot(I + n);
+        ref[pr * n_out + n] = v;
+      }
+    });
+    OpCheck c;
+    // fp32 accumulation of bf16 products; the bf16 output rounding dominates (SiLU·mul: one
+    // rounding of the fp32 result).
+    c.rel_l2("out", to_float(out_.download<uint16_t>()), ref, tol);
+    return c;
+  }
+  // weights of the experts hit once, input rows read, output rows written
+  double bytes() const override {
+    const double pairs = static_cast<double>(s_.tokens) * s_.top_k, H = s_.hidden, I = s_.inter;
+    if (!gate()) return hit_ * 2.0 * H * I + 2.0 * pairs * I + 2.0 * pairs * H;
+    return hit_ * 2.0 * 2 * I * H + 2.0 * s_.tokens * H + 2.0 * pairs * out_cols();
+  }
+  double flops() const override { return 2.0 * s_.tokens * s_.top_k * 2 * s_.inter * s_.hidden / (gate() ? 1 : 2); }
+  std::string note() const override {
+    char b[32];
+    std::snprintf(b, sizeof b, "experts hit %.1f", hit_);
+    return b;
+  }
+
+ private:
+  bool gate() const { return s_.stage != MoeGemmStage::down; }
+  int out_cols() const {
+    return s_.stage == MoeGemmStage::gate_up ? 2 * s_.inter : s_.stage == MoeGemmStage::gate_up_silu ? s_.inter : s_.hidden;
+  }
+  MoeGemmShape s_;
+  std::vector<Routing> routings_;
+  std::vector<int32_t> ids0_;
+  double hit_ = 0;
+  RandomBf16 weight_, in_;
+  DevBuf<bf16> out_;
+};
+
+std::string experts(int tokens, int E, int K, int hot) {
+  return "t" + to_string(tokens) + " E" + to_string(E) + " k" + to_string(K) + (hot >= 0 ? " hot" + to_string(hot) : "");
+}
+
+}  // namespace
+
+OpCaseDef router_case(const RouterShape& s) {
+  return op_case_def<RouterCase>("router_topk",
+                                 experts(s.tokens, s.experts, s.top_k, -1) + (s.renormalize ? " renorm" : " no-renorm") +
+                                     (s.bf16_logits ? " bf16" : " fp32"),
+                                 OpFamily::moe_routing, 1e-5, s);
+}
+
+OpCaseDef align_case(const AlignShape& s) {
+  MB_CHECK(s.routings >= 1, "moe_align case: at least one routing");
+  return op_case_def<AlignCase>("moe_align", experts(s.tokens, s.experts, s.top_k, s.hot), OpFamily::moe_routing, 0, s);
+}
+
+OpCaseDef route_small_case(const RouteSmallShape& s) {
+  return op_case_def<RouteSmallCase>("moe_route_small",
+                                     experts(s.tokens, s.experts, s.top_k, -1) + " H" + to_string(s.hidden) +
+                                         (s.renormalize ? " renorm" : " no-renorm"),
+                                     OpFamily::moe_routing, 1e-5, s);
+}
+
+OpCaseDef moe_gemm_case(const MoeGemmShape& s) {
+  MB_CHECK(s.routings >= 1 && s.kernel != nullptr, "moe_gemm case: needs a kernel and a routing");
+  const char* stage = s.stage == MoeGemmStage::gate_up ? "gate_up" : s.stage == MoeGemmStage::gate_up_silu ? "gate_up+silu" : "down";
+  OpCaseDef d = op_case_def<MoeGemmCase>(std::string(s.kernel_name) + " " + stage,
+                                         experts(s.tokens, s.experts, s.top_k, s.hot) + " H" + to_string(s.hidden) +
+                                             " I" + to_string(s.inter) + (s.active_experts ? " active" : ""),
+                                         OpFamily::moe_gemm, 5e-3, s);
+  d.format = s.format;
+  return d;
+}
+
+}  // namespace moebatch::ops

@@ -1,0 +1,169 @@
+// Shapes of each op family's cases and the factories that turn them into table rows. The
+// factory fixes the op's stated tolerance (docs/kernels.md) and its name; op_table.cpp lists the
+// shapes. Layouts follow docs/design.md.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/moe_gemm.cuh"
+#include "kernels/sampling.cuh"
+#include "tests/gpu/ops/op_case.h"
+#include "tests/gpu/ops/op_util.h"
+
+namespace moebatch::ops {
+
+// --- element-wise (cases_elementwise.cpp) ---------------------------------------------------
+
+struct EmbeddingShape {
+  int tokens, hidden, vocab;
+  bool bad_ids = false;  ///< tokens 5 and 9 get ids -1 and vocab: zero rows (needs tokens > 9)
+};
+OpCaseDef embedding_case(const EmbeddingShape& s);
+
+struct RmsNormShape {
+  int rows, cols;
+  bool add = false;  ///< add_rmsnorm: residual += in (bf16, checked bit-exact), then the norm
+};
+OpCaseDef rmsnorm_case(const RmsNormShape& s);
+
+struct QkNormRopeShape {
+  int tokens, n_q_heads, n_kv_heads, head_dim;
+  bool norm = true;    ///< per-head RMSNorm weights (Qwen3); false: rotation only (Qwen2-MoE)
+  bool cache = false;  ///< fused paged-cache write, one padding token (needs tokens > 2)
+  int position = -1;   ///< every token at this position; -1: random in [0, 40000], token 0 at 0
+};
+OpCaseDef qk_norm_rope_case(const QkNormRopeShape& s);
+
+struct KvCacheWriteShape {
+  int tokens, n_kv_heads, head_dim, num_slots;
+  int64_t k_offset, stride;  ///< k at k_offset of a row of `stride` elements, v right after it
+  bool padding = false;      ///< token 3 has slot -1 (skipped)
+};
+OpCaseDef kv_cache_write_case(const KvCacheWriteShape& s);
+
+struct SiluMulShape {
+  int rows, inter;
+};
+OpCaseDef silu_mul_case(const SiluMulShape& s);
+
+struct MoeCombineShape {
+  int tokens, top_k, hidden;
+  bool weighted = true;  ///< false: weights nullptr (already applied)
+};
+OpCaseDef moe_combine_case(const MoeCombineShape& s);
+
+struct SharedExpertGateShape {
+  int tokens, hidden;
+};
+OpCaseDef shared_expert_gate_case(const SharedExpertGateShape& s);
+
+// --- attention (cases_attention.cpp) --------------------------------------------------------
+
+/// attention_decode_splits(num_seqs, n_kv_heads, max_kv_len, env.num_sms, 32), as the engine.
+constexpr int kSplitsAuto = -1;
+
+/// Sequence s has q_lens[s] new tokens at the end of kv_lens[s] positions; the cache is paged
+/// (block 16) through a random permutation of physical blocks.
+struct AttentionShape {
+  int head_dim, n_q_heads, n_kv_heads;
+  std::vector<int> q_lens, kv_lens;  ///< kv_lens entries 0 are drawn from [1, random_kv_max]
+  int random_kv_max = 0;
+  bool decode = false;               ///< attention_decode (else attention_prefill)
+  int splits = 1;                    ///< or kSplitsAuto
+  int q_pad = 8;                     ///< q rows are n_q_heads * head_dim + q_pad wide (fused qkv)
+};
+OpCaseDef attention_case(const AttentionShape& s);
+
+// --- MoE routing and expert GEMM (cases_moe.cpp) --------------------------------------------
+
+struct RouterShape {
+  int tokens, experts, top_k;
+  bool renormalize = true;
+  bool bf16_logits = false;  ///< logits rounded to bf16 and passed as bf16 (else fp32)
+};
+OpCaseDef router_case(const RouterShape& s);
+
+/// Random distinct experts per token; with hot >= 0 every token also picks expert `hot`.
+struct AlignShape {
+  int tokens, experts, top_k;
+  int hot = -1;
+  int routings = 1;  ///< input sets run() rotates over
+};
+OpCaseDef align_case(const AlignShape& s);
+
+struct RouteSmallShape {
+  int tokens, experts, top_k, hidden;
+  bool renormalize = true;
+};
+OpCaseDef route_small_case(const RouteSmallShape& s);
+
+/// Which expert GEMM of the MoE block a case launches.
+enum class MoeGemmStage {
+  gate_up,       ///< in = x [tokens, H], W [E, 2I, H], out [pairs, 2I]
+  gate_up_silu,  ///< same weights, out [pairs, I] = silu(gate) · up (the engine's path)
+  down,          ///< in = act [pairs, I], W [E, H, I], out [pairs, H]
+};
+
+/// The expert-GEMM entry point a case calls: the library's moe_gemm, or a lab variant.
+using MoeGemmKernel = void (*)(const kernels::MoeGemmParams&, cudaStream_t);
+
+/// Routing as AlignShape (aligned by moe_align in setup), then one expert GEMM.
+struct MoeGemmShape {
+  int tokens, experts, top_k, hidden, inter;
+  int hot = -1;
+  MoeGemmStage stage = MoeGemmStage::gate_up;
+  bool active_experts = false;  ///< grid over the experts with pairs (as the engine launches)
+  int routings = 1;
+  WeightFormat format = WeightFormat::bf16;
+  MoeGemmKernel kernel = &kernels::moe_gemm;
+  const char* kernel_name = "moe_gemm";
+};
+OpCaseDef moe_gemm_case(const MoeGemmShape& s);
+
+// --- dense GEMM and sampling (cases_sampling_gemm.cpp) --------------------------------------
+
+/// kernels::linear: out [m, n] = x [m, k] · W [n, k]ᵀ through cuBLAS.
+struct LinearShape {
+  int m, n, k;
+  bool fp32_out = false;
+  float w_scale = 0.1f;
+  WeightFormat format = WeightFormat::bf16;
+};
+OpCaseDef linear_case(const LinearShape& s);
+
+struct GreedyShape {
+  int batch, vocab;
+  bool plant_tie = false;  ///< row 2 gets two equal maxima (ids 777, 90000): the lower must win
+};
+OpCaseDef sample_greedy_case(const GreedyShape& s);
+
+/// One row's sampling controls (seed and step are drawn per row in setup).
+struct SamplingControls {
+  float temperature, top_p;
+  int top_k;
+};
+
+struct TopKTopPShape {
+  int batch, vocab;
+  std::vector<SamplingControls> controls;  ///< cycled over the rows
+  bool quantize_rows = false;  ///< rows 3 and 7 on a grid of 1/4 and 1/2: ties at the top-k cut
+};
+OpCaseDef top_k_top_p_case(const TopKTopPShape& s);
+
+/// Host rows of sample_top_k_top_p uploaded once; params() points a launch at them.
+class SamplingInputs {
+ public:
+  SamplingInputs(const std::vector<float>& logits, const std::vector<float>& temperature,
+                 const std::vector<int32_t>& top_k, const std::vector<float>& top_p,
+                 const std::vector<uint64_t>& seeds, const std::vector<uint64_t>& steps);
+  kernels::SamplingParams params(int32_t* out_tokens) const;
+
+ private:
+  int batch_, vocab_;
+  DevBuf<float> logits_, temperature_, top_p_;
+  DevBuf<int32_t> top_k_;
+  DevBuf<uint64_t> seeds_, steps_;
+};
+
+}  // namespace moebatch::ops

@@ -1,0 +1,143 @@
+// The two op-case tables: what the GPU tests check and what the kernel benchmark times. A new
+// kernel or weight format adds its shapes here (and its case class in cases_*.cpp).
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "kernels/moe_routing.cuh"
+#include "tests/gpu/ops/op_shapes.h"
+
+namespace moebatch::ops {
+
+std::vector<OpCaseDef> op_cases_test() {
+  std::vector<OpCaseDef> t;
+  // Element-wise and copies.
+  t.push_back(embedding_case({.tokens = 37, .hidden = 264, .vocab = 1000, .bad_ids = true}));
+  t.push_back(rmsnorm_case({.rows = 13, .cols = 2048}));
+  t.push_back(rmsnorm_case({.rows = 5, .cols = 128}));
+  t.push_back(rmsnorm_case({.rows = 13, .cols = 2048, .add = true}));
+  t.push_back(rmsnorm_case({.rows = 7, .cols = 136, .add = true}));
+  for (auto [head_dim, norm, cache] : {std::tuple{128, true, false}, {32, true, false}, {16, false, false},
+                                       {128, true, true}, {64, false, true}})
+    t.push_back(qk_norm_rope_case(
+        {.tokens = 19, .n_q_heads = 8, .n_kv_heads = 4, .head_dim = head_dim, .norm = norm, .cache = cache}));
+  // k/v inside a wider row, still 16-byte aligned
+  t.push_back(kv_cache_write_case({.tokens = 45, .n_kv_heads = 4, .head_dim = 128, .num_slots = 16 * 12,
+                                   .k_offset = 512, .stride = 3 * 512 + 32, .padding = true}));
+  t.push_back(silu_mul_case({.rows = 33, .inter = 768}));
+  t.push_back(moe_combine_case({.tokens = 21, .top_k = 8, .hidden = 2048, .weighted = true}));
+  t.push_back(moe_combine_case({.tokens = 21, .top_k = 8, .hidden = 2048, .weighted = false}));
+  t.push_back(shared_expert_gate_case({.tokens = 17, .hidden = 2048}));
+
+  // Attention. Prefill: whole prompts, a chunk continuing a cached prefix and a decode token in
+  // one step.
+  t.push_back(attention_case({.head_dim = 128, .n_q_heads = 32, .n_kv_heads = 4, .q_lens = {37, 64, 20, 1},
+                              .kv_lens = {37, 64, 85, 130}}));
+  t.push_back(attention_case({.head_dim = 32, .n_q_heads = 8, .n_kv_heads = 4, .q_lens = {50, 3}, .kv_lens = {50, 40}}));
+  t.push_back(attention_case({.head_dim = 16, .n_q_heads = 8, .n_kv_heads = 4, .q_lens = {17, 33}, .kv_lens = {17, 33}}));
+  t.push_back(attention_case(
+      {.head_dim = 64, .n_q_heads = 16, .n_kv_heads = 16, .q_lens = {40}, .kv_lens = {90}, .splits = 2}));
+  // Decode: 23 sequences of random length 1-700, with lengths at block edges (1, 16, 17).
+  std::vector<int> kv23(23, 0);
+  kv23[0] = 1;
+  kv23[1] = 16;
+  kv23[2] = 17;
+  for (auto [head_dim, nq] : {std::pair{128, 32}, {32, 8}})
+    t.push_back(attention_case({.head_dim = head_dim, .n_q_heads = nq, .n_kv_heads = 4, .q_lens = std::vector<int>(23, 1),
+                                .kv_lens = kv23, .random_kv_max = 700, .decode = true}));
+  // Decode split-K: an odd split count, the engine's heuristic, and head_dim 16.
+  const std::vector<int> kv5 = {1500, 3, 800, 257, 1024};
+  for (auto [head_dim, nq, splits] : {std::tuple{128, 32, 7}, {128, 32, kSplitsAuto}, {16, 8, 4}})
+    t.push_back(attention_case({.head_dim = head_dim, .n_q_heads = nq, .n_kv_heads = 4, .q_lens = std::vector<int>(5, 1),
+                                .kv_lens = kv5, .decode = true, .splits = splits}));
+
+  // MoE routing.
+  for (int E : {128, 16, 60})
+    for (bool renorm : {true, false})
+      for (bool bf16_logits : {false, true})
+        t.push_back(router_case({.tokens = 67, .experts = E, .top_k = E >= 64 ? 8 : 4, .renormalize = renorm,
+                                 .bf16_logits = bf16_logits}));
+  for (int tokens : {1, 64, 300})  // 300 tokens: every one also picks expert 5
+    t.push_back(align_case({.tokens = tokens, .experts = 128, .top_k = 8, .hot = tokens == 300 ? 5 : -1}));
+  for (int E : {128, 60, 16})
+    for (int tokens : {1, 3, 8})
+      for (bool renorm : {true, false})
+        t.push_back(route_small_case({.tokens = tokens, .experts = E, .top_k = E >= 64 ? 8 : 4,
+                                      .hidden = E == 60 ? 1000 : 2048, .renormalize = renorm}));
+
+  // Expert GEMM: each shape's gate+up and down on a grid over all experts, gate+up+SiLU over the
+  // experts with pairs (the engine's launch).
+  const MoeGemmShape gemm_shapes[] = {
+      {.tokens = 9, .experts = 16, .top_k = 4, .hidden = 128, .inter = 64},              // qwen2_moe_tiny-like
+      {.tokens = 50, .experts = 16, .top_k = 4, .hidden = 128, .inter = 128, .hot = 2},  // a 50-row expert: two passes
+      {.tokens = 3, .experts = 8, .top_k = 2, .hidden = 96, .inter = 64},                // k not a multiple of the 256 chunk
+      {.tokens = 40, .experts = 8, .top_k = 2, .hidden = 608, .inter = 96, .hot = 1},    // 3 chunks, last partial; 2 passes
+      {.tokens = 1, .experts = 64, .top_k = 8, .hidden = 2048, .inter = 768},            // Qwen3 shapes
+      {.tokens = 12, .experts = 32, .top_k = 8, .hidden = 2048, .inter = 768, .hot = 7},
+  };
+  for (MoeGemmShape s : gemm_shapes)
+    for (MoeGemmStage stage : {MoeGemmStage::gate_up, MoeGemmStage::gate_up_silu, MoeGemmStage::down}) {
+      s.stage = stage;
+      s.active_experts = stage == MoeGemmStage::gate_up_silu;
+      t.push_back(moe_gemm_case(s));
+    }
+
+  // Dense GEMM and sampling.
+  t.push_back(linear_case({.m = 5, .n = 1000, .k = 256, .fp32_out = false}));
+  t.push_back(linear_case({.m = 5, .n = 1000, .k = 256, .fp32_out = true}));
+  t.push_back(sample_greedy_case({.batch = 9, .vocab = 151936, .plant_tie = true}));
+  // 6 rows each of: plain top-k, top-p only, wide k, greedy, top_p 0, k 1, k above the cap, narrow
+  t.push_back(top_k_top_p_case({.batch = 48, .vocab = 20000,
+                                .controls = {{1.0f, 1.0f, 50}, {0.7f, 0.9f, 0}, {1.5f, 0.5f, 1000}, {0.0f, 0.9f, 40},
+                                             {1.0f, 0.0f, 20}, {1.0f, 1.0f, 1}, {2.0f, 0.95f, 5000}, {0.3f, 0.8f, 7}},
+                                .quantize_rows = true}));
+  return t;
+}
+
+std::vector<OpCaseDef> op_cases_bench() {
+  // Qwen3-30B-A3B: hidden 2048, 32 q / 4 kv heads of 128, 128 experts top-8, moe_intermediate
+  // 768, vocab 151936; paged cache in blocks of 16.
+  constexpr int kH = 2048, kNq = 32, kNkv = 4, kD = 128, kE = 128, kK = 8, kI = 768, kV = 151936;
+  constexpr int kQkvWidth = (kNq + 2 * kNkv) * kD, kRoutings = 8;
+  std::vector<OpCaseDef> t;
+  auto add = [&](int batch, OpCaseDef d) {
+    d.batch = batch;
+    t.push_back(std::move(d));
+  };
+  for (int B : {1, 64, 256}) {
+    add(B, embedding_case({.tokens = B, .hidden = kH, .vocab = kV}));
+    add(B, rmsnorm_case({.rows = B, .cols = kH, .add = true}));
+    add(B, qk_norm_rope_case({.tokens = B, .n_q_heads = kNq, .n_kv_heads = kNkv, .head_dim = kD, .position = 191}));
+    // k and v from the fused qkv row into a context-192 cache
+    add(B, kv_cache_write_case({.tokens = B, .n_kv_heads = kNkv, .head_dim = kD, .num_slots = B * 192,
+                                .k_offset = kNq * kD, .stride = kQkvWidth}));
+    for (int ctx : {192, 2048})
+      add(B, named(attention_case({.head_dim = kD, .n_q_heads = kNq, .n_kv_heads = kNkv, .q_lens = std::vector<int>(B, 1),
+                                   .kv_lens = std::vector<int>(B, ctx), .decode = true, .splits = kSplitsAuto,
+                                   .q_pad = 2 * kNkv * kD}),
+                   "attn_decode ctx" + std::to_string(ctx)));
+    add(B, named(linear_case({.m = B, .n = kE, .k = kH, .fp32_out = true, .w_scale = 0.02f}), "router_gemm (cuBLAS)"));
+    add(B, router_case({.tokens = B, .experts = kE, .top_k = kK}));
+    if (B <= kernels::kRouteSmallMaxTokens)
+      add(B, route_small_case({.tokens = B, .experts = kE, .top_k = kK, .hidden = kH}));
+    // The expert GEMMs rotate over several routings so repeated runs do not just re-read L2.
+    add(B, align_case({.tokens = B, .experts = kE, .top_k = kK, .routings = kRoutings}));
+    for (MoeGemmStage stage : {MoeGemmStage::gate_up, MoeGemmStage::down, MoeGemmStage::gate_up_silu})
+      add(B, moe_gemm_case({.tokens = B, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI, .stage = stage,
+                            .active_experts = true, .routings = kRoutings}));
+    add(B, silu_mul_case({.rows = B * kK, .inter = kI}));
+    add(B, moe_combine_case({.tokens = B, .top_k = kK, .hidden = kH}));
+    add(B, named(linear_case({.m = B, .n = kV, .k = kH, .fp32_out = true, .w_scale = 0.02f}), "lm_head (cuBLAS)"));
+    add(B, sample_greedy_case({.batch = B, .vocab = kV}));
+    add(B, named(top_k_top_p_case({.batch = B, .vocab = kV, .controls = {{0.8f, 0.95f, 50}}}),
+                 "sample_top_k_top_p (k50 p.95)"));
+  }
+  // Prefill attention: 8 prompts of 512 tokens, causal (batch column: the 4096 tokens).
+  add(8 * 512, named(attention_case({.head_dim = kD, .n_q_heads = kNq, .n_kv_heads = kNkv,
+                                     .q_lens = std::vector<int>(8, 512), .kv_lens = std::vector<int>(8, 512), .q_pad = 0}),
+                     "attn_prefill 8x512 causal"));
+  return t;
+}
+
+}  // namespace moebatch::ops
