@@ -4,6 +4,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <string_view>
 
 #include "common/error.h"
 
@@ -108,14 +109,47 @@ void parse_rope(const json& j, const std::string& src, ModelConfig& c) {
   c.rope_theta = get_double(j, src, "rope_theta", 1.0, 1e12, 10000.0);
 }
 
+// ModelOpt NVFP4 ({"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16,
+// "exclude_modules": [...]} in config.json, or the same under "quantization" in
+// hf_quant_config.json).
+void parse_nvfp4(const json& q, const std::string& src, const std::string& key, ModelConfig& c) {
+  const std::string algo = q.value("quant_algo", "");
+  if (algo != "NVFP4") {
+    fail(src, key + ".quant_algo",
+         "unsupported ModelOpt quant_algo '" + algo + "' (only NVFP4 is implemented)");
+  }
+  c.quant = QuantMethod::Nvfp4;
+  c.quant_group_size = q.contains("group_size") && q["group_size"].is_number_integer()
+                           ? q["group_size"].get<int64_t>()
+                           : 16;
+  if (c.quant_group_size != 16) {
+    fail(src, key + ".group_size",
+         "NVFP4 scales cover 16 inputs, got " + std::to_string(c.quant_group_size));
+  }
+  if (auto ex = q.find("exclude_modules"); ex != q.end() && !ex->is_null()) {
+    if (!ex->is_array() || ex->size() > 100000)
+      fail(src, key + ".exclude_modules", "expected an array");
+    for (const auto& m : *ex) {
+      if (!m.is_string() || m.get<std::string>().size() > 1024)
+        fail(src, key + ".exclude_modules", "entries must be module-name patterns");
+      c.quant_exclude.push_back(m.get<std::string>());
+    }
+  }
+}
+
 void parse_quant(const json& j, const std::string& src, ModelConfig& c) {
   auto q = j.find("quantization_config");
   if (q == j.end() || q->is_null()) return;
   if (!q->is_object()) fail(src, "quantization_config", "expected an object");
   std::string method = q->value("quant_method", "");
+  if (method == "modelopt") {
+    parse_nvfp4(*q, src, "quantization_config", c);
+    return;
+  }
   if (method != "fp8") {
-    fail(src, "quantization_config.quant_method",
-         "unsupported quantization '" + method + "' (only block fp8 is implemented)");
+    fail(
+        src, "quantization_config.quant_method",
+        "unsupported quantization '" + method + "' (block fp8 and ModelOpt NVFP4 are implemented)");
   }
   auto bs = q->find("weight_block_size");
   if (bs == q->end() || !bs->is_array() || bs->size() != 2 || !(*bs)[0].is_number_integer() ||
@@ -146,6 +180,37 @@ const char* arch_name(ModelArch a) {
   return "?";
 }
 
+namespace {
+
+// '*' matches any run of characters (including none and dots); everything else literally.
+bool glob_match(std::string_view pat, std::string_view s) {
+  size_t p = 0, i = 0, star = std::string_view::npos, mark = 0;
+  while (i < s.size()) {
+    if (p < pat.size() && pat[p] == '*') {
+      star = p++;
+      mark = i;
+    } else if (p < pat.size() && pat[p] == s[i]) {
+      ++p;
+      ++i;
+    } else if (star != std::string_view::npos) {
+      p = star + 1;
+      i = ++mark;
+    } else {
+      return false;
+    }
+  }
+  while (p < pat.size() && pat[p] == '*') ++p;
+  return p == pat.size();
+}
+
+}  // namespace
+
+bool quant_excluded(const ModelConfig& cfg, const std::string& module) {
+  for (const std::string& pat : cfg.quant_exclude)
+    if (glob_match(pat, module)) return true;
+  return false;
+}
+
 int64_t ModelConfig::num_kv_layers() const {
   return std::count_if(layers.begin(), layers.end(), [](const LayerKind& k) { return k.has_kv(); });
 }
@@ -153,8 +218,8 @@ int64_t ModelConfig::num_kv_layers() const {
 std::vector<LayerKind> default_layer_kinds(const ModelConfig& c) {
   std::vector<LayerKind> out(static_cast<size_t>(c.num_layers));
   for (int64_t i = 0; i < c.num_layers; ++i) {
-    const bool forced_dense = std::find(c.mlp_only_layers.begin(), c.mlp_only_layers.end(), i) !=
-                              c.mlp_only_layers.end();
+    const bool forced_dense =
+        std::find(c.mlp_only_layers.begin(), c.mlp_only_layers.end(), i) != c.mlp_only_layers.end();
     const bool moe = c.num_experts > 0 && !forced_dense && (i + 1) % c.decoder_sparse_step == 0;
     if (moe) out[i].mlp = c.has_shared_expert() ? MlpKind::MoeShared : MlpKind::Moe;
   }
@@ -248,7 +313,20 @@ ModelConfig load_model_config(const std::filesystem::path& dir) {
   std::ifstream in(path);
   json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) throw InputError(path.string() + ": not valid JSON");
-  return parse_model_config(j, path.string());
+  ModelConfig c = parse_model_config(j, path.string());
+  // ModelOpt may state its quantization only in hf_quant_config.json.
+  const auto hq = dir / "hf_quant_config.json";
+  if (c.quant == QuantMethod::None && std::filesystem::exists(hq)) {
+    if (std::filesystem::file_size(hq, ec) > kMaxConfigBytes || ec)
+      throw InputError(hq.string() + ": unreadable or larger than a config may be");
+    std::ifstream qin(hq);
+    json qj = json::parse(qin, nullptr, /*allow_exceptions=*/false);
+    if (qj.is_discarded() || !qj.is_object() || !qj.contains("quantization") ||
+        !qj["quantization"].is_object())
+      throw InputError(hq.string() + ": expected {\"quantization\": {...}}");
+    parse_nvfp4(qj["quantization"], hq.string(), "quantization", c);
+  }
+  return c;
 }
 
 }  // namespace moebatch

@@ -14,8 +14,12 @@ namespace moebatch {
 /// Which family of decoder the checkpoint is; decides hub tensor names and small semantics.
 enum class ModelArch { Qwen3Moe, Qwen2Moe, Qwen3Dense };
 
-/// Weight quantization of the checkpoint; the loader dequantizes to the backend's dtype.
-enum class QuantMethod { None, Fp8Block };
+/// Weight quantization of the checkpoint.
+enum class QuantMethod {
+  None,
+  Fp8Block,  ///< F8_E4M3 weights, weight_scale_inv per [block_rows, block_cols] (Qwen/DeepSeek)
+  Nvfp4,     ///< ModelOpt NVFP4: packed E2M1 pairs, F8_E4M3 scale per 16 inputs, F32 scale_2
+};
 
 /// The token mixer of one decoder layer. Only full attention is implemented; Gated DeltaNet
 /// (Qwen3-Next's linear attention, with per-sequence recurrent state) plugs in here.
@@ -63,6 +67,8 @@ struct ModelConfig {
   QuantMethod quant = QuantMethod::None;        ///< checkpoint weight quantization
   int64_t quant_block_rows = 0;                 ///< FP8 block size along out (rows)
   int64_t quant_block_cols = 0;                 ///< FP8 block size along in (cols)
+  int64_t quant_group_size = 0;                 ///< NVFP4: inputs per scale (16)
+  std::vector<std::string> quant_exclude;       ///< NVFP4: modules left unquantized (wildcards)
   std::vector<LayerKind> layers;                ///< [num_layers], decided once at parse time
 
   /// True when layer `i` uses routed experts (else a dense SwiGLU MLP).
@@ -85,6 +91,10 @@ ModelConfig parse_model_config(const nlohmann::json& j, const std::string& sourc
 
 /// Reads `dir/config.json` (size-capped) and parses it. Throws InputError naming file and field.
 ModelConfig load_model_config(const std::filesystem::path& dir);
+
+/// True when module `name` (a hub name without ".weight") is excluded from quantization by
+/// `cfg.quant_exclude` ('*' matches any run of characters, as ModelOpt's patterns).
+bool quant_excluded(const ModelConfig& cfg, const std::string& module);
 
 /// Human name of an architecture ("qwen3_moe", ...).
 const char* arch_name(ModelArch a);

@@ -1,20 +1,12 @@
 #include "engine/weights.h"
 
 #include <algorithm>
-#include <sstream>
 
 #include "common/error.h"
+#include "engine/hub_tensor.h"
 
 namespace moebatch {
 namespace {
-
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
-  os << "]";
-  return os.str();
-}
 
 void require_divisible(int64_t n, int world, const char* field) {
   if (n % world != 0) {
@@ -178,63 +170,17 @@ ModelPlan plan_weights(const ModelConfig& c, const ShardSpec& s) {
 namespace {
 
 template <class Out, class Conv>
-void read_plan(const WeightSource& ckpt, const ModelConfig& cfg, const TensorPlan& plan, Out* dst,
+void read_plan(const WeightSource& src, const ModelConfig& cfg, const TensorPlan& plan, Out* dst,
                Conv conv) {
   const int64_t dst_cols = plan.shape.size() > 1 ? plan.shape.back() : 1;
   const int64_t dst_rows = plan.numel() / dst_cols;
   for (const auto& pc : plan.pieces) {
-    const SourceTensor found = ckpt.find_tensor(pc.name);
-    const TensorView& t = *found.view;
-    const std::string where = ckpt.source_name() + ": tensor '" + pc.name + "'";
-    if (found.shape != pc.src_shape) {
-      throw InputError(where + ": shape " + shape_str(found.shape) + " but the config implies " +
-                       shape_str(pc.src_shape));
-    }
-    const bool fp8 = t.dtype == DType::F8_E4M3;
-    if (t.dtype != DType::F32 && t.dtype != DType::F16 && t.dtype != DType::BF16 && !fp8) {
-      throw InputError(where + ": dtype " + dtype_name(t.dtype) +
-                       " is not a weight dtype (expected BF16, F16, F32 or F8_E4M3)");
-    }
+    const HubTensorReader in(src, cfg, pc.name, pc.src_shape);
     MB_CHECK(pc.cols == dst_cols && pc.dst_row0 + pc.rows <= dst_rows,
              "plan piece must fit its destination");
-    const int64_t src_cols = found.shape.size() > 1 ? found.shape[1] : 1;
-    MB_CHECK(found.row0 >= 0 && (found.row0 + found.shape[0]) * src_cols <= t.numel(),
-             "a source tensor's rows must lie inside its file tensor");
-    const TensorView* scale = nullptr;
-    int64_t br = 0, bc = 0, scols = 0;
-    if (fp8) {
-      // Fine-grained FP8: w = w_fp8 * weight_scale_inv[row / br, col / bc].
-      MB_CHECK(found.row0 == 0, "FP8 block scales index whole tensors");
-      if (cfg.quant != QuantMethod::Fp8Block) {
-        throw InputError(where + ": F8_E4M3 weight but config.json has no fp8 quantization_config");
-      }
-      const std::string sname = pc.name + "_scale_inv";
-      if (!ckpt.has_tensor(sname))
-        throw InputError(where + ": F8_E4M3 weight without '" + sname + "'");
-      scale = ckpt.find_tensor(sname).view;
-      br = cfg.quant_block_rows;
-      bc = cfg.quant_block_cols;
-      std::vector<int64_t> want = {(found.shape[0] + br - 1) / br, (src_cols + bc - 1) / bc};
-      if (scale->shape != want) {
-        throw InputError(ckpt.source_name() + ": tensor '" + sname + "': shape " +
-                         shape_str(scale->shape) + " but blocks of " + std::to_string(br) + "x" +
-                         std::to_string(bc) + " imply " + shape_str(want));
-      }
-      if (scale->dtype != DType::F32 && scale->dtype != DType::BF16) {
-        throw InputError(ckpt.source_name() + ": tensor '" + sname + "': dtype " +
-                         dtype_name(scale->dtype) + ", expected F32 or BF16");
-      }
-      scols = want[1];
-    }
     for (int64_t r = 0; r < pc.rows; ++r) {
-      const int64_t sr = pc.row0 + r;
       Out* out = dst + (pc.dst_row0 + r) * dst_cols;
-      for (int64_t cc = 0; cc < pc.cols; ++cc) {
-        const int64_t sc = pc.col0 + cc;
-        float v = t.get_f32((found.row0 + sr) * src_cols + sc);
-        if (fp8) v *= scale->get_f32((sr / br) * scols + sc / bc);
-        out[cc] = conv(v);
-      }
+      for (int64_t c = 0; c < pc.cols; ++c) out[c] = conv(in.at(pc.row0 + r, pc.col0 + c));
     }
   }
 }

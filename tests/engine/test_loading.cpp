@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -328,6 +329,112 @@ TEST(Weights, Fp8BlockDequantMatchesManual) {
     float want = q.get_f32(r * 256 + c) * s.get_f32(c / 128);
     ASSERT_EQ(w.layers[2].wo.data[r * 256 + c], want);
   }
+}
+
+// NVFP4 decoded by hand from the stored bytes: E2M1 code (low nibble first) × F8_E4M3 group
+// scale × weight_scale_2, on fresh random elements of an expert's down_proj.
+TEST(Weights, Nvfp4DequantMatchesManual) {
+  const std::string dir = test_data_dir() + "/qwen3_moe_tiny_nvfp4";
+  auto cfg = load_model_config(dir);
+  ASSERT_EQ(cfg.quant, QuantMethod::Nvfp4);
+  EXPECT_EQ(cfg.quant_group_size, 16);
+  EXPECT_TRUE(quant_excluded(cfg, "model.layers.3.self_attn.q_proj"));
+  EXPECT_TRUE(quant_excluded(cfg, "model.layers.0.mlp.gate"));
+  EXPECT_FALSE(quant_excluded(cfg, "model.layers.0.self_attn.q_proj"));
+  Checkpoint ck(dir);
+  auto w = load_weights(ck, cfg, {});
+  const std::string name = "model.layers.1.mlp.experts.5.down_proj.weight";
+  const auto& q = ck.at(name);
+  const auto& sc = ck.at(name + "_scale");
+  const float s2 = ck.at(name + "_scale_2").get_f32(0);
+  const int64_t H = cfg.hidden_size, I = cfg.moe_intermediate_size;  // down_proj is [H, I]
+  static const float kE2m1[8] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6};
+  std::mt19937 rng(std::random_device{}());
+  for (int k = 0; k < 300; ++k) {
+    const int64_t r = rng() % H, c = rng() % I;
+    const auto byte = static_cast<uint8_t>(q.data[r * (I / 2) + c / 2]);
+    const uint8_t code = c % 2 ? byte >> 4 : byte & 15;
+    const float want =
+        (code & 8 ? -1.f : 1.f) * kE2m1[code & 7] * sc.get_f32(r * (I / 16) + c / 16) * s2;
+    ASSERT_EQ(w.layers[1].w_down.data[(5 * H + r) * I + c], want) << r << "," << c;
+  }
+}
+
+// A copy of the NVFP4 fixture whose config.json and/or safetensors header is edited by `edit`;
+// loading it must fail with an InputError containing every string of `expect`.
+void expect_nvfp4_error(const std::function<void(json& config, json& header)>& edit,
+                        const std::vector<std::string>& expect) {
+  TempDir tmp;
+  const std::string src = test_data_dir() + "/qwen3_moe_tiny_nvfp4";
+  json config = json::parse(test::read_file(src + "/config.json"));
+  const std::string bytes = test::read_file(src + "/model.safetensors");
+  uint64_t hlen = 0;
+  std::memcpy(&hlen, bytes.data(), 8);
+  json header = json::parse(bytes.substr(8, hlen));
+  edit(config, header);
+  std::string h = header.dump();
+  h.resize((h.size() + 7) / 8 * 8, ' ');
+  const uint64_t n = h.size();
+  std::string out(reinterpret_cast<const char*>(&n), 8);
+  write_file(tmp.file("model.safetensors"), out + h + bytes.substr(8 + hlen));
+  write_file(tmp.file("config.json"), config.dump());
+  try {
+    auto cfg = load_model_config(tmp.path());
+    Checkpoint ck(tmp.path());
+    load_weights(ck, cfg, {});
+    FAIL() << "no error";
+  } catch (const InputError& e) {
+    for (const auto& want : expect)
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+  }
+}
+
+TEST(Weights, Nvfp4BadInputsNameTheTensorOrField) {
+  const std::string down = "model.layers.0.mlp.experts.3.down_proj.weight";
+  // an unsupported ModelOpt algorithm
+  expect_nvfp4_error([](json& c, json&) { c["quantization_config"]["quant_algo"] = "W4A8_AWQ"; },
+                     {"quant_algo", "W4A8_AWQ"});
+  // a missing group scale
+  expect_nvfp4_error(
+      [&](json&, json& h) {
+        h[down + "_scalX"] = h[down + "_scale"];
+        h.erase(down + "_scale");
+      },
+      {down + "_scale", "missing"});
+  // a mis-shaped global scale
+  expect_nvfp4_error([&](json&, json& h) { h[down + "_scale_2"]["shape"] = {1}; },
+                     {down + "_scale_2", "shape [1]"});
+  // the config does not exclude a module the checkpoint stores in BF16
+  expect_nvfp4_error(
+      [](json& c, json&) {
+        c["quantization_config"]["exclude_modules"] = {"lm_head", "model.embed_tokens",
+                                                       "model.layers.*.mlp.gate"};
+      },
+      {"model.layers.2.self_attn.q_proj.weight", "does not exclude"});
+  // the config excludes modules the checkpoint stores packed
+  expect_nvfp4_error(
+      [](json& c, json&) {
+        c["quantization_config"]["exclude_modules"].push_back("model.layers.0.self_attn*");
+      },
+      {"model.layers.0.self_attn.q_proj.weight", "excludes"});
+  // packed FP4 without any NVFP4 config
+  expect_nvfp4_error([](json& c, json&) { c.erase("quantization_config"); },
+                     {"model.layers.0.self_attn.q_proj.weight", "U8"});
+}
+
+// ModelOpt may state the quantization only in hf_quant_config.json.
+TEST(ModelConfig, Nvfp4FromHfQuantConfig) {
+  TempDir tmp;
+  const std::string src = test_data_dir() + "/qwen3_moe_tiny_nvfp4";
+  json config = json::parse(test::read_file(src + "/config.json"));
+  config.erase("quantization_config");
+  write_file(tmp.file("config.json"), config.dump());
+  write_file(tmp.file("hf_quant_config.json"), test::read_file(src + "/hf_quant_config.json"));
+  const ModelConfig cfg = load_model_config(tmp.path());
+  EXPECT_EQ(cfg.quant, QuantMethod::Nvfp4);
+  EXPECT_EQ(cfg.quant_exclude.size(), 5u);
+  write_file(tmp.file("hf_quant_config.json"), R"({"quantization": {"quant_algo": "FP8"}})");
+  EXPECT_THROW(load_model_config(tmp.path()), InputError);
 }
 
 }  // namespace

