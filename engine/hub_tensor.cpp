@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "engine/ggml_quants.h"
 
 namespace moebatch {
 namespace {
@@ -103,6 +104,15 @@ HubTensorReader::HubTensorReader(const WeightSource& src, const ModelConfig& cfg
                         "blocks of " + std::to_string(br_) + "x" + std::to_string(bc_));
     return;
   }
+  if (dtype_is_block(t_->dtype)) {
+    // ggml blocks run along the rows (GGUF's fastest dimension)
+    if (cols_ % dtype_block(t_->dtype).elems != 0) {
+      throw InputError(where + ": rows of " + std::to_string(cols_) + " elements are not whole " +
+                       dtype_name(t_->dtype) + " blocks");
+    }
+    kind_ = StoredAs::GgmlBlocks;
+    return;
+  }
   if (t_->dtype != DType::F32 && t_->dtype != DType::F16 && t_->dtype != DType::BF16) {
     throw InputError(where + ": dtype " + dtype_name(t_->dtype) +
                      " is not a weight dtype (expected BF16, F16, F32, F8_E4M3 or packed FP4 U8)");
@@ -126,6 +136,16 @@ float HubTensorReader::at(int64_t r, int64_t c) const {
       const auto byte = static_cast<uint8_t>(t_->data[r * (cols_ / 2) + c / 2]);
       const uint8_t code = (c & 1) ? (byte >> 4) : (byte & 0xF);
       return e2m1_to_f32(code) * scale_->get_f32(r * scale_cols_ + c / 16) * scale2_;
+    }
+    case StoredAs::GgmlBlocks: {
+      if (row_index_ != r) {
+        const DTypeBlock b = dtype_block(t_->dtype);
+        row_.resize(static_cast<size_t>(cols_));
+        dequantize_row(t_->dtype, t_->data + (row0_ + r) * (cols_ / b.elems) * b.bytes, row_.data(),
+                       cols_);
+        row_index_ = r;
+      }
+      return row_[static_cast<size_t>(c)];
     }
   }
   return 0.0f;

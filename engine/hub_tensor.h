@@ -1,6 +1,7 @@
 // Reading one hub tensor's elements whatever the checkpoint stores: plain BF16/F16/F32,
-// fine-grained FP8 (F8_E4M3 + weight_scale_inv per block), or ModelOpt NVFP4 (U8 pairs of E2M1
-// codes + F8_E4M3 scale per 16 inputs + F32 weight_scale_2). Everything about the stored form is
+// fine-grained FP8 (F8_E4M3 + weight_scale_inv per block), ModelOpt NVFP4 (U8 pairs of E2M1
+// codes + F8_E4M3 scale per 16 inputs + F32 weight_scale_2), or GGUF's ggml blocks (Q8_0,
+// k-quants; decoded a row at a time). Everything about the stored form is
 // checked against the config when the reader is made (dtype, shapes of the weight and of its
 // scales, exclude_modules), so a mismatch is an InputError naming the tensor before any data is
 // read.
@@ -16,7 +17,7 @@
 namespace moebatch {
 
 /// The stored form of one hub tensor.
-enum class StoredAs { Plain, Fp8Block, Nvfp4 };
+enum class StoredAs { Plain, Fp8Block, Nvfp4, GgmlBlocks };
 
 /// Decodes elements of hub tensor `name`, whose shape the config implies as `shape`
 /// ([rows, cols]; 1-D tensors as [n, 1]).
@@ -37,6 +38,8 @@ class HubTensorReader {
       nullptr;  // FP8: [ceil(rows/br), ceil(cols/bc)]; NVFP4: [rows, cols/16]
   int64_t br_ = 0, bc_ = 0, scale_cols_ = 0;
   float scale2_ = 1.0f;  // NVFP4 weight_scale_2
+  mutable std::vector<float> row_;  // ggml blocks: the last decoded row
+  mutable int64_t row_index_ = -1;
 };
 
 /// Value of an E2M1 code (bit 3 sign; bits 0-2 index 0, .5, 1, 1.5, 2, 3, 4, 6).

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "engine/ggml_quants.h"
 
 namespace moebatch {
 namespace {
@@ -57,8 +58,29 @@ size_t dtype_size(DType t) {
       return 1;
     case DType::I64:
       return 8;
+    case DType::Q8_0:
+    case DType::Q4_K:
+    case DType::Q5_K:
+    case DType::Q6_K:
+      return 0;
   }
   return 0;
+}
+
+DTypeBlock dtype_block(DType t) {
+  // ggml's block layouts (engine/ggml_quants.cpp)
+  switch (t) {
+    case DType::Q8_0:
+      return {32, 34};
+    case DType::Q4_K:
+      return {256, 144};
+    case DType::Q5_K:
+      return {256, 176};
+    case DType::Q6_K:
+      return {256, 210};
+    default:
+      return {1, static_cast<int64_t>(dtype_size(t))};
+  }
 }
 
 const char* dtype_name(DType t) {
@@ -77,6 +99,14 @@ const char* dtype_name(DType t) {
       return "I64";
     case DType::U8:
       return "U8";
+    case DType::Q8_0:
+      return "Q8_0";
+    case DType::Q4_K:
+      return "Q4_K";
+    case DType::Q5_K:
+      return "Q5_K";
+    case DType::Q6_K:
+      return "Q6_K";
   }
   return "?";
 }
@@ -124,6 +154,12 @@ int64_t TensorView::numel() const {
 }
 
 float TensorView::get_f32(int64_t i) const {
+  if (dtype_is_block(dtype)) {
+    const DTypeBlock b = dtype_block(dtype);
+    std::vector<float> block(static_cast<size_t>(b.elems));
+    dequantize_row(dtype, data + (i / b.elems) * b.bytes, block.data(), b.elems);
+    return block[static_cast<size_t>(i % b.elems)];
+  }
   const std::byte* p = data + static_cast<size_t>(i) * dtype_size(dtype);
   switch (dtype) {
     case DType::F32: {

@@ -17,10 +17,20 @@
 
 namespace moebatch {
 
-/// Element types a checkpoint may hold.
-enum class DType { F32, F16, BF16, F8_E4M3, I32, I64, U8 };
+/// Element types a checkpoint may hold: safetensors dtypes, and the GGUF block formats (ggml's
+/// Q8_0 and k-quants; engine/ggml_quants.h), which store blocks of elements rather than elements.
+enum class DType { F32, F16, BF16, F8_E4M3, I32, I64, U8, Q8_0, Q4_K, Q5_K, Q6_K };
 
-/// Bytes per element of `t`.
+/// Elements per block and bytes per block of `t` (1 and the element size for plain dtypes).
+struct DTypeBlock {
+  int64_t elems = 1;  ///< elements per block
+  int64_t bytes = 0;  ///< bytes per block
+};
+DTypeBlock dtype_block(DType t);
+/// True for block formats (Q8_0, Q4_K, Q5_K, Q6_K).
+inline bool dtype_is_block(DType t) { return dtype_block(t).elems > 1; }
+
+/// Bytes per element of `t` (plain dtypes only; 0 for block formats).
 size_t dtype_size(DType t);
 /// Safetensors spelling of `t` ("BF16", ...).
 const char* dtype_name(DType t);
@@ -44,7 +54,8 @@ struct TensorView {
 
   /// Number of elements.
   int64_t numel() const;
-  /// Element `i` widened to float (floating dtypes and I32 only).
+  /// Element `i` widened to float (floating dtypes, I32, and block formats — these decode the
+  /// element's whole block, so read rows with dequantize_row instead when speed matters).
   float get_f32(int64_t i) const;
 };
 

@@ -7,7 +7,7 @@
 #include <thread>
 
 #include "common/error.h"
-#include "engine/safetensors.h"
+#include "engine/model_files.h"
 
 namespace moebatch {
 namespace {
@@ -24,12 +24,14 @@ int64_t host_bytes(ModelWeights& w) {
 }  // namespace
 
 CpuBackend::CpuBackend(const std::filesystem::path& model_dir, const CpuBackendOptions& opts)
-    : cfg_(load_model_config(model_dir)), opts_(opts), comm_(std::max(1, opts.tp)) {
+    : opts_(opts), comm_(std::max(1, opts.tp)) {
   if (opts.tp < 1 || opts.tp > 64)
     throw InputError("--tp must be in [1, 64], got " + std::to_string(opts.tp));
   if (opts.block_size < 1 || opts.block_size > 1024)
     throw InputError("KV block size must be in [1, 1024]");
-  Checkpoint ckpt(model_dir);
+  const ModelFiles files = open_model_files(model_dir);  // directory or GGUF file
+  cfg_ = files.config;
+  const WeightSource& ckpt = *files.weights;
   int threads =
       opts.threads > 0 ? opts.threads : static_cast<int>(std::thread::hardware_concurrency());
   const int per_rank = std::max(1, threads / opts.tp);

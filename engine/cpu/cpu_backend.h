@@ -39,7 +39,8 @@ void cpu_forward(const ModelConfig& cfg, CpuRank& r, Communicator& comm, const S
 /// fp32 CPU backend over a checkpoint directory.
 class CpuBackend final : public Backend {
  public:
-  /// Loads config and weights of `model_dir` for opts.tp ranks; InputError on bad input.
+  /// Loads config and weights of `model_dir` (a checkpoint directory or a .gguf file) for opts.tp
+  /// ranks; InputError on bad input.
   CpuBackend(const std::filesystem::path& model_dir, const CpuBackendOptions& opts);
   ~CpuBackend() override;
 

@@ -3,6 +3,7 @@
 // paths, rel_err) are the shared harness's, in tests/common.
 #pragma once
 
+#include <filesystem>
 #include <limits>
 #include <memory>
 #include <string>
@@ -72,11 +73,20 @@ inline size_t comparable_prefix(const std::vector<float>& gaps, float thr) {
   return t;
 }
 
+/// The model path of fixture `model`: its directory, or the .gguf file inside a GGUF fixture.
+inline std::string fixture_path(const std::string& model) {
+  const std::filesystem::path dir = test_data_dir() + "/" + model;
+  if (std::filesystem::exists(dir / "config.json")) return dir.string();
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (e.path().extension() == ".gguf") return e.path().string();
+  return dir.string();
+}
+
 /// The factory's spec of a CPU engine over fixture `model` (2 threads, 16 MiB of KV).
 inline EngineSpec fixture_spec(const std::string& model, int tp = 1, EngineOptions eo = {},
                                ExpertSplit split = ExpertSplit::Intermediate) {
   EngineSpec spec;
-  spec.model = test_data_dir() + "/" + model;
+  spec.model = fixture_path(model);
   spec.tensor_parallel_size = tp;
   spec.threads = 2;
   spec.kv_cache_bytes = 16 << 20;
