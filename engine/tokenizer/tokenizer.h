@@ -40,6 +40,14 @@ class Tokenizer {
   /// Loads `dir`/tokenizer.json and, when present, `dir`/tokenizer_config.json.
   static Tokenizer from_dir(const std::filesystem::path& dir, const TokenizerLimits& limits = {});
 
+  /// Loads the tokenizer and chat template a GGUF file carries (tokenizer.ggml.model gpt2:
+  /// tokens, token types, merges, eos id, tokenizer.chat_template) through the same code as
+  /// tokenizer.json. InputError naming the key for anything missing or unsupported.
+  static Tokenizer from_gguf(const std::filesystem::path& path, const TokenizerLimits& limits = {});
+
+  /// Loads a model's tokenizer: from_gguf for a .gguf file, else from_dir.
+  static Tokenizer from_model(const std::filesystem::path& path, const TokenizerLimits& limits = {});
+
   /// Loads from the two files' contents (`config_json` may be empty).
   static Tokenizer from_json(std::string_view tokenizer_json, std::string_view config_json = {},
                              const TokenizerLimits& limits = {});
