@@ -66,6 +66,7 @@ std::unique_ptr<Backend> make_cuda(const EngineSpec& s) {
   o.max_model_len = s.max_model_len;
   o.max_kv_cache_bytes = s.kv_cache_bytes;
   o.cuda_graphs = s.cuda_graphs;
+  o.collective_timeout_s = s.collective_timeout_s;
   // The backend's buffers follow the scheduler: every slot samples a row each step, and a step
   // never holds more tokens than the scheduler's budget.
   o.max_num_seqs = s.scheduler.max_num_seqs;

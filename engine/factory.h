@@ -27,6 +27,9 @@ struct EngineSpec {
   double gpu_memory_utilization = 0.90;  ///< cuda: share of each GPU this process may use
   int64_t max_model_len = 0;  ///< longest sequence (0 = the model's max_position_embeddings)
   bool cuda_graphs = true;    ///< cuda: replay decode steps from captured graphs
+  /// cuda, tensor_parallel_size > 1: a step longer than this (or an NCCL error) aborts the
+  /// communicators and fails the engine (the service requeues and rebuilds) instead of hanging.
+  double collective_timeout_s = 120.0;
   uint64_t random_seed = 0;   ///< seed of "random:" weights
 };
 

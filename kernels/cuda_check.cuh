@@ -1,5 +1,5 @@
-// The CUDA/cuBLAS members of the project's check-macro family (see common/error.h): each throws
-// moebatch::Error naming the failed expression, file and line. Launchers use CUDA_CHECK_LAST
+// The CUDA/cuBLAS/NCCL members of the project's check-macro family (see common/error.h): each
+// throws moebatch::Error naming the failed expression, file and line. Launchers use CUDA_CHECK_LAST
 // right after a launch so a bad configuration surfaces at its call site, not at the next sync.
 #pragma once
 
@@ -22,6 +22,16 @@
     if (mb_cublas_st_ != CUBLAS_STATUS_SUCCESS)                                             \
       ::moebatch::throw_check_failure(cublasGetStatusString(mb_cublas_st_), #expr, __FILE__, \
                                       __LINE__);                                            \
+  } while (0)
+
+/// NCCL calls; expands where <nccl.h> is included (engine/cuda/nccl_comm.cpp), so this header
+/// needs no NCCL to compile.
+#define NCCL_CHECK(expr)                                                                  \
+  do {                                                                                    \
+    const ncclResult_t mb_nccl_res_ = (expr);                                             \
+    if (mb_nccl_res_ != ncclSuccess)                                                      \
+      ::moebatch::throw_check_failure(ncclGetErrorString(mb_nccl_res_), #expr, __FILE__, \
+                                      __LINE__);                                          \
   } while (0)
 
 /// Checks the launch that just happened (configuration errors, not asynchronous faults).

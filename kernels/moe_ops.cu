@@ -24,24 +24,30 @@ __global__ void silu_mul_kernel(bf16* out, const bf16* in, int rows, int inter) 
   }
 }
 
-__global__ void moe_combine_kernel(bf16* out, const bf16* expert_out, const float* weights,
-                                   int tokens, int top_k, int hidden) {
-  const int vec_per_row = hidden / 8;
-  const size_t total = static_cast<size_t>(tokens) * vec_per_row;
+// kMasked (expert parallel): pairs of other ranks' experts are skipped, not multiplied by zero:
+// their expert_out rows were never written and may hold NaN.
+template <bool kMasked>
+__global__ void moe_combine_kernel(MoeCombineParams p) {
+  const int vec_per_row = p.hidden / 8;
+  const size_t total = static_cast<size_t>(p.tokens) * vec_per_row;
   for (size_t v = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; v < total;
        v += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const size_t t = v / vec_per_row;
     const int c = static_cast<int>(v % vec_per_row) * 8;
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    for (int j = 0; j < top_k; ++j) {
-      const size_t pair = t * top_k + j;
-      const float w = weights ? weights[pair] : 1.f;
+    for (int j = 0; j < p.top_k; ++j) {
+      const size_t pair = t * p.top_k + j;
+      if constexpr (kMasked) {
+        if (static_cast<unsigned>(p.topk_ids[pair] - p.expert0) >= static_cast<unsigned>(p.num_local))
+          continue;
+      }
+      const float w = p.weights ? p.weights[pair] : 1.f;
       float y[8];
-      load8(expert_out + pair * hidden + c, y);
+      load8(p.expert_out + pair * p.hidden + c, y);
 #pragma unroll
       for (int i = 0; i < 8; ++i) acc[i] += w * y[i];
     }
-    store8(out + t * hidden + c, acc);
+    store8(p.out + t * p.hidden + c, acc);
   }
 }
 
@@ -86,10 +92,27 @@ void silu_mul(bf16* out, const bf16* in, int rows, int inter, cudaStream_t strea
 
 void moe_combine(bf16* out, const bf16* expert_out, const float* weights, int tokens, int top_k,
                  int hidden, cudaStream_t stream) {
-  MB_CHECK(hidden > 0 && hidden % 8 == 0 && top_k > 0 && tokens >= 0, "moe_combine: bad shape");
-  if (tokens == 0) return;
-  moe_combine_kernel<<<grid_for(static_cast<size_t>(tokens) * hidden / 8), kThreads, 0, stream>>>(
-      out, expert_out, weights, tokens, top_k, hidden);
+  MoeCombineParams p;
+  p.out = out;
+  p.expert_out = expert_out;
+  p.weights = weights;
+  p.tokens = tokens;
+  p.top_k = top_k;
+  p.hidden = hidden;
+  moe_combine(p, stream);
+}
+
+void moe_combine(const MoeCombineParams& p, cudaStream_t stream) {
+  MB_CHECK(p.hidden > 0 && p.hidden % 8 == 0 && p.top_k > 0 && p.tokens >= 0, "moe_combine: bad shape");
+  MB_CHECK(p.out && p.expert_out, "moe_combine: null operand");
+  MB_CHECK(!p.topk_ids || (p.expert0 >= 0 && p.num_local > 0), "moe_combine: bad expert range");
+  if (p.tokens == 0) return;
+  const int grid = grid_for(static_cast<size_t>(p.tokens) * p.hidden / 8);
+  if (p.topk_ids) {
+    moe_combine_kernel<true><<<grid, kThreads, 0, stream>>>(p);
+  } else {
+    moe_combine_kernel<false><<<grid, kThreads, 0, stream>>>(p);
+  }
   CUDA_CHECK_LAST();
 }
 

@@ -15,6 +15,26 @@ void silu_mul(bf16* out, const bf16* in, int rows, int inter, cudaStream_t strea
 void moe_combine(bf16* out, const bf16* expert_out, const float* weights, int tokens, int top_k,
                  int hidden, cudaStream_t stream);
 
+/// Operands of moe_combine, with the expert-parallel mask.
+struct MoeCombineParams {
+  bf16* out = nullptr;               ///< [tokens, hidden]
+  const bf16* expert_out = nullptr;  ///< [tokens * top_k, hidden]
+  const float* weights = nullptr;    ///< [tokens, top_k], or nullptr (already applied)
+  int tokens = 0;
+  int top_k = 0;
+  int hidden = 0;                    ///< multiple of 8
+  /// Expert parallel: [tokens, top_k] global expert ids. Only pairs whose expert lies in
+  /// [expert0, expert0 + num_local) (this rank's) are summed; the others add nothing and their
+  /// expert_out rows, which no GEMM wrote, are never read. nullptr: every pair counts.
+  const int32_t* topk_ids = nullptr;
+  int expert0 = 0;
+  int num_local = 0;
+};
+
+/// The same sum over this rank's pairs (every pair without topk_ids; then the same kernel as the
+/// positional overload). A token with no local pair gets a zero row.
+void moe_combine(const MoeCombineParams& p, cudaStream_t stream);
+
 /// Operands of shared_expert_gate.
 struct SharedExpertGateParams {
   bf16* out = nullptr;              ///< [tokens, hidden]; may alias moe_out

@@ -79,8 +79,8 @@ void moe_route_small(const RouteSmallParams& p, cudaStream_t stream) {
   MB_CHECK(r.num_experts > 0 && r.num_experts <= kRouterMaxExperts, "moe_route_small: too many experts");
   MB_CHECK(r.top_k > 0 && r.top_k <= kRouterMaxTopK && r.top_k <= r.num_experts, "moe_route_small: bad top_k");
   MB_CHECK(p.hidden > 0 && p.hidden % 8 == 0, "moe_route_small: hidden must be a positive multiple of 8");
-  MB_CHECK(a.num_experts == r.num_experts && a.num_pairs == r.tokens * r.top_k &&
-               a.topk_ids == r.topk_ids && a.block_m > 0,
+  MB_CHECK(a.expert0 >= 0 && a.num_experts > 0 && a.expert0 + a.num_experts <= r.num_experts &&
+               a.num_pairs == r.tokens * r.top_k && a.topk_ids == r.topk_ids && a.block_m > 0,
            "moe_route_small: align operands must match the router's");
   MB_CHECK(p.x && p.weight && p.logits && p.counter && r.topk_ids && r.topk_weights &&
                a.sorted_ids && a.expert_offsets,

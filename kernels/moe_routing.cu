@@ -46,7 +46,7 @@ void moe_router_topk(const RouterParams& p, const bf16* logits, cudaStream_t str
 
 void moe_align(const AlignParams& p, cudaStream_t stream) {
   MB_CHECK(p.num_experts > 0 && p.num_experts <= kAlignMaxExperts, "moe_align: 1..1024 experts");
-  MB_CHECK(p.block_m > 0 && p.num_pairs >= 0, "moe_align: bad shape");
+  MB_CHECK(p.block_m > 0 && p.num_pairs >= 0 && p.expert0 >= 0, "moe_align: bad shape");
   MB_CHECK(p.sorted_ids && p.expert_offsets && (p.topk_ids || p.num_pairs == 0), "moe_align: null operand");
   moe_align_kernel<<<1, kAlignThreads, 0, stream>>>(p);
   CUDA_CHECK_LAST();

@@ -40,6 +40,10 @@ struct AlignParams {
   /// Optional [num_experts + 1]: [0] = number of experts with pairs, then their ids ascending.
   /// moe_gemm then launches blocks only for those (at batch 1: 8 of 128 experts).
   int32_t* active_experts = nullptr;
+  /// Expert parallel: this rank holds experts [expert0, expert0 + num_experts) of the router's.
+  /// A pair's expert in every output is topk_ids - expert0 (local ids); pairs of other ranks'
+  /// experts are dropped (no segment, no GEMM rows). 0 with every expert local.
+  int expert0 = 0;
 };
 
 /// Size sorted_ids must have: every expert may waste block_m - 1 padding rows.
@@ -47,7 +51,8 @@ inline int moe_align_capacity(int num_pairs, int num_experts, int block_m) {
   return num_pairs + num_experts * (block_m - 1);
 }
 
-/// Counts pairs per expert, scans padded offsets and scatters pair ids (one block).
+/// Counts pairs per expert, scans padded offsets and scatters pair ids (one block); pairs whose
+/// expert lies outside [expert0, expert0 + num_experts) are dropped.
 void moe_align(const AlignParams& p, cudaStream_t stream);
 
 /// Most tokens moe_route_small takes (decode batches up to 8).
@@ -56,7 +61,8 @@ constexpr int kRouteSmallMaxTokens = 8;
 /// Operands of moe_route_small: router GEMM + softmax + top-k + align in one launch.
 struct RouteSmallParams {
   RouterParams router;          ///< outputs topk_ids / topk_weights; tokens <= kRouteSmallMaxTokens
-  AlignParams align;            ///< topk_ids = router.topk_ids, num_pairs = tokens * top_k
+  AlignParams align;            ///< topk_ids = router.topk_ids, num_pairs = tokens * top_k;
+                                ///< expert0 + num_experts <= router.num_experts
   const bf16* x = nullptr;      ///< [tokens, hidden] normed hidden states
   const bf16* weight = nullptr; ///< [num_experts, hidden] router weight
   float* logits = nullptr;      ///< [tokens, num_experts] fp32 router logits (also an output)

@@ -72,7 +72,8 @@ __device__ __forceinline__ void route_token(const RouterParams& p, int t, Logit 
 constexpr int kAlignMaxExperts = 1024;
 
 // moe_align on one block (any block size; every thread calls it). topk_ids must be visible to
-// the whole block. Pairs with an out-of-range expert id are dropped (the router never makes one).
+// the whole block. Local expert e = topk_ids - expert0; pairs whose e lies outside [0, E) are
+// dropped: another rank's experts under expert parallelism (the router never makes a bad id).
 __device__ __forceinline__ void align_block(const AlignParams& p) {
   __shared__ int counts[kAlignMaxExperts];
   __shared__ int offsets[kAlignMaxExperts + 1];
@@ -80,7 +81,7 @@ __device__ __forceinline__ void align_block(const AlignParams& p) {
   for (int e = threadIdx.x; e < E; e += blockDim.x) counts[e] = 0;
   __syncthreads();
   for (int i = threadIdx.x; i < p.num_pairs; i += blockDim.x) {
-    const int e = p.topk_ids[i];
+    const int e = p.topk_ids[i] - p.expert0;
     if (e >= 0 && e < E) atomicAdd(&counts[e], 1);
   }
   __syncthreads();
@@ -100,7 +101,7 @@ __device__ __forceinline__ void align_block(const AlignParams& p) {
   for (int e = threadIdx.x; e < E; e += blockDim.x) counts[e] = 0;  // reused as cursors
   __syncthreads();  // also orders the sentinel fill before the scatter (same block)
   for (int i = threadIdx.x; i < p.num_pairs; i += blockDim.x) {
-    const int e = p.topk_ids[i];
+    const int e = p.topk_ids[i] - p.expert0;
     if (e >= 0 && e < E) p.sorted_ids[offsets[e] + atomicAdd(&counts[e], 1)] = i;
   }
 }

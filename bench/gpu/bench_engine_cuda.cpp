@@ -5,7 +5,13 @@
 // the sampled tokens' copy back) and tok/s, the roofline of each (bytes that must move / the
 // measured copy bandwidth; prefill also FLOPs / the cuBLAS peak), and a per-stage breakdown of one
 // eager decode step from CUDA events. An optional HF peer JSON (bench/gpu/hf_peer_engine.py, run
-// first in the same call) adds the ratio. Usage: moebatch_bench_engine_cuda [out.json] [peer.json]
+// first in the same call) adds the ratio.
+// Tensor parallel: --tp N runs the model over N GPUs (NCCL), --ep with whole experts per rank
+// (expert parallel) instead of every expert's intermediate dim split; the stage breakdown then
+// shows the all-reduces (2 per layer, rank 0's stream: the collective plus any wait for the
+// peers) and the lm_head all-gather, and the table their time per step. The roofline divides the
+// bytes evenly over the GPUs (ideal split).
+// Usage: moebatch_bench_engine_cuda [--tp N] [--ep] [out.json] [peer.json]
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
@@ -153,13 +159,52 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
+struct Args {
+  std::string out_path = "bench_engine_cuda.json";
+  std::string peer_path;
+  int tp = 1;
+  bool ep = false;
+};
+
+Args parse_args(int argc, char** argv) {
+  Args a;
+  int positional = 0;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--tp" && i + 1 < argc) {
+      a.tp = std::stoi(argv[++i]);
+    } else if (arg == "--ep") {
+      a.ep = true;
+    } else if (arg.rfind("--", 0) == 0) {
+      std::fprintf(stderr, "usage: moebatch_bench_engine_cuda [--tp N] [--ep] [out.json] [peer.json]\n");
+      std::exit(2);
+    } else if (positional++ == 0) {
+      a.out_path = arg;
+    } else {
+      a.peer_path = arg;
+    }
+  }
+  if (a.tp < 1) {
+    std::fprintf(stderr, "--tp must be >= 1\n");
+    std::exit(2);
+  }
+  return a;
+}
+
+// Milliseconds of the stage `name` in a profile (0 when absent).
+double stage_ms(const std::vector<std::pair<std::string, double>>& stages, const char* name) {
+  for (const auto& [n, t] : stages)
+    if (n == name) return t;
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string out_path = argc > 1 ? argv[1] : "bench_engine_cuda.json";
+  const Args args = parse_args(argc, argv);
   nlohmann::json peer;
-  if (argc > 2) {
-    std::ifstream f(argv[2]);
+  if (!args.peer_path.empty()) {
+    std::ifstream f(args.peer_path);
     if (f) peer = nlohmann::json::parse(f, nullptr, false);
   }
   const double bw = copy_bandwidth();
@@ -169,16 +214,27 @@ int main(int argc, char** argv) {
   o.max_num_seqs = 256;
   o.max_num_batched_tokens = 8192;
   o.max_model_len = 1024;
+  o.tensor_parallel_size = args.tp;
+  o.expert_split = args.ep ? ExpertSplit::Expert : ExpertSplit::Intermediate;
   auto t0 = Clock::now();
   CudaBackend be(cfg, 20261129, o);
   const double load_s = seconds_since(t0);
-  std::printf("%s\nweights: %.1f GB generated in %.2f s; copy bandwidth %.2f TB/s\n",
-              be.info().description.c_str(), be.memory_plan().weights / 1e9, load_s, bw / 1e12);
+  std::printf("%s\nweights: %.1f GB per GPU generated in %.2f s; copy bandwidth %.2f TB/s (cuda:%d)\n",
+              be.info().description.c_str(), be.memory_plan().weights / 1e9, load_s, bw / 1e12,
+              o.device_list()[0]);
+  for (int r = 0; r < args.tp; ++r) {
+    const MemoryPlan& m = be.memory_plan(r);
+    std::printf("  %s: weights %.2f GiB, activations %.2f GiB, KV %.2f GiB (%lld blocks)\n",
+                m.device.c_str(), m.weights / 1073741824.0, m.activations / 1073741824.0,
+                m.kv / 1073741824.0, static_cast<long long>(m.kv_blocks));
+  }
 
   nlohmann::json J;
   J["copy_bandwidth_Bps"] = bw;
   J["params"] = P.total;
   J["backend"] = be.info().description;
+  J["tensor_parallel_size"] = args.tp;
+  J["expert_parallel"] = args.ep;
   J["memory_plan"] = {{"weights", be.memory_plan().weights},
                       {"activations", be.memory_plan().activations},
                       {"kv", be.memory_plan().kv},
@@ -187,6 +243,7 @@ int main(int argc, char** argv) {
   struct Row {
     int batch;
     double prefill_tok_s, prefill_roof_tok_s, step_ms, roof_ms, tok_s, peer_step_ms;
+    double eager_ms, all_reduce_ms, gather_ms;
   };
   std::vector<Row> rows;
   // MOEBATCH_BENCH_BATCHES=1 (comma list) limits the batches, e.g. for a profiler run.
@@ -211,7 +268,7 @@ int main(int argc, char** argv) {
                           2.0 * batch * P.lm_head;
     const double pbytes = 2.0 * (cfg.num_layers * (P.attn_layer + P.router_layer +
                                                    cfg.num_experts * P.expert) + P.lm_head);
-    const double proof_s = std::max(pflops / kGemmPeakFlops, pbytes / bw);
+    const double proof_s = std::max(pflops / kGemmPeakFlops, pbytes / bw) / args.tp;
     // decode: warm steps (first step of a shape runs eagerly and captures its graph), then timed
     int pos = kPrompt;
     for (int i = 0; i < kWarmSteps; ++i, ++pos) be.forward_sample(decode_step(s, next, pos), greedy, next, nullptr);
@@ -230,20 +287,21 @@ int main(int argc, char** argv) {
     std::sort(ms.begin(), ms.end());
     const double step_ms = ms[ms.size() / 2];
     const int ctx = pos - kTimedSteps / 2;
-    const double roof_ms = decode_bytes(cfg, P, batch, ctx) / bw * 1e3;
+    const double roof_ms = decode_bytes(cfg, P, batch, ctx) / bw * 1e3 / args.tp;
     auto stages = be.profile(decode_step(s, next, pos));
     double peer_ms = 0;
     const std::string key = std::to_string(batch);
     if (peer.is_object() && peer.contains("decode_step_ms") && peer["decode_step_ms"].contains(key))
       peer_ms = peer["decode_step_ms"][key].get<double>();
-    rows.push_back({batch, ptoks / prefill_s, ptoks / proof_s, step_ms, roof_ms,
-                    batch / (step_ms * 1e-3), peer_ms});
     nlohmann::json st = nlohmann::json::object();
     double total = 0;
     for (auto& [name, t] : stages) {
       st[name] = t;
       total += t;
     }
+    const double ar_ms = stage_ms(stages, "all_reduce"), gather_ms = stage_ms(stages, "lm_head_gather");
+    rows.push_back({batch, ptoks / prefill_s, ptoks / proof_s, step_ms, roof_ms,
+                    batch / (step_ms * 1e-3), peer_ms, total, ar_ms, gather_ms});
     J["batches"][key] = {{"prefill_s", prefill_s},
                          {"prefill_tok_s", ptoks / prefill_s},
                          {"prefill_roofline_tok_s", ptoks / proof_s},
@@ -256,6 +314,9 @@ int main(int argc, char** argv) {
                          {"decode_bytes", decode_bytes(cfg, P, batch, ctx)},
                          {"eager_stage_ms", st},
                          {"eager_stage_total_ms", total},
+                         {"eager_all_reduce_ms", ar_ms},
+                         {"all_reduces_per_step", args.tp > 1 ? 2 * cfg.num_layers : 0},
+                         {"eager_lm_head_gather_ms", gather_ms},
                          {"peer_step_ms", peer_ms}};
     std::printf("\nbatch %d: eager decode step by stage (CUDA events, summed over 48 layers):\n", batch);
     for (auto& [name, t] : stages) std::printf("  %-18s %8.3f ms  %5.1f%%\n", name.c_str(), t, 100 * t / total);
@@ -263,16 +324,22 @@ int main(int argc, char** argv) {
   }
   J["graphs_captured"] = be.num_graphs();
   if (peer.is_object()) J["peer"] = peer;
-  std::ofstream(out_path) << J.dump(2) << "\n";
+  std::ofstream(args.out_path) << J.dump(2) << "\n";
 
-  std::printf("\nQwen3-30B-A3B shape, random bf16 weights, 1x GPU, prompts of %d tokens\n", kPrompt);
-  std::printf("%6s | %12s %12s | %10s %10s %6s %10s | %10s %8s\n", "batch", "prefill t/s",
-              "roof t/s", "step ms", "roof ms", "%roof", "decode t/s", "HF ms", "x HF");
+  std::printf("\nQwen3-30B-A3B shape, random bf16 weights, %dx GPU%s, prompts of %d tokens\n", args.tp,
+              args.tp > 1 ? (args.ep ? " expert parallel" : " tensor parallel") : "", kPrompt);
+  std::printf("%6s | %12s %12s | %10s %10s %6s %10s | %9s %9s %9s | %10s %8s\n", "batch",
+              "prefill t/s", "roof t/s", "step ms", "roof ms", "%roof", "decode t/s", "eager ms",
+              "AR ms", "gather ms", "HF ms", "x HF");
   for (const Row& r : rows) {
-    std::printf("%6d | %12.0f %12.0f | %10.3f %10.3f %5.0f%% %10.0f | %10.1f %8.1f\n", r.batch,
-                r.prefill_tok_s, r.prefill_roof_tok_s, r.step_ms, r.roof_ms,
-                100 * r.roof_ms / r.step_ms, r.tok_s, r.peer_step_ms,
-                r.peer_step_ms > 0 ? r.peer_step_ms / r.step_ms : 0.0);
+    std::printf("%6d | %12.0f %12.0f | %10.3f %10.3f %5.0f%% %10.0f | %9.3f %9.3f %9.3f | %10.1f %8.1f\n",
+                r.batch, r.prefill_tok_s, r.prefill_roof_tok_s, r.step_ms, r.roof_ms,
+                100 * r.roof_ms / r.step_ms, r.tok_s, r.eager_ms, r.all_reduce_ms, r.gather_ms,
+                r.peer_step_ms, r.peer_step_ms > 0 ? r.peer_step_ms / r.step_ms : 0.0);
   }
+  if (args.tp > 1)
+    std::printf("AR ms: the %lld all-reduces of one eager decode step on cuda:%d's stream (incl. "
+                "waiting for the peers); gather ms: the vocab-parallel lm_head all-gather\n",
+                static_cast<long long>(2 * cfg.num_layers), o.device_list()[0]);
   return 0;
 }

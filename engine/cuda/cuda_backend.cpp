@@ -1,14 +1,20 @@
-// CudaBackend: start-up (options, shards, a memory plan per device, ranks built on their
-// threads), a step (validated and cut into chunks once on the calling thread, then run by every
-// rank), device sampling on rank 0, and the info the engine and service read. The model math is
-// engine/cuda/forward.cpp; a rank's resources are engine/cuda/cuda_rank.cpp.
+// CudaBackend: start-up (options, shards, a memory plan per device, the NCCL communicator and
+// its watchdog, ranks built on their threads), a step (validated and cut into chunks once on the
+// calling thread, then run by every rank under the watchdog), device sampling on rank 0, and the
+// info the engine and service read. The model math is engine/cuda/forward.cpp; a rank's
+// resources are engine/cuda/cuda_rank.cpp.
 #include "engine/cuda/cuda_backend.h"
 
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
+#include <exception>
+#include <thread>
 
 #include "common/error.h"
+#include "engine/model_files.h"
+#include "engine/cuda/comm_watchdog.h"
 #include "engine/cuda/cuda_rank.h"
 #include "engine/cuda/device_memory.h"
 #include "engine/cuda/forward.h"
@@ -16,6 +22,9 @@
 #include "engine/cuda/stage_timer.h"
 #include "engine/cuda/step_chunk.h"
 #include "kernels/cuda_check.cuh"
+#ifdef MOEBATCH_HAVE_NCCL
+#include "engine/cuda/nccl_comm.h"
+#endif
 
 namespace moebatch {
 namespace {
@@ -29,6 +38,14 @@ std::string device_name(int ordinal) { return "cuda:" + std::to_string(ordinal);
 
 }  // namespace
 
+bool cuda_backend_has_nccl() {
+#ifdef MOEBATCH_HAVE_NCCL
+  return true;
+#else
+  return false;
+#endif
+}
+
 std::vector<int> CudaBackendOptions::device_list() const {
   if (!devices.empty()) return devices;
   std::vector<int> out;
@@ -37,7 +54,7 @@ std::vector<int> CudaBackendOptions::device_list() const {
 }
 
 CudaBackend::CudaBackend(const std::filesystem::path& model_dir, const CudaBackendOptions& opts)
-    : cfg_(load_model_config(model_dir)), opts_(opts) {
+    : cfg_(load_any_model_config(model_dir)), opts_(opts) {
   init(&model_dir, 0);
 }
 
@@ -60,18 +77,22 @@ void CudaBackend::check_options() const {
       throw InputError("cuda backend: device " + std::to_string(devices_[i]) + " listed twice");
   }
   if (world > 1) {
-    if (!o.comm)
-      throw InputError(
-          "tensor parallelism on the CUDA backend needs the NCCL communicator, "
-          "not built yet");
-    if (o.comm->world() != world)
+    if (!o.comm && !cuda_backend_has_nccl())
+      throw InputError(fmt::format(
+          "tensor parallelism on the CUDA backend ({} GPUs) needs NCCL, and this build has none "
+          "(configure with NCCL >= 2.18 installed: -DMOEBATCH_NCCL=ON, NCCL_HOME)",
+          world));
+    if (o.comm && o.comm->world() != world)
       throw InputError(fmt::format("cuda backend: {} devices but the communicator joins {} ranks",
                                    world, o.comm->world()));
-    if (o.expert_split == ExpertSplit::Expert)
-      throw InputError(
-          "cuda backend: expert-parallel MoE (expert_split = expert) is not built; "
-          "use the intermediate split");
   }
+  if (!(o.collective_timeout_s > 0))
+    throw InputError("cuda backend: collective_timeout must be positive");
+  if (o.debug_stall_rank != -1 &&
+      (world == 1 || o.comm || o.debug_stall_rank < 0 || o.debug_stall_rank >= world))
+    throw InputError(
+        "cuda backend: debug_stall_rank needs the backend's own communicator and a "
+        "rank in [0, tensor_parallel_size)");
   if (!(o.gpu_memory_utilization > 0.0 && o.gpu_memory_utilization <= 1.0))
     throw InputError("gpu_memory_utilization must be in (0, 1]");
   if (o.block_size < 1 || o.block_size > 1024)
@@ -108,17 +129,15 @@ void CudaBackend::init(const std::filesystem::path* model_dir, uint64_t seed) {
     spec.rank = r;
     spec.world = world;
     spec.expert_split = o.expert_split;
-    ranks_.push_back(
-        std::make_unique<CudaRank>(cfg_, spec, devices_[r], world > 1 ? o.comm : nullptr));
+    ranks_.push_back(std::make_unique<CudaRank>(cfg_, spec, devices_[r], nullptr));
     if (cfg_.num_experts > 0 && ranks_.back()->dims.moe_intermediate % 32 != 0)
       throw InputError(
           "cuda backend: moe_intermediate_size / tensor_parallel_size must be a "
           "multiple of 32");
     wplans.push_back(plan_weights(cfg_, spec));
   }
-  std::unique_ptr<Checkpoint> ckpt;
-  if (model_dir)
-    ckpt = std::make_unique<Checkpoint>(*model_dir);  // header errors before allocating
+  std::unique_ptr<WeightSource> ckpt;  // a checkpoint directory or a GGUF file
+  if (model_dir) ckpt = open_model_files(*model_dir).weights;  // header errors before allocating
 
   int count = 0;
   const cudaError_t derr = cudaGetDeviceCount(&count);
@@ -164,10 +183,123 @@ void CudaBackend::init(const std::filesystem::path* model_dir, uint64_t seed) {
   lim.block_size = o.block_size;
   const std::vector<MemoryPlan> plans = plan_device_memory(needs, lim);
   kv_blocks_ = plans[0].kv_blocks;
+  if (world > 1) {
+    if (o.comm) {
+      comm_ = o.comm;
+    } else {
+      make_communicator();  // NCCL's buffers come out of the plan's communicator reserve
+    }
+    for (auto& r : ranks_) r->comm = comm_;
+  }
   threads_->run_all([&](int r) {
     ranks_[r]->build(cfg_, wplans[r], plans[r], cap, o.block_size, ckpt.get(), seed);
   });
+  if (watchdog_) warm_up_communicator();
   fill_info();
+}
+
+void CudaBackend::make_communicator() {
+#ifdef MOEBATCH_HAVE_NCCL
+  auto nccl = std::make_unique<NcclComm>(devices_);
+  NcclComm& c = *nccl;
+  comm_ = nccl.get();
+  own_comm_ = std::move(nccl);
+  watchdog_ = std::make_unique<CommWatchdog>(c, static_cast<int>(devices_.size()),
+                                             opts_.collective_timeout_s);
+#else
+  throw InputError("tensor parallelism on the CUDA backend needs NCCL, and this build has none");
+#endif
+}
+
+// NCCL connects a rank's channels lazily, at its first collective of each algorithm: a host-side
+// exchange with every peer. Doing that here, under the watchdog, keeps it out of the steps (where
+// a stalled peer would hold a rank inside NCCL's host code) and out of graph capture, and a peer
+// that cannot be reached fails start-up with a timeout instead of hanging it. Every row count
+// 1, 8, 64, ... up to the capacity, so whatever NCCL picks for decode and prefill sizes is
+// connected. Contents are zeros.
+void CudaBackend::warm_up_communicator() {
+  auto row_counts = [](size_t cap) {
+    std::vector<size_t> rows;
+    for (size_t n = 1; n < cap; n *= 8) rows.push_back(n);
+    rows.push_back(cap);
+    return rows;
+  };
+  run_ranks([&](int rank) {
+    CudaRank& r = *ranks_[rank];
+    r.activate();
+    const StepBuffers& B = r.buf;
+    const size_t H = static_cast<size_t>(cfg_.hidden_size), T = static_cast<size_t>(B.cap.tokens);
+    CUDA_CHECK(cudaMemsetAsync(B.o, 0, T * H * sizeof(bf16), r.stream));
+    for (size_t n : row_counts(T))
+      comm_->all_reduce_sum(rank, B.o, n * H, CommDType::Bf16, r.stream);
+    if (r.dims.vocab_split) {
+      const size_t Vl = static_cast<size_t>(r.dims.vocab);
+      const size_t R = static_cast<size_t>(B.cap.logits_rows);
+      CUDA_CHECK(cudaMemsetAsync(B.logits_local, 0, R * Vl * sizeof(float), r.stream));
+      for (size_t n : row_counts(R))
+        comm_->all_gather(rank, B.logits_local, B.logits_gather, n * Vl, CommDType::F32, r.stream);
+    }
+    CUDA_CHECK(cudaStreamSynchronize(r.stream));
+  });
+}
+
+void CudaBackend::set_debug_stall_rank(int rank) {
+  const int world = static_cast<int>(ranks_.size());
+  if (rank != -1 && (!watchdog_ || rank < 0 || rank >= world))
+    throw InputError(
+        "cuda backend: debug_stall_rank needs the backend's own communicator and a "
+        "rank in [0, tensor_parallel_size)");
+  opts_.debug_stall_rank = rank;
+}
+
+// The watchdog's verdict, not the communicator's flag: it is set before the abort starts, so a
+// step right after a failed one cannot slip in while ncclCommAbort is still running.
+void CudaBackend::throw_if_aborted() const {
+  if (!watchdog_) return;
+  std::string why = watchdog_->abort_reason();
+  if (!why.empty()) throw Error(why);
+}
+
+// A hung rank: no launches, no collectives, until the watchdog aborts the communicators. The cap
+// turns a watchdog that never fires into a failed test (the step then runs normally) instead of
+// a hung one.
+void CudaBackend::stall(int rank) const {
+  using Clock = std::chrono::steady_clock;
+  const auto cap = std::chrono::duration<double>(4 * opts_.collective_timeout_s + 10);
+  const Clock::time_point t0 = Clock::now();
+  spdlog::warn("cuda backend: debug_stall_rank: rank {} stalls", rank);
+  while (!watchdog_->fired() && Clock::now() - t0 < cap)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  throw_if_aborted();
+}
+
+template <class F>
+void CudaBackend::run_ranks(F&& fn) {
+  if (!watchdog_) {
+    threads_->run_all(fn);
+    return;
+  }
+  watchdog_->begin_step();
+  std::exception_ptr err;
+  try {
+    threads_->run_all([&](int rank) {
+      try {
+        fn(rank);
+      } catch (const std::exception& e) {
+        watchdog_->trip(rank, e.what());
+        throw;
+      } catch (...) {
+        watchdog_->trip(rank, "unknown exception");
+        throw;
+      }
+    });
+  } catch (...) {
+    err = std::current_exception();
+  }
+  // The watchdog's own finding names the cause (the ranks' errors are its consequences).
+  const std::string failure = watchdog_->end_step();
+  if (!failure.empty()) throw Error(failure);
+  if (err) std::rethrow_exception(err);
 }
 
 void CudaBackend::fill_info() {
@@ -193,7 +325,9 @@ void CudaBackend::fill_info() {
     u.total_bytes = static_cast<int64_t>(p.total);
     info_.devices.push_back(u);
   }
-  info_.description = fmt::format("cuda tp={} on {}, {} weights", world, names, formats);
+  const bool ep = world > 1 && cfg_.num_experts > 0 && opts_.expert_split == ExpertSplit::Expert;
+  info_.description = fmt::format("cuda tp={}{} on {}, {} weights", world,
+                                  ep ? " (expert parallel)" : "", names, formats);
   info_.kv_blocks = kv_blocks_;
   info_.block_size = opts_.block_size;
   info_.state_slots = cfg_.state_bytes_per_seq() > 0 ? opts_.max_num_seqs : 0;
@@ -206,8 +340,10 @@ size_t CudaBackend::num_graphs() const { return ranks_[0]->num_graphs(); }
 
 template <class OnRows>
 void CudaBackend::run(const StepBatch& b, OnRows&& on_rows) {
+  // A backend whose communicators were aborted stays failed: the engine must be rebuilt.
+  throw_if_aborted();
   // Everything that can reject the batch happens here, before any rank starts: a rank that
-  // failed mid-step would leave the others waiting inside a collective.
+  // failed mid-step would leave the others waiting inside a collective (until the watchdog).
   validate_step_batch(b, cfg_, kv_blocks_, opts_.block_size, max_model_len_);
   const CudaRank& first = *ranks_[0];
   ChunkLimits lim;
@@ -222,19 +358,26 @@ void CudaBackend::run(const StepBatch& b, OnRows&& on_rows) {
   const bool graphs = opts_.cuda_graphs && !timer_;
   const int R = static_cast<int>(first.buf.cap.logits_rows);
 
-  threads_->run_all([&](int rank) {
+  const int stall_rank = opts_.debug_stall_rank;
+
+  run_ranks([&](int rank) {
     CudaRank& r = *ranks_[rank];
     r.activate();
+    if (rank == stall_rank) stall(rank);
     StageTimer* tm = rank == 0 ? timer_ : nullptr;
     for (const StepChunk& c : chunks) {
+      // Graph replays bypass the communicator's own check: never launch one after an abort.
+      throw_if_aborted();
       r.upload(c);
       const int real = static_cast<int>(c.out_rows.size());
       if (c.decode_graph) {
         r.run_decode(cfg_, c, graphs, tm);
+        if (watchdog_) watchdog_->progress(rank);
         if (rank == 0) on_rows(r, c.out_rows.data(), real);
         continue;
       }
       cuda_forward(cfg_, r, c.shape, tm);
+      if (watchdog_) watchdog_->progress(rank);
       for (int r0 = 0; r0 < real; r0 += R) {
         const int cnt = std::min(R, real - r0);
         cuda_lm_head(cfg_, r, r0, cnt, c.shape.tokens, tm);

@@ -1,6 +1,7 @@
 // The CUDA backend of the engine: weights loaded through the same plans as the CPU backend (bf16
-// today), one rank per GPU (tensor parallel, driven by persistent rank threads; one GPU runs on
-// the caller's thread), a paged KV pool sized by a memory plan per device, the forward of
+// today), one rank per GPU (tensor parallel, driven by persistent rank threads and joined by an
+// NCCL communicator the backend owns, under a collective watchdog; one GPU runs on the caller's
+// thread), a paged KV pool sized by a memory plan per device, the forward of
 // engine/cuda/forward.cpp, decode steps replayed from CUDA graphs captured per padded batch size,
 // and sampling on the device so a step returns token ids instead of [rows, vocab] logits.
 #pragma once
@@ -19,9 +20,13 @@
 
 namespace moebatch {
 
+class CommWatchdog;
 class CudaRank;
 class RankThreads;
 class StageTimer;
+
+/// This build can join several GPUs (it was built with NCCL).
+bool cuda_backend_has_nccl();
 
 /// Options of the CUDA backend.
 struct CudaBackendOptions {
@@ -30,10 +35,20 @@ struct CudaBackendOptions {
   std::vector<int> devices;
   int tensor_parallel_size = 1;  ///< ranks when `devices` is empty
   int first_device = 0;          ///< ordinal of rank 0 when `devices` is empty
-  ExpertSplit expert_split = ExpertSplit::Intermediate;  ///< MoE sharding (Intermediate only)
-  /// Collectives among the ranks (not owned; must outlive the backend); required when there is
-  /// more than one rank, ignored with one.
+  /// MoE sharding across ranks: the intermediate dim of every expert, or whole experts (EP).
+  ExpertSplit expert_split = ExpertSplit::Intermediate;
+  /// Collectives among the ranks supplied by the caller (tests, a custom communicator; not
+  /// owned, must outlive the backend; no watchdog). Null with more than one rank: the backend
+  /// creates and owns an NCCL communicator (InputError in a build without NCCL). Ignored with one.
   Communicator* comm = nullptr;
+  /// With the backend's own communicator: a step (or the start-up warm-up) running longer than
+  /// this, or an asynchronous NCCL error, makes the watchdog abort the communicators; the step
+  /// throws Error ("collective timeout after N s on rank R ...") and the backend stays failed
+  /// until rebuilt. Generous: the longest legitimate step is a large prefill.
+  double collective_timeout_s = 120.0;
+  /// Test hook, with the backend's own communicator: this rank's thread stalls at the start of
+  /// every step, before its first collective, until the watchdog aborts (a hung rank). -1: off.
+  int debug_stall_rank = -1;
   double gpu_memory_utilization = 0.90;   ///< share of each GPU's memory this process may use
   int64_t block_size = 16;                ///< tokens per KV block
   int64_t max_num_seqs = 64;              ///< sampled rows per step; decode graphs up to this batch
@@ -71,6 +86,9 @@ class CudaBackend final : public Backend {
   const MemoryPlan& memory_plan(int rank = 0) const;
   /// Turns decode-graph replay on or off (off: the same launches run eagerly).
   void set_cuda_graphs(bool on) { opts_.cuda_graphs = on; }
+  /// Sets CudaBackendOptions::debug_stall_rank between steps (tests: healthy steps first, then
+  /// a stuck rank). InputError without the backend's own communicator or out of range.
+  void set_debug_stall_rank(int rank);
   /// Decode graphs rank 0 captured so far.
   size_t num_graphs() const;
   /// Runs `batch` once eagerly with events between stages on rank 0 and returns milliseconds
@@ -81,10 +99,24 @@ class CudaBackend final : public Backend {
   void init(const std::filesystem::path* model_dir, uint64_t seed);
   void check_options() const;
   void fill_info();
+  // Creates and owns the NCCL communicator and its watchdog (world > 1 without options.comm).
+  void make_communicator();
+  // All-reduces and all-gathers of 1, 8, 64, ... rows on every rank, under the watchdog, so NCCL
+  // connects its channels at start-up (see the .cpp).
+  void warm_up_communicator();
   // Runs the whole batch on every rank; for each group of logits rows rank 0 calls
   // on_rows(rank0, out_rows, count) with its buf.logits holding those rows' logits.
   template <class OnRows>
   void run(const StepBatch& b, OnRows&& on_rows);
+  // fn(rank) on every rank's thread, under the watchdog when there is one: a rank that throws
+  // trips it (peers blocked in a collective are released), and a timeout or NCCL error becomes
+  // this call's Error.
+  template <class F>
+  void run_ranks(F&& fn);
+  // Error with the watchdog's reason once it has fired (the communicators are then aborted).
+  void throw_if_aborted() const;
+  // The debug_stall_rank hook on that rank's thread.
+  void stall(int rank) const;
 
   ModelConfig cfg_;
   CudaBackendOptions opts_;
@@ -92,7 +124,13 @@ class CudaBackend final : public Backend {
   int64_t max_model_len_ = 0;
   int64_t kv_blocks_ = 0;
   BackendInfo info_;
-  // Declared before threads_: the rank threads stop before the ranks' memory is released.
+  // Destruction runs bottom up: rank threads stop, then the ranks release their graphs, streams
+  // and memory, then the watchdog joins, then the communicator goes. NCCL releases a communicator
+  // only after every graph that captured its collectives is destroyed (an abort in progress on
+  // the watchdog's thread finishes when the ranks go), so this order is required.
+  std::unique_ptr<Communicator> own_comm_;  // the NCCL communicator this backend created
+  Communicator* comm_ = nullptr;            // the ranks' communicator: own_comm_ or options.comm
+  std::unique_ptr<CommWatchdog> watchdog_;  // watches own_comm_ (none with options.comm)
   std::vector<std::unique_ptr<CudaRank>> ranks_;
   std::unique_ptr<RankThreads> threads_;
   StageTimer* timer_ = nullptr;  // set only inside profile(); rank 0 records into it

@@ -47,7 +47,7 @@ void CudaRank::probe(size_t& total, size_t& free) {
 }
 
 void CudaRank::build(const ModelConfig& cfg, const ModelPlan& wplan, const MemoryPlan& p,
-                     const StepCapacity& cap, int64_t block_size, const Checkpoint* ckpt,
+                     const StepCapacity& cap, int64_t block_size, const WeightSource* ckpt,
                      uint64_t seed) {
   activate();
   plan = p;
@@ -62,7 +62,7 @@ void CudaRank::build(const ModelConfig& cfg, const ModelPlan& wplan, const Memor
   if (ckpt) {
     load_weights_device(*ckpt, cfg, wplan, weights, stream);
   } else {
-    random_weights_device(seed, weights, stream);
+    random_weights_device(seed, wplan, weights, stream);
   }
 
   kv.block_size = block_size;

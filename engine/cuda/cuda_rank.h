@@ -31,7 +31,7 @@ constexpr size_t kCublasWorkspace = 32u << 20;
 class CudaRank {
  public:
   /// Rank `shard.rank` of `shard.world` on CUDA device `device`; `comm` joins the ranks (null
-  /// when world is 1). Touches no device yet.
+  /// when world is 1, or until the backend has created its communicator). Touches no device.
   CudaRank(const ModelConfig& cfg, const ShardSpec& shard, int device, Communicator* comm);
   ~CudaRank();
   CudaRank(const CudaRank&) = delete;
@@ -44,7 +44,7 @@ class CudaRank {
   /// Allocates what `p` plans, places the weights and fills them from `ckpt` (or with seeded
   /// random values when null), and carves the step buffers for `cap`.
   void build(const ModelConfig& cfg, const ModelPlan& wplan, const MemoryPlan& p,
-             const StepCapacity& cap, int64_t block_size, const Checkpoint* ckpt, uint64_t seed);
+             const StepCapacity& cap, int64_t block_size, const WeightSource* ckpt, uint64_t seed);
   /// Copies a chunk's inputs into the step buffers through the pinned staging.
   void upload(const StepChunk& c);
   /// Forward + lm_head of a padded decode chunk: replays the graph of its key, or runs the
@@ -63,7 +63,8 @@ class CudaRank {
   const int rank;                   ///< tensor-parallel rank
   const int world;                  ///< ranks
   const int device;                 ///< CUDA ordinal
-  Communicator* const comm;         ///< collectives among ranks; null when world is 1
+  Communicator* comm;               ///< collectives among ranks; null when world is 1 (set
+                                    ///< by the backend before build)
   const ShardDims dims;             ///< local sizes
   int num_sms = 0;                  ///< SMs of the device
   MemoryPlan plan;                  ///< this device's memory plan

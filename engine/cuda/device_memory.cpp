@@ -1,6 +1,6 @@
 // Device memory of the CUDA backend: the weight arena laid out from the loader's plans (filled
-// from a checkpoint through read_plan_bf16, or with seeded random values for benchmarks) and the
-// step buffers.
+// from a checkpoint through read_plan_bf16, or with seeded random values for benchmarks, one model
+// over every rank) and the step buffers.
 #include "engine/cuda/device_memory.h"
 
 #include <algorithm>
@@ -133,6 +133,13 @@ bool aliases_lm_head(const ModelConfig& cfg, const ShardDims& d) {
   return cfg.tie_word_embeddings && !d.vocab_split;
 }
 
+// FNV-1a of a hub tensor name: the per-tensor seed of random weights, the same on every rank.
+uint64_t name_hash(const std::string& name) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
 }  // namespace
 
 size_t weight_format_bytes(WeightFormat f) {
@@ -196,7 +203,7 @@ DeviceModelWeights place_weights(const ModelConfig& cfg, const ShardDims& d,
   return w;
 }
 
-void load_weights_device(const Checkpoint& ckpt, const ModelConfig& cfg, const ModelPlan& plan,
+void load_weights_device(const WeightSource& ckpt, const ModelConfig& cfg, const ModelPlan& plan,
                          DeviceModelWeights& w, cudaStream_t stream) {
   std::vector<uint16_t> host;
   auto copy = [&](DeviceTensor& t, const TensorPlan& p) {
@@ -213,23 +220,69 @@ void load_weights_device(const Checkpoint& ckpt, const ModelConfig& cfg, const M
   if (w.lm_head.data != w.embed.data) copy(w.lm_head, plan.lm_head);
 }
 
-void random_weights_device(uint64_t seed, DeviceModelWeights& w, cudaStream_t stream) {
-  uint64_t index = 0;
-  // Uniform in ±1/sqrt(fan-in) keeps activations O(1) through the layers; vectors (norms,
-  // biases, the shared-expert gate) get ±1 so no norm weight collapses the signal.
-  auto fill = [&](DeviceTensor& t, const DeviceTensor&) {
-    ++index;
-    if (t.empty()) return;
-    const float scale =
-        t.shape.size() >= 2 ? 1.0f / std::sqrt(static_cast<float>(t.shape.back())) : 1.0f;
-    kernels::fill_uniform(t.as_bf16(), static_cast<size_t>(t.numel()),
-                          kernels::splitmix64(seed ^ kernels::splitmix64(index)), scale, stream);
+void random_weights_device(uint64_t seed, const ModelPlan& plan, DeviceModelWeights& w,
+                           cudaStream_t stream) {
+  // A piece is either a whole hub tensor (filled in place) or a row/column block of one: the
+  // whole tensor is then generated into a scratch buffer and the block copied out (only with
+  // tensor parallelism: on one rank every piece is a whole hub tensor).
+  auto src_cols = [](const PlanPiece& pc) {
+    int64_t n = 1;
+    for (size_t i = 1; i < pc.src_shape.size(); ++i) n *= pc.src_shape[i];
+    return n;
   };
-  fill(w.embed, w.embed);
-  for (auto& L : w.layers) L.zip(L, fill);
-  fill(w.final_norm, w.final_norm);
-  if (w.lm_head.data != w.embed.data) fill(w.lm_head, w.lm_head);
-  CUDA_CHECK(cudaStreamSynchronize(stream));
+  auto whole = [&](const PlanPiece& pc) {
+    return pc.row0 == 0 && pc.col0 == 0 && pc.rows == pc.src_shape[0] && pc.cols == src_cols(pc);
+  };
+  size_t scratch_elems = 0;
+  auto size_scratch = [&](DeviceTensor&, const TensorPlan& p) {
+    for (const PlanPiece& pc : p.pieces)
+      if (!whole(pc))
+        scratch_elems =
+            std::max(scratch_elems, static_cast<size_t>(pc.src_shape[0] * src_cols(pc)));
+  };
+  size_scratch(w.embed, plan.embed);
+  for (size_t l = 0; l < plan.layers.size(); ++l) w.layers[l].zip(plan.layers[l], size_scratch);
+  size_scratch(w.final_norm, plan.final_norm);
+  size_scratch(w.lm_head, plan.lm_head);
+  bf16* scratch = nullptr;
+  if (scratch_elems > 0) CUDA_CHECK(cudaMalloc(&scratch, scratch_elems * sizeof(bf16)));
+
+  // Uniform in ±1/sqrt(fan-in) of the hub tensor keeps activations O(1) through the layers;
+  // vectors (norms, biases) get ±1 so no norm weight collapses the signal.
+  auto fill = [&](DeviceTensor& t, const TensorPlan& p) {
+    if (p.empty()) return;
+    const int64_t cols = p.shape.size() > 1 ? p.shape.back() : 1;
+    for (const PlanPiece& pc : p.pieces) {
+      const int64_t scols = src_cols(pc);
+      const float scale = pc.src_shape.size() >= 2
+                              ? 1.0f / std::sqrt(static_cast<float>(pc.src_shape.back()))
+                              : 1.0f;
+      const uint64_t tseed = kernels::splitmix64(seed ^ name_hash(pc.name));
+      bf16* dst = t.as_bf16() + pc.dst_row0 * cols;
+      MB_CHECK(pc.cols == cols, "random weights: a plan piece must fill whole destination rows");
+      if (whole(pc)) {
+        kernels::fill_uniform(dst, static_cast<size_t>(pc.rows * cols), tseed, scale, stream);
+        continue;
+      }
+      kernels::fill_uniform(scratch, static_cast<size_t>(pc.src_shape[0] * scols), tseed, scale,
+                            stream);
+      CUDA_CHECK(cudaMemcpy2DAsync(dst, cols * sizeof(bf16), scratch + pc.row0 * scols + pc.col0,
+                                   scols * sizeof(bf16), pc.cols * sizeof(bf16),
+                                   static_cast<size_t>(pc.rows), cudaMemcpyDeviceToDevice, stream));
+    }
+  };
+  try {
+    fill(w.embed, plan.embed);
+    for (size_t l = 0; l < plan.layers.size(); ++l) w.layers[l].zip(plan.layers[l], fill);
+    fill(w.final_norm, plan.final_norm);
+    if (w.lm_head.data != w.embed.data) fill(w.lm_head, plan.lm_head);
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+  } catch (...) {
+    cudaStreamSynchronize(stream);
+    cudaFree(scratch);
+    throw;
+  }
+  if (scratch) CUDA_CHECK(cudaFree(scratch));
 }
 
 }  // namespace moebatch

@@ -34,10 +34,14 @@ DeviceModelWeights place_weights(const ModelConfig& cfg, const ShardDims& d, con
 
 /// Fills placed weights from a checkpoint through read_plan_bf16 (shapes, dtypes and FP8
 /// dequantization checked there).
-void load_weights_device(const Checkpoint& ckpt, const ModelConfig& cfg, const ModelPlan& plan,
+void load_weights_device(const WeightSource& ckpt, const ModelConfig& cfg, const ModelPlan& plan,
                          DeviceModelWeights& w, cudaStream_t stream);
 
-/// Fills placed weights with seeded uniform values on the GPU (benchmarks: no checkpoint).
-void random_weights_device(uint64_t seed, DeviceModelWeights& w, cudaStream_t stream);
+/// Fills placed weights with seeded uniform values on the GPU (benchmarks: no checkpoint), as one
+/// model: every hub tensor of the plan is generated whole from (seed, its name) by element index,
+/// and each rank keeps its plan's slices of it, so a tensor-parallel shard holds exactly the
+/// values of the single-rank model.
+void random_weights_device(uint64_t seed, const ModelPlan& plan, DeviceModelWeights& w,
+                           cudaStream_t stream);
 
 }  // namespace moebatch

@@ -42,6 +42,7 @@ struct Step {
   k::AttentionParams attn;         // B.qkv → B.attn over the paged cache; cache per layer
   k::RouteSmallParams route;       // router + top-k + align (≤ 8 tokens); weight per layer
   k::MoeGemmParams gate_up, down;  // expert GEMM operands; weights per layer
+  k::MoeCombineParams combine;     // weighted sum over top-k (this rank's experts only with EP)
 
   Step(const ModelConfig& cfg, CudaRank& rank, const StepShape& s, StageTimer* timer)
       : r(rank), B(rank.buf), st(rank.stream), tm(timer), gemm{rank.cublas, rank.stream} {
@@ -71,22 +72,26 @@ struct Step {
     }
 
     // router: fp32 logits, softmax over all experts, top-k (+ renormalize); align: (token, j)
-    // pairs grouped by expert, segments padded to the GEMM tile
+    // pairs grouped by expert, segments padded to the GEMM tile. Expert parallel: every rank
+    // routes over all E experts; align keeps the pairs of its El experts [e0, e0 + El) under
+    // local ids, so other ranks' pairs cost no GEMM rows (El = E, e0 = 0 otherwise).
     const int E = static_cast<int>(cfg.num_experts);
+    const int El = static_cast<int>(d.num_experts), e0 = static_cast<int>(d.expert0);
     const int topk = static_cast<int>(cfg.num_experts_per_tok);
     const int pairs = n * topk;
     route = {.router = {.topk_ids = B.topk_ids, .topk_weights = B.topk_weights, .tokens = n,
                         .num_experts = E, .top_k = topk, .renormalize = cfg.norm_topk_prob},
              .align = {.sorted_ids = B.sorted_ids, .expert_offsets = B.expert_offsets,
-                       .topk_ids = B.topk_ids, .num_pairs = pairs, .num_experts = E,
-                       .block_m = k::kMoeGemmTileM, .active_experts = B.active_experts},
+                       .topk_ids = B.topk_ids, .num_pairs = pairs, .num_experts = El,
+                       .block_m = k::kMoeGemmTileM, .active_experts = B.active_experts,
+                       .expert0 = e0},
              .x = B.h, .logits = B.router_logits, .hidden = H, .counter = B.route_counter};
 
     // experts: gate+up with SiLU·mul in its epilogue (input row = pair / top_k), then down
     const int Ie = static_cast<int>(d.moe_intermediate);
     gate_up = {.out = B.act, .in = B.h, .sorted_ids = B.sorted_ids,
                .expert_offsets = B.expert_offsets, .active_experts = B.active_experts,
-               .num_pairs = pairs, .in_row_div = topk, .num_experts = E, .n = Ie, .k = H,
+               .num_pairs = pairs, .in_row_div = topk, .num_experts = El, .n = Ie, .k = H,
                .silu_gate_up = true};
     down = gate_up;
     down.out = B.expert_out;
@@ -95,6 +100,15 @@ struct Step {
     down.n = H;
     down.k = Ie;
     down.silu_gate_up = false;
+
+    // combine in j order; with EP only this rank's pairs (the others' rows were never written)
+    combine = {.out = B.o, .expert_out = B.expert_out, .weights = B.topk_weights, .tokens = n,
+               .top_k = topk, .hidden = H};
+    if (El < E) {
+      combine.topk_ids = B.topk_ids;
+      combine.expert0 = e0;
+      combine.num_local = El;
+    }
   }
 
   void mark(const char* stage) const {
@@ -195,8 +209,9 @@ void moe(const Step& s, const DeviceLayerWeights& L) {
   expert_gemm(s.down, L.w_down, s.st);
   s.mark("moe_gemm_down");
 
-  // combine: o[t] = Σ_j w[t, j] · y[t·k + j], in j order (batch independent)
-  k::moe_combine(B.o, B.expert_out, B.topk_weights, s.n, s.route.router.top_k, s.H, s.st);
+  // combine: o[t] = Σ_j w[t, j] · y[t·k + j], in j order (batch independent); with expert
+  // parallelism a partial sum over this rank's experts, completed by the MLP's all-reduce
+  k::moe_combine(s.combine, s.st);
   s.mark("moe_combine");
 }
 
@@ -277,6 +292,7 @@ void cuda_lm_head(const ModelConfig& cfg, CudaRank& r, int first, int rows, int 
   // gather the rows that need logits (the gather treats the normed states as a table)
   k::embedding_gather(B.xr, B.h, B.logits_rows + first, rows, H, tokens, r.stream);
   linear(GemmContext{r.cublas, r.stream}, B.logits_local, B.xr, r.weights.lm_head, rows);
+  if (tm) tm->mark("lm_head", r.stream);
   if (r.dims.vocab_split) {
     // vocab-parallel: gather every rank's [rows, V/world] slice, then rank 0 (the one that
     // samples) interleaves the slices into [rows, V]
@@ -291,8 +307,8 @@ void cuda_lm_head(const ModelConfig& cfg, CudaRank& r, int first, int rows, int 
                                      cudaMemcpyDeviceToDevice, r.stream));
       }
     }
+    if (tm) tm->mark("lm_head_gather", r.stream);
   }
-  if (tm) tm->mark("lm_head", r.stream);
 }
 
 }  // namespace moebatch

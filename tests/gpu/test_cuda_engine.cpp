@@ -2,19 +2,26 @@
 // only up to the first router near-tie), GPU against the CPU engine on fresh random prompts,
 // decode-with-cache against full recompute, batch invariance, graph replay against eager,
 // device sampling, the memory plan's error and info(), and the q/k/v bias kernel (these skip
-// without a GPU); the option checks, the weight-format dispatch and the rank threads run
-// everywhere.
+// without a GPU). On two GPUs (skipped with fewer, or without NCCL): tensor parallelism against
+// one GPU on every fixture and a random-weight model in both MoE modes (intermediate split and
+// expert parallel), greedy generation, graph replay with collectives, and the watchdog turning a
+// stuck rank into an Error. The option checks, the weight-format dispatch, the rank threads and
+// the watchdog's logic run everywhere.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
+#include <mutex>
 #include <random>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <tuple>
 
 #include "common/error.h"
+#include "engine/cuda/comm_watchdog.h"
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/linear.h"
 #include "engine/cuda/rank_threads.h"
@@ -35,12 +42,26 @@ constexpr float kGreedyMargin = 1e-1f;
 constexpr double kRelTol = 3e-2;
 
 const std::vector<std::string> kFixtures = {"qwen3_moe_tiny", "qwen2_moe_tiny", "qwen3_dense_tiny",
-                                            "qwen3_moe_tiny_fp8"};
+                                            "qwen3_moe_tiny_fp8", "qwen3_moe_tiny_nvfp4",
+                                            "qwen3moe_tiny_q4km"};
 
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+// The oracle tolerance of a fixture. NVFP4 weights are decoded to bf16 on the GPU until the
+// W4A16 kernels keep them packed: measured 0.067 at one of 13 comparable positions of the tiny
+// NVFP4 model (its CPU decode matches the float64 oracle within 3.3e-5, and the GPU matches the
+// CPU engine within 3.5e-2 on random prompts), so its bound is 8e-2 until then.
+double oracle_tol(const std::string& fixture) {
+  return fixture == "qwen3_moe_tiny_nvfp4" ? 8e-2 : kRelTol;
 }
+
+int gpu_count() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+
+bool have_gpu() { return gpu_count() > 0; }
+
+// Tensor-parallel tests need two GPUs and a build with NCCL.
+bool have_two_gpus() { return cuda_backend_has_nccl() && gpu_count() >= 2; }
 
 // Small capacities on purpose: the 130-token prompt is cut into chunks and lm_head rows into
 // several calls, exercising both paths.
@@ -54,11 +75,13 @@ CudaBackendOptions small_options(bool graphs = true) {
 }
 
 // The same capacities through the factory, as the CLI and the service build engines.
-std::unique_ptr<Engine> gpu_engine(const std::string& model, bool graphs = true) {
+std::unique_ptr<Engine> gpu_engine(const std::string& model, bool graphs = true, int tp = 1,
+                                   ExpertSplit split = ExpertSplit::Intermediate) {
   const CudaBackendOptions o = small_options(graphs);
   EngineSpec spec = fixture_spec(
-      model, 1,
-      {.max_num_seqs = o.max_num_seqs, .max_num_batched_tokens = o.max_num_batched_tokens});
+      model, tp,
+      {.max_num_seqs = o.max_num_seqs, .max_num_batched_tokens = o.max_num_batched_tokens},
+      split);
   spec.backend = "cuda";
   spec.kv_cache_bytes = o.max_kv_cache_bytes;
   spec.cuda_graphs = o.cuda_graphs;
@@ -98,6 +121,34 @@ void expect_rows_close(const std::vector<double>& errs, bool dense, const std::s
               kRelTol, worst);
 }
 
+// top-1 minus top-2 logit of a row: greedy choices closer than kGreedyMargin may flip.
+double top2_margin(const float* row, int64_t V) {
+  float a = -INFINITY, b = -INFINITY;
+  for (int64_t i = 0; i < V; ++i) {
+    if (row[i] > a) {
+      b = a;
+      a = row[i];
+    } else if (row[i] > b) {
+      b = row[i];
+    }
+  }
+  return static_cast<double>(a) - b;
+}
+
+// Greedy tokens of `got` equal those of `base` (which kept its logits) until base's first step
+// whose top-2 margin is under kGreedyMargin (the same history up to there). Returns the steps
+// compared.
+size_t expect_greedy_equal(const FinishedSequence& base, const FinishedSequence& got, int64_t V,
+                           const std::string& what) {
+  size_t s = 0;
+  for (; s < base.tokens.size() && s < got.tokens.size(); ++s) {
+    if (top2_margin(base.logits.data() + s * V, V) <= kGreedyMargin) break;
+    EXPECT_EQ(got.tokens[s], base.tokens[s]) << what << " step " << s;
+    if (got.tokens[s] != base.tokens[s]) break;
+  }
+  return s;
+}
+
 class CudaFixture : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
@@ -121,7 +172,8 @@ TEST_P(CudaFixture, LogitsMatchReference) {
       const double e = rel_err(logits.data() + t * V, r.logits.data() + t * V, V);
       worst = std::max(worst, e);
       ++compared;
-      EXPECT_LT(e, kRelTol) << GetParam() << " prompt len " << r.prompt.size() << " pos " << t;
+      EXPECT_LT(e, oracle_tol(GetParam())) << GetParam() << " prompt len " << r.prompt.size()
+                                           << " pos " << t;
     }
     auto errs = row_errors(logits, r.logits, V);
     all_rows.insert(all_rows.end(), errs.begin(), errs.end());
@@ -217,13 +269,15 @@ TEST_P(CudaFixture, BatchInvariance) {
 }
 
 // The same requests with decode graphs replayed and with the same launches run eagerly:
-// bitwise equal logits and tokens.
-TEST_P(CudaFixture, GraphReplayEqualsEager) {
+// bitwise equal logits and tokens (with tp > 1 the graphs hold the collectives; a sum of two
+// ranks is one rounding in either order, so NCCL's choice of algorithm does not matter).
+void expect_graph_replay_equals_eager(const std::string& model, int tp, ExpertSplit split) {
   std::mt19937 rng(std::random_device{}());
-  auto graphs =
-      std::make_unique<CudaBackend>(test_data_dir() + "/" + GetParam(), small_options(true));
-  auto eager =
-      std::make_unique<CudaBackend>(test_data_dir() + "/" + GetParam(), small_options(false));
+  CudaBackendOptions og = small_options(true), oe = small_options(false);
+  og.tensor_parallel_size = oe.tensor_parallel_size = tp;
+  og.expert_split = oe.expert_split = split;
+  auto graphs = std::make_unique<CudaBackend>(fixture_path(model), og);
+  auto eager = std::make_unique<CudaBackend>(fixture_path(model), oe);
   CudaBackend* g = graphs.get();
   CudaBackend* e = eager.get();
   EngineOptions eo;
@@ -244,8 +298,12 @@ TEST_P(CudaFixture, GraphReplayEqualsEager) {
     EXPECT_EQ(fg[i].tokens, fe[i].tokens);
     ASSERT_EQ(fg[i].logits.size(), fe[i].logits.size());
     for (float x : fg[i].logits) ASSERT_TRUE(std::isfinite(x));
-    EXPECT_TRUE(fg[i].logits == fe[i].logits) << "graph replay differs from eager";
+    EXPECT_TRUE(fg[i].logits == fe[i].logits) << "graph replay differs from eager, tp " << tp;
   }
+}
+
+TEST_P(CudaFixture, GraphReplayEqualsEager) {
+  expect_graph_replay_equals_eager(GetParam(), 1, ExpertSplit::Intermediate);
 }
 
 // Tokens sampled on the device (greedy) equal the host argmax of the same logits; seeded
@@ -323,28 +381,146 @@ TEST(CudaBackendInfo, ReportsPerDeviceNumbers) {
   EXPECT_GE(d.total_bytes, d.weight_bytes + d.kv_bytes + d.activation_bytes);
 }
 
-// More than one rank without a communicator, or with expert-parallel MoE, is refused before
-// any device is touched (runs without a GPU).
-TEST(CudaBackendOptionsCheck, TensorParallelNeedsCommunicator) {
+// Bad tensor-parallel options are refused before any device is touched (runs without a GPU):
+// more than one rank in a build without NCCL, a communicator joining another number of ranks, a
+// device listed twice, a non-positive collective timeout, a stall hook without the backend's own
+// communicator or out of range.
+TEST(CudaBackendOptionsCheck, TensorParallelOptions) {
+  const std::string dir = test_data_dir() + "/qwen3_moe_tiny";
   CudaBackendOptions o = small_options();
   o.tensor_parallel_size = 2;
-  try {
-    CudaBackend be(test_data_dir() + "/qwen3_moe_tiny", o);
-    FAIL() << "expected an InputError";
-  } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("NCCL communicator"), std::string::npos) << e.what();
+  if (!cuda_backend_has_nccl()) {
+    try {
+      CudaBackend be(dir, o);
+      FAIL() << "expected an InputError";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("needs NCCL"), std::string::npos) << e.what();
+    }
   }
   struct TwoRanks final : Communicator {
     int world() const override { return 2; }
     void all_reduce_sum(int, void*, size_t, CommDType, CommStream) override {}
     void all_gather(int, const void*, void*, size_t, CommDType, CommStream) override {}
   } comm;
-  o.comm = &comm;
-  o.expert_split = ExpertSplit::Expert;
-  EXPECT_THROW(CudaBackend(test_data_dir() + "/qwen3_moe_tiny", o), InputError);
-  o.devices = {0, 0};
-  o.expert_split = ExpertSplit::Intermediate;
-  EXPECT_THROW(CudaBackend(test_data_dir() + "/qwen3_moe_tiny", o), InputError);
+  CudaBackendOptions c = o;
+  c.comm = &comm;
+  c.devices = {0, 1, 2};
+  try {
+    CudaBackend be(dir, c);
+    FAIL() << "expected an InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("joins 2 ranks"), std::string::npos) << e.what();
+  }
+  c.devices = {0, 0};
+  EXPECT_THROW(CudaBackend(dir, c), InputError);
+  c.devices.clear();
+  c.debug_stall_rank = 0;  // a caller's communicator: no watchdog to release the stall
+  EXPECT_THROW(CudaBackend(dir, c), InputError);
+  CudaBackendOptions t = o;
+  t.collective_timeout_s = 0;
+  EXPECT_THROW(CudaBackend(dir, t), InputError);
+  t = o;
+  t.debug_stall_rank = 2;
+  EXPECT_THROW(CudaBackend(dir, t), InputError);
+  t.tensor_parallel_size = 1;
+  t.debug_stall_rank = 0;
+  EXPECT_THROW(CudaBackend(dir, t), InputError);
+}
+
+// A stand-in communicator for the watchdog's logic: records the abort, reports an asynchronous
+// error on demand.
+class FakeAbortableComm final : public AbortableComm {
+ public:
+  std::string async_error() override {
+    std::lock_guard lk(mu_);
+    return error_;
+  }
+  void abort(const std::string& reason) override {
+    std::lock_guard lk(mu_);
+    reason_ = reason;
+    aborted_ = true;
+  }
+  bool aborted() const override { return aborted_.load(); }
+  std::string abort_reason() const override {
+    std::lock_guard lk(mu_);
+    return reason_;
+  }
+  void set_error(std::string e) {
+    std::lock_guard lk(mu_);
+    error_ = std::move(e);
+  }
+  // Waits up to `seconds` for the abort.
+  bool wait_aborted(double seconds) const {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (!aborted() && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    return aborted();
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::atomic<bool> aborted_{false};
+  std::string error_, reason_;
+};
+
+// A step longer than the timeout aborts the communicator, naming the rank that made the least
+// progress; end_step() reports the failure.
+TEST(CommWatchdogTest, TimeoutAbortsAndNamesTheStuckRank) {
+  FakeAbortableComm comm;
+  CommWatchdog wd(comm, 3, 0.2);
+  wd.begin_step();
+  wd.progress(0);
+  wd.progress(2);
+  ASSERT_TRUE(comm.wait_aborted(10));
+  const std::string failure = wd.end_step();
+  EXPECT_NE(failure.find("collective timeout after 0.2 s on rank 1"), std::string::npos)
+      << failure;
+  EXPECT_EQ(comm.abort_reason(), failure);
+  EXPECT_EQ(wd.abort_reason(), failure);
+  EXPECT_TRUE(wd.fired());
+}
+
+// Steps shorter than the timeout and idle time between them never fire, however long the idle
+// time; an asynchronous error outside a step is not polled.
+TEST(CommWatchdogTest, ShortStepsAndIdleTimeNeverFire) {
+  FakeAbortableComm comm;
+  CommWatchdog wd(comm, 2, 0.15);
+  for (int i = 0; i < 10; ++i) {
+    wd.begin_step();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    EXPECT_EQ(wd.end_step(), "");
+  }
+  comm.set_error("NCCL error on rank 1: remote process exited or there was a network error");
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  EXPECT_FALSE(comm.aborted());
+  EXPECT_FALSE(wd.fired());
+}
+
+// An asynchronous error during a step aborts at once (well before the timeout).
+TEST(CommWatchdogTest, AsyncErrorAborts) {
+  FakeAbortableComm comm;
+  CommWatchdog wd(comm, 2, 100.0);
+  comm.set_error("NCCL error on rank 1: unhandled cuda error");
+  wd.begin_step();
+  ASSERT_TRUE(comm.wait_aborted(10));
+  const std::string failure = wd.end_step();
+  EXPECT_NE(failure.find("NCCL error on rank 1"), std::string::npos) << failure;
+}
+
+// A rank that fails mid-step trips the watchdog: the communicator is aborted with the rank's
+// message at once, and end_step() leaves the rank's own exception to report it.
+TEST(CommWatchdogTest, TripAbortsWithTheRanksMessage) {
+  FakeAbortableComm comm;
+  CommWatchdog wd(comm, 2, 100.0);
+  wd.begin_step();
+  wd.trip(1, "moe_gemm: bad expert count");
+  ASSERT_TRUE(comm.wait_aborted(10));
+  EXPECT_NE(comm.abort_reason().find("rank 1 failed mid-step: moe_gemm: bad expert count"),
+            std::string::npos)
+      << comm.abort_reason();
+  EXPECT_EQ(wd.end_step(), "");
+  EXPECT_TRUE(wd.fired());
+  EXPECT_EQ(wd.abort_reason(), comm.abort_reason());
 }
 
 // A weight format without a kernel fails loudly in the GEMM dispatch, naming the format (no
@@ -399,6 +575,244 @@ TEST(RankThreadsTest, RunsEveryRankAndRethrows) {
       threads.run_all([&](int) { ++ran; });  // still usable after a failure
       EXPECT_EQ(ran.load(), 2 * n);
     }
+  }
+}
+
+// --- tensor parallelism on two GPUs ----------------------------------------------------------
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+const char* split_name(ExpertSplit s) { return s == ExpertSplit::Expert ? "ep" : "tp"; }
+
+// A fixture on two GPUs, in one MoE mode, against the same fixture on one GPU.
+class CudaTensorParallel : public ::testing::TestWithParam<std::tuple<std::string, ExpertSplit>> {
+ protected:
+  void SetUp() override {
+    if (!have_two_gpus()) GTEST_SKIP() << "needs 2 GPUs and a build with NCCL";
+    if (dense() && split() == ExpertSplit::Expert) {
+      std::printf("%s: dense model, no experts to split (expert parallel = tensor parallel)\n",
+                  model().c_str());
+      GTEST_SKIP() << "dense model: no experts to split";
+    }
+  }
+  const std::string& model() const { return std::get<0>(GetParam()); }
+  ExpertSplit split() const { return std::get<1>(GetParam()); }
+  bool dense() const { return model() == "qwen3_dense_tiny"; }
+  std::string label() const { return model() + " " + split_name(split()) + "2"; }
+};
+
+// Every reference prompt scored on two GPUs against one GPU (and the oracle): positions before
+// the first router near-tie within kRelTol, and over all positions every row (dense) or 3 in 4
+// rows (MoE). The two differ by where bf16 rounds: each rank's partial o_proj / MLP output is
+// rounded before the all-reduce.
+TEST_P(CudaTensorParallel, LogitsMatchSingleRank) {
+  auto ref = load_reference(model());
+  auto one = gpu_engine(model()), two = gpu_engine(model(), true, 2, split());
+  const int64_t V = one->config().vocab_size;
+  std::vector<double> vs_one, vs_oracle;
+  size_t compared = 0;
+  double worst = 0;
+  for (const auto& r : ref) {
+    const auto a = one->score(r.prompt), b = two->score(r.prompt);
+    ASSERT_EQ(b.size(), a.size());
+    const size_t upto = comparable_prefix(r.route_gap, kRouteGap);
+    for (size_t t = 0; t < upto; ++t) {
+      const double e = rel_err(b.data() + t * V, a.data() + t * V, V);
+      worst = std::max(worst, e);
+      ++compared;
+      EXPECT_LT(e, kRelTol) << label() << " prompt len " << r.prompt.size() << " pos " << t;
+    }
+    auto e1 = row_errors(b, a, V), e2 = row_errors(b, r.logits, V);
+    vs_one.insert(vs_one.end(), e1.begin(), e1.end());
+    vs_oracle.insert(vs_oracle.end(), e2.begin(), e2.end());
+  }
+  expect_rows_close(vs_one, dense(), label() + " vs tp1, all positions");
+  expect_rows_close(vs_oracle, dense(), label() + " vs oracle, all positions");
+  std::printf("%s: %zu positions before a router near-tie, worst vs tp1 %.3g\n", label().c_str(),
+              compared, worst);
+}
+
+// Greedy generation on two GPUs (sampled on rank 0's device) equals one GPU's until one GPU's
+// first top-2 margin under kGreedyMargin, on the prompts without a router near-tie.
+TEST_P(CudaTensorParallel, GreedyMatchesSingleRankUntilNearTie) {
+  auto ref = load_reference(model());
+  auto one = gpu_engine(model()), two = gpu_engine(model(), true, 2, split());
+  const int64_t V = one->config().vocab_size;
+  size_t checked = 0, eligible = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const auto& r = ref[i];
+    if (comparable_prefix(r.route_gap, kRouteGap) < r.prompt.size()) continue;
+    ++eligible;
+    const auto n = static_cast<int64_t>(r.greedy.size());
+    one->add(request(i, r.prompt, n, true));
+    two->add(request(i, r.prompt, n, false));
+    auto f1 = run_to_completion(*one), f2 = run_to_completion(*two);
+    ASSERT_EQ(f1.size(), 1u);
+    ASSERT_EQ(f2.size(), 1u);
+    checked += expect_greedy_equal(f1[0], f2[0], V, label() + " prompt " + std::to_string(i));
+  }
+  std::printf("%s: %zu greedy steps checked over %zu prompts\n", label().c_str(), checked,
+              eligible);
+}
+
+// Decode graphs that hold the all-reduces and the lm_head all-gather replay bitwise like the
+// same launches run eagerly.
+TEST_P(CudaTensorParallel, GraphReplayEqualsEager) {
+  expect_graph_replay_equals_eager(model(), 2, split());
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, CudaTensorParallel,
+                         ::testing::Combine(::testing::ValuesIn(kFixtures),
+                                            ::testing::Values(ExpertSplit::Intermediate,
+                                                              ExpertSplit::Expert)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" +
+                                  split_name(std::get<1>(info.param));
+                         });
+
+// info() of a two-GPU backend: one DeviceUsage per GPU, each holding half the experts (expert
+// parallel) and half the kv heads, the KV bytes per token summed over both as on one GPU.
+TEST(CudaTensorParallelInfo, ReportsEveryDevice) {
+  if (!have_two_gpus()) GTEST_SKIP() << "needs 2 GPUs and a build with NCCL";
+  const std::string dir = test_data_dir() + "/qwen3_moe_tiny";
+  CudaBackendOptions o = small_options();
+  const CudaBackend one(dir, o);
+  o.tensor_parallel_size = 2;
+  o.expert_split = ExpertSplit::Expert;
+  const CudaBackend two(dir, o);
+  const BackendInfo& info = two.info();
+  EXPECT_NE(info.description.find("cuda tp=2 (expert parallel) on cuda:0,cuda:1"),
+            std::string::npos)
+      << info.description;
+  ASSERT_EQ(info.devices.size(), 2u);
+  EXPECT_EQ(info.devices[0].device, "cuda:0");
+  EXPECT_EQ(info.devices[1].device, "cuda:1");
+  EXPECT_EQ(info.kv_bytes_per_token, one.info().kv_bytes_per_token);
+  for (const DeviceUsage& d : info.devices) {
+    EXPECT_GT(d.weight_bytes, 0);
+    EXPECT_LT(d.weight_bytes, one.info().devices[0].weight_bytes);
+  }
+  EXPECT_EQ(info.kv_blocks, two.memory_plan(1).kv_blocks);
+}
+
+// random:tiny-moe (16 experts top-4, expert width 128) from one seed on one GPU and on two in
+// both MoE modes: the random weights are one model (every rank generates each hub tensor whole
+// and keeps its slice), so two GPUs must reproduce one GPU's logits and greedy tokens.
+TEST(CudaTensorParallelRandom, TinyMoeMatchesSingleRankInBothModes) {
+  if (!have_two_gpus()) GTEST_SKIP() << "needs 2 GPUs and a build with NCCL";
+  auto spec = [](int tp, ExpertSplit split) {
+    EngineSpec s;
+    s.model = "random:tiny-moe";
+    s.backend = "cuda";
+    s.tensor_parallel_size = tp;
+    s.expert_split = split;
+    s.random_seed = 20261201;
+    s.scheduler = {.max_num_seqs = 8, .max_num_batched_tokens = 64};
+    s.kv_cache_bytes = 64 << 20;
+    s.max_model_len = 1024;
+    return s;
+  };
+  std::mt19937 rng(std::random_device{}());
+  auto one = make_engine(spec(1, ExpertSplit::Intermediate)).engine;
+  const int64_t V = one->config().vocab_size;
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::vector<float>> base;
+  for (size_t len : {size_t{1}, size_t{37}, size_t{150}}) {
+    prompts.push_back(random_prompt(rng, len, V));
+    base.push_back(one->score(prompts.back()));
+    double sq = 0;
+    for (float x : base.back()) sq += static_cast<double>(x) * x;
+    ASSERT_GT(sq, 0.0) << "random weights gave all-zero logits";
+  }
+  auto greedy_prompt = random_prompt(rng, 20, V);
+  one->add(request(0, greedy_prompt, 16, true));
+  const auto g1 = run_to_completion(*one);
+  ASSERT_EQ(g1.size(), 1u);
+  for (ExpertSplit split : {ExpertSplit::Intermediate, ExpertSplit::Expert}) {
+    auto two = make_engine(spec(2, split)).engine;
+    const std::string label = std::string("random:tiny-moe ") + split_name(split) + "2";
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      expect_rows_close(row_errors(two->score(prompts[i]), base[i], V), false,
+                        label + " len " + std::to_string(prompts[i].size()));
+    }
+    two->add(request(0, greedy_prompt, 16, false));
+    const auto g2 = run_to_completion(*two);
+    ASSERT_EQ(g2.size(), 1u);
+    const size_t checked = expect_greedy_equal(g1[0], g2[0], V, label);
+    std::printf("%s: %zu greedy steps checked\n", label.c_str(), checked);
+  }
+}
+
+// A rank that hangs before its first collective (debug_stall_rank) becomes an Error naming it
+// within the collective timeout: the watchdog aborts the communicators, the blocked rank returns,
+// the backend stays failed, it can be destroyed, and a rebuilt one works (the service's path).
+// With decode graphs (NCCL releases the communicators only when the graphs are destroyed) the
+// stuck rank is 1, without them rank 0.
+TEST(CudaCollectiveWatchdog, StuckRankBecomesErrorAndBackendRebuilds) {
+  if (!have_two_gpus()) GTEST_SKIP() << "needs 2 GPUs and a build with NCCL";
+  std::mt19937 rng(std::random_device{}());
+  const std::string dir = test_data_dir() + "/qwen3_moe_tiny";
+  EngineOptions eo;
+  eo.max_num_seqs = 8;
+  eo.max_num_batched_tokens = 64;
+  for (bool graphs : {true, false}) {
+    const int stuck = graphs ? 1 : 0;
+    SCOPED_TRACE(graphs ? "decode graphs" : "eager");
+    CudaBackendOptions o = small_options(graphs);
+    o.tensor_parallel_size = 2;
+    o.collective_timeout_s = 2.0;
+    int64_t V = 0;
+    Clock::time_point t0;
+    {
+      auto backend = std::make_unique<CudaBackend>(dir, o);
+      CudaBackend* be = backend.get();
+      Engine eng(std::move(backend), eo);
+      V = eng.config().vocab_size;
+      eng.add(request(0, random_prompt(rng, 12, V), 6, false));
+      ASSERT_EQ(run_to_completion(eng).size(), 1u);  // healthy steps first
+      EXPECT_EQ(be->num_graphs() > 0, graphs);
+      be->set_debug_stall_rank(stuck);
+      eng.add(request(1, random_prompt(rng, 12, V), 6, false));
+      t0 = Clock::now();
+      std::string msg;
+      try {
+        run_to_completion(eng);
+      } catch (const Error& e) {
+        msg = e.what();
+      }
+      const double waited = seconds_since(t0);
+      EXPECT_NE(msg.find("collective timeout after 2 s on rank " + std::to_string(stuck)),
+                std::string::npos)
+          << "message: '" << msg << "'";
+      EXPECT_GE(waited, 1.9);
+      EXPECT_LT(waited, 30.0);
+      // Failed for good: the next call throws at once, without touching the communicators.
+      StepBatch b;
+      b.tokens = {1};
+      b.positions = {0};
+      b.seq_index = {0};
+      b.slot_mapping = {0};
+      b.block_tables = {0};
+      b.max_blocks_per_seq = 1;
+      b.state_slots = {0};
+      b.logits_rows = {0};
+      std::vector<float> logits;
+      t0 = Clock::now();
+      EXPECT_THROW(be->forward(b, logits), Error);
+      EXPECT_LT(seconds_since(t0), 1.0);
+      t0 = Clock::now();
+    }  // engine and backend destroyed here: graphs, then the aborted communicators
+    EXPECT_LT(seconds_since(t0), 60.0) << "destroying a backend after an abort";
+    // Rebuilt, as the service does after an engine failure: healthy again.
+    Engine eng(std::make_unique<CudaBackend>(dir, o), eo);
+    eng.add(request(2, random_prompt(rng, 12, V), 4, false));
+    const auto fin = run_to_completion(eng);
+    ASSERT_EQ(fin.size(), 1u);
+    EXPECT_EQ(fin[0].tokens.size(), 4u);
   }
 }
 

@@ -2,7 +2,9 @@
 // RoPE (+ fused cache write), KV cache write, SiLU·mul, MoE combine, shared-expert gate.
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <numeric>
+#include <random>
 
 #include "kernels/embedding.cuh"
 #include "kernels/kv_cache.cuh"
@@ -333,33 +335,76 @@ class MoeCombineCase final : public OpCase {
     w_.resize(static_cast<size_t>(s_.tokens) * s_.top_k);
     for (auto& v : w_) v = std::uniform_real_distribution<float>(0.f, 1.f)(rng);
     d_w_ = DevBuf<float>(w_);
+    if (s_.experts > 0) {
+      // Distinct experts per token; token 0 only gets other ranks' experts (a zero row). Rows of
+      // pairs that are not local are NaN, as unwritten expert outputs may be: never read.
+      std::vector<int32_t> all(s_.experts), others;
+      std::iota(all.begin(), all.end(), 0);
+      std::copy_if(all.begin(), all.end(), std::back_inserter(others), [&](int e) { return !local_expert(e); });
+      ids_.resize(w_.size());
+      for (int t = 0; t < s_.tokens; ++t) {
+        std::vector<int32_t>& pool = t == 0 && static_cast<int>(others.size()) >= s_.top_k ? others : all;
+        std::shuffle(pool.begin(), pool.end(), rng);
+        std::copy(pool.begin(), pool.begin() + s_.top_k, ids_.begin() + static_cast<size_t>(t) * s_.top_k);
+      }
+      d_ids_ = DevBuf<int32_t>(ids_);
+      for (size_t pair = 0; pair < ids_.size(); ++pair) {
+        if (local_expert(ids_[pair])) continue;
+        CUDA_CHECK(cudaMemsetAsync(y_.get() + pair * s_.hidden, 0xff, s_.hidden * sizeof(bf16), env.stream));
+      }
+    }
     out_ = DevBuf<bf16>(static_cast<size_t>(s_.tokens) * s_.hidden);
     out_.poison();
   }
   void run(const OpEnv& env, int) override {
-    kernels::moe_combine(out_.get(), y_.get(), s_.weighted ? d_w_.get() : nullptr, s_.tokens, s_.top_k,
-                         s_.hidden, env.stream);
+    if (s_.experts == 0) {
+      kernels::moe_combine(out_.get(), y_.get(), s_.weighted ? d_w_.get() : nullptr, s_.tokens, s_.top_k,
+                           s_.hidden, env.stream);
+      return;
+    }
+    kernels::MoeCombineParams p;
+    p.out = out_.get();
+    p.expert_out = y_.get();
+    p.weights = s_.weighted ? d_w_.get() : nullptr;
+    p.tokens = s_.tokens;
+    p.top_k = s_.top_k;
+    p.hidden = s_.hidden;
+    p.topk_ids = d_ids_.get();
+    p.expert0 = s_.expert0;
+    p.num_local = s_.local_experts;
+    kernels::moe_combine(p, env.stream);
   }
   OpCheck check(const OpEnv& env, double tol) override {
     const auto y = y_.original(env.stream);
     const int H = s_.hidden, K = s_.top_k;
     std::vector<double> ref(out_.size(), 0.0);
     for (int t = 0; t < s_.tokens; ++t)
-      for (int j = 0; j < K; ++j)
+      for (int j = 0; j < K; ++j) {
+        if (s_.experts > 0 && !local_expert(ids_[t * K + j])) continue;
         for (int h = 0; h < H; ++h)
           ref[static_cast<size_t>(t) * H + h] +=
               (s_.weighted ? w_[t * K + j] : 1.0) * bf2f(y[(static_cast<size_t>(t) * K + j) * H + h]);
+      }
     OpCheck c;
-    c.rel_l2("out", to_float(out_.download<uint16_t>()), ref, tol);
+    const auto out = to_float(out_.download<uint16_t>());
+    c.rel_l2("out", out, ref, tol);
+    if (s_.experts > 0) {
+      bool zero_row = true;  // token 0 has no local pair
+      for (int h = 0; h < H; ++h) zero_row = zero_row && out[h] == 0.f;
+      c.expect(zero_row || static_cast<int>(s_.experts - s_.local_experts) < K, "a token without local pairs has a zero row");
+    }
     return c;
   }
   double bytes() const override { return 2.0 * s_.tokens * s_.top_k * s_.hidden + 2.0 * s_.tokens * s_.hidden; }
 
  private:
+  bool local_expert(int e) const { return e >= s_.expert0 && e < s_.expert0 + s_.local_experts; }
   MoeCombineShape s_;
   RandomBf16 y_;
   std::vector<float> w_;
+  std::vector<int32_t> ids_;
   DevBuf<float> d_w_;
+  DevBuf<int32_t> d_ids_;
   DevBuf<bf16> out_;
 };
 
@@ -453,10 +498,16 @@ OpCaseDef silu_mul_case(const SiluMulShape& s) {
 }
 
 OpCaseDef moe_combine_case(const MoeCombineShape& s) {
-  return op_case_def<MoeCombineCase>("moe_combine",
-                                  "t" + to_string(s.tokens) + " k" + to_string(s.top_k) + " H" + to_string(s.hidden) +
-                                      (s.weighted ? " weighted" : " unweighted"),
-                                  OpFamily::moe_ops, 5e-3, s);
+  MB_CHECK(s.experts == 0 || (s.local_experts > 0 && s.expert0 >= 0 && s.expert0 + s.local_experts <= s.experts &&
+                              s.top_k <= s.experts),
+           "moe_combine case: bad expert range");
+  return op_case_def<MoeCombineCase>(
+      "moe_combine",
+      "t" + to_string(s.tokens) + " k" + to_string(s.top_k) + " H" + to_string(s.hidden) +
+          (s.weighted ? " weighted" : " unweighted") +
+          (s.experts > 0 ? " E" + to_string(s.experts) + " local" + to_string(s.local_experts) + "@" + to_string(s.expert0)
+                         : ""),
+      OpFamily::moe_ops, 5e-3, s);
 }
 
 OpCaseDef shared_expert_gate_case(const SharedExpertGateShape& s) {

@@ -1,6 +1,6 @@
 // Cases of the MoE router, the alignment, the fused small-batch route and the grouped expert
 // GEMM against CPU references, including an expert that receives more rows than one GEMM pass
-// holds and skewed (hot-expert) routings.
+// holds, skewed (hot-expert) routings, and the expert-parallel alignment of one rank's experts.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -49,6 +49,21 @@ std::vector<int32_t> random_routing(std::mt19937& rng, int tokens, int E, int K,
     for (int j = 0; j < K; ++j) ids[t * K + j] = all[j];
   }
   return ids;
+}
+
+// Expert parallel: a rank holding experts [expert0, expert0 + local) sees pair i under local id
+// ids[i] - expert0, or -1 (dropped) when another rank holds its expert. local 0: all local.
+std::vector<int32_t> local_ids(const std::vector<int32_t>& ids, int expert0, int local) {
+  if (local == 0) return ids;
+  std::vector<int32_t> out(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i)
+    out[i] = ids[i] >= expert0 && ids[i] < expert0 + local ? ids[i] - expert0 : -1;
+  return out;
+}
+
+// " local16@48": the expert range of an expert-parallel case (empty when every expert is local).
+std::string local_range(int expert0, int local) {
+  return local > 0 ? " local" + to_string(local) + "@" + to_string(expert0) : "";
 }
 
 // moe_align's contract for the expert ids `ids`: per expert, exactly its pairs (any order), the
@@ -136,7 +151,7 @@ class RouterCase final : public OpCase {
 // One routing's device side: expert ids and moe_align's outputs for them.
 struct Routing {
   DevBuf<int32_t> ids, sorted, offsets, active;
-  kernels::AlignParams align(int pairs, int E) const {
+  kernels::AlignParams align(int pairs, int E, int expert0 = 0) const {
     kernels::AlignParams a;
     a.sorted_ids = sorted.get();
     a.expert_offsets = offsets.get();
@@ -145,6 +160,7 @@ struct Routing {
     a.num_pairs = pairs;
     a.num_experts = E;
     a.block_m = kMoeGemmTileM;
+    a.expert0 = expert0;
     return a;
   }
 };
@@ -177,12 +193,13 @@ class AlignCase final : public OpCase {
     make_routings(rng, s_.tokens, s_.experts, s_.top_k, s_.hot, s_.routings, routings_, ids0_);
   }
   void run(const OpEnv& env, int iter) override {
-    kernels::moe_align(routings_[iter % s_.routings].align(s_.tokens * s_.top_k, s_.experts), env.stream);
+    kernels::moe_align(routings_[iter % s_.routings].align(s_.tokens * s_.top_k, aligned(), s_.expert0), env.stream);
   }
   OpCheck check(const OpEnv&, double) override {
     const Routing& r = routings_[0];
-    const std::string err = align_error(ids0_, r.sorted.download<int32_t>(), r.offsets.download<int32_t>(),
-                                        r.active.download<int32_t>(), s_.experts);
+    const std::string err =
+        align_error(local_ids(ids0_, s_.expert0, s_.local_experts), r.sorted.download<int32_t>(),
+                    r.offsets.download<int32_t>(), r.active.download<int32_t>(), aligned());
     OpCheck c;
     c.expect(err.empty(), "align: " + err);
     return c;
@@ -190,6 +207,7 @@ class AlignCase final : public OpCase {
   double bytes() const override { return 8.0 * s_.tokens * s_.top_k; }
 
  private:
+  int aligned() const { return s_.local_experts > 0 ? s_.local_experts : s_.experts; }
   AlignShape s_;
   std::vector<Routing> routings_;
   std::vector<int32_t> ids0_;
@@ -230,7 +248,8 @@ class RouteSmallCase final : public OpCase {
     p.align.expert_offsets = off_.get();
     p.align.topk_ids = ids_.get();
     p.align.num_pairs = s_.tokens * s_.top_k;
-    p.align.num_experts = s_.experts;
+    p.align.num_experts = aligned();
+    p.align.expert0 = s_.expert0;
     p.align.block_m = kMoeGemmTileM;
     p.align.active_experts = active_.get();
     p.x = x_.get();
@@ -259,8 +278,9 @@ class RouteSmallCase final : public OpCase {
     const auto got_ids = ids_.download<int32_t>();
     c.equal("ids", got_ids, ids);
     c.rel_l2("weights", tw_.download<float>(), wref, tol);
-    const std::string err = align_error(got_ids, sorted_.download<int32_t>(), off_.download<int32_t>(),
-                                        active_.download<int32_t>(), E);
+    const std::string err =
+        align_error(local_ids(got_ids, s_.expert0, s_.local_experts), sorted_.download<int32_t>(),
+                    off_.download<int32_t>(), active_.download<int32_t>(), aligned());
     c.expect(err.empty(), "align: " + err);
     c.expect(counter_.download<int32_t>()[0] == 0, "block counter left non-zero");
     return c;
@@ -273,6 +293,7 @@ class RouteSmallCase final : public OpCase {
   double flops() const override { return 2.0 * s_.tokens * s_.experts * s_.hidden; }
 
  private:
+  int aligned() const { return s_.local_experts > 0 ? s_.local_experts : s_.experts; }
   RouteSmallShape s_;
   RandomBf16 x_, w_;
   DevBuf<float> logits_, tw_;
@@ -381,13 +402,18 @@ OpCaseDef router_case(const RouterShape& s) {
 
 OpCaseDef align_case(const AlignShape& s) {
   MB_CHECK(s.routings >= 1, "moe_align case: at least one routing");
-  return op_case_def<AlignCase>("moe_align", experts(s.tokens, s.experts, s.top_k, s.hot), OpFamily::moe_routing, 0, s);
+  MB_CHECK(s.local_experts == 0 || s.expert0 + s.local_experts <= s.experts, "moe_align case: bad expert range");
+  return op_case_def<AlignCase>("moe_align",
+                                experts(s.tokens, s.experts, s.top_k, s.hot) + local_range(s.expert0, s.local_experts),
+                                OpFamily::moe_routing, 0, s);
 }
 
 OpCaseDef route_small_case(const RouteSmallShape& s) {
+  MB_CHECK(s.local_experts == 0 || s.expert0 + s.local_experts <= s.experts, "moe_route_small case: bad expert range");
   return op_case_def<RouteSmallCase>("moe_route_small",
                                      experts(s.tokens, s.experts, s.top_k, -1) + " H" + to_string(s.hidden) +
-                                         (s.renormalize ? " renorm" : " no-renorm"),
+                                         (s.renormalize ? " renorm" : " no-renorm") +
+                                         local_range(s.expert0, s.local_experts),
                                      OpFamily::moe_routing, 1e-5, s);
 }
 

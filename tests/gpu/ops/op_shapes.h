@@ -50,6 +50,11 @@ OpCaseDef silu_mul_case(const SiluMulShape& s);
 struct MoeCombineShape {
   int tokens, top_k, hidden;
   bool weighted = true;  ///< false: weights nullptr (already applied)
+  /// Expert parallel (> 0): each pair gets an expert id in [0, experts) and only the pairs of
+  /// experts [expert0, expert0 + local_experts) are summed; the others' rows are NaN and must
+  /// never be read.
+  int experts = 0;
+  int expert0 = 0, local_experts = 0;
 };
 OpCaseDef moe_combine_case(const MoeCombineShape& s);
 
@@ -89,12 +94,18 @@ struct AlignShape {
   int tokens, experts, top_k;
   int hot = -1;
   int routings = 1;  ///< input sets run() rotates over
+  /// Expert parallel (> 0): align only experts [expert0, expert0 + local_experts) of the
+  /// routing's `experts`, under local ids; other pairs are dropped.
+  int expert0 = 0, local_experts = 0;
 };
 OpCaseDef align_case(const AlignShape& s);
 
 struct RouteSmallShape {
   int tokens, experts, top_k, hidden;
   bool renormalize = true;
+  /// Expert parallel (> 0): the router covers every expert, the align only experts
+  /// [expert0, expert0 + local_experts), under local ids.
+  int expert0 = 0, local_experts = 0;
 };
 OpCaseDef route_small_case(const RouteSmallShape& s);
 

@@ -28,6 +28,11 @@ std::vector<OpCaseDef> op_cases_test() {
   t.push_back(silu_mul_case({.rows = 33, .inter = 768}));
   t.push_back(moe_combine_case({.tokens = 21, .top_k = 8, .hidden = 2048, .weighted = true}));
   t.push_back(moe_combine_case({.tokens = 21, .top_k = 8, .hidden = 2048, .weighted = false}));
+  // Expert parallel: only this rank's pairs; the others' rows are NaN and must not be read.
+  t.push_back(moe_combine_case({.tokens = 21, .top_k = 8, .hidden = 2048, .weighted = true, .experts = 128,
+                                .expert0 = 64, .local_experts = 64}));
+  t.push_back(moe_combine_case({.tokens = 9, .top_k = 4, .hidden = 136, .weighted = true, .experts = 16,
+                                .expert0 = 4, .local_experts = 4}));
   t.push_back(shared_expert_gate_case({.tokens = 17, .hidden = 2048}));
 
   // Attention. Prefill: whole prompts, a chunk continuing a cached prefix and a decode token in
@@ -60,11 +65,19 @@ std::vector<OpCaseDef> op_cases_test() {
                                  .bf16_logits = bf16_logits}));
   for (int tokens : {1, 64, 300})  // 300 tokens: every one also picks expert 5
     t.push_back(align_case({.tokens = tokens, .experts = 128, .top_k = 8, .hot = tokens == 300 ? 5 : -1}));
+  // Expert parallel: one rank's experts of the routing (first, last and a middle quarter)
+  for (auto [tokens, expert0, local] : {std::tuple{1, 0, 64}, {64, 64, 64}, {300, 32, 32}})
+    t.push_back(align_case({.tokens = tokens, .experts = 128, .top_k = 8, .hot = tokens == 300 ? 40 : -1,
+                            .expert0 = expert0, .local_experts = local}));
   for (int E : {128, 60, 16})
     for (int tokens : {1, 3, 8})
       for (bool renorm : {true, false})
         t.push_back(route_small_case({.tokens = tokens, .experts = E, .top_k = E >= 64 ? 8 : 4,
                                       .hidden = E == 60 ? 1000 : 2048, .renormalize = renorm}));
+  // Expert parallel: the router over every expert, the align of one rank's
+  for (auto [tokens, E, expert0, local] : {std::tuple{1, 128, 64, 64}, {8, 128, 0, 32}, {3, 16, 8, 8}})
+    t.push_back(route_small_case({.tokens = tokens, .experts = E, .top_k = E >= 64 ? 8 : 4, .hidden = 2048,
+                                  .expert0 = expert0, .local_experts = local}));
 
   // Expert GEMM: each shape's gate+up and down on a grid over all experts, gate+up+SiLU over the
   // experts with pairs (the engine's launch).
