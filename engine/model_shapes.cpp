@@ -40,7 +40,7 @@ json flash_next_125b_a6b() {
   return j;
 }
 
-// A small MoE for quick device runs.
+// A small MoE for quick device runs; the real Qwen3 vocabulary, so the bundled tokenizer serves it.
 json tiny_moe() {
   json j = qwen3_30b_a3b();
   j["hidden_size"] = 256;
@@ -52,7 +52,6 @@ json tiny_moe() {
   j["moe_intermediate_size"] = 128;
   j["num_experts"] = 16;
   j["num_experts_per_tok"] = 4;
-  j["vocab_size"] = 4096;
   return j;
 }
 

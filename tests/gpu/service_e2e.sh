@@ -4,6 +4,8 @@
 # every job is final, read /health and /metrics, run one maintenance cycle, SIGTERM, and check
 # that every job is done exactly once with a latency row. Exit status 0 only if all of it holds.
 # usage: tests/gpu/service_e2e.sh BUILD_DIR [cpu|cuda] [JOBS]
+#   E2E_MODEL: serve this model instead of the demo model (e.g. random:tiny-moe, with the bundled
+#   tokenizer); E2E_SERVE_ARGS: extra serve flags (e.g. "--tp 2")
 set -euo pipefail
 B=$(realpath "$1")/moebatch
 BACKEND=${2:-cuda}
@@ -22,14 +24,17 @@ http_get() {
 }
 
 "$B" demo --jobs 4 --max-tokens 2 --threads 2 >"$W/demo.log" 2>&1 || fail "demo (model generation)"
-MODEL=$(ls -d "$MOEBATCH_CACHE"/*/ | head -1)
+MODEL=${E2E_MODEL:-$(ls -d "$MOEBATCH_CACHE"/*/ | head -1)}
+TOKENIZER=$(ls -d "$MOEBATCH_CACHE"/*/ | head -1)
 for i in $(seq 1 "$JOBS"); do
   printf '{"custom_id":"r%d","method":"POST","url":"/v1/chat/completions","body":{"model":"demo","messages":[{"role":"user","content":"document %d: summarize"}],"max_tokens":%d,"temperature":0}}\n' \
     "$i" "$i" $((8 + i % 24))
 done >"$W/batch.jsonl"
 
-"$B" serve --backend "$BACKEND" --model "$MODEL" --db "$W/jobs.db" --bind tcp://127.0.0.1:0 \
-  --http-port 0 --ready-file "$W/ready.json" --threads 2 >"$W/serve.log" 2>&1 &
+# shellcheck disable=SC2086 # E2E_SERVE_ARGS is a list of flags
+"$B" serve --backend "$BACKEND" --model "$MODEL" --tokenizer "$TOKENIZER" --db "$W/jobs.db" \
+  --bind tcp://127.0.0.1:0 --http-port 0 --ready-file "$W/ready.json" --threads 2 \
+  ${E2E_SERVE_ARGS:-} >"$W/serve.log" 2>&1 &
 PID=$!
 for _ in $(seq 1 600); do [ -s "$W/ready.json" ] && break; kill -0 $PID 2>/dev/null || break; sleep 0.1; done
 [ -s "$W/ready.json" ] || { tail -20 "$W/serve.log"; fail "service did not become ready"; }
