@@ -69,7 +69,8 @@ const SmallIntKey kSmallIntKeys[] = {
 const StrKey kStrKeys[] = {
     {"db", &ServiceConfig::db, 4096,
      "Job database (default $MOEBATCH_DB or ~/.local/share/moebatch/jobs.db)"},
-    {"model", &ServiceConfig::model, 4096, "Checkpoint directory (config.json + *.safetensors)"},
+    {"model", &ServiceConfig::model, 4096,
+     "Checkpoint directory (config.json + *.safetensors), a .gguf file, or random:<shape>"},
     {"tokenizer", &ServiceConfig::tokenizer, 4096,
      "Tokenizer directory (default: the model directory)"},
     {"backend", &ServiceConfig::backend, 16,
@@ -187,9 +188,6 @@ void validate_config(const ServiceConfig& cfg) {
     throw InputError("gpu_memory_utilization: must be in (0, 1], got " +
                      std::to_string(cfg.gpu_memory_utilization));
   }
-  if (cfg.backend == "cuda" && cfg.tp != 1)
-    throw InputError("tp: the cuda backend runs one GPU per model (tp 1), got " +
-                     std::to_string(cfg.tp));
   // Every running sequence contributes one decode token per step, so a step must hold them all.
   if (cfg.max_num_batched_tokens < cfg.max_num_seqs) {
     throw InputError("max_num_batched_tokens (" + std::to_string(cfg.max_num_batched_tokens) +

@@ -44,7 +44,7 @@ Service::Service(ServiceConfig cfg, ServiceHooks hooks)
   // of start-up, so they overlap: a restarted daemon is back sooner. An engine error wins; the
   // future's destructor then waits for the tokenizer thread.
   auto tokenizer = std::async(std::launch::async, [tok_dir] {
-    return std::make_unique<Tokenizer>(Tokenizer::from_dir(tok_dir));
+    return std::make_unique<Tokenizer>(Tokenizer::from_model(tok_dir));
   });
 
   const std::filesystem::path db_path(cfg_.db);
