@@ -108,8 +108,8 @@ TEST(Config, BackendAndGpuMemoryUtilizationFromFileAndFlags) {
   c.backend = "rocm";
   EXPECT_THROW(validate_config(c), InputError);
   c.backend = "cuda";
-  c.tp = 2;  // one GPU per model
-  EXPECT_THROW(validate_config(c), InputError);
+  c.tp = 2;  // tensor parallel over two GPUs: the engine factory checks what the machine has
+  validate_config(c);
 }
 
 TEST(RestartSchedule, DailyAndCronNextTimes) {
