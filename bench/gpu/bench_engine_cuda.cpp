@@ -11,7 +11,7 @@
 // shows the all-reduces (2 per layer, rank 0's stream: the collective plus any wait for the
 // peers) and the lm_head all-gather, and the table their time per step. The roofline divides the
 // bytes evenly over the GPUs (ideal split).
-// Usage: moebatch_bench_engine_cuda [--tp N] [--ep] [out.json] [peer.json]
+// Usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [out.json] [peer.json]
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "engine/cuda/cuda_backend.h"
+#include "engine/model_shapes.h"
 #include "kernels/cuda_check.cuh"
 
 namespace {
@@ -37,29 +38,6 @@ using Clock = std::chrono::steady_clock;
 
 constexpr int kPrompt = 128, kWarmSteps = 4, kTimedSteps = 24;
 constexpr double kGemmPeakFlops = 787e12;  // bf16 cuBLAS 8192³ on this H200 (performance.md)
-
-ModelConfig qwen3_30b_a3b() {
-  ModelConfig c;
-  c.arch = ModelArch::Qwen3Moe;
-  c.model_type = "qwen3_moe";
-  c.vocab_size = 151936;
-  c.hidden_size = 2048;
-  c.num_layers = 48;
-  c.num_heads = 32;
-  c.num_kv_heads = 4;
-  c.head_dim = 128;
-  c.intermediate_size = 6144;
-  c.moe_intermediate_size = 768;
-  c.num_experts = 128;
-  c.num_experts_per_tok = 8;
-  c.norm_topk_prob = true;
-  c.qk_norm = true;
-  c.rms_norm_eps = 1e-6;
-  c.rope_theta = 1e6;
-  c.max_position_embeddings = 40960;
-  c.layers = default_layer_kinds(c);
-  return c;
-}
 
 // Device-to-device copy bandwidth (bytes read + written per second), median of 10.
 double copy_bandwidth() {
@@ -162,6 +140,7 @@ double seconds_since(Clock::time_point t) {
 struct Args {
   std::string out_path = "bench_engine_cuda.json";
   std::string peer_path;
+  std::string shape = "qwen3-30b-a3b";  ///< engine/model_shapes.h
   int tp = 1;
   bool ep = false;
 };
@@ -175,8 +154,10 @@ Args parse_args(int argc, char** argv) {
       a.tp = std::stoi(argv[++i]);
     } else if (arg == "--ep") {
       a.ep = true;
+    } else if (arg == "--shape" && i + 1 < argc) {
+      a.shape = argv[++i];
     } else if (arg.rfind("--", 0) == 0) {
-      std::fprintf(stderr, "usage: moebatch_bench_engine_cuda [--tp N] [--ep] [out.json] [peer.json]\n");
+      std::fprintf(stderr, "usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [out.json] [peer.json]\n");
       std::exit(2);
     } else if (positional++ == 0) {
       a.out_path = arg;
@@ -208,7 +189,7 @@ int main(int argc, char** argv) {
     if (f) peer = nlohmann::json::parse(f, nullptr, false);
   }
   const double bw = copy_bandwidth();
-  const ModelConfig cfg = qwen3_30b_a3b();
+  const ModelConfig cfg = named_model_shape(args.shape);
   const Params P = count_params(cfg);
   CudaBackendOptions o;
   o.max_num_seqs = 256;
@@ -232,6 +213,7 @@ int main(int argc, char** argv) {
   nlohmann::json J;
   J["copy_bandwidth_Bps"] = bw;
   J["params"] = P.total;
+  J["shape"] = args.shape;
   J["backend"] = be.info().description;
   J["tensor_parallel_size"] = args.tp;
   J["expert_parallel"] = args.ep;
@@ -326,7 +308,7 @@ int main(int argc, char** argv) {
   if (peer.is_object()) J["peer"] = peer;
   std::ofstream(args.out_path) << J.dump(2) << "\n";
 
-  std::printf("\nQwen3-30B-A3B shape, random bf16 weights, %dx GPU%s, prompts of %d tokens\n", args.tp,
+  std::printf("\n%s shape, random bf16 weights, %dx GPU%s, prompts of %d tokens\n", args.shape.c_str(), args.tp,
               args.tp > 1 ? (args.ep ? " expert parallel" : " tensor parallel") : "", kPrompt);
   std::printf("%6s | %12s %12s | %10s %10s %6s %10s | %9s %9s %9s | %10s %8s\n", "batch",
               "prefill t/s", "roof t/s", "step ms", "roof ms", "%roof", "decode t/s", "eager ms",
