@@ -33,16 +33,6 @@
 #include "kernels/rmsnorm.cuh"
 #include "tests/gpu/ops/op_util.h"
 
-#ifndef NCCL_CHECK  // kernels/cuda_check.cuh names it in newer trees
-#define NCCL_CHECK(expr)                                                                 \
-  do {                                                                                   \
-    const ncclResult_t mb_nccl_res_ = (expr);                                            \
-    if (mb_nccl_res_ != ncclSuccess)                                                     \
-      ::moebatch::throw_check_failure(ncclGetErrorString(mb_nccl_res_), #expr, __FILE__, \
-                                      __LINE__);                                         \
-  } while (0)
-#endif
-
 namespace {
 
 using namespace moebatch;
