@@ -1,7 +1,8 @@
 // CLI commands `serve` (the long-running daemon) and `keygen` (CURVE key files).
 //
 // `serve` runs the full service (service/service.h: dispatcher, engine thread, result writer,
-// maintenance, health/metrics) with the ZeroMQ ingress in front of the same job store: a
+// maintenance, health/metrics and the OpenAI-compatible API on the HTTP port, docs/openai_api.md)
+// with the ZeroMQ ingress in front of the same job store: a
 // committed ZMQ submit wakes the dispatcher, and every final job is announced on the PUB socket.
 // SIGINT/SIGTERM drain the service, then stop the ingress. `serve --no-engine` runs the ingress
 // alone (queue-only daemon). When ready it prints one line on stdout:

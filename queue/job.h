@@ -48,6 +48,9 @@ struct JobSpec {
   int64_t priority = 0;                   ///< higher runs first
   PromptKind prompt_kind = PromptKind::Text;
   std::string prompt;  ///< text, or JSON array of {role, content} objects
+  /// Chat prompts: JSON object of chat template variables ({"enable_thinking": false});
+  /// nullopt = the template's defaults.
+  std::optional<std::string> chat_template_kwargs;
   SamplingParams sampling;
   int64_t max_attempts = 3;  ///< attempts before a retryable failure is final
 };

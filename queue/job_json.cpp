@@ -34,6 +34,9 @@ json job_to_json(const Job& job) {
       {"priority", s.priority},
       {"prompt_kind", prompt_kind_to_string(s.prompt_kind)},
       {"prompt", prompt},
+      {"chat_template_kwargs", s.chat_template_kwargs
+                                   ? json::parse(*s.chat_template_kwargs, nullptr, false)
+                                   : json(nullptr)},
       {"sampling",
        {{"max_tokens", s.sampling.max_tokens},
         {"temperature", s.sampling.temperature},

@@ -9,7 +9,7 @@ const char* const kJobColumns =
     "id, client_key, batch_id, custom_id, model, priority, prompt_kind, prompt, max_tokens, "
     "temperature, top_p, top_k, seed, stop, state, attempts, max_attempts, lease_owner, "
     "lease_expires_at, error, enqueued_at, not_before, started_at, first_token_at, finished_at, "
-    "result_text, prompt_tokens, completion_tokens, finish_reason";
+    "result_text, prompt_tokens, completion_tokens, finish_reason, chat_template_kwargs";
 
 namespace {
 
@@ -43,7 +43,8 @@ enum Col {
   kResultText,
   kPromptTokens,
   kCompletionTokens,
-  kFinishReason
+  kFinishReason,
+  kChatTemplateKwargs
 };
 
 const char* type_name(int t) {
@@ -120,6 +121,7 @@ JobRow read_job_row(const Stmt& s) {
     r.fail("prompt_kind: '" + kind + "' is not one of text|chat");
   }
   spec.prompt = r.req_text(kPrompt, "prompt");
+  spec.chat_template_kwargs = r.opt_text(kChatTemplateKwargs, "chat_template_kwargs");
   SamplingParams& p = spec.sampling;
   p.max_tokens = r.req_int(kMaxTokens, "max_tokens");
   p.temperature = r.req_real(kTemperature, "temperature");

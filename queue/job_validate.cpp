@@ -142,6 +142,16 @@ std::optional<std::string> find_job_spec_error(const JobSpec& spec, const JobLim
   if (spec.prompt_kind == PromptKind::Chat) {
     if (auto e = find_chat_messages_error(spec.prompt, limits)) return e;
   }
+  if (spec.chat_template_kwargs) {
+    const std::string& kw = *spec.chat_template_kwargs;
+    if (spec.prompt_kind != PromptKind::Chat) return "chat_template_kwargs: only for chat prompts";
+    if (kw.size() > limits.max_template_kwargs_bytes) {
+      return "chat_template_kwargs: " + std::to_string(kw.size()) + " bytes exceeds the limit of " +
+             std::to_string(limits.max_template_kwargs_bytes);
+    }
+    const nlohmann::json j = nlohmann::json::parse(kw, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) return "chat_template_kwargs: must be a JSON object";
+  }
   const SamplingParams& p = spec.sampling;
   if (p.max_tokens < 1 || p.max_tokens > limits.max_tokens) {
     return "max_tokens: " + std::to_string(p.max_tokens) + " is outside [1, " +

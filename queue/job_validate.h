@@ -15,14 +15,15 @@ namespace moebatch {
 
 /// Size and range limits applied to every job, whichever way it arrived.
 struct JobLimits {
-  size_t max_prompt_bytes = 1 << 20;   ///< prompt text or chat JSON, bytes
-  int64_t max_tokens = 32768;          ///< upper bound of sampling.max_tokens (lower bound 1)
-  size_t max_stop = 8;                 ///< stop strings per job
-  size_t max_stop_bytes = 256;         ///< bytes per stop string
-  size_t max_chat_messages = 4096;     ///< messages per chat prompt
-  size_t max_id_bytes = 256;           ///< client_key, batch_id, custom_id, model
-  int64_t max_attempts = 100;          ///< upper bound of max_attempts (lower bound 1)
-  int64_t max_abs_priority = 1000000;  ///< priority in [-max, max]
+  size_t max_prompt_bytes = 1 << 20;        ///< prompt text or chat JSON, bytes
+  int64_t max_tokens = 32768;               ///< upper bound of sampling.max_tokens (lower bound 1)
+  size_t max_stop = 8;                      ///< stop strings per job
+  size_t max_stop_bytes = 256;              ///< bytes per stop string
+  size_t max_chat_messages = 4096;          ///< messages per chat prompt
+  size_t max_id_bytes = 256;                ///< client_key, batch_id, custom_id, model
+  int64_t max_attempts = 100;               ///< upper bound of max_attempts (lower bound 1)
+  int64_t max_abs_priority = 1000000;       ///< priority in [-max, max]
+  size_t max_template_kwargs_bytes = 4096;  ///< chat_template_kwargs JSON, bytes
 };
 
 /// True when s is well-formed UTF-8 (no overlongs, surrogates or code points above U+10FFFF).

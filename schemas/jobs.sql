@@ -60,3 +60,46 @@ CREATE TABLE job_latency (
   tokens_per_s   REAL,              -- completion tokens / decode time
   recorded_at    INTEGER NOT NULL
 );
+
+-- @migration 3
+-- Chat template variables of a chat job (OpenAI's chat_template_kwargs, e.g.
+-- {"enable_thinking": false}): a JSON object, NULL = the template's defaults. Which keys a
+-- template understands is checked by the service when it renders the prompt.
+ALTER TABLE jobs ADD COLUMN chat_template_kwargs TEXT;
+
+-- @migration 4
+-- The OpenAI Files and Batch API. Uploaded request files and the output/error files a batch
+-- writes are kept here, beside the jobs; a batch's requests are ordinary jobs with
+-- jobs.batch_id = batches.id and client_key = '<batch id>/<custom_id>'. Times in seconds since
+-- the epoch, as the API reports them.
+CREATE TABLE files (
+  id          TEXT PRIMARY KEY,          -- 'file-<hex>'
+  purpose     TEXT NOT NULL,             -- 'batch' (uploaded) | 'batch_output' (written)
+  filename    TEXT NOT NULL,
+  bytes       INTEGER NOT NULL,
+  created_at  INTEGER NOT NULL,
+  content     TEXT NOT NULL
+);
+CREATE TABLE batches (
+  id                 TEXT PRIMARY KEY,   -- 'batch_<hex>'
+  input_file_id      TEXT NOT NULL,
+  endpoint           TEXT NOT NULL,
+  completion_window  TEXT NOT NULL,
+  metadata           TEXT,               -- JSON object, NULL = none
+  status             TEXT NOT NULL CHECK (status IN ('validating', 'failed', 'in_progress',
+                       'finalizing', 'completed', 'expired', 'cancelling', 'cancelled')),
+  total              INTEGER NOT NULL DEFAULT 0,
+  errors             TEXT,               -- JSON array of {code, message, line} when it failed
+  output_file_id     TEXT,
+  error_file_id      TEXT,
+  created_at         INTEGER NOT NULL,
+  in_progress_at     INTEGER,
+  finalizing_at      INTEGER,
+  completed_at       INTEGER,
+  failed_at          INTEGER,
+  cancelling_at      INTEGER,
+  cancelled_at       INTEGER,
+  expires_at         INTEGER
+);
+CREATE INDEX batches_open ON batches (status) WHERE status IN ('validating', 'in_progress',
+  'cancelling');

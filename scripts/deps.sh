@@ -14,6 +14,11 @@ missing=()
 for p in "${PKGS[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
 done
+# Node.js and npm run the OpenAI SDK test (tests/service/openai; the build installs the SDK with
+# `npm ci`). Checked by command, not package: a Node.js from another packager counts too.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  missing+=(nodejs npm)
+fi
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi

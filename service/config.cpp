@@ -59,12 +59,18 @@ const IntKey kIntKeys[] = {
      "Sequences in the warmup batch after a (re)build (default 4)"},
     {"health_stall_s", &ServiceConfig::health_stall_s, 1, 86400,
      "/health fails when work is pending and no step ran this long (default 60)"},
+    {"http_max_connections", &ServiceConfig::http_max_connections, 1, 100000,
+     "Open HTTP connections at most; beyond: 503 (default 256)"},
+    {"api_priority", &ServiceConfig::api_priority, -1000000, 1000000,
+     "Queue priority of OpenAI API requests; batch jobs default to 0 (default 1000)"},
+    {"api_max_pending", &ServiceConfig::api_max_pending, 1, 1000000,
+     "OpenAI API requests open at once; beyond: 429 (default 256)"},
 };
 const SmallIntKey kSmallIntKeys[] = {
     {"tp", &ServiceConfig::tp, 1, 64, "Tensor-parallel ranks (default 1)"},
     {"threads", &ServiceConfig::threads, 0, 4096, "CPU compute threads; 0 = all cores"},
     {"http_port", &ServiceConfig::http_port, -1, 65535,
-     "Loopback health/metrics port; 0 = any free; -1 = off (default 9464)"},
+     "HTTP port (health, metrics, OpenAI API); 0 = any free; -1 = off (default 9464)"},
 };
 const StrKey kStrKeys[] = {
     {"db", &ServiceConfig::db, 4096,
@@ -78,7 +84,11 @@ const StrKey kStrKeys[] = {
     {"restart_at", &ServiceConfig::restart_at, 128,
      "Nightly restart: HH:MM local time or 'M H * * *'; empty = off"},
     {"http_host", &ServiceConfig::http_host, 64,
-     "Health/metrics address, loopback only (default 127.0.0.1)"},
+     "HTTP address; beyond loopback only with --api-key-file (default 127.0.0.1)"},
+    {"api_key_file", &ServiceConfig::api_key_file, 4096,
+     "Bearer API keys for /v1/*, one a line; without it the API binds loopback only"},
+    {"served_model_name", &ServiceConfig::served_model_name, 256,
+     "Model id the API reports and accepts (default: the model directory's name)"},
     {"ready_file", &ServiceConfig::ready_file, 4096,
      "Write {pid, worker, http_port} JSON here once serving"},
     {"synchronous", &ServiceConfig::synchronous, 16,
@@ -89,6 +99,14 @@ std::string flag_of(const char* key) {
   std::string f = std::string("--") + key;
   for (char& c : f)
     if (c == '_') c = '-';
+  return f;
+}
+
+// The flag with its aliases: vLLM's --host and --port name the HTTP listener too.
+std::string flag_names(const char* key) {
+  const std::string f = flag_of(key);
+  if (f == "--http-port") return f + ",--port";
+  if (f == "--http-host") return f + ",--host";
   return f;
 }
 
@@ -193,11 +211,45 @@ void validate_config(const ServiceConfig& cfg) {
     throw InputError("max_num_batched_tokens (" + std::to_string(cfg.max_num_batched_tokens) +
                      ") must be >= max_num_seqs (" + std::to_string(cfg.max_num_seqs) + ")");
   }
-  // Health and metrics carry no authentication: they are only ever bound to loopback.
-  if (cfg.http_host != "127.0.0.1" && cfg.http_host != "::1" && cfg.http_host != "localhost")
-    throw InputError("http_host: must be a loopback address, got '" + cfg.http_host + "'");
+  // Without keys anyone who reaches the port could use the API: loopback only then.
+  if (!is_loopback_host(cfg.http_host) && cfg.api_key_file.empty()) {
+    throw InputError("http_host: '" + cfg.http_host +
+                     "' is not a loopback address; listening beyond loopback needs "
+                     "--api-key-file (bearer keys for the API)");
+  }
   if (cfg.synchronous != "normal" && cfg.synchronous != "full")
     throw InputError("synchronous: expected normal or full, got '" + cfg.synchronous + "'");
+}
+
+bool is_loopback_host(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+std::vector<std::string> load_api_keys(const std::filesystem::path& path) {
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  if (ec) throw InputError("api_key_file " + path.string() + ": " + ec.message());
+  if (size > kMaxConfigBytes)
+    throw InputError("api_key_file " + path.string() + ": larger than 1 MiB");
+  std::ifstream in(path);
+  if (!in) throw InputError("api_key_file " + path.string() + ": cannot be read");
+  std::vector<std::string> keys;
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    const auto b = line.find_first_not_of(" \t\r");
+    if (b == std::string::npos || line[b] == '#') continue;
+    const auto e = line.find_last_not_of(" \t\r");
+    std::string key = line.substr(b, e - b + 1);
+    for (unsigned char c : key) {
+      if (c <= ' ' || c == 0x7f) {
+        throw InputError("api_key_file " + path.string() + ": line " + std::to_string(n) +
+                         ": a key may not hold whitespace or control characters");
+      }
+    }
+    keys.push_back(std::move(key));
+  }
+  if (keys.empty()) throw InputError("api_key_file " + path.string() + ": holds no key");
+  return keys;
 }
 
 nlohmann::json config_to_json(const ServiceConfig& cfg) {
@@ -224,11 +276,11 @@ std::shared_ptr<ServiceFlags> add_service_flags(CLI::App& cmd) {
   // keeps its own; the caller copies that value into the config.
   for (const StrKey& k : kStrKeys) {
     if (cmd.get_option_no_throw(flag_of(k.name)) == nullptr)
-      cmd.add_option(flag_of(k.name), f->values.*k.field, k.help);
+      cmd.add_option(flag_names(k.name), f->values.*k.field, k.help);
   }
   for (const IntKey& k : kIntKeys) cmd.add_option(flag_of(k.name), f->values.*k.field, k.help);
   for (const SmallIntKey& k : kSmallIntKeys)
-    cmd.add_option(flag_of(k.name), f->values.*k.field, k.help);
+    cmd.add_option(flag_names(k.name), f->values.*k.field, k.help);
   cmd.add_option("--batching", f->batching, "continuous (default) | static");
   cmd.add_option("--gpu-memory-utilization", f->values.gpu_memory_utilization,
                  "cuda: share of the GPU's memory for weights, activations and KV (default 0.90)");

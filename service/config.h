@@ -8,6 +8,7 @@
 #include <memory>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
+#include <vector>
 
 namespace CLI {
 class App;
@@ -44,8 +45,13 @@ struct ServiceConfig {
   int64_t shutdown_timeout_s = 30;      ///< SIGTERM: wait this long, then give jobs back
   std::string restart_at;               ///< "HH:MM" or "M H * * *"; empty = no nightly restart
   int64_t warmup_seqs = 4;              ///< sequences in the warmup batch after a (re)build
-  std::string http_host = "127.0.0.1";  ///< health/metrics address (loopback only)
-  int http_port = 9464;                 ///< health/metrics port; 0 = any free port; -1 = off
+  std::string http_host = "127.0.0.1";  ///< HTTP address; beyond loopback only with api_key_file
+  int http_port = 9464;                 ///< HTTP port (health, metrics, API); 0 = any; -1 = off
+  int64_t http_max_connections = 256;   ///< open HTTP connections at most; beyond: 503
+  std::string api_key_file;             ///< bearer keys for /v1, one a line; empty = no auth
+  std::string served_model_name;        ///< model id in the API; empty = model dir's name
+  int64_t api_priority = 1000;          ///< queue priority of API requests (batch work: 0)
+  int64_t api_max_pending = 256;        ///< API requests open at once; beyond: 429
   int64_t health_stall_s = 60;          ///< /health fails when busy and no step for this long
   std::string ready_file;               ///< written (JSON: pid, worker, http_port) once serving
   std::string synchronous = "normal";   ///< SQLite durability: normal | full
@@ -63,6 +69,14 @@ void validate_config(const ServiceConfig& cfg);
 
 /// The configuration as JSON (for the start log and the ready file).
 nlohmann::json config_to_json(const ServiceConfig& cfg);
+
+/// True for 127.0.0.0/8, ::1 and "localhost".
+bool is_loopback_host(const std::string& host);
+
+/// The keys of an API key file: one a line, blank lines and '#' comments skipped, surrounding
+/// whitespace trimmed. InputError when it cannot be read, holds no key, or a key has inner
+/// whitespace or control characters.
+std::vector<std::string> load_api_keys(const std::filesystem::path& path);
 
 /// "continuous" | "static".
 const char* batching_name(BatchingMode m);

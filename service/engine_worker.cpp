@@ -40,6 +40,22 @@ EngineSpec engine_spec(const ServiceConfig& cfg) {
 
 }  // namespace
 
+/// A streaming job's stop-string watcher: the engine feeds it every generated token but the
+/// stop token, at the step that made it, so it records them for the next progress report and
+/// passes each on to the job's own watcher (if any). Engine thread only.
+class TokenTap final : public StopStrings {
+ public:
+  explicit TokenTap(std::shared_ptr<StopStrings> inner) : inner_(std::move(inner)) {}
+  bool push(int32_t token) override {
+    fresh.push_back(token);
+    return inner_ && inner_->push(token);
+  }
+  std::vector<int32_t> fresh;  ///< tokens not reported yet
+
+ private:
+  std::shared_ptr<StopStrings> inner_;
+};
+
 int64_t process_rss_bytes() {
   std::ifstream in("/proc/self/status");
   std::string line;
@@ -99,10 +115,14 @@ void EngineWorker::warmup() {
   run_to_completion(*engine_);
 }
 
-std::vector<WorkResult> EngineWorker::take_results() {
+std::vector<WorkResult> EngineWorker::take_results(std::vector<WorkProgress>* progress) {
   std::lock_guard lock(mu_);
   std::vector<WorkResult> out;
   out.swap(results_);
+  if (progress) {
+    progress->clear();
+    progress->swap(progress_);
+  }
   return out;
 }
 
@@ -163,7 +183,13 @@ void EngineWorker::add(WorkItem item) {
   r.sampling.seed = item.seed;
   r.sampling.max_tokens = item.max_tokens;
   r.sampling.stop_token_ids = std::move(item.stop_ids);
-  r.stop_strings = std::move(item.stop_strings);
+  std::shared_ptr<TokenTap> tap;
+  if (item.stream) {
+    tap = std::make_shared<TokenTap>(std::move(item.stop_strings));
+    r.stop_strings = tap;
+  } else {
+    r.stop_strings = std::move(item.stop_strings);
+  }
   try {
     engine_->add(std::move(r));
   } catch (const InputError& e) {
@@ -176,7 +202,7 @@ void EngineWorker::add(WorkItem item) {
     push_result(std::move(res));
     return;
   }
-  active_.push_back({item.job_id, Active{item.claimed, added}});
+  active_.push_back({item.job_id, Active{item.claimed, added, std::move(tap)}});
   counters_.active = static_cast<int64_t>(active_.size());
 }
 
@@ -273,7 +299,22 @@ void EngineWorker::step() {
     if (command_ != Command::None) ++drained_;
   }
   counters_.active = static_cast<int64_t>(active_.size());
-  if (any) notify_();
+  if (report_progress() || any) notify_();
+}
+
+// Moves the tokens streaming sequences made in this step to the progress list; true when there
+// were any. Finished sequences are reported by their result instead (it holds every token).
+bool EngineWorker::report_progress() {
+  std::vector<WorkProgress> fresh;
+  for (auto& [id, a] : active_) {
+    if (!a.tap || a.tap->fresh.empty()) continue;
+    fresh.push_back({id, std::move(a.tap->fresh)});
+    a.tap->fresh.clear();
+  }
+  if (fresh.empty()) return false;
+  std::lock_guard lock(mu_);
+  for (auto& p : fresh) progress_.push_back(std::move(p));
+  return true;
 }
 
 void EngineWorker::abort_active(const std::string& reason) {

@@ -27,6 +27,8 @@
 
 namespace moebatch {
 
+class TokenTap;
+
 /// What the engine side of one maintenance cycle did.
 struct CycleReport {
   bool ok = false;         ///< rebuilt and warmed up
@@ -74,8 +76,11 @@ class EngineWorker {
   /// and its slot freed before the next step; one still in the hand-off is dropped when taken.
   /// Nothing is reported for them.
   void cancel(const std::vector<int64_t>& job_ids);
-  /// Results reported since the last call (finished, rejected or aborted items).
-  std::vector<WorkResult> take_results();
+  /// Results reported since the last call (finished, rejected or aborted items). With
+  /// `progress`, also the tokens streaming jobs (WorkItem::stream) generated since the last
+  /// call, in step order, taken under the same lock: every progress report of a run comes out
+  /// no later than that run's result, so a rerun never sees its previous run's tokens.
+  std::vector<WorkResult> take_results(std::vector<WorkProgress>* progress = nullptr);
   /// Starts a maintenance cycle: stop taking input, finish in-flight sequences until
   /// `drain_timeout`, abort the rest, destroy and rebuild the engine, warm up, resume.
   void request_maintenance(std::chrono::milliseconds drain_timeout);
@@ -107,6 +112,7 @@ class EngineWorker {
   enum class Command { None, Maintenance, Stop };
   struct Active {
     std::chrono::steady_clock::time_point claimed, added;
+    std::shared_ptr<TokenTap> tap;  // streaming jobs: the tokens of the current step
   };
 
   void run();
@@ -116,6 +122,7 @@ class EngineWorker {
   void add(WorkItem item);
   void apply_cancellations();
   void step();
+  bool report_progress();
   void abort_active(const std::string& reason);
   void push_result(WorkResult r);
   void rebuild(CycleReport& report);
@@ -130,6 +137,7 @@ class EngineWorker {
 
   mutable std::mutex mu_;  // guards everything below
   std::vector<WorkResult> results_;
+  std::vector<WorkProgress> progress_;
   std::vector<int64_t> cancel_requests_;
   std::optional<CycleReport> cycle_report_;
   Command command_ = Command::None;

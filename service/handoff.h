@@ -38,6 +38,22 @@ class Handoff {
     return true;
   }
 
+  /// Inserts `item` before the first queued item `e` with `before(item, e)` (at the back when
+  /// there is none), unless full or closed; never blocks. With `before` = "higher priority",
+  /// urgent work overtakes what was claimed earlier and equal priorities stay FIFO.
+  template <typename Before>
+  bool try_push_ordered(T item, Before before) {
+    {
+      std::lock_guard lock(mu_);
+      if (closed_ || items_.size() >= capacity_) return false;
+      auto it = items_.begin();
+      while (it != items_.end() && !before(item, *it)) ++it;
+      items_.insert(it, std::move(item));
+    }
+    cv_.notify_one();
+    return true;
+  }
+
   /// Removes the oldest item, waiting up to `timeout` for one; nullopt on timeout or when
   /// closed and empty.
   std::optional<T> pop_for(std::chrono::milliseconds timeout) {

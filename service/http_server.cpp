@@ -2,75 +2,460 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <array>
 #include <boost/asio/ip/address.hpp>
+#include <boost/asio/write.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
-#include <chrono>
+#include <limits>
+#include <nlohmann/json.hpp>
 #include <optional>
 
 #include "common/error.h"
 
 namespace moebatch {
-namespace {
 
 namespace beast = boost::beast;
 namespace http = beast::http;
 namespace net = boost::asio;
 using tcp = net::ip::tcp;
 
-/// One connection: read a request, write the reply, close.
-class HttpSession : public std::enable_shared_from_this<HttpSession> {
- public:
-  HttpSession(tcp::socket socket, std::shared_ptr<HttpHandler> handler)
-      : stream_(std::move(socket)), handler_(std::move(handler)) {}
-
-  void start() {
-    parser_.emplace();
-    // Health checks carry no body; a small limit keeps a misbehaving client cheap.
-    parser_->body_limit(4096);
-    stream_.expires_after(std::chrono::seconds(10));
-    http::async_read(stream_, buffer_, *parser_,
-                     beast::bind_front_handler(&HttpSession::on_read, shared_from_this()));
-  }
-
- private:
-  void on_read(beast::error_code ec, size_t) {
-    if (ec) return;  // closed, timed out, malformed or aborted: nothing to answer
-    const auto& req = parser_->get();
-    HttpReply reply;
-    if (req.method() != http::verb::get && req.method() != http::verb::head) {
-      reply = {405, "text/plain", "method not allowed\n"};
-    } else {
-      reply = (*handler_)(std::string(req.target()));
-    }
-    res_.version(req.version());
-    res_.result(static_cast<http::status>(reply.status));
-    res_.set(http::field::server, "moebatch");
-    res_.set(http::field::content_type, reply.content_type);
-    res_.keep_alive(false);
-    res_.body() = req.method() == http::verb::head ? std::string() : std::move(reply.body);
-    res_.prepare_payload();
-    http::async_write(stream_, res_,
-                      beast::bind_front_handler(&HttpSession::on_write, shared_from_this()));
-  }
-
-  void on_write(beast::error_code, size_t) {
-    beast::error_code ignored;
-    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
-  }
-
-  beast::tcp_stream stream_;
-  beast::flat_buffer buffer_;
-  std::optional<http::request_parser<http::string_body>> parser_;
-  http::response<http::string_body> res_;
-  std::shared_ptr<HttpHandler> handler_;
+/// What the listener and every session share (sessions may outlive the server by a moment).
+struct HttpServer::State {
+  std::vector<HttpRoute> routes;
+  std::vector<std::string> api_keys;
+  HttpLimits limits;
+  HttpCounters counters;
 };
+
+namespace {
+
+std::string_view sv(beast::string_view s) { return {s.data(), s.size()}; }
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+std::vector<std::string_view> split_path(std::string_view path) {
+  std::vector<std::string_view> out;
+  size_t i = 0;
+  while (i < path.size()) {
+    if (path[i] == '/') {
+      ++i;
+      continue;
+    }
+    const size_t j = std::min(path.find('/', i), path.size());
+    out.push_back(path.substr(i, j - i));
+    i = j;
+  }
+  return out;
+}
+
+// Matches `path` against a route pattern; the '*' segments go to `params`.
+bool match(std::string_view pattern, std::string_view path, std::vector<std::string>& params) {
+  const auto ps = split_path(pattern);
+  const auto xs = split_path(path);
+  if (ps.size() != xs.size()) return false;
+  std::vector<std::string> got;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    if (ps[i] == "*") {
+      got.emplace_back(xs[i]);
+    } else if (ps[i] != xs[i]) {
+      return false;
+    }
+  }
+  params = std::move(got);
+  return true;
+}
 
 }  // namespace
 
-HttpServer::HttpServer(net::io_context& io, const std::string& host, int port, HttpHandler handler)
-    : acceptor_(io), handler_(std::make_shared<HttpHandler>(std::move(handler))) {
+HttpReply json_error(int status, std::string_view message, std::string_view type,
+                     std::string_view param, std::string_view code) {
+  nlohmann::json e{{"message", message},
+                   {"type", type},
+                   {"param", param.empty() ? nlohmann::json(nullptr) : nlohmann::json(param)},
+                   {"code", code.empty() ? nlohmann::json(nullptr) : nlohmann::json(code)}};
+  return {status, "application/json", nlohmann::json{{"error", e}}.dump() + "\n", {}};
+}
+
+std::string HttpRequest::header(std::string_view lower_name) const {
+  for (const auto& [k, v] : headers)
+    if (k == lower_name) return v;
+  return {};
+}
+
+bool api_key_matches(const std::vector<std::string>& keys, std::string_view presented) {
+  // No early exit: every key is compared over the presented length, so timing tells nothing
+  // about how much of a key was right. Lengths differ -> mismatch, folded in the same way.
+  unsigned found = 0;
+  for (const std::string& key : keys) {
+    volatile unsigned char diff = key.size() != presented.size() ? 1 : 0;
+    for (size_t i = 0; i < presented.size(); ++i) {
+      const unsigned char k = i < key.size() ? static_cast<unsigned char>(key[i]) : 0;
+      diff = static_cast<unsigned char>(diff | (k ^ static_cast<unsigned char>(presented[i])));
+    }
+    found |= diff == 0 ? 1u : 0u;
+  }
+  return found != 0 && !presented.empty();
+}
+
+/// One connection: requests one after another (keep-alive); each is routed to a handler that
+/// answers through an HttpExchange, at once or later.
+class HttpSession : public std::enable_shared_from_this<HttpSession> {
+ public:
+  HttpSession(tcp::socket socket, std::shared_ptr<HttpServer::State> state)
+      : stream_(std::move(socket)), state_(std::move(state)) {
+    ++state_->counters.open;
+    ++state_->counters.accepted;
+  }
+  ~HttpSession() { --state_->counters.open; }
+
+  void start() { do_read(/*first=*/true); }
+
+  // At the connection cap: one 503 without reading the request, then close.
+  void reject() {
+    ++state_->counters.rejected;
+    keep_alive_ = false;
+    send(json_error(503, "too many open connections; retry later", "server_error", {},
+                    "too_many_connections"));
+  }
+
+  // ---- called by HttpExchange ----
+  void send(HttpReply r) {
+    res_.emplace();
+    res_->version(11);
+    res_->result(static_cast<http::status>(r.status));
+    res_->set(http::field::server, "moebatch");
+    res_->set(http::field::content_type, r.content_type);
+    for (auto& [k, v] : r.headers) res_->set(k, v);
+    res_->keep_alive(keep_alive_);
+    const size_t length = r.body.size();
+    res_->body() = head_ ? std::string() : std::move(r.body);
+    res_->prepare_payload();
+    if (head_) res_->content_length(length);
+    ++gen_;  // a pending disconnect watch belongs to the finished exchange now
+    exchange_.reset();
+    stream_.expires_after(state_->limits.write_timeout);
+    http::async_write(stream_, *res_,
+                      beast::bind_front_handler(&HttpSession::on_written, shared_from_this()));
+  }
+
+  void begin_stream(int status, std::string content_type, HttpHeaders headers) {
+    sr_.reset();
+    sres_.emplace();
+    sres_->version(11);
+    sres_->result(static_cast<http::status>(status));
+    sres_->set(http::field::server, "moebatch");
+    sres_->set(http::field::content_type, content_type);
+    sres_->set(http::field::cache_control, "no-cache");
+    for (auto& [k, v] : headers) sres_->set(k, v);
+    sres_->keep_alive(keep_alive_);
+    sres_->chunked(true);
+    sr_.emplace(*sres_);
+    writing_ = true;
+    stream_.expires_after(state_->limits.write_timeout);
+    http::async_write_header(stream_, *sr_,
+                             beast::bind_front_handler(&HttpSession::on_chunk, shared_from_this()));
+  }
+
+  void stream_write(std::string_view data) {
+    out_.append(data);
+    if (!writing_) flush();
+  }
+
+  void stream_end() {
+    ending_ = true;
+    if (!writing_) flush();
+  }
+
+ private:
+  void do_read(bool first) {
+    parser_.emplace();
+    parser_->header_limit(static_cast<uint32_t>(state_->limits.max_header_bytes));
+    // No limit until the route is known: on_header checks Content-Length against the route's
+    // own limit and then sets it for the body (Beast would refuse in the header read itself,
+    // before we could tell which route, or answer at all).
+    parser_->body_limit(std::numeric_limits<std::uint64_t>::max());
+    head_ = false;
+    // Between requests a keep-alive connection may idle a while; a request that has started
+    // must arrive whole within the read timeout (checked again after the header).
+    stream_.expires_after(first ? state_->limits.read_timeout : state_->limits.idle_timeout);
+    http::async_read_header(stream_, buffer_, *parser_,
+                            beast::bind_front_handler(&HttpSession::on_header, shared_from_this()));
+  }
+
+  // Headers are in: route, authenticate and check the declared size before reading the body.
+  void on_header(beast::error_code ec, size_t) {
+    if (ec == http::error::header_limit) {
+      keep_alive_ = false;
+      send(json_error(431, "request header fields too large", "invalid_request_error"));
+      return;
+    }
+    if (ec) return;  // closed, timed out, malformed or aborted: nothing to answer
+    ++state_->counters.requests;
+    auto& req = parser_->get();
+    keep_alive_ = req.keep_alive();
+    head_ = req.method() == http::verb::head;
+    const std::string target(sv(req.target()));
+    const std::string path = target.substr(0, target.find('?'));
+    const std::string method = head_ ? "GET" : std::string(sv(req.method_string()));
+    const bool has_body = req.has_content_length() || req.chunked();
+    // An error before the body is read leaves it unread on the socket: close afterwards.
+    auto refuse = [&](HttpReply r) {
+      if (has_body) {
+        keep_alive_ = false;
+        linger_ = true;
+      }
+      send(std::move(r));
+    };
+    const HttpRoute* route = nullptr;
+    bool path_known = false;
+    std::string allow;
+    for (const HttpRoute& r : state_->routes) {
+      if (!match(r.pattern, path, params_)) continue;
+      path_known = true;
+      allow += (allow.empty() ? "" : ", ") + r.method;
+      if (r.method == method) {
+        route = &r;
+        break;
+      }
+    }
+    if (!route) {
+      if (!path_known) {
+        refuse(json_error(404, "no route for " + method + " " + path, "invalid_request_error", {},
+                          "not_found"));
+      } else {
+        HttpReply r = json_error(405, "method " + method + " is not allowed on " + path,
+                                 "invalid_request_error", {}, "method_not_allowed");
+        r.headers.emplace_back("Allow", allow);
+        refuse(std::move(r));
+      }
+      return;
+    }
+    if (route->auth && !state_->api_keys.empty()) {
+      const std::string_view auth = sv(req[http::field::authorization]);
+      const std::string_view scheme = "Bearer ";
+      const bool bearer = auth.size() > scheme.size() && lower(auth.substr(0, 7)) == "bearer ";
+      if (!bearer || !api_key_matches(state_->api_keys, auth.substr(scheme.size()))) {
+        HttpReply r = json_error(401,
+                                 bearer ? "Incorrect API key provided."
+                                        : "Missing bearer API key (Authorization: Bearer KEY).",
+                                 "invalid_request_error", {}, "invalid_api_key");
+        r.headers.emplace_back("WWW-Authenticate", "Bearer");
+        refuse(std::move(r));
+        return;
+      }
+    }
+    const auto length = parser_->content_length();
+    if ((length && *length > route->body_limit) || (req.chunked() && route->body_limit == 0)) {
+      refuse(json_error(413,
+                        "request body of " + (length ? std::to_string(*length) : "chunked") +
+                            " bytes exceeds the limit of " + std::to_string(route->body_limit) +
+                            " bytes for " + path,
+                        "invalid_request_error", {}, "request_too_large"));
+      return;
+    }
+    parser_->body_limit(route->body_limit);
+    route_ = route;
+    stream_.expires_after(state_->limits.read_timeout);
+    if (lower(sv(req[http::field::expect])) == "100-continue") {
+      // curl asks before sending a large body; say yes (the size was accepted above).
+      continue_ = std::make_shared<std::string>("HTTP/1.1 100 Continue\r\n\r\n");
+      net::async_write(stream_, net::buffer(*continue_),
+                       [self = shared_from_this()](beast::error_code wec, size_t) {
+                         if (wec) return;
+                         self->read_body();
+                       });
+      return;
+    }
+    read_body();
+  }
+
+  void read_body() {
+    http::async_read(stream_, buffer_, *parser_,
+                     beast::bind_front_handler(&HttpSession::on_body, shared_from_this()));
+  }
+
+  void on_body(beast::error_code ec, size_t) {
+    if (ec == http::error::body_limit) {
+      keep_alive_ = false;
+      linger_ = true;
+      send(json_error(
+          413, "request body exceeds the limit of " + std::to_string(route_->body_limit) + " bytes",
+          "invalid_request_error", {}, "request_too_large"));
+      return;
+    }
+    if (ec) return;
+    auto& req = parser_->get();
+    HttpRequest r;
+    r.method = head_ ? "GET" : std::string(sv(req.method_string()));
+    r.head = head_;
+    r.target = std::string(sv(req.target()));
+    const auto q = r.target.find('?');
+    r.path = r.target.substr(0, q);
+    if (q != std::string::npos) r.query = r.target.substr(q + 1);
+    r.params = std::move(params_);
+    for (const auto& f : req) r.headers.emplace_back(lower(sv(f.name_string())), sv(f.value()));
+    r.body = std::move(req.body());
+    stream_.expires_never();  // the handler may take its time; the watch notices a dead client
+    auto exchange = std::make_shared<HttpExchange>(shared_from_this(), std::move(r));
+    exchange_ = exchange;
+    const uint64_t gen = ++gen_;
+    try {
+      route_->handler(exchange);
+    } catch (const std::exception& e) {
+      // A handler bug must not take the daemon down: this request fails alone.
+      spdlog::error("http {} {}: {}", exchange->request().method, exchange->request().path,
+                    e.what());
+      exchange->reply(json_error(500, "internal error", "server_error"));
+    }
+    if (!exchange->done() && gen == gen_) watch(gen);
+  }
+
+  // While a reply is pending, wait for the socket to become readable: with nothing to read it
+  // means the peer closed (or reset) the connection. Pipelined bytes end the watch instead.
+  void watch(uint64_t gen) {
+    stream_.socket().async_wait(tcp::socket::wait_read,
+                                [self = shared_from_this(), gen](beast::error_code ec) {
+                                  if (gen != self->gen_ || !self->exchange_)
+                                    return;  // that exchange is over
+                                  if (ec == net::error::operation_aborted) return;
+                                  beast::error_code aec;
+                                  const size_t avail = self->stream_.socket().available(aec);
+                                  if (!ec && !aec && avail > 0)
+                                    return;  // a pipelined request: stop watching
+                                  self->client_gone();
+                                });
+  }
+
+  void client_gone() {
+    ++gen_;
+    auto ex = std::move(exchange_);
+    beast::error_code ignored;
+    stream_.socket().close(ignored);
+    if (ex) ex->disconnected();
+  }
+
+  void on_written(beast::error_code ec, size_t) {
+    if (ec || !keep_alive_) {
+      beast::error_code ignored;
+      stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+      if (!ec && linger_) {
+        // Refused with its body unread: closing now would reset the connection while the
+        // client is still sending, and it might never read the reply. Read and drop what
+        // comes for a short while first (a "lingering close", as nginx does).
+        stream_.expires_after(std::chrono::seconds(2));
+        discard();
+      }
+      return;
+    }
+    do_read(/*first=*/false);
+  }
+
+  void discard() {
+    stream_.async_read_some(net::buffer(scratch_),
+                            [self = shared_from_this()](beast::error_code ec, size_t) {
+                              if (!ec) self->discard();
+                            });
+  }
+
+  void flush() {
+    if (!out_.empty()) {
+      sending_ = std::move(out_);
+      out_.clear();
+      writing_ = true;
+      stream_.expires_after(state_->limits.write_timeout);
+      net::async_write(stream_, http::make_chunk(net::buffer(sending_)),
+                       beast::bind_front_handler(&HttpSession::on_chunk, shared_from_this()));
+      return;
+    }
+    if (ending_) {
+      ending_ = false;
+      writing_ = true;
+      ++gen_;
+      exchange_.reset();
+      stream_.expires_after(state_->limits.write_timeout);
+      net::async_write(stream_, http::make_chunk_last(),
+                       beast::bind_front_handler(&HttpSession::on_written, shared_from_this()));
+    }
+  }
+
+  void on_chunk(beast::error_code ec, size_t) {
+    writing_ = false;
+    if (ec) {
+      client_gone();  // a slow or vanished reader: the stream is over
+      return;
+    }
+    flush();
+  }
+
+  beast::tcp_stream stream_;
+  std::shared_ptr<HttpServer::State> state_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  std::vector<std::string> params_;
+  const HttpRoute* route_ = nullptr;
+  bool keep_alive_ = true;
+  bool head_ = false;
+  bool linger_ = false;  // a refused request's body is still coming: drain before closing
+  std::array<char, 8192> scratch_{};
+  std::shared_ptr<std::string> continue_;
+  std::shared_ptr<HttpExchange> exchange_;  // the pending exchange (a cycle broken at its end)
+  uint64_t gen_ = 0;                        // bumped whenever an exchange ends
+  // Whole replies.
+  std::optional<http::response<http::string_body>> res_;
+  // Streams: header serializer, then chunks.
+  std::optional<http::response<http::empty_body>> sres_;
+  std::optional<http::response_serializer<http::empty_body>> sr_;
+  std::string out_, sending_;
+  bool writing_ = false, ending_ = false;
+};
+
+HttpExchange::HttpExchange(std::shared_ptr<HttpSession> session, HttpRequest request)
+    : session_(std::move(session)), request_(std::move(request)) {}
+
+void HttpExchange::reply(HttpReply r) {
+  if (done_ || streaming_) return;
+  done_ = true;
+  auto s = std::move(session_);
+  if (s) s->send(std::move(r));
+}
+
+void HttpExchange::begin_stream(int status, std::string content_type, HttpHeaders headers) {
+  if (done_ || streaming_ || !session_) return;
+  streaming_ = true;
+  session_->begin_stream(status, std::move(content_type), std::move(headers));
+}
+
+void HttpExchange::write(std::string_view data) {
+  if (done_ || !streaming_ || !session_) return;
+  session_->stream_write(data);
+}
+
+void HttpExchange::end_stream() {
+  if (done_ || !streaming_) return;
+  done_ = true;
+  streaming_ = false;
+  auto s = std::move(session_);
+  if (s) s->stream_end();
+}
+
+void HttpExchange::disconnected() {
+  if (done_) return;
+  done_ = true;
+  streaming_ = false;
+  session_.reset();
+  if (auto f = std::move(on_disconnect_)) f();
+}
+
+HttpServer::HttpServer(net::io_context& io, const std::string& host, int port, HttpLimits limits)
+    : acceptor_(io), state_(std::make_shared<State>()) {
   MB_CHECK(port >= 0 && port <= 65535, "http port out of range");
+  state_->limits = limits;
   beast::error_code ec;
   const auto address = net::ip::make_address(host == "localhost" ? "127.0.0.1" : host, ec);
   if (ec) throw InputError("http_host '" + host + "': " + ec.message());
@@ -80,13 +465,19 @@ HttpServer::HttpServer(net::io_context& io, const std::string& host, int port, H
   if (!ec) acceptor_.bind(ep, ec);
   if (!ec) acceptor_.listen(net::socket_base::max_listen_connections, ec);
   if (ec) {
-    throw Error("health/metrics server: cannot listen on " + host + ":" + std::to_string(port) +
-                ": " + ec.message());
+    throw Error("http server: cannot listen on " + host + ":" + std::to_string(port) + ": " +
+                ec.message());
   }
   port_ = acceptor_.local_endpoint().port();
 }
 
 HttpServer::~HttpServer() { stop(); }
+
+void HttpServer::route(HttpRoute r) { state_->routes.push_back(std::move(r)); }
+
+void HttpServer::set_api_keys(std::vector<std::string> keys) { state_->api_keys = std::move(keys); }
+
+const HttpCounters& HttpServer::counters() const { return state_->counters; }
 
 void HttpServer::start() { do_accept(); }
 
@@ -99,9 +490,14 @@ void HttpServer::do_accept() {
   acceptor_.async_accept([this](beast::error_code ec, tcp::socket socket) {
     if (ec == net::error::operation_aborted) return;  // stop(): the normal end
     if (!ec) {
-      std::make_shared<HttpSession>(std::move(socket), handler_)->start();
+      auto session = std::make_shared<HttpSession>(std::move(socket), state_);
+      if (state_->counters.open > state_->limits.max_connections) {
+        session->reject();
+      } else {
+        session->start();
+      }
     } else {
-      spdlog::warn("health/metrics server: accept failed: {}", ec.message());
+      spdlog::warn("http server: accept failed: {}", ec.message());
     }
     if (acceptor_.is_open()) do_accept();
   });

@@ -1,46 +1,174 @@
-// Loopback HTTP/1.1 server for /health and /metrics (Boost.Beast), in the shape of the Asio
-// HTTP server example: a listener that accepts, one session object per connection kept alive by
-// shared_from_this, and a handler that maps a request target to a reply. One request per
-// connection; operation_aborted on stop is the normal end, not an error.
+// The daemon's HTTP/1.1 server (Boost.Beast): /health, /metrics and the OpenAI-compatible API,
+// in the shape of the Asio HTTP server example: a listener that accepts, one session object per
+// connection kept alive by shared_from_this, and a small router from (method, path) to a handler.
+//
+// - Keep-alive: a connection serves requests one after another until the client closes it, asks
+//   for `Connection: close`, or stays idle for `idle_timeout`.
+// - Bodies: each route has its own size limit, checked against Content-Length before a byte of
+//   the body is read (413 and close), and while reading a chunked body.
+// - Long-lived replies: a handler may keep its HttpExchange and answer later (a job's result), or
+//   stream (server-sent events in chunked transfer encoding). Nothing blocks: other connections
+//   are served meanwhile. While a reply is pending the session watches the socket, so a client
+//   that goes away is noticed at once and the exchange's disconnect callback runs (the API
+//   cancels the job).
+// - Limits: at most `max_connections` open connections (beyond: 503 and close); header size;
+//   read, idle and write timeouts, so a slow or silent client cannot hold a connection forever.
+// - Auth: with API keys set, routes marked `auth` need `Authorization: Bearer <key>`; keys are
+//   compared in constant time. /health and /metrics stay open, as in vLLM.
+// Errors the server itself produces (404, 405, 401, 413, 503) use OpenAI's error shape.
+//
+// Thread-safety: everything, handlers and HttpExchange included, runs on the io_context's one
+// thread. operation_aborted on stop is the normal end, not an error.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <chrono>
+#include <cstddef>
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 namespace moebatch {
 
-/// What the handler returns for one request.
+/// Extra response headers, (name, value).
+using HttpHeaders = std::vector<std::pair<std::string, std::string>>;
+
+/// A whole reply.
 struct HttpReply {
+  HttpReply() = default;
+  /// A reply of `status` with a body of `content_type`.
+  HttpReply(int status_, std::string content_type_, std::string body_, HttpHeaders headers_ = {})
+      : status(status_),
+        content_type(std::move(content_type_)),
+        body(std::move(body_)),
+        headers(std::move(headers_)) {}
+
   int status = 200;                         ///< HTTP status code
   std::string content_type = "text/plain";  ///< Content-Type header
   std::string body;                         ///< response body
+  HttpHeaders headers;                      ///< extra headers (Retry-After, Allow, ...)
 };
 
-/// Maps a GET target ("/health", "/metrics?x") to a reply; runs on the io_context thread.
-using HttpHandler = std::function<HttpReply(const std::string& target)>;
+/// A reply in OpenAI's error shape: {"error": {"message", "type", "param", "code"}}; empty
+/// `param` / `code` become null.
+HttpReply json_error(int status, std::string_view message, std::string_view type,
+                     std::string_view param = {}, std::string_view code = {});
 
-/// Accepts connections on host:port and answers GET/HEAD through a handler.
+/// One request as the handler sees it.
+struct HttpRequest {
+  std::string method;               ///< "GET", "POST", ... (HEAD is routed as GET)
+  bool head = false;                ///< a HEAD request: the reply's body is not sent
+  std::string target;               ///< request target as sent
+  std::string path;                 ///< target without the query string
+  std::string query;                ///< after '?', empty when none
+  std::vector<std::string> params;  ///< path segments that matched '*' in the route
+  HttpHeaders headers;              ///< header names lower-cased
+  std::string body;                 ///< the request body (within the route's limit)
+  /// First value of header `lower_name`, empty when absent.
+  std::string header(std::string_view lower_name) const;
+};
+
+class HttpSession;
+
+/// The reply channel of one request. A handler answers at once (reply), later, or as a stream
+/// (begin_stream, write..., end_stream); the connection stays open until it does. Calls after
+/// the exchange is done (answered, or the client went away) do nothing. io thread only.
+class HttpExchange {
+ public:
+  HttpExchange(std::shared_ptr<HttpSession> session, HttpRequest request);
+  /// The request.
+  const HttpRequest& request() const { return request_; }
+  /// Sends a whole reply; ends the exchange.
+  void reply(HttpReply r);
+  /// Starts a chunked reply (e.g. text/event-stream) with `status` and extra headers.
+  void begin_stream(int status, std::string content_type, HttpHeaders headers = {});
+  /// Queues bytes on a started stream; sent as soon as the socket takes them.
+  void write(std::string_view data);
+  /// Ends the stream after the queued bytes; ends the exchange.
+  void end_stream();
+  /// Runs `f` once if the client goes away before the exchange ends.
+  void on_disconnect(std::function<void()> f) { on_disconnect_ = std::move(f); }
+  /// True once answered, ended, or the client went away.
+  bool done() const { return done_; }
+  /// True between begin_stream and the end of the exchange.
+  bool streaming() const { return streaming_; }
+
+ private:
+  friend class HttpSession;
+  void disconnected();
+
+  std::shared_ptr<HttpSession> session_;  // released when the exchange ends
+  HttpRequest request_;
+  std::function<void()> on_disconnect_;
+  bool done_ = false;
+  bool streaming_ = false;
+};
+
+/// Handles one request; runs on the io thread.
+using HttpHandler = std::function<void(const std::shared_ptr<HttpExchange>&)>;
+
+/// One route: method and path pattern ("/v1/models", "/v1/files/*": '*' matches one segment).
+struct HttpRoute {
+  std::string method;     ///< "GET", "POST", "DELETE", ...
+  std::string pattern;    ///< path, '*' for one segment
+  size_t body_limit = 0;  ///< largest accepted body, bytes (0: none accepted)
+  bool auth = false;      ///< needs a bearer key when keys are set
+  HttpHandler handler;    ///< what answers
+};
+
+/// Connection limits and timeouts.
+struct HttpLimits {
+  size_t max_connections = 256;            ///< open connections; beyond: 503 and close
+  size_t max_header_bytes = 16 << 10;      ///< request line + headers
+  std::chrono::seconds read_timeout{30};   ///< to read one request once it started
+  std::chrono::seconds idle_timeout{60};   ///< keep-alive wait for the next request
+  std::chrono::seconds write_timeout{60};  ///< to write one reply or stream chunk
+};
+
+/// Live connection counts, for /metrics and tests.
+struct HttpCounters {
+  size_t open = 0;       ///< connections open now
+  int64_t accepted = 0;  ///< connections accepted
+  int64_t rejected = 0;  ///< refused at the connection cap
+  int64_t requests = 0;  ///< requests read
+};
+
+/// Accepts connections on host:port and routes requests; see the file comment.
 class HttpServer {
  public:
   /// Binds (port 0 = any free port) and listens; Error when the address cannot be bound.
-  HttpServer(boost::asio::io_context& io, const std::string& host, int port, HttpHandler handler);
+  HttpServer(boost::asio::io_context& io, const std::string& host, int port,
+             HttpLimits limits = {});
   ~HttpServer();
+  /// Adds a route (before start()).
+  void route(HttpRoute r);
+  /// Bearer keys for routes marked `auth`; empty = no authentication.
+  void set_api_keys(std::vector<std::string> keys);
   /// Starts accepting.
   void start();
-  /// Stops accepting; open sessions finish their one exchange.
+  /// Stops accepting; open sessions finish their exchange.
   void stop();
   /// The bound port.
   int port() const { return port_; }
+  /// Connection counters.
+  const HttpCounters& counters() const;
+
+  struct State;
 
  private:
   void do_accept();
 
   boost::asio::ip::tcp::acceptor acceptor_;
-  std::shared_ptr<HttpHandler> handler_;
+  std::shared_ptr<State> state_;
   int port_ = 0;
 };
+
+/// Whether `presented` equals one of `keys`; the time taken does not depend on where the
+/// strings differ (every key is compared to the end).
+bool api_key_matches(const std::vector<std::string>& keys, std::string_view presented);
 
 }  // namespace moebatch

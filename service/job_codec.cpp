@@ -8,6 +8,7 @@
 #include "engine/tokenizer/streaming.h"
 #include "engine/tokenizer/text_stop.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "service/openai_api.h"
 
 namespace moebatch {
 namespace {
@@ -56,9 +57,16 @@ std::variant<WorkItem, std::string> prepare_work(const Job& job, const Tokenizer
   WorkItem w;
   w.job_id = job.id;
   std::vector<TokenId> ids;
+  ChatOptions chat_options;
+  if (job.spec.chat_template_kwargs) {
+    const auto kw = nlohmann::json::parse(*job.spec.chat_template_kwargs, nullptr, false);
+    auto opts = chat_options_from_kwargs(kw);
+    if (auto* reason = std::get_if<std::string>(&opts)) return *reason;
+    chat_options = std::get<ChatOptions>(opts);
+  }
   try {
     if (job.spec.prompt_kind == PromptKind::Chat) {
-      ids = tokenizer.encode_chat(parse_chat(job.spec.prompt));
+      ids = tokenizer.encode_chat(parse_chat(job.spec.prompt), chat_options);
     } else {
       // Plain prompts are user text: special-token spellings inside are tokenized as text.
       ids = tokenizer.encode(job.spec.prompt, /*parse_special=*/false);
@@ -101,6 +109,7 @@ std::variant<WorkItem, std::string> prepare_work(const Job& job, const Tokenizer
       return std::string("stop: ") + e.what();
     }
   }
+  w.priority = job.spec.priority;
   w.claimed = std::chrono::steady_clock::now();
   return w;
 }

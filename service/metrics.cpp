@@ -104,6 +104,11 @@ std::string ServiceMetrics::render(const MetricsInputs& in) {
   gauge(out, "moebatch_in_flight_jobs", "Jobs claimed and not yet reported.",
         static_cast<double>(in.in_flight));
   gauge(out, "moebatch_engine_up", "1 while the engine thread is alive.", in.engine_alive ? 1 : 0);
+  gauge(out, "moebatch_http_open_connections", "HTTP connections open now.",
+        static_cast<double>(in.http_open_connections));
+  gauge(out, "moebatch_api_open_requests",
+        "OpenAI API requests waiting for or streaming their result.",
+        static_cast<double>(in.api_open_requests));
   // Only with the CUDA backend: a CPU service has no device memory, and a zero would read as
   // an empty GPU on a dashboard.
   if (!in.gpus.empty()) {

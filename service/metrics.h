@@ -41,6 +41,8 @@ struct MetricsInputs {
   int64_t max_num_seqs = 1;                    ///< slots
   int64_t in_flight = 0;                       ///< claimed, not yet reported
   bool engine_alive = true;                    ///< engine thread healthy
+  int64_t http_open_connections = 0;           ///< HTTP connections open now
+  int64_t api_open_requests = 0;               ///< OpenAI API requests not answered yet
   int64_t now_ms = 0;                          ///< steady-clock ms, for rates
   /// Memory of one GPU the engine runs on.
   struct Gpu {

@@ -13,9 +13,12 @@
 
 #include "common/error.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "queue/batch_store.h"
 #include "queue/job_store.h"
+#include "service/api_call.h"
 #include "service/engine_worker.h"
 #include "service/http_server.h"
+#include "service/openai_api.h"
 #include "service/service_db.h"
 
 namespace moebatch {
@@ -55,6 +58,7 @@ Service::Service(ServiceConfig cfg, ServiceHooks hooks)
   so.clock = hooks_.clock;
   store_ = std::make_unique<JobStore>(so);
   service_db_ = std::make_unique<ServiceDb>(db_path);
+  batches_ = std::make_unique<BatchStore>(db_path);
 
   // The engine thread reports through the io_context, never by touching io-thread state.
   worker_engine_ = std::make_unique<EngineWorker>(
@@ -73,9 +77,25 @@ Service::Service(ServiceConfig cfg, ServiceHooks hooks)
     spdlog::warn("tokenizer has {} ids but the model only {}: prompts using the extra ids fail",
                  tokenizer_->vocab_size(), info.vocab_size);
   }
+  served_model_ = cfg_.served_model_name;
+  if (served_model_.empty())
+    served_model_ = std::filesystem::path(cfg_.model).lexically_normal().filename().string();
+  if (served_model_.empty()) served_model_ = "model";
   if (cfg_.http_port >= 0) {
-    http_ = std::make_unique<HttpServer>(io_, cfg_.http_host, cfg_.http_port,
-                                         [this](const std::string& t) { return handle_http(t); });
+    std::vector<std::string> keys;
+    if (!cfg_.api_key_file.empty()) {
+      keys = load_api_keys(cfg_.api_key_file);
+      namespace fs = std::filesystem;
+      const auto perms = fs::status(cfg_.api_key_file).permissions();
+      if ((perms & (fs::perms::group_all | fs::perms::others_all)) != fs::perms::none)
+        spdlog::warn("api_key_file {} is readable by other users (chmod 600 it)",
+                     cfg_.api_key_file);
+    }
+    HttpLimits hl;
+    hl.max_connections = static_cast<size_t>(cfg_.http_max_connections);
+    http_ = std::make_unique<HttpServer>(io_, cfg_.http_host, cfg_.http_port, hl);
+    http_->set_api_keys(std::move(keys));
+    add_routes();
   }
   log_start();
 }
@@ -107,6 +127,13 @@ void Service::log_start() const {
       info.backend.kv_bytes_per_token, info.backend.kv_tokens(), cfg_.max_num_seqs,
       limits_.max_model_len);
   spdlog::info("restart schedule: {}", schedule_.enabled() ? schedule_.spec() : "off");
+  if (cfg_.http_port >= 0) {
+    spdlog::info("OpenAI API on http://{}:{}/v1 (model '{}'): {}", cfg_.http_host, http_->port(),
+                 served_model_,
+                 cfg_.api_key_file.empty()
+                     ? "no --api-key-file, so no authentication: listening on loopback only"
+                     : "bearer keys from " + cfg_.api_key_file);
+  }
 }
 
 void Service::write_ready_file() const {
@@ -182,11 +209,25 @@ void Service::begin_stop(bool hurry) {
   stopping_ = true;
   admitting_ = false;
   release_handoff();
+  // API requests whose job has not started will not run here any more: answer them now. Those
+  // in the engine get the drain time like every job.
+  std::vector<int64_t> waiting;
+  for (const auto& [id, call] : api_calls_)
+    if (!in_flight_.count(id)) waiting.push_back(id);
+  for (int64_t id : waiting) {
+    try {
+      store_->cancel(id);
+    } catch (const std::exception& e) {
+      spdlog::error("api: cancelling job {}: {}", id, e.what());
+    }
+    api_failed(id, {503, "the server is shutting down", "", "shutting_down", "server_error"});
+  }
   worker_engine_->request_stop(std::chrono::seconds(cfg_.shutdown_timeout_s));
 }
 
 void Service::finish_run(int code) {
   if (done_) return;
+  api_close_all("the server is shutting down");
   done_ = true;
   exit_code_ = code;
   poll_timer_.cancel();
@@ -278,30 +319,55 @@ HttpReply Service::health() {
   return {200, "application/json", j.dump() + "\n"};
 }
 
-HttpReply Service::handle_http(const std::string& target) {
-  const std::string path = target.substr(0, target.find('?'));
-  if (path == "/health") return health();
-  if (path == "/metrics") {
-    MetricsInputs in;
-    try {
-      in.queue_depth = service_db_->job_counts();
-    } catch (const std::exception& e) {
-      spdlog::warn("metrics: queue depth unavailable: {}", e.what());
-    }
-    const EngineCounters& c = worker_engine_->counters();
-    in.engine_steps = c.steps.load();
-    in.engine_slot_steps = c.occupied_slots.load();
-    in.engine_tokens = c.tokens_generated.load();
-    in.engine_active = c.active.load();
-    in.max_num_seqs = cfg_.max_num_seqs;
-    in.in_flight = static_cast<int64_t>(in_flight_.size());
-    in.engine_alive = !worker_engine_->dead();
-    in.now_ms = steady_now_ms();
-    for (const auto& [device, g] : worker_engine_->gpu_memory())
-      in.gpus.push_back({device, g.used, g.total});
-    return {200, "text/plain; version=0.0.4", metrics_.render(in)};
+void Service::add_routes() {
+  // JSON endpoints take bodies up to 1 MiB plus envelope (a prompt is at most 1 MiB).
+  constexpr size_t kJsonBodyLimit = (1 << 20) + (64 << 10);
+  http_->route({"GET", "/health", 0, false, [this](const auto& ex) { ex->reply(health()); }});
+  http_->route({"GET", "/metrics", 0, false, [this](const auto& ex) { ex->reply(metrics()); }});
+  http_->route({"GET", "/v1/models", 0, true, [this](const auto& ex) { api_models(ex); }});
+  http_->route({"GET", "/v1/models/*", 0, true, [this](const auto& ex) { api_models(ex); }});
+  http_->route({"POST", "/v1/chat/completions", kJsonBodyLimit, true,
+                [this](const auto& ex) { api_generate(ApiKind::Chat, ex); }});
+  http_->route({"POST", "/v1/completions", kJsonBodyLimit, true,
+                [this](const auto& ex) { api_generate(ApiKind::Completion, ex); }});
+  // Files and batches (service_batches.cpp): uploads up to 16 MiB.
+  constexpr size_t kFileBodyLimit = 16 << 20;
+  http_->route(
+      {"POST", "/v1/files", kFileBodyLimit, true, [this](const auto& ex) { files_upload(ex); }});
+  http_->route({"GET", "/v1/files", 0, true, [this](const auto& ex) { files_list(ex); }});
+  http_->route({"GET", "/v1/files/*", 0, true, [this](const auto& ex) { files_get(ex); }});
+  http_->route(
+      {"GET", "/v1/files/*/content", 0, true, [this](const auto& ex) { files_content(ex); }});
+  http_->route({"DELETE", "/v1/files/*", 0, true, [this](const auto& ex) { files_delete(ex); }});
+  http_->route({"POST", "/v1/batches", kJsonBodyLimit, true,
+                [this](const auto& ex) { batches_create(ex); }});
+  http_->route({"GET", "/v1/batches", 0, true, [this](const auto& ex) { batches_list(ex); }});
+  http_->route({"GET", "/v1/batches/*", 0, true, [this](const auto& ex) { batches_get(ex); }});
+  http_->route(
+      {"POST", "/v1/batches/*/cancel", 1024, true, [this](const auto& ex) { batches_cancel(ex); }});
+}
+
+HttpReply Service::metrics() {
+  MetricsInputs in;
+  try {
+    in.queue_depth = service_db_->job_counts();
+  } catch (const std::exception& e) {
+    spdlog::warn("metrics: queue depth unavailable: {}", e.what());
   }
-  return {404, "text/plain", "not found: try /health or /metrics\n"};
+  const EngineCounters& c = worker_engine_->counters();
+  in.engine_steps = c.steps.load();
+  in.engine_slot_steps = c.occupied_slots.load();
+  in.engine_tokens = c.tokens_generated.load();
+  in.engine_active = c.active.load();
+  in.max_num_seqs = cfg_.max_num_seqs;
+  in.in_flight = static_cast<int64_t>(in_flight_.size());
+  in.engine_alive = !worker_engine_->dead();
+  in.now_ms = steady_now_ms();
+  for (const auto& [device, g] : worker_engine_->gpu_memory())
+    in.gpus.push_back({device, g.used, g.total});
+  in.http_open_connections = http_ ? static_cast<int64_t>(http_->counters().open) : 0;
+  in.api_open_requests = static_cast<int64_t>(api_calls_.size());
+  return {200, "text/plain; version=0.0.4", metrics_.render(in)};
 }
 
 }  // namespace moebatch

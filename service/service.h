@@ -32,6 +32,7 @@
 #include "service/job_codec.h"
 #include "service/metrics.h"
 #include "service/restart_schedule.h"
+#include "service/work.h"
 
 namespace moebatch {
 
@@ -39,6 +40,11 @@ class EngineWorker;
 class JobStore;
 class ServiceDb;
 class Tokenizer;
+struct ApiCall;
+struct ApiError;
+class BatchStore;
+struct BatchRecord;
+enum class ApiKind;
 
 /// A job that reached a final state, for the completion notice.
 struct FinalNotice {
@@ -104,8 +110,9 @@ class Service {
   void check_schedule();
   void on_engine_dead();
   void finish_run(int code);
-  HttpReply handle_http(const std::string& target);
+  void add_routes();
   HttpReply health();
+  HttpReply metrics();
 
   // service_dispatch.cpp: intake, results, leases.
   void arm_poll();
@@ -117,6 +124,32 @@ class Service {
   void arm_renew();
   void release_handoff();
 
+  // service_api.cpp: the OpenAI-compatible API over the same queue (docs/openai_api.md).
+  void api_models(const std::shared_ptr<HttpExchange>& ex);
+  void api_generate(ApiKind kind, const std::shared_ptr<HttpExchange>& ex);
+  void api_progress(std::vector<WorkProgress>& progress);
+  void api_finished(const Completion& c);
+  void api_failed(int64_t job_id, const ApiError& e);
+  void api_aborted(int64_t job_id);
+  void api_client_gone(int64_t job_id);
+  void api_resolve(bool force);
+  void api_close_all(const std::string& why);
+  bool api_streaming(int64_t job_id) const;
+
+  // service_batches.cpp: the Files and Batch API over the same queue.
+  void files_upload(const std::shared_ptr<HttpExchange>& ex);
+  void files_list(const std::shared_ptr<HttpExchange>& ex);
+  void files_get(const std::shared_ptr<HttpExchange>& ex);
+  void files_content(const std::shared_ptr<HttpExchange>& ex);
+  void files_delete(const std::shared_ptr<HttpExchange>& ex);
+  void batches_create(const std::shared_ptr<HttpExchange>& ex);
+  void batches_get(const std::shared_ptr<HttpExchange>& ex);
+  void batches_list(const std::shared_ptr<HttpExchange>& ex);
+  void batches_cancel(const std::shared_ptr<HttpExchange>& ex);
+  void batches_tick(bool force);
+  void batch_validate(const BatchRecord& b);
+  void batch_finalize(const BatchRecord& b);
+
   ServiceConfig cfg_;
   ServiceHooks hooks_;
   std::string worker_;
@@ -124,6 +157,7 @@ class Service {
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<JobStore> store_;
   std::unique_ptr<ServiceDb> service_db_;
+  std::unique_ptr<BatchStore> batches_;
   std::unique_ptr<EngineWorker> worker_engine_;
   std::unique_ptr<HttpServer> http_;
   boost::asio::steady_timer poll_timer_, renew_timer_;
@@ -143,6 +177,12 @@ class Service {
   std::optional<Maintenance> maintenance_;
   int exit_code_ = 0;
   bool done_ = false;
+
+  // OpenAI API state (io thread): one entry per open request, by job id.
+  std::map<int64_t, std::unique_ptr<ApiCall>> api_calls_;
+  std::string served_model_;
+  int64_t last_api_resolve_ms_ = 0;
+  int64_t last_batch_tick_ms_ = 0;
 };
 
 }  // namespace moebatch

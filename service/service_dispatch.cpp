@@ -9,7 +9,9 @@
 #include "common/error.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "queue/job_store.h"
+#include "service/api_call.h"
 #include "service/engine_worker.h"
+#include "service/openai_api.h"
 #include "service/service.h"
 #include "service/service_db.h"
 
@@ -38,6 +40,8 @@ void Service::poll() {
   try {
     check_schedule();
     claim();
+    api_resolve(/*force=*/false);
+    batches_tick(/*force=*/false);
   } catch (const std::exception& e) {
     spdlog::error("intake: {} (retrying at the next poll)", e.what());
   }
@@ -97,6 +101,7 @@ void Service::claim() {
       store_->fail(worker_, job.id, *reason, /*retryable=*/false);
       metrics_.job_failed();
       spdlog::info("job {} failed: {}", job.id, *reason);
+      api_failed(job.id, invalid_request(*reason, reason->substr(0, reason->find(':'))));
       if (hooks_.on_final)
         hooks_.on_final(
             {job.id, JobState::Failed, job.spec.client_key, job.spec.batch_id, *reason});
@@ -109,7 +114,13 @@ void Service::claim() {
     f.client_key = job.spec.client_key;
     f.batch_id = job.spec.batch_id;
     in_flight_[job.id] = std::move(f);
-    if (!handoff.try_push(std::move(std::get<WorkItem>(prepared)))) unplaced.push_back(job.id);
+    WorkItem& item = std::get<WorkItem>(prepared);
+    item.stream = api_streaming(job.id);
+    // Higher priority (API requests) overtakes batch work claimed earlier.
+    const bool placed = handoff.try_push_ordered(
+        std::move(item),
+        [](const WorkItem& a, const WorkItem& b) { return a.priority > b.priority; });
+    if (!placed) unplaced.push_back(job.id);
   }
   if (!unplaced.empty()) {
     // Only the engine thread pops, so free space cannot shrink: this is a broken invariant,
@@ -122,7 +133,9 @@ void Service::claim() {
 }
 
 void Service::drain_results() {
-  std::vector<WorkResult> results = worker_engine_->take_results();
+  std::vector<WorkProgress> progress;
+  std::vector<WorkResult> results = worker_engine_->take_results(&progress);
+  api_progress(progress);
   if (results.empty()) return;
   std::vector<Completion> completions;
   std::vector<std::pair<std::optional<std::string>, std::optional<std::string>>> notice_ids;
@@ -147,6 +160,7 @@ void Service::drain_results() {
         case WorkOutcome::Rejected:
           store_->fail(worker_, r.job_id, "engine: " + r.error, /*retryable=*/false);
           metrics_.job_failed();
+          api_failed(r.job_id, invalid_request("engine: " + r.error));
           if (hooks_.on_final)
             hooks_.on_final(
                 {r.job_id, JobState::Failed, job.client_key, job.batch_id, "engine: " + r.error});
@@ -158,6 +172,8 @@ void Service::drain_results() {
             if (o == FailOutcome::Failed && hooks_.on_final)
               hooks_.on_final({r.job_id, JobState::Failed, job.client_key, job.batch_id, r.error});
             metrics_.jobs_requeued(1);
+            api_failed(r.job_id,
+                       {503, "the engine failed: " + r.error, "", "engine_failed", "server_error"});
           } else {
             released.push_back(r.job_id);
           }
@@ -166,6 +182,7 @@ void Service::drain_results() {
     }
     if (!released.empty()) {
       metrics_.jobs_requeued(store_->release(worker_, released));
+      for (int64_t id : released) api_aborted(id);
     }
     if (!completions.empty()) {
       // One transaction for the whole group: result rows and latency records together.
@@ -178,6 +195,7 @@ void Service::drain_results() {
         }
         metrics_.job_done(c.latency.queue_wait_ms / 1000.0, c.latency.ttft_ms.value_or(0) / 1000.0,
                           c.latency.total_ms / 1000.0, c.result.completion_tokens);
+        api_finished(c);
         if (hooks_.on_final)
           hooks_.on_final(
               {c.id, JobState::Done, notice_ids[i].first, notice_ids[i].second, std::nullopt});
@@ -202,7 +220,8 @@ void Service::stop_lost_jobs() {
     spdlog::info("job {}: lease no longer held (cancelled or taken over); engine work stopped", id);
   }
   worker_engine_->cancel(lost);
-  claim_now_ = true;  // the freed slots can take queued jobs
+  claim_now_ = true;            // the freed slots can take queued jobs
+  api_resolve(/*force=*/true);  // an API request whose job was cancelled or taken over
 }
 
 void Service::arm_renew() {

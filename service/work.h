@@ -26,6 +26,17 @@ struct WorkItem {
   std::vector<int32_t> stop_ids;                  ///< end-of-sequence token ids
   std::shared_ptr<StopStrings> stop_strings;      ///< the job's stop strings (null: none)
   std::chrono::steady_clock::time_point claimed;  ///< when the dispatcher claimed the job
+  bool stream = false;   ///< report generated tokens after every step (WorkProgress)
+  int64_t priority = 0;  ///< the job's queue priority: higher overtakes in the hand-off
+};
+
+/// Tokens a streaming job generated since its last report, in order (the stop token, which
+/// ends the sequence but is no text, is never among them). The engine thread reports them
+/// after each step; the dispatcher decodes them into text deltas. A job's WorkResult may
+/// arrive before its last progress: the result is complete, later progress is stale.
+struct WorkProgress {
+  int64_t job_id = 0;           ///< jobs.id
+  std::vector<int32_t> tokens;  ///< new tokens
 };
 
 /// How a job left the engine.

@@ -117,6 +117,28 @@ TEST_F(JobStoreTest, SubmitRejectsBadSpecsNamingTheField) {
   EXPECT_TRUE(store.list({}).empty());
 }
 
+TEST_F(JobStoreTest, ChatTemplateKwargsAreStoredForChatJobsOnly) {
+  JobSpec chat = text_job(R"([{"role":"user","content":"Hi"}])");
+  chat.prompt_kind = PromptKind::Chat;
+  chat.chat_template_kwargs = R"({"enable_thinking":false})";
+  const int64_t id = store.submit(chat).id;
+  EXPECT_EQ(store.get(id)->spec.chat_template_kwargs, chat.chat_template_kwargs);
+  const auto claimed = store.claim("w", 1, milliseconds(1000));
+  ASSERT_EQ(claimed.size(), 1u);  // a valid row passes the claim-time check too
+  EXPECT_EQ(claimed[0].spec.chat_template_kwargs, chat.chat_template_kwargs);
+  EXPECT_FALSE(store.get(store.submit(text_job("plain")).id)->spec.chat_template_kwargs);
+  for (const char* bad : {"[1]", "{oops", "\"x\""}) {
+    JobSpec s = chat;
+    s.chat_template_kwargs = bad;
+    EXPECT_THROW(store.submit(s), InputError) << bad;
+  }
+  JobSpec text = text_job("p");
+  text.chat_template_kwargs = "{}";
+  EXPECT_THROW(store.submit(text), InputError);
+  chat.chat_template_kwargs = "{\"k\":\"" + std::string(5000, 'x') + "\"}";
+  EXPECT_THROW(store.submit(chat), InputError);
+}
+
 TEST_F(JobStoreTest, SubmitManyIsAllOrNothing) {
   JobSpec bad = text_job("p");
   bad.sampling.max_tokens = 0;

@@ -147,6 +147,20 @@ TEST(Handoff, BoundedFifoAndCloseWakesConsumers) {
   EXPECT_FALSE(h.try_push(4));
 }
 
+TEST(Handoff, OrderedPushLetsHigherPriorityOvertakeAndKeepsFifoWithinOne) {
+  // (priority, id) pairs; higher priority first, equal priorities in arrival order.
+  using Item = std::pair<int, int>;
+  Handoff<Item> h(5);
+  auto before = [](const Item& a, const Item& b) { return a.first > b.first; };
+  EXPECT_TRUE(h.try_push_ordered({0, 1}, before));
+  EXPECT_TRUE(h.try_push_ordered({0, 2}, before));
+  EXPECT_TRUE(h.try_push_ordered({9, 3}, before));
+  EXPECT_TRUE(h.try_push_ordered({9, 4}, before));
+  EXPECT_TRUE(h.try_push_ordered({5, 5}, before));
+  EXPECT_FALSE(h.try_push_ordered({99, 6}, before));  // full
+  EXPECT_EQ(h.take_all(), (std::vector<Item>{{9, 3}, {9, 4}, {5, 5}, {0, 1}, {0, 2}}));
+}
+
 TEST(Metrics, PrometheusTextHasCountsHistogramsAndRates) {
   ServiceMetrics m;
   m.job_done(0.001, 0.2, 3.0, 10);

@@ -1,0 +1,94 @@
+#include "service/multipart.h"
+
+#include <cctype>
+
+namespace moebatch {
+namespace {
+
+constexpr size_t kMaxParts = 16;
+constexpr size_t kMaxPartHeaderBytes = 8 << 10;
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+// The value of `key` among "; key=value" parameters (quoted or not); empty when absent.
+std::string param(std::string_view header, std::string_view key) {
+  size_t p = 0;
+  while ((p = header.find(';', p)) != std::string_view::npos) {
+    std::string_view rest = trim(header.substr(p + 1));
+    const size_t eq = rest.find('=');
+    if (eq != std::string_view::npos && lower(trim(rest.substr(0, eq))) == key) {
+      std::string_view v = trim(rest.substr(eq + 1));
+      if (!v.empty() && v.front() == '"') {
+        const size_t close = v.find('"', 1);
+        return std::string(v.substr(1, close == std::string_view::npos ? v.size() : close - 1));
+      }
+      return std::string(v.substr(0, v.find(';')));
+    }
+    ++p;
+  }
+  return {};
+}
+
+}  // namespace
+
+std::variant<std::vector<MultipartPart>, std::string> parse_multipart(std::string_view content_type,
+                                                                      std::string_view body) {
+  if (lower(trim(content_type.substr(0, content_type.find(';')))) != "multipart/form-data")
+    return std::string("Content-Type must be multipart/form-data");
+  const std::string boundary = param(content_type, "boundary");
+  if (boundary.empty() || boundary.size() > 200) return std::string("missing or bad boundary");
+  const std::string delim = "--" + boundary;
+  size_t p = body.find(delim);
+  if (p == std::string_view::npos) return std::string("no part starts with the boundary");
+  std::vector<MultipartPart> parts;
+  while (true) {
+    p += delim.size();
+    if (body.substr(p, 2) == "--") return parts;  // the closing delimiter
+    if (body.substr(p, 2) != "\r\n") return std::string("malformed boundary line");
+    p += 2;
+    const size_t head_end = body.find("\r\n\r\n", p);
+    if (head_end == std::string_view::npos || head_end - p > kMaxPartHeaderBytes)
+      return std::string("malformed part headers");
+    MultipartPart part;
+    std::string_view headers = body.substr(p, head_end - p);
+    bool disposition = false;
+    while (!headers.empty()) {
+      const size_t eol = std::min(headers.find("\r\n"), headers.size());
+      const std::string_view line = headers.substr(0, eol);
+      headers.remove_prefix(std::min(eol + 2, headers.size()));
+      const size_t colon = line.find(':');
+      if (colon == std::string_view::npos) return std::string("malformed part header");
+      const std::string name = lower(trim(line.substr(0, colon)));
+      const std::string_view value = trim(line.substr(colon + 1));
+      if (name == "content-disposition") {
+        if (lower(value.substr(0, value.find(';'))) != "form-data")
+          return std::string("part disposition must be form-data");
+        part.name = param(value, "name");
+        part.filename = param(value, "filename");
+        disposition = true;
+      } else if (name == "content-type") {
+        part.content_type = std::string(value);
+      }
+    }
+    if (!disposition || part.name.empty()) return std::string("a part has no form-data name");
+    const size_t start = head_end + 4;
+    const size_t end = body.find("\r\n" + delim, start);
+    if (end == std::string_view::npos) return std::string("a part is not terminated");
+    part.body = std::string(body.substr(start, end - start));
+    parts.push_back(std::move(part));
+    if (parts.size() > kMaxParts) return std::string("more than 16 parts");
+    p = end + 2;
+  }
+}
+
+}  // namespace moebatch

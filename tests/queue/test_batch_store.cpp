@@ -1,0 +1,110 @@
+// The Files and Batch API records: files round-trip, batches move forward only (each transition
+// conditional on the current status), finish writes both files and the status at once, and
+// listing pages newest first.
+#include <gtest/gtest.h>
+
+#include "common/error.h"
+#include "queue/batch_store.h"
+#include "queue/job_store.h"
+#include "tests/common/files.h"
+#include "tests/queue/queue_test_util.h"
+
+namespace moebatch {
+namespace {
+
+TEST(BatchStore, FilesRoundTripAndDelete) {
+  test::TempDir dir;
+  JobStore jobs(test::store_options(dir.path() / "jobs.db"));  // migrates the file
+  BatchStore store(dir.path() / "jobs.db");
+  const StoredFile f = store.add_file("batch", "in.jsonl", "{\"a\":1}\n", 100);
+  EXPECT_EQ(f.id.rfind("file-", 0), 0u);
+  EXPECT_EQ(f.bytes, 8);
+  EXPECT_EQ(store.file(f.id)->filename, "in.jsonl");
+  EXPECT_EQ(store.file_content(f.id), std::optional<std::string>("{\"a\":1}\n"));
+  EXPECT_NE(store.add_file("batch", "in.jsonl", "x", 100).id, f.id);
+  bool more = true;
+  const auto listed = store.list_files(std::nullopt, 10, std::string("batch"), more);
+  ASSERT_EQ(listed.size(), 2u);
+  EXPECT_FALSE(more);
+  EXPECT_EQ(listed[1].id, f.id);  // newest first
+  EXPECT_TRUE(store.list_files(std::nullopt, 10, std::string("batch_output"), more).empty());
+  EXPECT_EQ(store.list_files(listed[0].id, 10, std::nullopt, more).size(), 1u);
+  EXPECT_TRUE(store.delete_file(f.id));
+  EXPECT_FALSE(store.delete_file(f.id));
+  EXPECT_FALSE(store.file(f.id));
+  EXPECT_FALSE(store.file_content("file-nope"));
+}
+
+TEST(BatchStore, BatchesMoveForwardOnlyAndFinishAtomically) {
+  test::TempDir dir;
+  JobStore jobs(test::store_options(dir.path() / "jobs.db"));
+  BatchStore store(dir.path() / "jobs.db");
+  BatchRecord in;
+  in.input_file_id = "file-x";
+  in.endpoint = "/v1/completions";
+  in.completion_window = "24h";
+  in.metadata = R"({"k":"v"})";
+  in.created_at = 10;
+  in.expires_at = 10 + 86400;
+  const BatchRecord b = store.add_batch(in);
+  EXPECT_EQ(b.id.rfind("batch_", 0), 0u);
+  EXPECT_EQ(store.batch(b.id)->status, "validating");
+  EXPECT_FALSE(store.transition(b.id, "in_progress", "completed", 11));  // not there
+  EXPECT_TRUE(store.transition(b.id, "validating", "in_progress", 12, 3));
+  EXPECT_FALSE(store.transition(b.id, "validating", "in_progress", 13, 5));  // done once
+  BatchRecord now = *store.batch(b.id);
+  EXPECT_EQ(now.total, 3);
+  EXPECT_EQ(now.in_progress_at, std::optional<int64_t>(12));
+  EXPECT_EQ(now.metadata, in.metadata);
+  EXPECT_EQ(store.batches_with_status({"in_progress"}).size(), 1u);
+
+  // Jobs of the batch are counted by state.
+  JobSpec s = test::text_job("p");
+  s.batch_id = b.id;
+  jobs.submit(s);
+  jobs.submit(s);
+  EXPECT_EQ(store.job_counts(b.id), (std::map<std::string, int64_t>{{"queued", 2}}));
+
+  EXPECT_TRUE(store.finish(b.id, "in_progress", "completed", "out\n", "", 20));
+  EXPECT_FALSE(store.finish(b.id, "in_progress", "completed", "again\n", "", 21));
+  now = *store.batch(b.id);
+  EXPECT_EQ(now.status, "completed");
+  EXPECT_EQ(now.completed_at, std::optional<int64_t>(20));
+  EXPECT_EQ(now.finalizing_at, std::optional<int64_t>(20));
+  ASSERT_TRUE(now.output_file_id);
+  EXPECT_FALSE(now.error_file_id);  // no errors, no error file
+  EXPECT_EQ(store.file_content(*now.output_file_id), std::optional<std::string>("out\n"));
+  EXPECT_EQ(store.file(*now.output_file_id)->purpose, "batch_output");
+
+  const BatchRecord bad = store.add_batch(in);
+  EXPECT_TRUE(
+      store.transition(bad.id, "validating", "failed", 30, std::nullopt, R"([{"line":1}])"));
+  EXPECT_EQ(store.batch(bad.id)->errors, std::optional<std::string>(R"([{"line":1}])"));
+}
+
+TEST(BatchStore, ListPagesNewestFirst) {
+  test::TempDir dir;
+  JobStore jobs(test::store_options(dir.path() / "jobs.db"));
+  BatchStore store(dir.path() / "jobs.db");
+  std::vector<std::string> ids;
+  for (int i = 0; i < 5; ++i) {
+    BatchRecord b;
+    b.input_file_id = "f";
+    b.endpoint = "/v1/completions";
+    b.completion_window = "24h";
+    ids.push_back(store.add_batch(b).id);
+  }
+  bool more = false;
+  auto page = store.list_batches(std::nullopt, 2, more);
+  ASSERT_EQ(page.size(), 2u);
+  EXPECT_TRUE(more);
+  EXPECT_EQ(page[0].id, ids[4]);
+  EXPECT_EQ(page[1].id, ids[3]);
+  page = store.list_batches(page.back().id, 10, more);
+  ASSERT_EQ(page.size(), 3u);
+  EXPECT_FALSE(more);
+  EXPECT_EQ(page.back().id, ids[0]);
+}
+
+}  // namespace
+}  // namespace moebatch

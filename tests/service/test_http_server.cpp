@@ -1,0 +1,254 @@
+// The HTTP server alone, on its own io_context thread with test routes: routing, keep-alive,
+// body limits (413 before the body is read), bearer keys, the connection cap, 100-continue,
+// deferred and streamed replies, and the disconnect callback of a pending exchange.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/read_until.hpp>
+#include <future>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "service/http_server.h"
+#include "tests/common/wait.h"
+#include "tests/service/test_util.h"
+
+namespace moebatch {
+namespace {
+
+namespace net = boost::asio;
+using namespace std::chrono_literals;
+
+/// A server with test routes on its own thread.
+struct TestServer {
+  net::io_context io;
+  std::optional<net::executor_work_guard<net::io_context::executor_type>> work;
+  std::unique_ptr<HttpServer> server;
+  std::thread thread;
+  std::shared_ptr<HttpExchange> parked;  // io thread only
+  std::atomic<int> disconnects{0};
+
+  explicit TestServer(HttpLimits limits = {}, std::vector<std::string> keys = {}) {
+    server = std::make_unique<HttpServer>(io, "127.0.0.1", 0, limits);
+    server->set_api_keys(std::move(keys));
+    server->route({"GET", "/open", 0, false, [](const auto& ex) {
+                     ex->reply({200, "text/plain", "open\n"});
+                   }});
+    server->route({"GET", "/items/*", 0, true, [](const auto& ex) {
+                     ex->reply({200, "text/plain", "item " + ex->request().params.at(0)});
+                   }});
+    server->route({"POST", "/echo", 1024, true, [](const auto& ex) {
+                     ex->reply({200, "text/plain", ex->request().body});
+                   }});
+    server->route({"POST", "/park", 1024, false, [this](const auto& ex) {
+                     parked = ex;
+                     ex->on_disconnect([this] { ++disconnects; });
+                   }});
+    server->route({"GET", "/stream", 0, false, [this](const auto& ex) {
+                     ex->begin_stream(200, "text/event-stream");
+                     ex->write("data: one\n\n");
+                     // The rest comes from the io thread later, as engine progress does.
+                     net::post(io, [ex] {
+                       ex->write("data: two\n\n");
+                       ex->end_stream();
+                     });
+                   }});
+    server->start();
+    work.emplace(io.get_executor());
+    thread = std::thread([this] { io.run(); });
+  }
+  ~TestServer() {
+    net::post(io, [this] {
+      server->stop();
+      parked.reset();
+      work.reset();
+      io.stop();
+    });
+    thread.join();
+  }
+  int port() const { return server->port(); }
+  /// Runs f on the io thread and waits for it.
+  void on_io(std::function<void()> f) {
+    std::promise<void> done;
+    net::post(io, [&] {
+      f();
+      done.set_value();
+    });
+    done.get_future().wait();
+  }
+};
+
+/// Raw bytes to the server; everything it sends back until it closes or `ms` pass.
+std::string raw_exchange(int port, const std::string& bytes, int ms = 2000) {
+  net::io_context io;
+  net::ip::tcp::socket s(io);
+  s.connect({net::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)});
+  net::write(s, net::buffer(bytes));
+  std::string out;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  s.non_blocking(true);
+  char buf[4096];
+  while (std::chrono::steady_clock::now() < end) {
+    boost::system::error_code ec;
+    const size_t n = s.read_some(net::buffer(buf), ec);
+    if (ec == net::error::would_block) {
+      std::this_thread::sleep_for(5ms);
+      continue;
+    }
+    if (ec) break;
+    out.append(buf, n);
+  }
+  return out;
+}
+
+TEST(HttpServer, RoutesKeepAliveAndOpenAiShapedErrors) {
+  TestServer ts;
+  test::HttpClient c(ts.port());
+  for (int i = 0; i < 3; ++i) {  // one connection, several requests
+    auto r = c.request("GET", "/open");
+    EXPECT_EQ(r.status, 200);
+    EXPECT_EQ(r.body, "open\n");
+  }
+  EXPECT_EQ(c.request("GET", "/items/42").body, "item 42");
+  auto nf = c.request("GET", "/nope");
+  EXPECT_EQ(nf.status, 404);
+  const auto j = nlohmann::json::parse(nf.body);
+  EXPECT_EQ(j["error"]["code"], "not_found");
+  EXPECT_TRUE(j["error"].contains("param"));
+  auto na = c.request("DELETE", "/open");
+  EXPECT_EQ(na.status, 405);
+  EXPECT_EQ(na.headers["allow"], "GET");
+  auto head = c.request("HEAD", "/open");
+  EXPECT_EQ(head.status, 200);
+  EXPECT_EQ(head.body, "");
+  EXPECT_EQ(c.request("GET", "/open").status, 200);  // still the same connection
+  EXPECT_EQ(ts.server->counters().accepted, 1);
+}
+
+TEST(HttpServer, BodyLimitsAnswer413BeforeReadingTheBody) {
+  TestServer ts;
+  EXPECT_EQ(test::http_request(ts.port(), "POST", "/echo", std::string(1024, 'x')).status, 200);
+  EXPECT_EQ(test::http_request(ts.port(), "POST", "/echo", std::string(1025, 'x')).status, 413);
+  // Declared too large: refused on the header alone, without waiting for the body.
+  const std::string r = raw_exchange(
+      ts.port(), "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 20000000\r\n\r\n", 500);
+  EXPECT_EQ(r.rfind("HTTP/1.1 413", 0), 0u) << r;
+  EXPECT_NE(r.find("request_too_large"), std::string::npos) << r;
+  // A chunked body that grows past the limit.
+  const std::string chunked =
+      raw_exchange(ts.port(),
+                   "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n800\r\n" +
+                       std::string(0x800, 'y') + "\r\n0\r\n\r\n",
+                   500);
+  EXPECT_EQ(chunked.rfind("HTTP/1.1 413", 0), 0u) << chunked;
+  // Expect: 100-continue gets its interim answer, then the real one.
+  const std::string cont =
+      raw_exchange(ts.port(),
+                   "POST /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\nExpect: 100-continue\r\n"
+                   "Content-Length: 3\r\n\r\nabc");
+  EXPECT_EQ(cont.rfind("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200", 0), 0u) << cont;
+  // Garbage is dropped without harming the server.
+  raw_exchange(ts.port(), "\x01\x02 not http\r\n\r\n", 300);
+  EXPECT_EQ(test::http_request(ts.port(), "GET", "/open").status, 200);
+}
+
+TEST(HttpServer, BearerKeysGuardOnlyTheRoutesThatAskForThem) {
+  TestServer ts({}, {"k1", "sekret"});
+  auto none = test::http_request(ts.port(), "GET", "/items/1");
+  EXPECT_EQ(none.status, 401);
+  EXPECT_EQ(none.headers["www-authenticate"], "Bearer");
+  EXPECT_EQ(nlohmann::json::parse(none.body)["error"]["code"], "invalid_api_key");
+  EXPECT_EQ(
+      test::http_request(ts.port(), "GET", "/items/1", "", {{"Authorization", "Bearer sekreT"}})
+          .status,
+      401);
+  EXPECT_EQ(
+      test::http_request(ts.port(), "GET", "/items/1", "", {{"Authorization", "Basic sekret"}})
+          .status,
+      401);
+  EXPECT_EQ(
+      test::http_request(ts.port(), "GET", "/items/1", "", {{"Authorization", "Bearer sekret"}})
+          .status,
+      200);
+  EXPECT_EQ(
+      test::http_request(ts.port(), "POST", "/echo", "hi", {{"Authorization", "bearer k1"}}).body,
+      "hi");
+  EXPECT_EQ(test::http_request(ts.port(), "GET", "/open").status, 200);  // no auth asked
+  EXPECT_TRUE(api_key_matches({"a", "bc"}, "bc"));
+  EXPECT_FALSE(api_key_matches({"a", "bc"}, "b"));
+  EXPECT_FALSE(api_key_matches({"a", "bc"}, "bcd"));
+  EXPECT_FALSE(api_key_matches({"a"}, ""));
+  EXPECT_FALSE(api_key_matches({}, "a"));
+}
+
+TEST(HttpServer, ConnectionCapAnswers503AndFreesUp) {
+  HttpLimits limits;
+  limits.max_connections = 2;
+  TestServer ts(limits);
+  auto a = std::make_unique<test::HttpClient>(ts.port());
+  test::HttpClient b(ts.port());
+  EXPECT_EQ(a->request("GET", "/open").status, 200);
+  EXPECT_EQ(b.request("GET", "/open").status, 200);
+  auto third = test::http_request(ts.port(), "GET", "/open");
+  EXPECT_EQ(third.status, 503);
+  EXPECT_NE(third.body.find("too_many_connections"), std::string::npos);
+  a.reset();  // one closes: room again
+  EXPECT_TRUE(test::wait_until(
+      [&] { return test::http_request(ts.port(), "GET", "/open").status == 200; }, 5s));
+  EXPECT_GE(ts.server->counters().rejected, 1);
+}
+
+TEST(HttpServer, StreamsAndNoticesAClientThatLeavesAPendingExchange) {
+  TestServer ts;
+  auto s = test::http_request(ts.port(), "GET", "/stream");
+  EXPECT_EQ(s.status, 200);
+  EXPECT_EQ(s.headers["content-type"], "text/event-stream");
+  EXPECT_EQ(s.headers["transfer-encoding"], "chunked");
+  EXPECT_EQ(s.body, "data: one\n\ndata: two\n\n");
+
+  // A parked exchange is answered later from the io thread.
+  std::thread later([&] {
+    test::wait_until(
+        [&] {
+          bool have = false;
+          ts.on_io([&] { have = ts.parked != nullptr; });
+          return have;
+        },
+        5s);
+    ts.on_io([&] { ts.parked->reply({201, "text/plain", "later"}); });
+  });
+  auto p = test::http_request(ts.port(), "POST", "/park", "x");
+  later.join();
+  EXPECT_EQ(p.status, 201);
+  EXPECT_EQ(p.body, "later");
+  EXPECT_EQ(ts.disconnects.load(), 0);
+
+  // A client that closes while its exchange is pending: the callback runs, once.
+  ts.on_io([&] { ts.parked.reset(); });
+  {
+    test::HttpClient c(ts.port());
+    const std::string req = "POST /park HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx";
+    net::write(c.socket(), net::buffer(req));
+    EXPECT_TRUE(test::wait_until(
+        [&] {
+          bool have = false;
+          ts.on_io([&] { have = ts.parked != nullptr; });
+          return have;
+        },
+        5s));
+  }
+  EXPECT_TRUE(test::wait_until([&] { return ts.disconnects.load() == 1; }, 5s));
+  bool done = false;
+  ts.on_io([&] {
+    done = ts.parked->done();
+    ts.parked->reply({200, "text/plain", "too late"});  // ignored
+  });
+  EXPECT_TRUE(done);
+  EXPECT_EQ(ts.disconnects.load(), 1);
+  EXPECT_EQ(test::http_request(ts.port(), "GET", "/open").status, 200);
+}
+
+}  // namespace
+}  // namespace moebatch

@@ -1,0 +1,444 @@
+// The OpenAI-compatible API of an in-process service on the demo model, at the HTTP level:
+// requests become high-priority jobs with latency rows; streamed text equals the stored text and
+// stops before a stop string; a client that leaves cancels its job and frees its slot; errors
+// (400/401/404/405/413/429/503) have OpenAI's shape; keys and the loopback rule.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "common/error.h"
+#include "service/config.h"
+#include "service/service.h"
+#include "tests/common/files.h"
+#include "tests/common/sqlite.h"
+#include "tests/common/wait.h"
+#include "tests/service/test_util.h"
+
+namespace moebatch {
+namespace {
+
+namespace net = boost::asio;
+using namespace std::chrono_literals;
+using nlohmann::json;
+
+ServiceConfig api_config(const std::filesystem::path& dir) {
+  ServiceConfig c;
+  c.db = (dir / "jobs.db").string();
+  c.model = test::demo_model().string();
+  c.tokenizer = test::test_data_dir() + "/qwen3-tokenizer";
+  c.served_model_name = "demo";
+  c.max_num_seqs = 4;
+  c.max_num_batched_tokens = 256;
+  c.kv_cache_mb = 16;
+  c.http_port = 0;
+  c.poll_ms = 10;
+  c.warmup_seqs = 1;
+  c.threads = 2;
+  return c;
+}
+
+/// Runs a Service on a thread for the scope of a test.
+struct Running {
+  Service svc;
+  std::thread t;
+  explicit Running(const ServiceConfig& c) : svc(c, no_signals()) {
+    t = std::thread([this] { svc.run(); });
+  }
+  static ServiceHooks no_signals() {
+    ServiceHooks h;
+    h.handle_signals = false;
+    return h;
+  }
+  ~Running() {
+    svc.stop();
+    t.join();
+  }
+  int port() const { return svc.http_port(); }
+};
+
+test::HttpResult post(int port, const std::string& path, const json& body,
+                      std::vector<std::pair<std::string, std::string>> headers = {}) {
+  headers.emplace_back("Content-Type", "application/json");
+  return test::http_request(port, "POST", path, body.dump(), headers);
+}
+
+json chat_body(json extra = json::object()) {
+  json j = {{"model", "demo"},
+            {"messages", {{{"role", "user"}, {"content", "Tell me about experts."}}}},
+            {"temperature", 0},
+            {"max_tokens", 6}};
+  j.update(extra);
+  return j;
+}
+
+/// A streamed response taken apart.
+struct Sse {
+  std::string text;                   ///< the deltas joined
+  std::optional<std::string> finish;  ///< the last chunk's finish_reason
+  std::optional<json> usage;          ///< the usage chunk
+  bool done = false;                  ///< [DONE] seen
+  int chunks = 0;                     ///< data events other than [DONE]
+};
+
+Sse parse_sse(const std::string& body) {
+  Sse s;
+  size_t p = 0;
+  while ((p = body.find("data: ", p)) != std::string::npos) {
+    const size_t e = body.find("\n\n", p);
+    const std::string data = body.substr(p + 6, e - p - 6);
+    p = e;
+    if (data == "[DONE]") {
+      s.done = true;
+      continue;
+    }
+    ++s.chunks;
+    const json j = json::parse(data);
+    if (j.contains("usage") && !j["usage"].is_null()) s.usage = j["usage"];
+    if (j["choices"].empty()) continue;
+    const json& c = j["choices"][0];
+    if (c.contains("delta")) s.text += c["delta"].value("content", "");
+    if (c.contains("text")) s.text += c["text"].get<std::string>();
+    if (!c["finish_reason"].is_null()) s.finish = c["finish_reason"].get<std::string>();
+  }
+  return s;
+}
+
+int64_t job_of(const std::string& response_id) {
+  return std::stoll(response_id.substr(response_id.rfind('-') + 1));
+}
+
+/// A streaming request on a raw connection, left open until the object goes.
+struct OpenStream {
+  net::io_context io;
+  net::ip::tcp::socket s{io};
+  std::string got;
+  OpenStream(int port, const json& body) {
+    s.connect({net::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)});
+    const std::string b = body.dump();
+    const std::string req =
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: "
+        "close\r\nContent-Type: application/json\r\nContent-Length: " +
+        std::to_string(b.size()) + "\r\n\r\n" + b;
+    net::write(s, net::buffer(req));
+  }
+  /// Reads until `n` data events arrived (true) or the server closed (false).
+  bool read_events(int n) {
+    char buf[4096];
+    while (true) {
+      size_t count = 0;
+      for (size_t p = 0; (p = got.find("data: ", p)) != std::string::npos; ++p) ++count;
+      if (static_cast<int>(count) >= n) return true;
+      boost::system::error_code ec;
+      const size_t k = s.read_some(net::buffer(buf), ec);
+      if (ec) return false;
+      got.append(buf, k);
+    }
+  }
+};
+
+TEST(OpenAiHttp, RequestsBecomeHighPriorityJobsWithResultAndLatencyRows) {
+  test::TempDir dir;
+  Running r(api_config(dir.path()));
+  auto models = test::http_request(r.port(), "GET", "/v1/models");
+  ASSERT_EQ(models.status, 200) << models.body;
+  const json m = json::parse(models.body);
+  EXPECT_EQ(m["data"][0]["id"], "demo");
+  EXPECT_GT(m["data"][0]["max_model_len"].get<int64_t>(), 100);
+  EXPECT_EQ(json::parse(test::http_request(r.port(), "GET", "/v1/models/demo").body)["id"], "demo");
+  EXPECT_EQ(test::http_request(r.port(), "GET", "/v1/models/other").status, 404);
+
+  auto c = post(r.port(), "/v1/chat/completions", chat_body());
+  ASSERT_EQ(c.status, 200) << c.body;
+  const json cj = json::parse(c.body);
+  EXPECT_EQ(cj["object"], "chat.completion");
+  const int64_t id = job_of(cj["id"]);
+  const auto db = dir.path() / "jobs.db";
+  const std::string row = "FROM jobs WHERE id = " + std::to_string(id);
+  EXPECT_EQ(test::query_text(db, "SELECT state " + row), "done");
+  EXPECT_EQ(test::query_i64(db, "SELECT priority " + row), 1000);
+  EXPECT_EQ(test::query_text(db, "SELECT batch_id " + row), "openai-api");
+  EXPECT_EQ(test::query_text(db, "SELECT result_text " + row),
+            cj["choices"][0]["message"]["content"].get<std::string>());
+  EXPECT_EQ(test::query_i64(db, "SELECT completion_tokens " + row),
+            cj["usage"]["completion_tokens"].get<int64_t>());
+  EXPECT_EQ(test::query_i64(db, "SELECT prompt_tokens " + row),
+            cj["usage"]["prompt_tokens"].get<int64_t>());
+  EXPECT_EQ(
+      test::query_i64(db, "SELECT count(*) FROM job_latency WHERE job_id = " + std::to_string(id)),
+      1);
+
+  auto t = post(r.port(), "/v1/completions",
+                {{"model", "demo"}, {"prompt", "Once upon"}, {"max_tokens", 4}, {"seed", 3}});
+  ASSERT_EQ(t.status, 200) << t.body;
+  const json tj = json::parse(t.body);
+  EXPECT_EQ(tj["object"], "text_completion");
+  EXPECT_EQ(tj["usage"]["completion_tokens"], 4);
+  EXPECT_EQ(tj["choices"][0]["finish_reason"], "length");
+
+  // Template variables reach the template and are stored with the job.
+  auto think = post(r.port(), "/v1/chat/completions",
+                    chat_body({{"chat_template_kwargs", {{"enable_thinking", false}}}}));
+  ASSERT_EQ(think.status, 200) << think.body;
+  const json thj = json::parse(think.body);
+  EXPECT_EQ(test::query_text(db, "SELECT chat_template_kwargs FROM jobs WHERE id = " +
+                                     std::to_string(job_of(thj["id"]))),
+            R"({"enable_thinking":false})");
+  // The empty think block the template adds makes the prompt longer.
+  EXPECT_GT(thj["usage"]["prompt_tokens"].get<int64_t>(),
+            cj["usage"]["prompt_tokens"].get<int64_t>());
+}
+
+TEST(OpenAiHttp, StreamedTextEqualsTheStoredTextAndEndsBeforeAStopString) {
+  test::TempDir dir;
+  Running r(api_config(dir.path()));
+  const json sampled = {{"temperature", 1.0}, {"top_k", 50}, {"seed", 11}, {"max_tokens", 40}};
+  auto full = post(r.port(), "/v1/chat/completions", chat_body(sampled));
+  ASSERT_EQ(full.status, 200) << full.body;
+  const std::string text = json::parse(full.body)["choices"][0]["message"]["content"];
+  ASSERT_GT(text.size(), 8u) << text;
+
+  json streamed = chat_body(sampled);
+  streamed["stream"] = true;
+  streamed["stream_options"] = {{"include_usage", true}};
+  auto s = post(r.port(), "/v1/chat/completions", streamed);
+  ASSERT_EQ(s.status, 200) << s.body;
+  EXPECT_EQ(s.headers["content-type"], "text/event-stream");
+  const Sse sse = parse_sse(s.body);
+  EXPECT_TRUE(sse.done);
+  EXPECT_EQ(sse.text, text);
+  EXPECT_GT(sse.chunks, 3);
+  EXPECT_EQ(sse.finish, std::optional<std::string>("length"));
+  ASSERT_TRUE(sse.usage);
+  EXPECT_EQ((*sse.usage)["completion_tokens"], 40);
+
+  // A stop string from the middle of that text: the same draws, cut before its first match.
+  size_t k = text.size() / 2;
+  while (k < text.size() && (static_cast<unsigned char>(text[k]) & 0xC0) == 0x80) ++k;
+  size_t e = k + 1;
+  while (e < text.size() && (static_cast<unsigned char>(text[e]) & 0xC0) == 0x80) ++e;
+  const std::string stop = text.substr(k, e - k);
+  const std::string expected = text.substr(0, text.find(stop));
+  streamed["stop"] = {stop};
+  auto cut = post(r.port(), "/v1/chat/completions", streamed);
+  ASSERT_EQ(cut.status, 200);
+  const Sse cs = parse_sse(cut.body);
+  EXPECT_EQ(cs.text, expected) << "stop " << json(stop).dump();
+  EXPECT_EQ(cs.finish, std::optional<std::string>("stop"));
+  EXPECT_TRUE(cs.done);
+  const auto db = dir.path() / "jobs.db";
+  EXPECT_EQ(test::query_text(db, "SELECT result_text FROM jobs ORDER BY id DESC LIMIT 1"),
+            expected);
+
+  json text_stream = {{"model", "demo"}, {"prompt", "abc"}, {"max_tokens", 5}, {"stream", true}};
+  const Sse ts = parse_sse(post(r.port(), "/v1/completions", text_stream).body);
+  EXPECT_TRUE(ts.done);
+  EXPECT_EQ(ts.text, test::query_text(db, "SELECT result_text FROM jobs ORDER BY id DESC LIMIT 1"));
+}
+
+TEST(OpenAiHttp, ErrorsHaveOpenAisShapeAndStatus) {
+  test::TempDir dir;
+  Running r(api_config(dir.path()));
+  auto expect_error = [&](const test::HttpResult& res, int status, const std::string& param) {
+    EXPECT_EQ(res.status, status) << res.body;
+    const json j = json::parse(res.body, nullptr, false);
+    ASSERT_TRUE(j.is_object() && j.contains("error")) << res.body;
+    for (const char* k : {"message", "type", "param", "code"})
+      EXPECT_TRUE(j["error"].contains(k)) << k << " in " << res.body;
+    EXPECT_EQ(j["error"]["type"], "invalid_request_error") << res.body;
+    if (!param.empty()) {
+      EXPECT_EQ(j["error"]["param"], param) << res.body;
+    }
+  };
+  const int p = r.port();
+  expect_error(test::http_request(p, "POST", "/v1/chat/completions", "{oops"), 400, "");
+  expect_error(post(p, "/v1/chat/completions", chat_body({{"n", 2}})), 400, "n");
+  expect_error(post(p, "/v1/chat/completions", chat_body({{"temperature", "warm"}})), 400,
+               "temperature");
+  expect_error(post(p, "/v1/chat/completions", chat_body({{"model", "gpt-4"}})), 404, "model");
+  expect_error(post(p, "/v1/chat/completions",
+                    chat_body({{"chat_template_kwargs", {{"reasoning_effort", "high"}}}})),
+               400, "chat_template_kwargs");
+  expect_error(post(p, "/v1/chat/completions", chat_body({{"max_tokens", 30000}})), 400,
+               "messages");
+  expect_error(test::http_request(p, "GET", "/v1/chat/completions"), 405, "");
+  expect_error(test::http_request(p, "GET", "/v1/nothing"), 404, "");
+  expect_error(test::http_request(p, "POST", "/v1/completions", std::string(2 << 20, ' ')), 413,
+               "");
+  // Nothing above reached the queue, and the daemon still serves.
+  EXPECT_EQ(test::query_i64(dir.path() / "jobs.db", "SELECT count(*) FROM jobs"), 0);
+  EXPECT_EQ(post(p, "/v1/chat/completions", chat_body()).status, 200);
+  EXPECT_EQ(test::http_request(p, "GET", "/health").status, 200);
+}
+
+TEST(OpenAiHttp, QueueFullIs429AndAClientThatLeavesCancelsItsJob) {
+  test::TempDir dir;
+  ServiceConfig cfg = api_config(dir.path());
+  cfg.api_max_pending = 1;
+  Running r(cfg);
+  const auto db = dir.path() / "jobs.db";
+  {
+    OpenStream open(
+        r.port(),
+        chat_body({{"stream", true}, {"max_tokens", 3000}, {"temperature", 1}, {"top_k", 20}}));
+    ASSERT_TRUE(open.read_events(3)) << open.got;
+    auto busy = post(r.port(), "/v1/chat/completions", chat_body());
+    EXPECT_EQ(busy.status, 429) << busy.body;
+    EXPECT_EQ(busy.headers["retry-after"], "1");
+    EXPECT_EQ(json::parse(busy.body)["error"]["code"], "queue_full");
+    EXPECT_EQ(test::query_text(db, "SELECT state FROM jobs WHERE id = 1"), "running");
+  }  // the client goes away mid-stream
+  EXPECT_TRUE(test::wait_until(
+      [&] { return test::query_text(db, "SELECT state FROM jobs WHERE id = 1") == "cancelled"; },
+      10s));
+  EXPECT_TRUE(test::wait_until(
+      [&] {
+        const std::string m = test::http_request(r.port(), "GET", "/metrics").body;
+        return test::metric_value(m, "moebatch_engine_active_sequences") == 0 &&
+               test::metric_value(m, "moebatch_api_open_requests") == 0;
+      },
+      10s));
+  EXPECT_EQ(post(r.port(), "/v1/chat/completions", chat_body()).status, 200);
+}
+
+TEST(OpenAiHttp, MaintenanceAnswers503WhileTheStreamInFlightFinishes) {
+  test::TempDir dir;
+  Running r(api_config(dir.path()));
+  OpenStream open(r.port(), chat_body({{"stream", true}, {"max_tokens", 1500}}));
+  ASSERT_TRUE(open.read_events(2)) << open.got;
+  r.svc.request_maintenance();
+  test::HttpResult during;
+  ASSERT_TRUE(test::wait_until(
+      [&] {
+        during = post(r.port(), "/v1/chat/completions", json::object());
+        return during.status == 503;
+      },
+      10s))
+      << during.status << " " << during.body;
+  EXPECT_EQ(json::parse(during.body)["error"]["code"], "engine_restarting");
+  EXPECT_FALSE(during.headers["retry-after"].empty());
+  // The drain lets the stream finish; then the API admits again.
+  EXPECT_FALSE(open.read_events(1 << 20));
+  const Sse sse = parse_sse(open.got.substr(open.got.find("\r\n\r\n")));
+  EXPECT_TRUE(sse.done);
+  EXPECT_EQ(sse.finish, std::optional<std::string>("length"));
+  EXPECT_TRUE(test::wait_until(
+      [&] { return post(r.port(), "/v1/chat/completions", chat_body()).status == 200; }, 20s));
+}
+
+TEST(OpenAiHttp, FilesAndBatchesRefuseBadInputNamingTheField) {
+  test::TempDir dir;
+  Running r(api_config(dir.path()));
+  const int p = r.port();
+  auto upload = [&](const std::string& purpose, const std::string& content) {
+    const std::string body = "--b\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\n" +
+                             purpose +
+                             "\r\n--b\r\nContent-Disposition: form-data; name=\"file\"; "
+                             "filename=\"f.jsonl\"\r\n\r\n" +
+                             content + "\r\n--b--\r\n";
+    return test::http_request(p, "POST", "/v1/files", body,
+                              {{"Content-Type", "multipart/form-data; boundary=b"}});
+  };
+  auto param_of = [](const test::HttpResult& res) {
+    return json::parse(res.body)["error"]["param"];
+  };
+  EXPECT_EQ(param_of(upload("fine-tune", "{}")), "purpose");
+  EXPECT_EQ(param_of(upload("batch", "")), "file");
+  EXPECT_EQ(param_of(upload("batch", "\xff\xfe")), "file");
+  EXPECT_EQ(test::http_request(p, "POST", "/v1/files", "purpose=batch").status, 400);
+  EXPECT_EQ(upload("batch", std::string(17 << 20, 'x')).status, 413);
+  const auto ok = upload("batch", R"({"custom_id":"a","method":"POST","url":"/v1/completions",)"
+                                  R"("body":{"model":"demo","prompt":"hi","max_tokens":2}})");
+  ASSERT_EQ(ok.status, 200) << ok.body;
+  const std::string file = json::parse(ok.body)["id"];
+
+  auto create = [&](json body) {
+    return test::http_request(p, "POST", "/v1/batches", body.dump());
+  };
+  const json good = {
+      {"input_file_id", file}, {"endpoint", "/v1/completions"}, {"completion_window", "24h"}};
+  json b = good;
+  b["endpoint"] = "/v1/embeddings";
+  EXPECT_EQ(param_of(create(b)), "endpoint");
+  b = good;
+  b["completion_window"] = "1h";
+  EXPECT_EQ(param_of(create(b)), "completion_window");
+  b = good;
+  b["metadata"] = {{"k", 1}};
+  EXPECT_EQ(param_of(create(b)), "metadata");
+  b = good;
+  b["priority"] = 5;
+  EXPECT_EQ(param_of(create(b)), "priority");
+  b = good;
+  b["input_file_id"] = "file-nope";
+  EXPECT_EQ(create(b).status, 404);
+  // A batch whose lines go to another endpoint fails, naming the line; nothing is queued.
+  b = good;
+  b["endpoint"] = "/v1/chat/completions";
+  const json failed = json::parse(create(b).body);
+  EXPECT_EQ(failed["status"], "failed");
+  EXPECT_EQ(failed["errors"]["data"][0]["line"], 1);
+  EXPECT_EQ(test::query_i64(dir.path() / "jobs.db", "SELECT count(*) FROM jobs"), 0);
+
+  const json done = json::parse(create(good).body);
+  EXPECT_EQ(done["status"], "in_progress");
+  EXPECT_TRUE(test::wait_until(
+      [&] {
+        return json::parse(
+                   test::http_request(p, "GET", "/v1/batches/" + done["id"].get<std::string>())
+                       .body)["status"] == "completed";
+      },
+      20s));
+  EXPECT_EQ(
+      test::http_request(p, "POST", "/v1/batches/" + done["id"].get<std::string>() + "/cancel")
+          .status,
+      400);
+  EXPECT_EQ(test::http_request(p, "GET", "/v1/batches/batch_nope").status, 404);
+  EXPECT_EQ(test::http_request(p, "GET", "/v1/batches?limit=0").status, 400);
+  EXPECT_EQ(test::http_request(p, "GET", "/v1/files/file-nope/content").status, 404);
+  EXPECT_EQ(test::http_request(p, "GET", "/v1/files?limit=x").status, 400);
+  const json files = json::parse(test::http_request(p, "GET", "/v1/files?purpose=batch").body);
+  ASSERT_EQ(files["data"].size(), 1u);
+  EXPECT_EQ(files["data"][0]["id"], file);
+  const json list = json::parse(test::http_request(p, "GET", "/v1/batches?limit=1").body);
+  EXPECT_EQ(list["data"].size(), 1u);
+  EXPECT_EQ(list["has_more"], true);
+  EXPECT_EQ(test::http_request(p, "GET", "/health").status, 200);
+}
+
+TEST(OpenAiHttp, KeysGuardTheApiAndNonLoopbackNeedsThem) {
+  test::TempDir dir;
+  test::write_file(dir.path() / "keys", "# team keys\n\n  key-one  \nkey-two\n");
+  ServiceConfig cfg = api_config(dir.path());
+  cfg.api_key_file = dir.file("keys");
+  Running r(cfg);
+  const int p = r.port();
+  auto none = test::http_request(p, "GET", "/v1/models");
+  EXPECT_EQ(none.status, 401);
+  EXPECT_EQ(json::parse(none.body)["error"]["code"], "invalid_api_key");
+  EXPECT_EQ(
+      test::http_request(p, "GET", "/v1/models", "", {{"Authorization", "Bearer key-on"}}).status,
+      401);
+  EXPECT_EQ(
+      test::http_request(p, "GET", "/v1/models", "", {{"Authorization", "Bearer key-two"}}).status,
+      200);
+  EXPECT_EQ(
+      post(p, "/v1/chat/completions", chat_body(), {{"Authorization", "Bearer key-one"}}).status,
+      200);
+  EXPECT_EQ(test::http_request(p, "GET", "/health").status, 200);  // probes stay open
+
+  ServiceConfig open = api_config(dir.path());
+  open.http_host = "0.0.0.0";
+  EXPECT_THROW(validate_config(open), InputError);
+  open.api_key_file = dir.file("keys");
+  EXPECT_NO_THROW(validate_config(open));
+  EXPECT_EQ(load_api_keys(dir.path() / "keys"), (std::vector<std::string>{"key-one", "key-two"}));
+  test::write_file(dir.path() / "empty", "# nothing\n\n");
+  EXPECT_THROW(load_api_keys(dir.path() / "empty"), InputError);
+  test::write_file(dir.path() / "spaced", "two words\n");
+  EXPECT_THROW(load_api_keys(dir.path() / "spaced"), InputError);
+  EXPECT_THROW(load_api_keys(dir.path() / "missing"), InputError);
+}
+
+}  // namespace
+}  // namespace moebatch
