@@ -5,8 +5,9 @@
 // shape (--model random:qwen3-30b-a3b --backend cuda), so the 30B and seed-class shapes can be
 // measured without a checkpoint file. Progress on stderr; a table last; JSON with --out.
 //
-//   moebatch_bench_offline --model random:qwen3-30b-a3b --backend cuda --requests 2000 \
+//   moebatch_bench_offline --model random:qwen3-30b-a3b --backend cuda --requests 2000
 //       --input-len 1024 --output-len 128 --max-num-seqs 256 --max-num-batched-tokens 8192
+//   (one command line)
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
