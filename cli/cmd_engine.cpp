@@ -23,6 +23,7 @@ struct ModelFlags {
   EngineSpec spec;
   std::string tokens;
   bool expert_parallel = false;
+  std::string quantization = "auto";
 };
 
 void add_model_flags(CLI::App* cmd, ModelFlags& f) {
@@ -40,10 +41,14 @@ void add_model_flags(CLI::App* cmd, ModelFlags& f) {
   cmd->add_option("--threads", f.spec.threads, "CPU compute threads (default: all cores)");
   cmd->add_option("--gpu-memory-utilization", f.spec.gpu_memory_utilization,
                   "cuda: share of GPU memory for weights, activations and KV cache (default 0.90)");
+  cmd->add_option("--quantization", f.quantization,
+                  "cuda linear weights: auto (a checkpoint's FP8 / NVFP4 stay compressed) | none | "
+                  "fp8 | nvfp4 (also quantize bf16 weights on load) (default auto)");
 }
 
 std::unique_ptr<Engine> build(ModelFlags& f) {
   f.spec.expert_split = f.expert_parallel ? ExpertSplit::Expert : ExpertSplit::Intermediate;
+  f.spec.quantization = parse_quantization(f.quantization);
   // One sequence at a time: 64 MiB of host KV holds tens of thousands of tokens of the tiny
   // models (a GPU's KV pool is sized by its memory plan).
   if (f.spec.backend == "cpu") f.spec.kv_cache_bytes = 64 << 20;

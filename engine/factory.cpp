@@ -30,6 +30,11 @@ std::string describe_model(const ModelConfig& mc) {
 std::unique_ptr<Backend> make_cpu(const EngineSpec& s) {
   if (is_random(s.model))
     throw InputError("model '" + s.model + "': random weights need --backend cuda");
+  if (s.quantization == Quantization::Fp8 || s.quantization == Quantization::Nvfp4) {
+    throw InputError(std::string("quantization ") + quantization_name(s.quantization) +
+                     ": the cpu backend computes in fp32 from the checkpoint's values; "
+                     "quantizing on load needs --backend cuda");
+  }
   CpuBackendOptions o;
   o.tp = s.tensor_parallel_size;
   o.threads = s.threads;
@@ -67,6 +72,7 @@ std::unique_ptr<Backend> make_cuda(const EngineSpec& s) {
   o.max_kv_cache_bytes = s.kv_cache_bytes;
   o.cuda_graphs = s.cuda_graphs;
   o.collective_timeout_s = s.collective_timeout_s;
+  o.quantization = s.quantization;
   // The backend's buffers follow the scheduler: every slot samples a row each step, and a step
   // never holds more tokens than the scheduler's budget.
   o.max_num_seqs = s.scheduler.max_num_seqs;

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "engine/engine.h"
+#include "engine/packed_weights.h"
 #include "engine/weights.h"
 
 namespace moebatch {
@@ -31,6 +32,10 @@ struct EngineSpec {
   /// communicators and fails the engine (the service requeues and rebuilds) instead of hanging.
   double collective_timeout_s = 120.0;
   uint64_t random_seed = 0;   ///< seed of "random:" weights
+  /// cuda: compressed linear weights (auto keeps a checkpoint's FP8 / NVFP4 compressed; fp8 /
+  /// nvfp4 also quantize bf16 ones on load, the way to get compressed random models). cpu:
+  /// auto or none only (it computes in fp32 from the checkpoint's values).
+  Quantization quantization = Quantization::Auto;
 };
 
 /// Facts about a built engine.

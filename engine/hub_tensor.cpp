@@ -126,6 +126,23 @@ HubTensorReader::HubTensorReader(const WeightSource& src, const ModelConfig& cfg
   }
 }
 
+const uint8_t* HubTensorReader::stored_row(int64_t r) const {
+  MB_CHECK(kind_ == StoredAs::Fp8Block || kind_ == StoredAs::Nvfp4,
+           "stored_row: only FP8 blocks and NVFP4 keep their stored form");
+  const int64_t row_bytes = kind_ == StoredAs::Fp8Block ? cols_ : cols_ / 2;
+  return reinterpret_cast<const uint8_t*>(t_->data) + r * row_bytes;
+}
+
+float HubTensorReader::block_scale(int64_t r, int64_t c) const {
+  MB_CHECK(kind_ == StoredAs::Fp8Block, "block_scale: not an FP8 block tensor");
+  return scale_->get_f32((r / br_) * scale_cols_ + c / bc_);
+}
+
+uint8_t HubTensorReader::group_scale_byte(int64_t r, int64_t g) const {
+  MB_CHECK(kind_ == StoredAs::Nvfp4, "group_scale_byte: not an NVFP4 tensor");
+  return static_cast<uint8_t>(scale_->data[r * scale_cols_ + g]);
+}
+
 float HubTensorReader::at(int64_t r, int64_t c) const {
   switch (kind_) {
     case StoredAs::Plain:

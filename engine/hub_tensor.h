@@ -30,6 +30,19 @@ class HubTensorReader {
   /// How the checkpoint stores it.
   StoredAs stored_as() const { return kind_; }
 
+  // The stored form as it is, for loaders that keep compressed weights compressed
+  // (engine/packed_weights.h). Fp8Block and Nvfp4 only.
+  /// Bytes of row r (Fp8Block: cols E4M3 bytes; Nvfp4: cols / 2 bytes, low nibble first).
+  const uint8_t* stored_row(int64_t r) const;
+  /// Fp8Block: the scale of the block holding element (r, c).
+  float block_scale(int64_t r, int64_t c) const;
+  /// Fp8Block: columns per scale block.
+  int64_t block_cols() const { return bc_; }
+  /// Nvfp4: the E4M3 scale byte of inputs [16 g, 16 g + 16) of row r.
+  uint8_t group_scale_byte(int64_t r, int64_t g) const;
+  /// Nvfp4: weight_scale_2.
+  float global_scale() const { return scale2_; }
+
  private:
   StoredAs kind_ = StoredAs::Plain;
   const TensorView* t_ = nullptr;

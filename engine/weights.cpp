@@ -51,6 +51,10 @@ const char* weight_format_name(WeightFormat f) {
       return "f32";
     case WeightFormat::Bf16:
       return "bf16";
+    case WeightFormat::Fp8Block:
+      return "fp8";
+    case WeightFormat::Nvfp4:
+      return "nvfp4";
   }
   return "?";
 }

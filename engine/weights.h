@@ -24,10 +24,11 @@
 namespace moebatch {
 
 /// Storage format of a weight tensor as a backend holds it. The CPU backend holds fp32; the CUDA
-/// backend holds bf16 today. Each compressed format (FP8 block-128, NVFP4, GGUF k-quants) adds a
-/// value here, a loader path that keeps its bytes as they are, and a case in the GEMM dispatch
-/// of each backend (engine/cuda/linear.h); an unsupported combination fails loudly there.
-enum class WeightFormat { F32, Bf16 };
+/// backend holds bf16, or keeps a checkpoint's compressed weights compressed: FP8 blocks and
+/// NVFP4 in the packed layouts of engine/packed_weights.h. Each compressed format has a loader
+/// path that keeps its bytes as they are and a case in the GEMM dispatch of each backend
+/// (engine/cuda/linear.h); an unsupported combination fails loudly there.
+enum class WeightFormat { F32, Bf16, Fp8Block, Nvfp4 };
 
 /// Human name of a format ("bf16", ...).
 const char* weight_format_name(WeightFormat f);
@@ -76,6 +77,10 @@ struct PlanPiece {
 struct TensorPlan {
   std::vector<int64_t> shape;     ///< destination shape (its last dim is the row width)
   std::vector<PlanPiece> pieces;  ///< copies that together fill the destination
+  /// How a backend that keeps compressed weights stores it (assign_weight_formats,
+  /// engine/packed_weights.h); the CPU backend reads every tensor as fp32 whatever this says.
+  WeightFormat format = WeightFormat::Bf16;
+  int group = 0;  ///< inputs per scale of a compressed format (0 for bf16)
   bool empty() const { return shape.empty(); }
   int64_t numel() const;
 };

@@ -2,9 +2,13 @@
 // out[pair, :] = in[row(pair), :] · W[e]ᵀ with W [num_experts, rows, k] row-major (docs/design.md:
 // w_gate_up [E, 2I, H], w_down [E, H, I]). Shaped for few rows per expert: each block streams a
 // 64-row slice of one expert's weights once and applies it to all of that expert's rows.
+// Weights in any codec of kernels/weight_codec.cuh: bf16, FP8 blocks or NVFP4 stay compressed in
+// memory and are decoded in registers right before their MMAs (FP8 · block scale rounded once
+// to bf16; NVFP4 code · group scale exact, the row scale applied to the fp32 accumulators).
 #pragma once
 
 #include "kernels/types.cuh"
+#include "kernels/weight_codec.cuh"
 
 namespace moebatch::kernels {
 
@@ -16,7 +20,9 @@ constexpr int kMoeGemmTileM = 8;
 struct MoeGemmParams {
   bf16* out = nullptr;                   ///< [num_pairs, n], row = pair id
   const bf16* in = nullptr;              ///< [num_pairs / in_row_div, k]
-  const bf16* weight = nullptr;          ///< [num_experts, n, k]; [num_experts, 2n, k] with silu_gate_up
+  /// [num_experts, n, k] ([num_experts, 2n, k] with silu_gate_up) as rows = num_experts · n
+  /// (· 2n) of a matrix in any codec (kernels/weight_codec.cuh); data 16-byte aligned.
+  QuantMatrix weight;
   const int32_t* sorted_ids = nullptr;   ///< from moe_align (block_m = kMoeGemmTileM)
   const int32_t* expert_offsets = nullptr;  ///< [num_experts + 1] from moe_align
   /// Optional, from moe_align: the grid then covers min(num_experts, num_pairs) experts (no
@@ -27,14 +33,16 @@ struct MoeGemmParams {
   int in_row_div = 1;
   int num_experts = 0;
   int n = 0;                             ///< output columns: multiple of 16 (of 8 with silu_gate_up)
-  int k = 0;                             ///< multiple of 32
+  int k = 0;                             ///< multiple of 32 (every codec)
   /// Fused SwiGLU: weight rows [0, n) are the gate, [n, 2n) the up projection, and
   /// out = silu(in·W_gateᵀ) · (in·W_upᵀ) from the fp32 accumulators (one rounding).
   bool silu_gate_up = false;
 };
 
 /// Runs the grouped GEMM (bf16 tensor-core MMA, fp32 accumulation, one rounding): pipelined,
-/// a block per 64 weight rows of an expert over all of k. The engine's path at every batch.
+/// a block per 64 weight rows of an expert over all of k. The engine's path at every batch and
+/// weight codec. Requires fp8 scales with a group that is a multiple of 16, nvfp4 scales, row
+/// scales and group 16, and 16-byte aligned weight data.
 void moe_gemm(const MoeGemmParams& p, cudaStream_t stream);
 
 }  // namespace moebatch::kernels

@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "common/paths.h"
+#include "engine/packed_weights.h"
 
 namespace moebatch {
 namespace {
@@ -65,6 +66,9 @@ const IntKey kIntKeys[] = {
      "Queue priority of OpenAI API requests; batch jobs default to 0 (default 1000)"},
     {"api_max_pending", &ServiceConfig::api_max_pending, 1, 1000000,
      "OpenAI API requests open at once; beyond: 429 (default 256)"},
+    {"collective_timeout_s", &ServiceConfig::collective_timeout_s, 1, 86400,
+     "cuda, --tp > 1: a step stuck this long in a collective fails the engine, which the "
+     "service rebuilds (default 120)"},
 };
 const SmallIntKey kSmallIntKeys[] = {
     {"tp", &ServiceConfig::tp, 1, 64, "Tensor-parallel ranks (default 1)"},
@@ -93,6 +97,9 @@ const StrKey kStrKeys[] = {
      "Write {pid, worker, http_port} JSON here once serving"},
     {"synchronous", &ServiceConfig::synchronous, 16,
      "SQLite durability: normal | full (default normal)"},
+    {"quantization", &ServiceConfig::quantization, 16,
+     "cuda linear weights: auto (a checkpoint's FP8 / NVFP4 stay compressed) | none (all bf16) | "
+     "fp8 | nvfp4 (also quantize bf16 weights on load) (default auto)"},
 };
 
 std::string flag_of(const char* key) {
@@ -107,6 +114,7 @@ std::string flag_names(const char* key) {
   const std::string f = flag_of(key);
   if (f == "--http-port") return f + ",--port";
   if (f == "--http-host") return f + ",--host";
+  if (f == "--tp") return f + ",--tensor-parallel-size";
   return f;
 }
 
@@ -161,6 +169,11 @@ void apply_config_json(const nlohmann::json& j, const std::string& source, Servi
       if (!value.is_number()) throw InputError(where + ": expected a number");
       cfg.gpu_memory_utilization = value.get<double>();
     }
+    if (key == "enable_expert_parallel") {
+      known = true;
+      if (!value.is_boolean()) throw InputError(where + ": expected true or false");
+      cfg.enable_expert_parallel = value.get<bool>();
+    }
     if (!known) throw InputError(where + ": unknown key");
   }
 }
@@ -201,6 +214,7 @@ void validate_config(const ServiceConfig& cfg) {
   if (cfg.model.empty()) throw InputError("model: required");
   if (cfg.backend != "cpu" && cfg.backend != "cuda")
     throw InputError("backend: expected cpu or cuda, got '" + cfg.backend + "'");
+  parse_quantization(cfg.quantization);  // InputError naming the choices
   // NaN fails both comparisons, so it is refused too.
   if (!(cfg.gpu_memory_utilization > 0.0 && cfg.gpu_memory_utilization <= 1.0)) {
     throw InputError("gpu_memory_utilization: must be in (0, 1], got " +
@@ -259,6 +273,7 @@ nlohmann::json config_to_json(const ServiceConfig& cfg) {
   for (const SmallIntKey& k : kSmallIntKeys) j[k.name] = cfg.*k.field;
   j["batching"] = batching_name(cfg.batching);
   j["gpu_memory_utilization"] = cfg.gpu_memory_utilization;
+  j["enable_expert_parallel"] = cfg.enable_expert_parallel;
   return j;
 }
 
@@ -284,6 +299,8 @@ std::shared_ptr<ServiceFlags> add_service_flags(CLI::App& cmd) {
   cmd.add_option("--batching", f->batching, "continuous (default) | static");
   cmd.add_option("--gpu-memory-utilization", f->values.gpu_memory_utilization,
                  "cuda: share of the GPU's memory for weights, activations and KV (default 0.90)");
+  cmd.add_flag("--enable-expert-parallel", f->values.enable_expert_parallel,
+               "--tp > 1: whole experts per rank instead of a slice of every expert");
   return f;
 }
 

@@ -31,6 +31,9 @@ struct ServiceConfig {
   std::string backend = "cpu";            ///< cpu | cuda
   double gpu_memory_utilization = 0.90;   ///< cuda: share of the GPU's memory this process uses
   int tp = 1;                             ///< tensor-parallel ranks
+  bool enable_expert_parallel = false;    ///< tp > 1: whole experts per rank
+  int64_t collective_timeout_s = 120;     ///< cuda, tp > 1: a stuck collective fails the engine
+  std::string quantization = "auto";      ///< cuda: auto | none | fp8 | nvfp4
   int threads = 0;                        ///< CPU compute threads; 0 = all cores
   int64_t kv_cache_mb = 256;              ///< KV cache budget over all ranks, MiB
   int64_t max_num_seqs = 64;              ///< batch slots (vLLM --max-num-seqs)

@@ -28,6 +28,9 @@ EngineSpec engine_spec(const ServiceConfig& cfg) {
   spec.model = cfg.model;
   spec.backend = cfg.backend;
   spec.tensor_parallel_size = cfg.tp;
+  spec.expert_split = cfg.enable_expert_parallel ? ExpertSplit::Expert : ExpertSplit::Intermediate;
+  spec.collective_timeout_s = static_cast<double>(cfg.collective_timeout_s);
+  spec.quantization = parse_quantization(cfg.quantization);
   spec.threads = cfg.threads;
   // CPU: the KV pool's size; CUDA: a cap, the memory plan may give it less, never more.
   spec.kv_cache_bytes = cfg.kv_cache_mb << 20;

@@ -11,7 +11,9 @@
 // shows the all-reduces (2 per layer, rank 0's stream: the collective plus any wait for the
 // peers) and the lm_head all-gather, and the table their time per step. The roofline divides the
 // bytes evenly over the GPUs (ideal split).
-// Usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [out.json] [peer.json]
+// --quantization fp8|nvfp4 quantizes the linear weights on the GPU (router, embeddings and
+// lm_head stay bf16); the rooflines count the bytes each format holds.
+// Usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--quantization Q] [out.json] [peer.json]
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
@@ -83,15 +85,29 @@ Params count_params(const ModelConfig& c) {
   return p;
 }
 
+// Bytes per parameter of the linear (attention and expert) weights in the format they are held:
+// values plus scales (fp8: an f32 per 128 inputs; nvfp4: an e4m3 per 16 and an f32 per row).
+double linear_bytes_per_param(Quantization q) {
+  switch (q) {
+    case Quantization::Fp8:
+      return 1.0 + 4.0 / 128;
+    case Quantization::Nvfp4:
+      return 0.5 + 1.0 / 16;
+    default:
+      return 2.0;
+  }
+}
+
 // Bytes a decode step of `batch` sequences at context `ctx` must move: attention and router
 // weights, the experts the batch touches (expected distinct experts of uniform top-k routing),
-// the lm_head, and the KV cache read.
-double decode_bytes(const ModelConfig& c, const Params& p, int batch, int ctx) {
+// the lm_head, and the KV cache read; linear weights at `lin` bytes per parameter.
+double decode_bytes(const ModelConfig& c, const Params& p, int batch, int ctx, double lin) {
   const double hit = c.num_experts *
                      (1.0 - std::pow(1.0 - double(c.num_experts_per_tok) / c.num_experts, batch));
-  const double weights = c.num_layers * (p.attn_layer + p.router_layer + hit * p.expert) + p.lm_head;
+  const double linear = c.num_layers * (p.attn_layer + hit * p.expert);
+  const double plain = c.num_layers * p.router_layer + p.lm_head;
   const double kv = double(batch) * ctx * c.num_layers * 2 * c.num_kv_heads * c.head_dim;
-  return 2.0 * (weights + kv);
+  return lin * linear + 2.0 * (plain + kv);
 }
 
 struct Seqs {
@@ -143,6 +159,7 @@ struct Args {
   std::string shape = "qwen3-30b-a3b";  ///< engine/model_shapes.h
   int tp = 1;
   bool ep = false;
+  Quantization quant = Quantization::None;
 };
 
 Args parse_args(int argc, char** argv) {
@@ -156,8 +173,10 @@ Args parse_args(int argc, char** argv) {
       a.ep = true;
     } else if (arg == "--shape" && i + 1 < argc) {
       a.shape = argv[++i];
+    } else if (arg == "--quantization" && i + 1 < argc) {
+      a.quant = parse_quantization(argv[++i]);
     } else if (arg.rfind("--", 0) == 0) {
-      std::fprintf(stderr, "usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [out.json] [peer.json]\n");
+      std::fprintf(stderr, "usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--quantization Q] [out.json] [peer.json]\n");
       std::exit(2);
     } else if (positional++ == 0) {
       a.out_path = arg;
@@ -197,6 +216,8 @@ int main(int argc, char** argv) {
   o.max_model_len = 1024;
   o.tensor_parallel_size = args.tp;
   o.expert_split = args.ep ? ExpertSplit::Expert : ExpertSplit::Intermediate;
+  o.quantization = args.quant;
+  const double lin = linear_bytes_per_param(args.quant);
   auto t0 = Clock::now();
   CudaBackend be(cfg, 20261129, o);
   const double load_s = seconds_since(t0);
@@ -217,6 +238,7 @@ int main(int argc, char** argv) {
   J["backend"] = be.info().description;
   J["tensor_parallel_size"] = args.tp;
   J["expert_parallel"] = args.ep;
+  J["quantization"] = quantization_name(args.quant);
   J["memory_plan"] = {{"weights", be.memory_plan().weights},
                       {"activations", be.memory_plan().activations},
                       {"kv", be.memory_plan().kv},
@@ -246,10 +268,10 @@ int main(int argc, char** argv) {
     be.forward_sample(s.prefill, greedy, next, nullptr);
     const double prefill_s = seconds_since(t0);
     const double ptoks = double(batch) * kPrompt;
-    const double pflops = 2.0 * ptoks * (decode_bytes(cfg, P, 1, 0) / 2 - P.lm_head) +
+    const double pflops = 2.0 * ptoks * (decode_bytes(cfg, P, 1, 0, 2.0) / 2 - P.lm_head) +
                           2.0 * batch * P.lm_head;
-    const double pbytes = 2.0 * (cfg.num_layers * (P.attn_layer + P.router_layer +
-                                                   cfg.num_experts * P.expert) + P.lm_head);
+    const double pbytes = lin * cfg.num_layers * (P.attn_layer + cfg.num_experts * P.expert) +
+                          2.0 * (cfg.num_layers * P.router_layer + P.lm_head);
     const double proof_s = std::max(pflops / kGemmPeakFlops, pbytes / bw) / args.tp;
     // decode: warm steps (first step of a shape runs eagerly and captures its graph), then timed
     int pos = kPrompt;
@@ -269,7 +291,7 @@ int main(int argc, char** argv) {
     std::sort(ms.begin(), ms.end());
     const double step_ms = ms[ms.size() / 2];
     const int ctx = pos - kTimedSteps / 2;
-    const double roof_ms = decode_bytes(cfg, P, batch, ctx) / bw * 1e3 / args.tp;
+    const double roof_ms = decode_bytes(cfg, P, batch, ctx, lin) / bw * 1e3 / args.tp;
     auto stages = be.profile(decode_step(s, next, pos));
     double peer_ms = 0;
     const std::string key = std::to_string(batch);
@@ -293,7 +315,7 @@ int main(int argc, char** argv) {
                          {"decode_tok_s", batch / (step_ms * 1e-3)},
                          {"decode_context", ctx},
                          {"decode_roofline_ms", roof_ms},
-                         {"decode_bytes", decode_bytes(cfg, P, batch, ctx)},
+                         {"decode_bytes", decode_bytes(cfg, P, batch, ctx, lin)},
                          {"eager_stage_ms", st},
                          {"eager_stage_total_ms", total},
                          {"eager_all_reduce_ms", ar_ms},
@@ -308,7 +330,8 @@ int main(int argc, char** argv) {
   if (peer.is_object()) J["peer"] = peer;
   std::ofstream(args.out_path) << J.dump(2) << "\n";
 
-  std::printf("\n%s shape, random bf16 weights, %dx GPU%s, prompts of %d tokens\n", args.shape.c_str(), args.tp,
+  std::printf("\n%s shape, random weights (linear: %s), %dx GPU%s, prompts of %d tokens\n", args.shape.c_str(),
+              args.quant == Quantization::None ? "bf16" : quantization_name(args.quant), args.tp,
               args.tp > 1 ? (args.ep ? " expert parallel" : " tensor parallel") : "", kPrompt);
   std::printf("%6s | %12s %12s | %10s %10s %6s %10s | %9s %9s %9s | %10s %8s\n", "batch",
               "prefill t/s", "roof t/s", "step ms", "roof ms", "%roof", "decode t/s", "eager ms",

@@ -2,7 +2,10 @@
 # One device call for the CUDA engine: configure (engine-only), build the engine GPU tests, the
 # kernel tests and the engine benchmark; run the tests, then the HF peer (its own 61 GB, freed
 # when it exits), then the benchmark. Logs and JSON go to $OUT; summaries print last.
-# Usage: bench/gpu/run_engine_device.sh [tests|bench|all|base] [peer batches, e.g. 1,64, or none]
+# Usage: bench/gpu/run_engine_device.sh [tests|bench|all|base|quant] [peer batches, e.g. 1,64, or none]
+# `quant`: the compressed-weight run: kernel and engine tests, the quant kernel rows, the engine
+# benchmark on the 30B shape with bf16 / fp8 / nvfp4 linear weights, and the seed-class shape in
+# NVFP4 on one GPU.
 # `base`: build and run only the engine benchmark of an earlier tree, BASE_SRC (a tarball of it
 # with a top-level src/, e.g. `git archive <commit> --prefix=src/ ... | gzip`), for a before/after
 # comparison on the same machine; its JSON is bench_engine_cuda_base.json.
@@ -25,8 +28,27 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw,memo
 if ! cmake -S . -B build-dev -G Ninja -DMOEBATCH_ENGINE_ONLY=ON -DMOEBATCH_CUDA=ON > "$OUT/configure.log" 2>&1; then
   tail -40 "$OUT/configure.log"; exit 1
 fi
-if ! cmake --build build-dev -j16 --target moebatch_gpu_engine_tests moebatch_gpu_tests moebatch_bench_engine_cuda > "$OUT/build.log" 2>&1; then
+if ! cmake --build build-dev -j16 --target moebatch_gpu_engine_tests moebatch_gpu_tests moebatch_bench_engine_cuda moebatch_bench_kernels > "$OUT/build.log" 2>&1; then
   grep -E "error" -A3 "$OUT/build.log" | head -60; exit 1
+fi
+if [ "$WHAT" = quant ]; then
+  echo "built at $(date +%T)"
+  timeout 150 ./build-dev/moebatch_gpu_tests > "$OUT/kernel_tests.log" 2>&1
+  echo "kernel tests rc=$?"; grep -E "FAIL|^\[  PASSED|^\[==" "$OUT/kernel_tests.log" | head -40
+  timeout 200 ./build-dev/moebatch_gpu_engine_tests --gtest_filter="${ENGINE_FILTER:-*}" > "$OUT/engine_tests.log" 2>&1
+  echo "engine tests rc=$?"
+  grep -E "Failure|Expected|Which is|quantized to|positions compared|FAILED|^\[  PASSED|^\[==" "$OUT/engine_tests.log" | head -60
+  for q in none fp8 nvfp4; do
+    timeout 100 ./build-dev/moebatch_bench_engine_cuda --quantization $q "$OUT/bench_engine_$q.json" > "$OUT/bench_engine_$q.log" 2>&1
+    echo "bench $q rc=$?"; tail -6 "$OUT/bench_engine_$q.log"
+  done
+  timeout 150 ./build-dev/moebatch_bench_engine_cuda --shape flash-next-125b-a6b --quantization nvfp4 "$OUT/bench_seed_nvfp4.json" > "$OUT/bench_seed_nvfp4.log" 2>&1
+  echo "seed nvfp4 rc=$?"; head -4 "$OUT/bench_seed_nvfp4.log"; tail -6 "$OUT/bench_seed_nvfp4.log"
+  for f in qkv o_proj "moe_gemm gate_up_silu"; do
+    timeout 100 ./build-dev/moebatch_bench_kernels "$OUT/bench_kernels_${f// /_}.json" --filter "$f" > "$OUT/bench_kernels_${f// /_}.log" 2>&1
+  done
+  cat "$OUT"/bench_kernels_*.log | grep -vE "^\s*$" | head -80
+  exit 0
 fi
 if [ "$WHAT" != bench ]; then
   ./build-dev/moebatch_gpu_engine_tests --gtest_output="json:$OUT/engine_tests.json" > "$OUT/engine_tests.log" 2>&1

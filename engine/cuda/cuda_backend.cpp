@@ -14,6 +14,7 @@
 
 #include "common/error.h"
 #include "engine/model_files.h"
+#include "engine/packed_weights.h"
 #include "engine/cuda/comm_watchdog.h"
 #include "engine/cuda/cuda_rank.h"
 #include "engine/cuda/device_memory.h"
@@ -138,6 +139,9 @@ void CudaBackend::init(const std::filesystem::path* model_dir, uint64_t seed) {
   }
   std::unique_ptr<WeightSource> ckpt;  // a checkpoint directory or a GGUF file
   if (model_dir) ckpt = open_model_files(*model_dir).weights;  // header errors before allocating
+  // Which linear weights stay (or become) compressed; scale and shard errors before allocating.
+  for (ModelPlan& wp : wplans) assign_weight_formats(wp, cfg_, ckpt.get(), o.quantization);
+  weight_groups_ = describe_weight_groups(wplans[0]);
 
   int count = 0;
   const cudaError_t derr = cudaGetDeviceCount(&count);
@@ -167,7 +171,7 @@ void CudaBackend::init(const std::filesystem::path* model_dir, uint64_t seed) {
     n.free = free[r];
     n.weights = arena.bytes;
     n.weight_formats = arena.formats;
-    n.activations = step_buffer_bytes(cfg_, d, cap);
+    n.activations = step_buffer_bytes(cfg_, d, cap) + dequant_scratch_elems(wplans[r]) * sizeof(bf16);
     n.state = static_cast<size_t>(cfg_.state_bytes_per_seq() * o.max_num_seqs);
     n.reserve = kReserve + kCublasWorkspace + (world > 1 ? kCommReserve : 0);
     n.kv_block_bytes = static_cast<size_t>(cfg_.num_kv_layers()) * 2 * o.block_size *
@@ -326,8 +330,8 @@ void CudaBackend::fill_info() {
     info_.devices.push_back(u);
   }
   const bool ep = world > 1 && cfg_.num_experts > 0 && opts_.expert_split == ExpertSplit::Expert;
-  info_.description = fmt::format("cuda tp={}{} on {}, {} weights", world,
-                                  ep ? " (expert parallel)" : "", names, formats);
+  info_.description = fmt::format("cuda tp={}{} on {}, {} weights ({})", world,
+                                  ep ? " (expert parallel)" : "", names, formats, weight_groups_);
   info_.kv_blocks = kv_blocks_;
   info_.block_size = opts_.block_size;
   info_.state_slots = cfg_.state_bytes_per_seq() > 0 ? opts_.max_num_seqs : 0;

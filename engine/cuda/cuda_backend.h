@@ -16,6 +16,7 @@
 #include "engine/backend.h"
 #include "engine/comm.h"
 #include "engine/cuda/memory_plan.h"
+#include "engine/packed_weights.h"
 #include "engine/weights.h"
 
 namespace moebatch {
@@ -56,6 +57,9 @@ struct CudaBackendOptions {
   int64_t max_model_len = 0;              ///< longest sequence; 0: max_position_embeddings
   int64_t max_kv_cache_bytes = 0;  ///< cap on each device's KV pool; 0: everything the plan leaves
   bool cuda_graphs = true;         ///< replay decode steps from captured graphs
+  /// Compressed linear weights: kept as the checkpoint stores them (auto), decoded (none), or
+  /// plain ones quantized on load (fp8, nvfp4; for random models the only way to get them).
+  Quantization quantization = Quantization::Auto;
 
   /// The ordinal of every rank (`devices`, or the consecutive range).
   std::vector<int> device_list() const;
@@ -123,6 +127,7 @@ class CudaBackend final : public Backend {
   std::vector<int> devices_;
   int64_t max_model_len_ = 0;
   int64_t kv_blocks_ = 0;
+  std::string weight_groups_;  // "attention fp8, experts fp8" (describe_weight_groups)
   BackendInfo info_;
   // Destruction runs bottom up: rank threads stop, then the ranks release their graphs, streams
   // and memory, then the watchdog joins, then the communicator goes. NCCL releases a communicator

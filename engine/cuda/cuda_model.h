@@ -10,29 +10,36 @@
 #include "engine/model_config.h"
 #include "engine/weights.h"
 #include "kernels/types.cuh"
+#include "kernels/weight_codec.cuh"
 
 namespace moebatch {
 
 using kernels::bf16;
 
-/// Bytes of one element stored in format `f`.
-size_t weight_format_bytes(WeightFormat f);
-
 /// A weight tensor in device memory owned by an arena (no ownership here). The bytes are
 /// untyped; the typed accessors check the format, so a kernel never reads a format it was not
-/// written for (engine/cuda/linear.h dispatches GEMMs on `format`).
+/// written for (engine/cuda/linear.h dispatches GEMMs on `format`). Compressed formats keep
+/// their scales beside the values in the layouts of engine/packed_weights.h.
 struct DeviceTensor {
-  void* data = nullptr;                      ///< first byte
+  void* data = nullptr;                      ///< first byte of the values
   WeightFormat format = WeightFormat::Bf16;  ///< how the bytes encode the values
   std::vector<int64_t> shape;                ///< dims, outermost first; empty: field absent
+  void* scales = nullptr;                    ///< Fp8Block: f32 per group; Nvfp4: e4m3 per 16
+  float* row_scales = nullptr;               ///< Nvfp4: f32 per row
+  int group = 0;                             ///< inputs per scale (compressed formats)
   bool empty() const { return shape.empty(); }
   int64_t numel() const;
-  /// Bytes held (numel · element size of the format).
-  size_t bytes() const { return static_cast<size_t>(numel()) * weight_format_bytes(format); }
+  /// Row width (the last dim) and rows (every other dim flattened).
+  int64_t cols() const { return shape.size() > 1 ? shape.back() : 1; }
+  int64_t rows() const { return empty() ? 0 : numel() / cols(); }
+  /// Bytes held: values, scales and row scales.
+  size_t bytes() const;
   /// The values as bf16; Error naming the format when the tensor holds another one.
   bf16* as_bf16() const;
   /// as_bf16(), or nullptr for an absent field (optional norms and biases).
   bf16* optional_bf16() const { return empty() ? nullptr : as_bf16(); }
+  /// The tensor as the weight-taking kernels read it (any format but F32).
+  kernels::QuantMatrix matrix() const;
 };
 
 using DeviceModelWeights = ModelWeightsT<DeviceTensor>;

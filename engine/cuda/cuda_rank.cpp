@@ -30,7 +30,8 @@ CudaRank::~CudaRank() {
   for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
   if (cublas) cublasDestroy(cublas);
   if (stream) cudaStreamDestroy(stream);
-  for (void* p : {weight_mem_, kv_mem_, state_mem_, buf_mem_, cublas_ws_}) {
+  for (void* p : {weight_mem_, kv_mem_, state_mem_, buf_mem_, cublas_ws_,
+                  static_cast<void*>(dequant_)}) {
     if (p) cudaFree(p);
   }
   if (pinned_) cudaFreeHost(pinned_);
@@ -73,7 +74,9 @@ void CudaRank::build(const ModelConfig& cfg, const ModelPlan& wplan, const Memor
   kv.base = static_cast<bf16*>(kv_mem_);
   if (plan.state > 0) CUDA_CHECK(cudaMalloc(&state_mem_, plan.state));
 
-  CUDA_CHECK(cudaMalloc(&buf_mem_, plan.activations));
+  dequant_elems_ = dequant_scratch_elems(wplan);  // counted in plan.activations
+  if (dequant_elems_ > 0) CUDA_CHECK(cudaMalloc(&dequant_, dequant_elems_ * sizeof(bf16)));
+  CUDA_CHECK(cudaMalloc(&buf_mem_, plan.activations - dequant_elems_ * sizeof(bf16)));
   buf = carve_step_buffers(buf_mem_, cfg, dims, cap);
   CUDA_CHECK(cudaMemsetAsync(buf.route_counter, 0, sizeof(int32_t), stream));
   CUDA_CHECK(cudaStreamSynchronize(stream));

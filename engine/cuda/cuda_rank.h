@@ -14,6 +14,7 @@
 #include "engine/backend.h"
 #include "engine/comm.h"
 #include "engine/cuda/cuda_model.h"
+#include "engine/cuda/linear.h"
 #include "engine/cuda/memory_plan.h"
 #include "engine/cuda/stage_timer.h"
 #include "engine/cuda/step_chunk.h"
@@ -58,6 +59,8 @@ class CudaRank {
               int64_t vocab, std::vector<int32_t>& tokens);
   /// Decode graphs captured so far.
   size_t num_graphs() const { return graphs_.size(); }
+  /// The rank's handle, stream and dequantization scratch, for engine/cuda/linear.h.
+  GemmContext gemm() const { return {cublas, stream, dequant_, dequant_elems_}; }
 
   // What the forward (engine/cuda/forward.cpp) reads.
   const int rank;                   ///< tensor-parallel rank
@@ -84,6 +87,8 @@ class CudaRank {
   void* state_mem_ = nullptr;
   void* buf_mem_ = nullptr;
   void* cublas_ws_ = nullptr;
+  bf16* dequant_ = nullptr;  // decoded compressed weight of a many-row dense GEMM
+  size_t dequant_elems_ = 0;
   void* pinned_ = nullptr;  // host staging of step inputs, sampling controls and tokens
   size_t pinned_bytes_ = 0;
   std::map<std::pair<int, int>, cudaGraphExec_t> graphs_;  // (batch bucket, kv bucket)

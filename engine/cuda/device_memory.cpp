@@ -10,10 +10,12 @@
 #include <spdlog/fmt/fmt.h>
 
 #include "common/error.h"
+#include "engine/packed_weights.h"
 #include "kernels/attention.cuh"
 #include "kernels/cuda_check.cuh"
 #include "kernels/moe_gemm.cuh"
 #include "kernels/moe_routing.cuh"
+#include "kernels/quant.cuh"
 #include "kernels/random.cuh"
 
 namespace moebatch {
@@ -94,9 +96,8 @@ void carve(Carver& c, const ModelConfig& cfg, const ShardDims& d, const StepCapa
   b.cap = cap;
 }
 
-// Assigns every plan field a 16-byte aligned range in field order (every field is a multiple of
-// 16 bytes: row widths are multiples of 8). Every tensor is stored as bf16 (read_plan_bf16); a
-// format kept as stored (FP8 blocks, NVFP4) would set its format and size here.
+// Assigns every plan field 16-byte aligned ranges in field order, in the format the plan assigns
+// it (assign_weight_formats): the values, then a compressed format's scales and row scales.
 WeightArena layout_weights(const ModelPlan& plan, bool alias_lm_head, char* base,
                            DeviceModelWeights& w) {
   Carver c(base, 16);
@@ -104,9 +105,13 @@ WeightArena layout_weights(const ModelPlan& plan, bool alias_lm_head, char* base
   auto place = [&](DeviceTensor& t, const TensorPlan& p) {
     if (p.empty()) return;
     t.shape = p.shape;
-    t.format = WeightFormat::Bf16;
+    t.format = p.format;
+    t.group = p.group;
+    const PackedSizes sz = packed_sizes(t.format, t.rows(), t.cols(), t.group);
     const size_t before = c.bytes();
-    t.data = c.take<char>(t.bytes());
+    t.data = c.take<char>(sz.data);
+    t.scales = sz.scales ? c.take<char>(sz.scales) : nullptr;
+    t.row_scales = sz.row_scales ? c.take<float>(sz.row_scales / sizeof(float)) : nullptr;
     const size_t used = c.bytes() - before;
     auto it = std::find_if(arena.formats.begin(), arena.formats.end(),
                            [&](const auto& f) { return f.first == t.format; });
@@ -129,6 +134,48 @@ WeightArena layout_weights(const ModelPlan& plan, bool alias_lm_head, char* base
   return arena;
 }
 
+// Quantizes bf16 rows [rows, t.cols()] on the device into rows [row0, row0 + rows) of the
+// compressed tensor t (the row layout makes any row range independent).
+void quantize_rows(const bf16* in, int64_t rows, const DeviceTensor& t, int64_t row0,
+                   cudaStream_t stream) {
+  const int64_t cols = t.cols();
+  const PackedSizes per_row = packed_sizes(t.format, 1, cols, t.group);
+  auto* data = static_cast<uint8_t*>(t.data) + row0 * per_row.data;
+  auto* scales = static_cast<uint8_t*>(t.scales) + row0 * per_row.scales;
+  switch (t.format) {
+    case WeightFormat::Fp8Block:
+      kernels::quantize_fp8_rows(in, rows, static_cast<int>(cols), t.group, data,
+                                 reinterpret_cast<float*>(scales), stream);
+      return;
+    case WeightFormat::Nvfp4:
+      kernels::quantize_nvfp4_rows(in, rows, static_cast<int>(cols), data, scales,
+                                   t.row_scales + row0, stream);
+      return;
+    default:
+      throw Error(std::string("quantize_rows: ") + weight_format_name(t.format) +
+                  " is not a compressed format");
+  }
+}
+
+// A device bf16 buffer that grows to the largest request (staging for quantization).
+class Staging {
+ public:
+  ~Staging() { cudaFree(p_); }
+  bf16* get(size_t elems) {
+    if (elems > n_) {
+      CUDA_CHECK(cudaFree(p_));
+      p_ = nullptr;
+      CUDA_CHECK(cudaMalloc(&p_, elems * sizeof(bf16)));
+      n_ = elems;
+    }
+    return p_;
+  }
+
+ private:
+  bf16* p_ = nullptr;
+  size_t n_ = 0;
+};
+
 bool aliases_lm_head(const ModelConfig& cfg, const ShardDims& d) {
   return cfg.tie_word_embeddings && !d.vocab_split;
 }
@@ -142,14 +189,31 @@ uint64_t name_hash(const std::string& name) {
 
 }  // namespace
 
-size_t weight_format_bytes(WeightFormat f) {
-  switch (f) {
-    case WeightFormat::F32:
-      return 4;
+size_t DeviceTensor::bytes() const {
+  return empty() ? 0 : packed_sizes(format, rows(), cols(), group).total();
+}
+
+kernels::QuantMatrix DeviceTensor::matrix() const {
+  kernels::QuantMatrix m;
+  m.data = data;
+  m.scales = scales;
+  m.row_scales = row_scales;
+  m.group = group;
+  switch (format) {
     case WeightFormat::Bf16:
-      return 2;
+      m.codec = kernels::WeightCodec::Bf16;
+      return m;
+    case WeightFormat::Fp8Block:
+      m.codec = kernels::WeightCodec::Fp8Block;
+      return m;
+    case WeightFormat::Nvfp4:
+      m.codec = kernels::WeightCodec::Nvfp4;
+      return m;
+    case WeightFormat::F32:
+      break;
   }
-  throw Error("unknown weight format");
+  throw Error(std::string("weight tensor holds ") + weight_format_name(format) +
+              ", which no GPU kernel reads");
 }
 
 int64_t DeviceTensor::numel() const {
@@ -206,13 +270,38 @@ DeviceModelWeights place_weights(const ModelConfig& cfg, const ShardDims& d,
 void load_weights_device(const WeightSource& ckpt, const ModelConfig& cfg, const ModelPlan& plan,
                          DeviceModelWeights& w, cudaStream_t stream) {
   std::vector<uint16_t> host;
+  PackedHost packed;
+  Staging staging;
+  auto upload = [&](void* dst, const void* src, size_t bytes) {
+    if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
+  };
   auto copy = [&](DeviceTensor& t, const TensorPlan& p) {
     if (p.empty()) return;
-    host.resize(static_cast<size_t>(p.numel()));
-    read_plan_bf16(ckpt, cfg, p, host.data());
-    CUDA_CHECK(cudaMemcpyAsync(t.as_bf16(), host.data(), host.size() * sizeof(uint16_t),
-                               cudaMemcpyHostToDevice, stream));
-    CUDA_CHECK(cudaStreamSynchronize(stream));  // `host` is reused by the next tensor
+    if (t.format == WeightFormat::Bf16) {
+      host.resize(static_cast<size_t>(p.numel()));
+      read_plan_bf16(ckpt, cfg, p, host.data());
+      upload(t.data, host.data(), host.size() * sizeof(uint16_t));
+    } else if (stored_as_planned(ckpt, cfg, p)) {
+      read_plan_packed(ckpt, cfg, p, packed);  // the checkpoint's bytes as they are
+      upload(t.data, packed.data.data(), packed.data.size());
+      upload(t.scales, packed.scales.data(), packed.scales.size());
+      upload(t.row_scales, packed.row_scales.data(), packed.row_scales.size() * sizeof(float));
+    } else {
+      // A plain weight compressed on load (--quantization): piece by piece through bf16 staging.
+      for (const PlanPiece& pc : p.pieces) {
+        TensorPlan one;
+        one.shape = {pc.rows, pc.cols};
+        one.pieces = {pc};
+        one.pieces[0].dst_row0 = 0;
+        host.resize(static_cast<size_t>(pc.rows * pc.cols));
+        read_plan_bf16(ckpt, cfg, one, host.data());
+        bf16* stage = staging.get(host.size());
+        upload(stage, host.data(), host.size() * sizeof(uint16_t));
+        quantize_rows(stage, pc.rows, t, pc.dst_row0, stream);
+        CUDA_CHECK(cudaStreamSynchronize(stream));  // `stage` and `host` are reused
+      }
+    }
+    CUDA_CHECK(cudaStreamSynchronize(stream));  // the host buffers are reused by the next tensor
   };
   copy(w.embed, plan.embed);
   for (size_t l = 0; l < plan.layers.size(); ++l) w.layers[l].zip(plan.layers[l], copy);
@@ -224,7 +313,8 @@ void random_weights_device(uint64_t seed, const ModelPlan& plan, DeviceModelWeig
                            cudaStream_t stream) {
   // A piece is either a whole hub tensor (filled in place) or a row/column block of one: the
   // whole tensor is then generated into a scratch buffer and the block copied out (only with
-  // tensor parallelism: on one rank every piece is a whole hub tensor).
+  // tensor parallelism: on one rank every piece is a whole hub tensor). A compressed tensor gets
+  // each piece in bf16 staging first, quantized into its rows.
   auto src_cols = [](const PlanPiece& pc) {
     int64_t n = 1;
     for (size_t i = 1; i < pc.src_shape.size(); ++i) n *= pc.src_shape[i];
@@ -233,42 +323,37 @@ void random_weights_device(uint64_t seed, const ModelPlan& plan, DeviceModelWeig
   auto whole = [&](const PlanPiece& pc) {
     return pc.row0 == 0 && pc.col0 == 0 && pc.rows == pc.src_shape[0] && pc.cols == src_cols(pc);
   };
-  size_t scratch_elems = 0;
-  auto size_scratch = [&](DeviceTensor&, const TensorPlan& p) {
-    for (const PlanPiece& pc : p.pieces)
-      if (!whole(pc))
-        scratch_elems =
-            std::max(scratch_elems, static_cast<size_t>(pc.src_shape[0] * src_cols(pc)));
-  };
-  size_scratch(w.embed, plan.embed);
-  for (size_t l = 0; l < plan.layers.size(); ++l) w.layers[l].zip(plan.layers[l], size_scratch);
-  size_scratch(w.final_norm, plan.final_norm);
-  size_scratch(w.lm_head, plan.lm_head);
-  bf16* scratch = nullptr;
-  if (scratch_elems > 0) CUDA_CHECK(cudaMalloc(&scratch, scratch_elems * sizeof(bf16)));
+  Staging scratch, staging;
 
   // Uniform in ±1/sqrt(fan-in) of the hub tensor keeps activations O(1) through the layers;
   // vectors (norms, biases) get ±1 so no norm weight collapses the signal.
   auto fill = [&](DeviceTensor& t, const TensorPlan& p) {
     if (p.empty()) return;
-    const int64_t cols = p.shape.size() > 1 ? p.shape.back() : 1;
+    const int64_t cols = t.cols();
+    const bool packed = t.format != WeightFormat::Bf16;
     for (const PlanPiece& pc : p.pieces) {
       const int64_t scols = src_cols(pc);
       const float scale = pc.src_shape.size() >= 2
                               ? 1.0f / std::sqrt(static_cast<float>(pc.src_shape.back()))
                               : 1.0f;
       const uint64_t tseed = kernels::splitmix64(seed ^ name_hash(pc.name));
-      bf16* dst = t.as_bf16() + pc.dst_row0 * cols;
       MB_CHECK(pc.cols == cols, "random weights: a plan piece must fill whole destination rows");
+      const size_t piece_elems = static_cast<size_t>(pc.rows * cols);
+      bf16* dst = packed ? staging.get(piece_elems) : t.as_bf16() + pc.dst_row0 * cols;
       if (whole(pc)) {
-        kernels::fill_uniform(dst, static_cast<size_t>(pc.rows * cols), tseed, scale, stream);
-        continue;
+        kernels::fill_uniform(dst, piece_elems, tseed, scale, stream);
+      } else {
+        bf16* all = scratch.get(static_cast<size_t>(pc.src_shape[0] * scols));
+        kernels::fill_uniform(all, static_cast<size_t>(pc.src_shape[0] * scols), tseed, scale,
+                              stream);
+        CUDA_CHECK(cudaMemcpy2DAsync(dst, cols * sizeof(bf16), all + pc.row0 * scols + pc.col0,
+                                     scols * sizeof(bf16), pc.cols * sizeof(bf16),
+                                     static_cast<size_t>(pc.rows), cudaMemcpyDeviceToDevice,
+                                     stream));
       }
-      kernels::fill_uniform(scratch, static_cast<size_t>(pc.src_shape[0] * scols), tseed, scale,
-                            stream);
-      CUDA_CHECK(cudaMemcpy2DAsync(dst, cols * sizeof(bf16), scratch + pc.row0 * scols + pc.col0,
-                                   scols * sizeof(bf16), pc.cols * sizeof(bf16),
-                                   static_cast<size_t>(pc.rows), cudaMemcpyDeviceToDevice, stream));
+      if (packed) quantize_rows(dst, pc.rows, t, pc.dst_row0, stream);
+      // staging and scratch may grow (cudaFree) at the next piece: let this one finish
+      CUDA_CHECK(cudaStreamSynchronize(stream));
     }
   };
   try {
@@ -279,10 +364,8 @@ void random_weights_device(uint64_t seed, const ModelPlan& plan, DeviceModelWeig
     CUDA_CHECK(cudaStreamSynchronize(stream));
   } catch (...) {
     cudaStreamSynchronize(stream);
-    cudaFree(scratch);
     throw;
   }
-  if (scratch) CUDA_CHECK(cudaFree(scratch));
 }
 
 }  // namespace moebatch

@@ -45,7 +45,7 @@ struct Step {
   k::MoeCombineParams combine;     // weighted sum over top-k (this rank's experts only with EP)
 
   Step(const ModelConfig& cfg, CudaRank& rank, const StepShape& s, StageTimer* timer)
-      : r(rank), B(rank.buf), st(rank.stream), tm(timer), gemm{rank.cublas, rank.stream} {
+      : r(rank), B(rank.buf), st(rank.stream), tm(timer), gemm(rank.gemm()) {
     const ShardDims& d = r.dims;
     n = s.tokens;
     H = static_cast<int>(cfg.hidden_size);
@@ -89,7 +89,7 @@ struct Step {
 
     // experts: gate+up with SiLU·mul in its epilogue (input row = pair / top_k), then down
     const int Ie = static_cast<int>(d.moe_intermediate);
-    gate_up = {.out = B.act, .in = B.h, .sorted_ids = B.sorted_ids,
+    gate_up = {.out = B.act, .in = B.h, .weight = {}, .sorted_ids = B.sorted_ids,
                .expert_offsets = B.expert_offsets, .active_experts = B.active_experts,
                .num_pairs = pairs, .in_row_div = topk, .num_experts = El, .n = Ie, .k = H,
                .silu_gate_up = true};
@@ -291,7 +291,7 @@ void cuda_lm_head(const ModelConfig& cfg, CudaRank& r, int first, int rows, int 
   MB_CHECK(rows > 0 && rows <= B.cap.logits_rows, "cuda_lm_head: rows outside the buffers");
   // gather the rows that need logits (the gather treats the normed states as a table)
   k::embedding_gather(B.xr, B.h, B.logits_rows + first, rows, H, tokens, r.stream);
-  linear(GemmContext{r.cublas, r.stream}, B.logits_local, B.xr, r.weights.lm_head, rows);
+  linear(r.gemm(), B.logits_local, B.xr, r.weights.lm_head, rows);
   if (tm) tm->mark("lm_head", r.stream);
   if (r.dims.vocab_split) {
     // vocab-parallel: gather every rank's [rows, V/world] slice, then rank 0 (the one that

@@ -1,9 +1,11 @@
 #include "engine/cuda/linear.h"
 
+#include <algorithm>
 #include <string>
 
 #include "common/error.h"
 #include "kernels/gemm.cuh"
+#include "kernels/quant.cuh"
 
 namespace moebatch {
 namespace {
@@ -19,6 +21,12 @@ void linear_any(const GemmContext& g, Out* out, const bf16* in, const DeviceTens
   switch (w.format) {
     case WeightFormat::Bf16:
       kernels::linear(g.cublas, g.stream, out, in, w.as_bf16(), rows, n, k);
+      return;
+    case WeightFormat::Fp8Block:
+    case WeightFormat::Nvfp4:
+      // decode GEMV for few rows, else decoded into the scratch once and cuBLAS
+      kernels::quant_linear(g.cublas, g.stream, out, in, w.matrix(), rows, n, k, g.scratch,
+                            g.scratch_elems);
       return;
     case WeightFormat::F32:
       break;
@@ -42,13 +50,29 @@ void expert_gemm(kernels::MoeGemmParams p, const DeviceTensor& w, cudaStream_t s
            "expert_gemm: weights must be [num_experts, n (2n with silu_gate_up), k]");
   switch (w.format) {
     case WeightFormat::Bf16:
-      p.weight = w.as_bf16();
+    case WeightFormat::Fp8Block:
+    case WeightFormat::Nvfp4:
+      p.weight = w.matrix();  // the grouped GEMM decodes each codec in registers
       kernels::moe_gemm(p, stream);
       return;
     case WeightFormat::F32:
       break;
   }
   no_kernel("expert_gemm", w.format);
+}
+
+size_t dequant_scratch_elems(const ModelPlan& plan) {
+  size_t most = 0;
+  auto consider = [&](const TensorPlan& t) {
+    if (!t.empty() && t.shape.size() == 2 && t.format != WeightFormat::Bf16)
+      most = std::max(most, static_cast<size_t>(t.numel()));
+  };
+  for (const auto& L : plan.layers)
+    for (const TensorPlan* t : {&L.wqkv, &L.wo, &L.mlp_gate_up, &L.mlp_down, &L.router,
+                                &L.shared_gate_up, &L.shared_down, &L.shared_gate})
+      consider(*t);
+  consider(plan.lm_head);
+  return most;
 }
 
 }  // namespace moebatch

@@ -1,7 +1,9 @@
 // The one place GEMMs on weights choose their kernel by the weight's storage format (vLLM's
-// quant_method per linear, calm's single dtype switch): bf16 weights go to cuBLAS and to the
-// bf16 grouped expert GEMM; a format without a kernel fails loudly here, naming the format.
-// A new format (FP8 block-128, NVFP4, GGUF k-quants) adds a case to each switch below.
+// quant_method per linear, calm's single dtype switch): bf16 weights go to cuBLAS; FP8-block and
+// NVFP4 weights to the decode GEMV or, for many rows, decoded once into a scratch and cuBLAS
+// (kernels/quant.cuh); every format to the grouped expert GEMM, which decodes in registers. A
+// format without a kernel fails loudly here, naming the format. A new format (GGUF k-quants)
+// adds a case to each switch.
 #pragma once
 
 #include <cublas_v2.h>
@@ -16,6 +18,8 @@ namespace moebatch {
 struct GemmContext {
   cublasHandle_t cublas = nullptr;  ///< the rank's handle (with its fixed workspace)
   cudaStream_t stream = nullptr;    ///< the rank's stream
+  bf16* scratch = nullptr;          ///< decoded compressed weight of a many-row dense GEMM
+  size_t scratch_elems = 0;         ///< dequant_scratch_elems of the rank's weights
 };
 
 /// out [rows, w.shape[0]] = in [rows, w.shape[1]] · wᵀ, bf16 output, fp32 accumulation.
@@ -26,5 +30,9 @@ void linear(const GemmContext& g, float* out, const bf16* in, const DeviceTensor
 /// Grouped expert GEMM with the routing operands of `p` (out, in, sorted ids, offsets, sizes)
 /// and the stacked expert weights `w` ([E, n, k], or [E, 2n, k] with p.silu_gate_up).
 void expert_gemm(kernels::MoeGemmParams p, const DeviceTensor& w, cudaStream_t stream);
+
+/// Elements of the scratch the dense GEMMs of a rank with weight plan `plan` need: the largest
+/// compressed 2-D weight (0 when every dense weight is bf16).
+size_t dequant_scratch_elems(const ModelPlan& plan);
 
 }  // namespace moebatch

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cmath>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -45,10 +46,10 @@ const std::vector<std::string> kFixtures = {"qwen3_moe_tiny", "qwen2_moe_tiny", 
                                             "qwen3_moe_tiny_fp8", "qwen3_moe_tiny_nvfp4",
                                             "qwen3moe_tiny_q4km"};
 
-// The oracle tolerance of a fixture. NVFP4 weights are decoded to bf16 on the GPU until the
-// W4A16 kernels keep them packed: measured 0.067 at one of 13 comparable positions of the tiny
-// NVFP4 model (its CPU decode matches the float64 oracle within 3.3e-5, and the GPU matches the
-// CPU engine within 3.5e-2 on random prompts), so its bound is 8e-2 until then.
+// The oracle tolerance of a fixture. The tiny NVFP4 model measured 0.067 at one of 13
+// comparable positions with its weights decoded to bf16 (its CPU decode matches the float64
+// oracle within 3.3e-5, and the GPU matches the CPU engine within 3.5e-2 on random prompts), so
+// its bound is 8e-2; its weights now stay packed (W4A16).
 double oracle_tol(const std::string& fixture) {
   return fixture == "qwen3_moe_tiny_nvfp4" ? 8e-2 : kRelTol;
 }
@@ -74,9 +75,19 @@ CudaBackendOptions small_options(bool graphs = true) {
   return o;
 }
 
+// FP8 experts split along their 128-wide intermediate dim over two ranks cut every FP8 block in
+// half, which the loader refuses (tests/engine/test_packed_weights.cpp); that combination runs
+// decoded to bf16, the other modes keep the checkpoint's formats.
+Quantization quantization_for(const std::string& model, int tp, ExpertSplit split) {
+  return model == "qwen3_moe_tiny_fp8" && tp > 1 && split == ExpertSplit::Intermediate
+             ? Quantization::None
+             : Quantization::Auto;
+}
+
 // The same capacities through the factory, as the CLI and the service build engines.
 std::unique_ptr<Engine> gpu_engine(const std::string& model, bool graphs = true, int tp = 1,
-                                   ExpertSplit split = ExpertSplit::Intermediate) {
+                                   ExpertSplit split = ExpertSplit::Intermediate,
+                                   std::optional<Quantization> quant = std::nullopt) {
   const CudaBackendOptions o = small_options(graphs);
   EngineSpec spec = fixture_spec(
       model, tp,
@@ -85,6 +96,7 @@ std::unique_ptr<Engine> gpu_engine(const std::string& model, bool graphs = true,
   spec.backend = "cuda";
   spec.kv_cache_bytes = o.max_kv_cache_bytes;
   spec.cuda_graphs = o.cuda_graphs;
+  spec.quantization = quant.value_or(quantization_for(model, tp, split));
   return make_engine(spec).engine;
 }
 
@@ -216,11 +228,15 @@ TEST_P(CudaFixture, MatchesCpuEngineOnRandomPrompts) {
   auto gpu = gpu_engine(GetParam());
   auto cpu = make_engine(GetParam());
   const int64_t V = gpu->config().vocab_size;
+  // The 3-in-4 rule of MoE models is over all rows together: a one-token prompt is one row, and
+  // one router near-tie there must not decide the test.
+  std::vector<double> errs;
   for (size_t len : {size_t{1}, size_t{37}, size_t{150}}) {
     auto prompt = random_prompt(rng, len, V);
-    expect_rows_close(row_errors(gpu->score(prompt), cpu->score(prompt), V),
-                      GetParam() == "qwen3_dense_tiny", GetParam() + " len " + std::to_string(len));
+    const auto e = row_errors(gpu->score(prompt), cpu->score(prompt), V);
+    errs.insert(errs.end(), e.begin(), e.end());
   }
+  expect_rows_close(errs, GetParam() == "qwen3_dense_tiny", GetParam() + " lengths 1, 37, 150");
 }
 
 // Logits of each decode step (paged cache, decode kernel, graphs) against a full recompute of
@@ -276,6 +292,7 @@ void expect_graph_replay_equals_eager(const std::string& model, int tp, ExpertSp
   CudaBackendOptions og = small_options(true), oe = small_options(false);
   og.tensor_parallel_size = oe.tensor_parallel_size = tp;
   og.expert_split = oe.expert_split = split;
+  og.quantization = oe.quantization = quantization_for(model, tp, split);
   auto graphs = std::make_unique<CudaBackend>(fixture_path(model), og);
   auto eager = std::make_unique<CudaBackend>(fixture_path(model), oe);
   CudaBackend* g = graphs.get();
@@ -337,6 +354,53 @@ TEST_P(CudaFixture, DeviceSamplingMatchesHost) {
 
 INSTANTIATE_TEST_SUITE_P(Models, CudaFixture, ::testing::ValuesIn(kFixtures),
                          [](const auto& info) { return info.param; });
+
+// bf16 checkpoints quantized on load (--quantization fp8 / nvfp4) against the oracle of the
+// unquantized model. The weights themselves change (FP8 keeps 4 significant bits, NVFP4 2), so
+// the bound is the quantization's, not bf16's: measured errors are printed; 0.15 (fp8) and 0.5
+// (nvfp4) of relative L2 separate a working path from a broken one (wrong scales or layout give
+// ~1 or more). The kernels' exactness is checked in tests/gpu/ops.
+class CudaQuantizeOnLoad
+    : public ::testing::TestWithParam<std::tuple<std::string, Quantization>> {
+ protected:
+  void SetUp() override {
+    if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+TEST_P(CudaQuantizeOnLoad, LogitsNearTheUnquantizedOracle) {
+  const auto& [model, q] = GetParam();
+  const double bound = q == Quantization::Fp8 ? 0.15 : 0.5;
+  auto ref = load_reference(model);
+  auto eng = gpu_engine(model, true, 1, ExpertSplit::Intermediate, q);
+  const int64_t V = eng->config().vocab_size;
+  double worst = 0, sum = 0;
+  size_t compared = 0;
+  for (const auto& r : ref) {
+    auto logits = eng->score(r.prompt);
+    const size_t upto = comparable_prefix(r.route_gap, kRouteGap);
+    for (size_t t = 0; t < upto; ++t) {
+      const double e = rel_err(logits.data() + t * V, r.logits.data() + t * V, V);
+      ASSERT_TRUE(std::isfinite(e)) << model;
+      worst = std::max(worst, e);
+      sum += e;
+      ++compared;
+    }
+  }
+  ASSERT_GT(compared, 0u);
+  std::printf("%s quantized to %s on load: %zu positions, mean relative error %.3g, worst %.3g\n",
+              model.c_str(), quantization_name(q), compared, sum / compared, worst);
+  EXPECT_LT(worst, bound) << model << " " << quantization_name(q);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, CudaQuantizeOnLoad,
+                         ::testing::Combine(::testing::Values("qwen3_moe_tiny", "qwen3_dense_tiny"),
+                                            ::testing::Values(Quantization::Fp8,
+                                                              Quantization::Nvfp4)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" +
+                                  quantization_name(std::get<1>(info.param));
+                         });
 
 TEST(CudaBackendMemory, OutOfMemoryAtStartNamesTheNumbers) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";

@@ -42,7 +42,8 @@ class OpCaseTest : public GpuTest, public ::testing::WithParamInterface<OpCaseDe
     int device = 0;
     CUDA_CHECK(cudaGetDevice(&device));
     CUDA_CHECK(cudaDeviceGetAttribute(&env.num_sms, cudaDevAttrMultiProcessorCount, device));
-    if (GetParam().family == ops::OpFamily::gemm) CUBLAS_CHECK(cublasCreate(&env.cublas));
+    const ops::OpFamily family = GetParam().family;
+    if (family == ops::OpFamily::gemm || family == ops::OpFamily::quant) CUBLAS_CHECK(cublasCreate(&env.cublas));
   }
   void TearDown() override {
     if (env.cublas) CUBLAS_CHECK(cublasDestroy(env.cublas));
@@ -75,7 +76,7 @@ TEST(OpTable, TablesAreWellFormed) {
     EXPECT_GE(d.tol, 0) << d.name;
     families.insert(d.family);
   }
-  EXPECT_EQ(families.size(), 10u) << "a kernel family has no correctness case";
+  EXPECT_EQ(families.size(), 11u) << "a kernel family has no correctness case";
   std::set<std::pair<int, std::string>> bench;
   for (const auto& d : ops::op_cases_bench()) {
     EXPECT_GT(d.batch, 0) << d.name;

@@ -112,6 +112,58 @@ TEST(Config, BackendAndGpuMemoryUtilizationFromFileAndFlags) {
   validate_config(c);
 }
 
+// The engine knobs of multi-GPU and compressed-weight serving: vLLM's flag names, JSON keys with
+// underscores, values checked before any engine is built.
+TEST(Config, ParallelismAndQuantizationKnobs) {
+  test::TempDir dir;
+  const auto file = dir.path() / "svc.json";
+  test::write_file(file, R"({"db": "a.db", "model": "m", "backend": "cuda", "tp": 2,
+                             "enable_expert_parallel": true, "quantization": "fp8",
+                             "collective_timeout_s": 30})");
+  {
+    CLI::App app;
+    auto flags = add_service_flags(app);
+    const char* argv[] = {"x", "--config", file.c_str()};
+    app.parse(3, const_cast<char**>(argv));
+    const ServiceConfig cfg = finish_service_flags(*flags, app);
+    EXPECT_EQ(cfg.tp, 2);
+    EXPECT_TRUE(cfg.enable_expert_parallel);
+    EXPECT_EQ(cfg.quantization, "fp8");
+    EXPECT_EQ(cfg.collective_timeout_s, 30);
+    EXPECT_EQ(config_to_json(cfg)["enable_expert_parallel"], true);
+  }
+  {
+    CLI::App app;
+    auto flags = add_service_flags(app);
+    const char* argv[] = {"x", "--db", "a.db", "--model", "m", "--tensor-parallel-size", "4",
+                          "--enable-expert-parallel", "--quantization", "nvfp4",
+                          "--collective-timeout-s", "45"};
+    app.parse(12, const_cast<char**>(argv));
+    const ServiceConfig cfg = finish_service_flags(*flags, app);
+    EXPECT_EQ(cfg.tp, 4);
+    EXPECT_TRUE(cfg.enable_expert_parallel);
+    EXPECT_EQ(cfg.quantization, "nvfp4");
+    EXPECT_EQ(cfg.collective_timeout_s, 45);
+  }
+  ServiceConfig c;
+  c.db = "x";
+  c.model = "m";
+  EXPECT_FALSE(c.enable_expert_parallel);
+  EXPECT_EQ(c.quantization, "auto");
+  EXPECT_THROW(apply_config_json(nlohmann::json{{"enable_expert_parallel", 1}}, "t", c),
+               InputError);
+  c.collective_timeout_s = 0;
+  EXPECT_THROW(validate_config(c), InputError);
+  c.collective_timeout_s = 120;
+  c.quantization = "int4";
+  try {
+    validate_config(c);
+    FAIL() << "expected an InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("auto, none, fp8 or nvfp4"), std::string::npos);
+  }
+}
+
 TEST(RestartSchedule, DailyAndCronNextTimes) {
   const auto daily = RestartSchedule::parse("03:00");
   ASSERT_TRUE(daily.enabled());

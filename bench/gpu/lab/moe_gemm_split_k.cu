@@ -53,7 +53,8 @@ __global__ void __launch_bounds__(kWarps * 32) moe_gemm_split_k_kernel(MoeGemmPa
   const int g = lane >> 2, t = lane & 3;
   const int col = blockIdx.x * kColsPerBlock + g;
   const int rows_per_expert = kSilu ? 2 * p.n : p.n;
-  const bf16* we = p.weight + static_cast<size_t>(e) * rows_per_expert * p.k;  // size_t: E·rows·k > 2^31
+  // size_t: E·rows·k > 2^31
+  const bf16* we = static_cast<const bf16*>(p.weight.data) + static_cast<size_t>(e) * rows_per_expert * p.k;
   const bf16* w0 = we + static_cast<size_t>(col) * p.k;
   const bf16* w1 = we + static_cast<size_t>(kSilu ? p.n + col : col + 8) * p.k;
   // This warp's k steps: a contiguous quarter of k (the last warps may get fewer or none).
@@ -127,7 +128,8 @@ void moe_gemm_split_k(const MoeGemmParams& p, cudaStream_t stream) {
   MB_CHECK(p.k > 0 && p.k % 32 == 0, "moe_gemm_split_k: k must be a positive multiple of 32");
   MB_CHECK(p.num_experts > 0 && p.num_experts <= 65535, "moe_gemm_split_k: bad expert count");
   MB_CHECK(p.in_row_div > 0 && p.num_pairs >= 0, "moe_gemm_split_k: bad pair mapping");
-  MB_CHECK(p.out && p.in && p.weight && p.sorted_ids && p.expert_offsets, "moe_gemm_split_k: null operand");
+  MB_CHECK(p.out && p.in && p.weight.data && p.sorted_ids && p.expert_offsets, "moe_gemm_split_k: null operand");
+  MB_CHECK(p.weight.codec == kernels::WeightCodec::Bf16, "moe_gemm_split_k: bf16 weights only");
   if (p.num_pairs == 0) return;
   const int expert_blocks = p.active_experts != nullptr ? std::min(p.num_experts, p.num_pairs) : p.num_experts;
   const dim3 grid(p.n / cols_per_block, expert_blocks);

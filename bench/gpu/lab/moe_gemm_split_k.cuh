@@ -7,8 +7,9 @@
 
 namespace moebatch::lab {
 
-/// Same contract as kernels::moe_gemm (any pair count; meant for experts with ≤ 8 rows): a block
-/// owns 16 weight rows and its 4 warps split k, summed in a fixed order (deterministic).
+/// Same contract as kernels::moe_gemm for bf16 weights only (any pair count; meant for experts
+/// with ≤ 8 rows): a block owns 16 weight rows and its 4 warps split k, summed in a fixed order
+/// (deterministic).
 void moe_gemm_split_k(const kernels::MoeGemmParams& p, cudaStream_t stream);
 
 }  // namespace moebatch::lab

@@ -1,6 +1,7 @@
 // Cases of the MoE router, the alignment, the fused small-batch route and the grouped expert
 // GEMM against CPU references, including an expert that receives more rows than one GEMM pass
-// holds, skewed (hot-expert) routings, and the expert-parallel alignment of one rank's experts.
+// holds, skewed (hot-expert) routings, the expert-parallel alignment of one rank's experts, and
+// expert weights in every weight format (decoded for the reference by tests/gpu/ops/quant_util.h).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -10,6 +11,7 @@
 #include "kernels/moe_gemm.cuh"
 #include "kernels/moe_routing.cuh"
 #include "tests/gpu/ops/op_shapes.h"
+#include "tests/gpu/ops/quant_util.h"
 
 namespace moebatch::ops {
 namespace {
@@ -300,7 +302,8 @@ class RouteSmallCase final : public OpCase {
   DevBuf<int32_t> ids_, sorted_, off_, active_, counter_;
 };
 
-// gate+up (input rows = tokens) or down (input rows = pairs) through moe_align + one expert GEMM.
+// gate+up (input rows = tokens) or down (input rows = pairs) through moe_align + one expert GEMM,
+// the stacked expert weights [E · rows, cols] in the shape's format.
 class MoeGemmCase final : public OpCase {
  public:
   explicit MoeGemmCase(const MoeGemmShape& s) : s_(s) {}
@@ -310,8 +313,16 @@ class MoeGemmCase final : public OpCase {
     hit_ = make_routings(rng, T, E, s_.top_k, s_.hot, s_.routings, routings_, ids0_);
     for (const Routing& r : routings_) kernels::moe_align(r.align(pairs, E), env.stream);
     const size_t rows = gate() ? 2 * I : H, cols = gate() ? H : I;
-    switch (s_.format) {  // one place per weight format: its fill here, its dequantization in check()
-      case WeightFormat::bf16: weight_ = RandomBf16(E * rows * cols, 0.05f, rng, env.stream); break;
+    switch (s_.format) {  // one place per weight format: its fill here, its decoded values in check()
+      case WeightFormat::bf16:
+        weight_ = RandomBf16(E * rows * cols, 0.05f, rng, env.stream);
+        expert_bytes_ = 2.0 * rows * cols;
+        break;
+      case WeightFormat::fp8_block:
+      case WeightFormat::nvfp4:
+        qweight_ = RandomQuantMatrix(s_.format, static_cast<int64_t>(E * rows), static_cast<int64_t>(cols), 0.05f, rng);
+        expert_bytes_ = qweight_.bytes() / E;  // values and the rows' scales
+        break;
     }
     in_ = RandomBf16(static_cast<size_t>(gate() ? T : pairs) * cols, 1.f, rng, env.stream);
     out_ = DevBuf<bf16>(static_cast<size_t>(pairs) * out_cols());
@@ -327,7 +338,12 @@ class MoeGemmCase final : public OpCase {
     p.num_experts = s_.experts;
     p.out = out_.get();
     p.in = in_.get();
-    p.weight = weight_.get();
+    if (s_.format == WeightFormat::bf16) {
+      p.weight.codec = kernels::WeightCodec::Bf16;
+      p.weight.data = weight_.get();
+    } else {
+      p.weight = qweight_.view();
+    }
     p.in_row_div = gate() ? s_.top_k : 1;
     p.n = out_cols();
     p.k = gate() ? s_.hidden : s_.inter;
@@ -336,36 +352,46 @@ class MoeGemmCase final : public OpCase {
   }
   OpCheck check(const OpEnv& env, double tol) override {
     const int I = s_.inter, K = s_.top_k, pairs = s_.tokens * K, n_out = out_cols();
-    const int k = gate() ? s_.hidden : I, rows = gate() ? 2 * I : s_.hidden;
-    const auto w = weight_.original(env.stream);
+    const size_t k = gate() ? s_.hidden : I, rows = gate() ? 2 * I : s_.hidden;
+    const std::vector<uint16_t> wb = s_.format == WeightFormat::bf16 ? weight_.original(env.stream) : std::vector<uint16_t>{};
     const auto in = in_.original_f(env.stream);
+    // Per expert hit: its weights decoded once (bf16 as stored; a compressed format from its
+    // bytes, row scale included), then every pair routed to it in fp64.
+    std::vector<std::vector<size_t>> pairs_of(s_.experts);
+    for (int pr = 0; pr < pairs; ++pr) pairs_of[ids0_[pr]].push_back(pr);
     std::vector<double> ref(static_cast<size_t>(pairs) * n_out);
-    parallel_for(pairs, [&](size_t pr) {
-      const size_t e = ids0_[pr];
-      const float* x = &in[(gate() ? pr / K : pr) * k];
-      auto dot = [&](int row) {
-        const uint16_t* wr = &w[(e * rows + row) * k];
-        double s = 0;
-        for (int c = 0; c < k; ++c) s += static_cast<double>(x[c]) * bf2f(wr[c]);
-        return s;
-      };
-      for (int n = 0; n < n_out; ++n) {
-        double v = dot(n);
-        if (s_.stage == MoeGemmStage::gate_up_silu) v = v / (1.0 + std::exp(-v)) * dot(I + n);
-        ref[pr * n_out + n] = v;
+    parallel_for(pairs_of.size(), [&](size_t e) {
+      if (pairs_of[e].empty()) return;
+      std::vector<float> w(rows * k);
+      for (size_t r = 0; r < rows; ++r)
+        for (size_t c = 0; c < k; ++c)
+          w[r * k + c] = s_.format == WeightFormat::bf16
+                             ? bf2f(wb[(e * rows + r) * k + c])
+                             : qweight_.value(static_cast<int64_t>(e * rows + r), static_cast<int64_t>(c));
+      for (const size_t pr : pairs_of[e]) {
+        const float* x = &in[(gate() ? pr / K : pr) * k];
+        auto dot = [&](int row) {
+          const float* wr = &w[row * k];
+          double s = 0;
+          for (size_t c = 0; c < k; ++c) s += static_cast<double>(x[c]) * wr[c];
+          return s;
+        };
+        for (int n = 0; n < n_out; ++n) {
+          double v = dot(n);
+          if (s_.stage == MoeGemmStage::gate_up_silu) v = v / (1.0 + std::exp(-v)) * dot(I + n);
+          ref[pr * n_out + n] = v;
+        }
       }
     });
     OpCheck c;
-    // fp32 accumulation of bf16 products; the bf16 output rounding dominates (SiLU·mul: one
-    // rounding of the fp32 result).
-    c.rel_l2("out", to_float(out_.download<uint16_t>()), ref, tol);
+    c.rel_l2("out", to_float(out_.download<uint16_t>()), ref, tol);  // tolerance: moe_gemm_case
     return c;
   }
-  // weights of the experts hit once, input rows read, output rows written
+  // weights of the experts hit once (at their stored size), input rows read, output rows written
   double bytes() const override {
     const double pairs = static_cast<double>(s_.tokens) * s_.top_k, H = s_.hidden, I = s_.inter;
-    if (!gate()) return hit_ * 2.0 * H * I + 2.0 * pairs * I + 2.0 * pairs * H;
-    return hit_ * 2.0 * 2 * I * H + 2.0 * s_.tokens * H + 2.0 * pairs * out_cols();
+    if (!gate()) return hit_ * expert_bytes_ + 2.0 * pairs * I + 2.0 * pairs * H;
+    return hit_ * expert_bytes_ + 2.0 * s_.tokens * H + 2.0 * pairs * out_cols();
   }
   double flops() const override { return 2.0 * s_.tokens * s_.top_k * 2 * s_.inter * s_.hidden / (gate() ? 1 : 2); }
   std::string note() const override {
@@ -383,7 +409,9 @@ class MoeGemmCase final : public OpCase {
   std::vector<Routing> routings_;
   std::vector<int32_t> ids0_;
   double hit_ = 0;
-  RandomBf16 weight_, in_;
+  double expert_bytes_ = 0;  // one expert's weights as stored
+  RandomBf16 weight_, in_;   // weight_: bf16 format
+  RandomQuantMatrix qweight_;  // compressed formats
   DevBuf<bf16> out_;
 };
 
@@ -420,10 +448,17 @@ OpCaseDef route_small_case(const RouteSmallShape& s) {
 OpCaseDef moe_gemm_case(const MoeGemmShape& s) {
   MB_CHECK(s.routings >= 1 && s.kernel != nullptr, "moe_gemm case: needs a kernel and a routing");
   const char* stage = s.stage == MoeGemmStage::gate_up ? "gate_up" : s.stage == MoeGemmStage::gate_up_silu ? "gate_up+silu" : "down";
-  OpCaseDef d = op_case_def<MoeGemmCase>(std::string(s.kernel_name) + " " + stage,
+  // bf16: fp32 accumulation of bf16 products; the bf16 output rounding dominates (SiLU·mul: one
+  // rounding of the fp32 result): 5e-3. nvfp4 decodes exactly (E2M1 · E4M3 fits bf16; the row
+  // scale multiplies the fp32 accumulator): the same. fp8: each weight · block scale is also
+  // rounded once to bf16 (≤ 2^-8 relative per weight, independent across a dot product): + 2^-8.
+  const double tol = s.format == WeightFormat::fp8_block ? 5e-3 + 0x1p-8 : 5e-3;
+  std::string name = std::string(s.kernel_name) + " " + stage;
+  if (s.format != WeightFormat::bf16) name += std::string(" ") + weight_format_name(s.format);
+  OpCaseDef d = op_case_def<MoeGemmCase>(name,
                                          experts(s.tokens, s.experts, s.top_k, s.hot) + " H" + to_string(s.hidden) +
                                              " I" + to_string(s.inter) + (s.active_experts ? " active" : ""),
-                                         OpFamily::moe_gemm, 5e-3, s);
+                                         OpFamily::moe_gemm, tol, s);
   d.format = s.format;
   return d;
 }

@@ -24,6 +24,9 @@ class LinearCase final : public OpCase {
     x_ = RandomBf16(static_cast<size_t>(s_.m) * s_.k, 1.f, rng, env.stream);
     switch (s_.format) {  // one place per weight format: its fill here, its dequantization in check()
       case WeightFormat::bf16: w_ = RandomBf16(static_cast<size_t>(s_.n) * s_.k, s_.w_scale, rng, env.stream); break;
+      case WeightFormat::fp8_block:
+      case WeightFormat::nvfp4:
+        MB_CHECK(false, "linear case: compressed weights are quant_linear_case's (cases_quant.cpp)");
     }
     const size_t n_out = static_cast<size_t>(s_.m) * s_.n;
     if (s_.fp32_out) {

@@ -60,6 +60,7 @@ const char* op_family_name(OpFamily f) {
     case OpFamily::moe_ops: return "moe_ops";
     case OpFamily::gemm: return "gemm";
     case OpFamily::sampling: return "sampling";
+    case OpFamily::quant: return "quant";
   }
   return "?";
 }
@@ -67,6 +68,8 @@ const char* op_family_name(OpFamily f) {
 const char* weight_format_name(WeightFormat f) {
   switch (f) {
     case WeightFormat::bf16: return "bf16";
+    case WeightFormat::fp8_block: return "fp8";
+    case WeightFormat::nvfp4: return "nvfp4";
   }
   return "?";
 }

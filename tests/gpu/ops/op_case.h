@@ -23,19 +23,20 @@
 namespace moebatch::ops {
 
 /// Kernel family: one per kernels/<family>.cuh.
-enum class OpFamily { embedding, rmsnorm, rope, kv_cache, attention, moe_routing, moe_gemm, moe_ops, gemm, sampling };
+enum class OpFamily { embedding, rmsnorm, rope, kv_cache, attention, moe_routing, moe_gemm, moe_ops, gemm, sampling, quant };
 const char* op_family_name(OpFamily f);
 
-/// Storage format of a case's weights (activations stay bf16). FP8, NVFP4 and GGUF cases add
-/// their enumerator here; the weight-taking cases (moe_gemm, linear) dispatch on it in one place
-/// and refuse a format they do not implement.
-enum class WeightFormat { bf16 };
+/// Storage format of a case's weights (activations stay bf16), as kernels/weight_codec.cuh lays
+/// them out; the weight-taking cases (moe_gemm, linear) dispatch on it in one place (random
+/// packed weights and their decoded reference: tests/gpu/ops/quant_util.h) and refuse a format
+/// they do not implement.
+enum class WeightFormat { bf16, fp8_block, nvfp4 };
 const char* weight_format_name(WeightFormat f);
 
 /// What a case runs with. The caller owns all of it.
 struct OpEnv {
   cudaStream_t stream = nullptr;
-  cublasHandle_t cublas = nullptr;  ///< needed by the gemm family (cuBLAS wrappers) only
+  cublasHandle_t cublas = nullptr;  ///< needed by the gemm and quant families (cuBLAS paths) only
   int num_sms = 0;                  ///< for heuristics that size grids (attention splits)
 };
 

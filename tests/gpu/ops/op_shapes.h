@@ -126,7 +126,7 @@ struct MoeGemmShape {
   MoeGemmStage stage = MoeGemmStage::gate_up;
   bool active_experts = false;  ///< grid over the experts with pairs (as the engine launches)
   int routings = 1;
-  WeightFormat format = WeightFormat::bf16;
+  WeightFormat format = WeightFormat::bf16;  ///< of the stacked expert weights; names the row
   MoeGemmKernel kernel = &kernels::moe_gemm;
   const char* kernel_name = "moe_gemm";
 };
@@ -176,5 +176,39 @@ class SamplingInputs {
   DevBuf<int32_t> top_k_;
   DevBuf<uint64_t> seeds_, steps_;
 };
+
+// --- compressed weights (cases_quant.cpp) ---------------------------------------------------
+
+/// kernels::quant_linear: out [m, n] = x [m, k] · W [n, k]ᵀ with W in `format`, on the path
+/// kernels::quant_linear_path picks (bf16 → cuBLAS, m ≤ 8 → decode GEMV, else dequantize +
+/// cuBLAS). fp8 k % 16 (groups of 128, the last partial when k % 128 != 0), nvfp4 k % 32.
+struct QuantLinearShape {
+  int m, n, k;
+  bool fp32_out = false;
+  WeightFormat format = WeightFormat::fp8_block;
+  float w_scale = 0.1f;
+  /// run() rotates over device copies of W covering at least this many bytes (the benchmark:
+  /// more than L2 holds, so a GEMV reads HBM); 0: one copy.
+  int64_t rotate_bytes = 0;
+};
+OpCaseDef quant_linear_case(const QuantLinearShape& s);
+/// The path quant_linear takes for s ("gemv", "dequant+cuBLAS", "cuBLAS"): benchmark row names.
+const char* quant_linear_path_name(const QuantLinearShape& s);
+
+/// kernels::dequantize of a [rows, cols] matrix in `format` to bf16.
+struct DequantizeShape {
+  int rows, cols;
+  WeightFormat format = WeightFormat::fp8_block;
+};
+OpCaseDef dequantize_case(const DequantizeShape& s);
+
+/// kernels::quantize_fp8_rows / quantize_nvfp4_rows of random bf16 rows (row 1 all zero, a
+/// group of row 2 scaled by 2^-30 and one of row 3 by 2^-17: zero and subnormal scales).
+struct QuantizeShape {
+  int rows, cols;
+  WeightFormat format = WeightFormat::fp8_block;  ///< fp8_block or nvfp4
+  int group = 128;                                ///< fp8 inputs per scale
+};
+OpCaseDef quantize_case(const QuantizeShape& s);
 
 }  // namespace moebatch::ops

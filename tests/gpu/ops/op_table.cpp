@@ -80,7 +80,9 @@ std::vector<OpCaseDef> op_cases_test() {
                                   .expert0 = expert0, .local_experts = local}));
 
   // Expert GEMM: each shape's gate+up and down on a grid over all experts, gate+up+SiLU over the
-  // experts with pairs (the engine's launch).
+  // experts with pairs (the engine's launch), in every weight format. fp8 (groups of 128): a
+  // partial last group at k 64, 96 and 608, a partial last 64-k window at 96 and 608; nvfp4: a
+  // partial last 128-k window at k 64, 96 and 608.
   const MoeGemmShape gemm_shapes[] = {
       {.tokens = 9, .experts = 16, .top_k = 4, .hidden = 128, .inter = 64},              // qwen2_moe_tiny-like
       {.tokens = 50, .experts = 16, .top_k = 4, .hidden = 128, .inter = 128, .hot = 2},  // a 50-row expert: two passes
@@ -89,12 +91,14 @@ std::vector<OpCaseDef> op_cases_test() {
       {.tokens = 1, .experts = 64, .top_k = 8, .hidden = 2048, .inter = 768},            // Qwen3 shapes
       {.tokens = 12, .experts = 32, .top_k = 8, .hidden = 2048, .inter = 768, .hot = 7},
   };
-  for (MoeGemmShape s : gemm_shapes)
-    for (MoeGemmStage stage : {MoeGemmStage::gate_up, MoeGemmStage::gate_up_silu, MoeGemmStage::down}) {
-      s.stage = stage;
-      s.active_experts = stage == MoeGemmStage::gate_up_silu;
-      t.push_back(moe_gemm_case(s));
-    }
+  for (WeightFormat format : {WeightFormat::bf16, WeightFormat::fp8_block, WeightFormat::nvfp4})
+    for (MoeGemmShape s : gemm_shapes)
+      for (MoeGemmStage stage : {MoeGemmStage::gate_up, MoeGemmStage::gate_up_silu, MoeGemmStage::down}) {
+        s.stage = stage;
+        s.active_experts = stage == MoeGemmStage::gate_up_silu;
+        s.format = format;
+        t.push_back(moe_gemm_case(s));
+      }
 
   // Dense GEMM and sampling.
   t.push_back(linear_case({.m = 5, .n = 1000, .k = 256, .fp32_out = false}));
@@ -105,6 +109,32 @@ std::vector<OpCaseDef> op_cases_test() {
                                 .controls = {{1.0f, 1.0f, 50}, {0.7f, 0.9f, 0}, {1.5f, 0.5f, 1000}, {0.0f, 0.9f, 40},
                                              {1.0f, 0.0f, 20}, {1.0f, 1.0f, 1}, {2.0f, 0.95f, 5000}, {0.3f, 0.8f, 7}},
                                 .quantize_rows = true}));
+
+  // Dense GEMM on compressed weights: the decode GEMV (m <= 8; k 128 and 256 leave lanes
+  // without a granule, n 37 a last warp with rows past n) and dequantize + cuBLAS (m 9, 40);
+  // fp8 k 1040 ends in a partial 128-group, nvfp4 k 1056 has 33 granules (one lane takes two).
+  for (WeightFormat f : {WeightFormat::fp8_block, WeightFormat::nvfp4}) {
+    const int odd_k = f == WeightFormat::fp8_block ? 1040 : 1056;
+    for (int m : {1, 5, 8, 9, 40})
+      for (auto [n, k] : {std::pair{512, 2048}, {1000, 128}, {1000, odd_k}})
+        t.push_back(quant_linear_case({.m = m, .n = n, .k = k, .format = f}));
+    for (int m : {3, 5}) t.push_back(quant_linear_case({.m = m, .n = 37, .k = 256, .format = f}));
+    // 257 granules per row: several chunks per warp, the last with one granule (1, 2 rows per warp)
+    for (int m : {1, 4, 8})
+      t.push_back(quant_linear_case({.m = m, .n = 300, .k = f == WeightFormat::fp8_block ? 4112 : 8224, .format = f}));
+    for (int m : {1, 40}) t.push_back(quant_linear_case({.m = m, .n = 1000, .k = 2048, .fp32_out = true, .format = f}));
+  }
+  for (bool fp32_out : {false, true})  // bf16 weights: cuBLAS through the same entry
+    t.push_back(quant_linear_case({.m = 5, .n = 1000, .k = 256, .fp32_out = fp32_out, .format = WeightFormat::bf16}));
+  for (auto [f, cols] : {std::pair{WeightFormat::fp8_block, 1040}, {WeightFormat::fp8_block, 2048},
+                         {WeightFormat::nvfp4, 1056}, {WeightFormat::nvfp4, 2048}, {WeightFormat::bf16, 272}})
+    t.push_back(dequantize_case({.rows = 37, .cols = cols, .format = f}));
+  // fp8: a partial last group at 1040 (group 128) and 208 (group 64)
+  t.push_back(quantize_case({.rows = 37, .cols = 1040, .format = WeightFormat::fp8_block, .group = 128}));
+  t.push_back(quantize_case({.rows = 16, .cols = 2048, .format = WeightFormat::fp8_block, .group = 128}));
+  t.push_back(quantize_case({.rows = 9, .cols = 208, .format = WeightFormat::fp8_block, .group = 64}));
+  t.push_back(quantize_case({.rows = 37, .cols = 1056, .format = WeightFormat::nvfp4}));
+  t.push_back(quantize_case({.rows = 8, .cols = 4096, .format = WeightFormat::nvfp4}));
   return t;
 }
 
@@ -113,6 +143,7 @@ std::vector<OpCaseDef> op_cases_bench() {
   // 768, vocab 151936; paged cache in blocks of 16.
   constexpr int kH = 2048, kNq = 32, kNkv = 4, kD = 128, kE = 128, kK = 8, kI = 768, kV = 151936;
   constexpr int kQkvWidth = (kNq + 2 * kNkv) * kD, kRoutings = 8;
+  constexpr int64_t kRotateBytes = int64_t{256} << 20;  // > the H200's 50 MB L2
   std::vector<OpCaseDef> t;
   auto add = [&](int batch, OpCaseDef d) {
     d.batch = batch;
@@ -136,11 +167,21 @@ std::vector<OpCaseDef> op_cases_bench() {
       add(B, route_small_case({.tokens = B, .experts = kE, .top_k = kK, .hidden = kH}));
     // The expert GEMMs rotate over several routings so repeated runs do not just re-read L2.
     add(B, align_case({.tokens = B, .experts = kE, .top_k = kK, .routings = kRoutings}));
-    for (MoeGemmStage stage : {MoeGemmStage::gate_up, MoeGemmStage::down, MoeGemmStage::gate_up_silu})
-      add(B, moe_gemm_case({.tokens = B, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI, .stage = stage,
-                            .active_experts = true, .routings = kRoutings}));
+    // In each weight format: the compressed rows are "moe_gemm <stage> fp8" / "... nvfp4".
+    for (WeightFormat format : {WeightFormat::bf16, WeightFormat::fp8_block, WeightFormat::nvfp4})
+      for (MoeGemmStage stage : {MoeGemmStage::gate_up, MoeGemmStage::down, MoeGemmStage::gate_up_silu})
+        add(B, moe_gemm_case({.tokens = B, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI, .stage = stage,
+                              .active_experts = true, .routings = kRoutings, .format = format}));
     add(B, silu_mul_case({.rows = B * kK, .inter = kI}));
     add(B, moe_combine_case({.tokens = B, .top_k = kK, .hidden = kH}));
+    // Dense projections in each weight format, named by the path quant_linear takes; run() walks
+    // copies of W filling kRotateBytes so the decode GEMV reads HBM, not L2.
+    for (WeightFormat f : {WeightFormat::bf16, WeightFormat::fp8_block, WeightFormat::nvfp4})
+      for (auto [proj, n, k] : {std::tuple{"qkv", kQkvWidth, kH}, {"o_proj", kH, kNq * kD}}) {
+        const QuantLinearShape s{.m = B, .n = n, .k = k, .format = f, .w_scale = 0.02f, .rotate_bytes = kRotateBytes};
+        add(B, named(quant_linear_case(s), std::string(proj) + " " + weight_format_name(f) + " (" +
+                                               quant_linear_path_name(s) + ")"));
+      }
     add(B, named(linear_case({.m = B, .n = kV, .k = kH, .fp32_out = true, .w_scale = 0.02f}), "lm_head (cuBLAS)"));
     add(B, sample_greedy_case({.batch = B, .vocab = kV}));
     add(B, named(top_k_top_p_case({.batch = B, .vocab = kV, .controls = {{0.8f, 0.95f, 50}}}),

@@ -1,0 +1,473 @@
+#include <climits>
+
+#include "kernels/cuda_check.cuh"
+#include "kernels/device_common.cuh"
+#include "kernels/gemm.cuh"
+#include "kernels/quant.cuh"
+
+namespace moebatch::kernels {
+namespace {
+
+constexpr float kE4m3Max = 448.f, kE2m1Max = 6.f;
+
+// --- decode GEMV ----------------------------------------------------------------------------
+//
+// A warp owns R (1, 2 or 4) consecutive rows of W and walks k in 16-byte granules (8 bf16, 16
+// fp8 or 32 fp4 values): lane l takes granules l, l + 32, ... of every one of its rows, so the
+// R rows share each activation load and its bf16 → fp32 conversion. Per chunk of U granules a
+// lane first issues all R · U = 8 16-byte loads, then decodes and multiplies them. Partial sums
+// stay in fp32 per (row, activation row) and meet in a warp shuffle reduction at the end.
+// Blocks are two warps: with few rows (o_proj: 2048) there are still ~4 blocks per SM, spread
+// evenly. Activations (≤ 8 × k bf16, read by every warp) go through L1 (__ldg); weights, read
+// once per call, are loaded evict-first (__ldcs) so they do not push the activations out.
+
+constexpr int kGemvWarps = 2;
+
+struct GemvArgs {
+  void* out = nullptr;  // [m, n] bf16 or f32
+  bool out_f32 = false;
+  const bf16* x = nullptr;  // [m, k]
+  QuantMatrix w;            // [n, k]
+  int n = 0, k = 0;
+};
+
+__device__ __forceinline__ unsigned word_of(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// A bf16 pair (low half first) as fp32: exact.
+__device__ __forceinline__ float2 bf16x2_to_float2(unsigned u) {
+  return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
+}
+
+// Two E4M3 bytes (low byte first) as fp32: exact (through half).
+__device__ __forceinline__ float2 fp8x2_to_float2(unsigned two) {
+  const __half2_raw h =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xffffu), __NV_E4M3);
+  return __half22float2(__half2(h));
+}
+
+// Fp8Block sums each granule (16 values, one block scale since group % 16 == 0) unscaled and
+// applies the fp32 scale once per granule; Nvfp4 decodes to exact bf16 (code · group scale)
+// with the shared decoder and applies the row scale to the final sum; Bf16 is used as is.
+template <WeightCodec C, int M, int R>
+__global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(GemvArgs a) {
+  constexpr int V = codec_granule(C);  // values per granule
+  constexpr int U = 8 / R;             // granules per row per lane per chunk
+  const int lane = threadIdx.x & 31;
+  const int row0 = (blockIdx.x * kGemvWarps + (threadIdx.x >> 5)) * R;
+  if (row0 >= a.n) return;  // whole warps only: the shuffles below need all 32 lanes
+  const int k = a.k, granules = k / V;
+  const size_t row_bytes = codec_row_bytes(C, k);
+
+  // Rows past n (last warp) read row n - 1 and are not stored.
+  const unsigned char* wrow[R];
+  int srow[R];  // scale-row base (elements): fp8 f32, nvfp4 u16 pairs
+  const int fp8_scale_cols = C == WeightCodec::Fp8Block ? (k + a.w.group - 1) / a.w.group : 0;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int row = min(row0 + r, a.n - 1);
+    wrow[r] = static_cast<const unsigned char*>(a.w.data) + static_cast<size_t>(row) * row_bytes;
+    srow[r] = C == WeightCodec::Fp8Block ? row * fp8_scale_cols : row * (k / 32);
+  }
+  const float* fp8_scales = static_cast<const float*>(a.w.scales);
+  const unsigned short* fp4_scales = static_cast<const unsigned short*>(a.w.scales);
+
+  float acc[R][M];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int i = 0; i < M; ++i) acc[r][i] = 0.f;
+
+  for (int chunk = 0; chunk < granules; chunk += 32 * U) {  // warp-uniform
+    uint4 wv[U][R];
+    float fscale[U][R];           // Fp8Block block scale
+    unsigned short gscale[U][R];  // Nvfp4 group scales of the granule's two groups
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int g = chunk + u * 32 + lane;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        wv[u][r] = make_uint4(0, 0, 0, 0);
+        fscale[u][r] = 0.f;
+        gscale[u][r] = 0;
+        if (g < granules) {
+          wv[u][r] = __ldcs(reinterpret_cast<const uint4*>(wrow[r] + static_cast<size_t>(g) * 16));
+          if constexpr (C == WeightCodec::Fp8Block)
+            fscale[u][r] = __ldg(fp8_scales + srow[r] + g * V / a.w.group);
+          if constexpr (C == WeightCodec::Nvfp4) gscale[u][r] = __ldg(fp4_scales + srow[r] + g);
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int g = chunk + u * 32 + lane;
+      if (g >= granules) continue;
+      const bf16* xg = a.x + static_cast<size_t>(g) * V;
+      float part[R][M];  // Fp8Block: this granule's unscaled sums
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int i = 0; i < M; ++i) part[r][i] = 0.f;
+#pragma unroll
+      for (int p = 0; p < V / 8; ++p) {  // 8-value pieces of the granule
+        uint4 xv[M];
+#pragma unroll
+        for (int i = 0; i < M; ++i)
+          xv[i] = __ldg(reinterpret_cast<const uint4*>(xg + static_cast<size_t>(i) * k + 8 * p));
+        uint4 wp[R];  // Bf16 / Nvfp4: the piece as four bf16 pairs
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          if constexpr (C == WeightCodec::Nvfp4)
+            wp[r] = decode_fp4x8(
+                word_of(wv[u][r], p),
+                fp4_group_scale(static_cast<unsigned char>(gscale[u][r] >> (8 * (p / 2)))));
+          else
+            wp[r] = wv[u][r];
+        }
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {  // value pairs of the piece
+          float2 xq[M];
+#pragma unroll
+          for (int i = 0; i < M; ++i) xq[i] = bf16x2_to_float2(word_of(xv[i], q));
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            float2 wq;
+            if constexpr (C == WeightCodec::Fp8Block)
+              wq = fp8x2_to_float2(word_of(wv[u][r], 2 * p + q / 2) >> (16 * (q & 1)));
+            else
+              wq = bf16x2_to_float2(word_of(wp[r], q));
+#pragma unroll
+            for (int i = 0; i < M; ++i) {
+              if constexpr (C == WeightCodec::Fp8Block) {
+                part[r][i] = fmaf(wq.y, xq[i].y, fmaf(wq.x, xq[i].x, part[r][i]));
+              } else {
+                acc[r][i] = fmaf(wq.y, xq[i].y, fmaf(wq.x, xq[i].x, acc[r][i]));
+              }
+            }
+          }
+        }
+      }
+      if constexpr (C == WeightCodec::Fp8Block) {
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+          for (int i = 0; i < M; ++i) acc[r][i] = fmaf(part[r][i], fscale[u][r], acc[r][i]);
+      }
+    }
+  }
+
+  // R · M ≤ 16 sums; lane r · M + i stores sum (r, i).
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int row = row0 + r;
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+      float v = warp_sum(acc[r][i]);
+      if (lane == r * M + i && row < a.n) {
+        if constexpr (C == WeightCodec::Nvfp4) v *= __ldg(a.w.row_scales + row);
+        const size_t o = static_cast<size_t>(i) * a.n + row;
+        if (a.out_f32)
+          static_cast<float*>(a.out)[o] = v;
+        else
+          static_cast<bf16*>(a.out)[o] = __float2bfloat16_rn(v);
+      }
+    }
+  }
+}
+
+template <WeightCodec C, int M, int R>
+void launch_gemv(const GemvArgs& a, cudaStream_t stream) {
+  static_assert(R * M <= 32, "one lane stores each (row, activation row) sum");
+  const int warps = CEIL_DIV(a.n, R);
+  gemv_kernel<C, M, R><<<CEIL_DIV(warps, kGemvWarps), kGemvWarps * 32, 0, stream>>>(a);
+  CUDA_CHECK_LAST();
+}
+
+// R (rows per warp) so that a lane's 8 loads per chunk are real granules: 4 when a row gives a
+// lane fewer than 4 (short nvfp4 rows), 1 at one activation row when it gives 8 or more (twice
+// the warps: o_proj has only 2048 rows), else 2. With more activation rows the shared bf16 → fp32
+// conversion of x matters (the kernel turns FMA-bound), so R stays ≥ 2; above 4 rows R = 2
+// keeps R · M ≤ 16 accumulators.
+template <WeightCodec C, int M>
+void launch_gemv_m(const GemvArgs& a, cudaStream_t stream) {
+  const int per_lane = CEIL_DIV(a.k / codec_granule(C), 32);
+  if constexpr (M == 1) {
+    if (per_lane >= 8) return launch_gemv<C, M, 1>(a, stream);
+  }
+  if constexpr (M <= 4) {
+    if (per_lane < 4) return launch_gemv<C, M, 4>(a, stream);
+  }
+  launch_gemv<C, M, 2>(a, stream);
+}
+
+template <WeightCodec C>
+void launch_gemv_codec(const GemvArgs& a, int m, cudaStream_t stream) {
+  switch (m) {
+    case 1:
+      return launch_gemv_m<C, 1>(a, stream);
+    case 2:
+      return launch_gemv_m<C, 2>(a, stream);
+    case 3:
+      return launch_gemv_m<C, 3>(a, stream);
+    case 4:
+      return launch_gemv_m<C, 4>(a, stream);
+    case 5:
+      return launch_gemv_m<C, 5>(a, stream);
+    case 6:
+      return launch_gemv_m<C, 6>(a, stream);
+    case 7:
+      return launch_gemv_m<C, 7>(a, stream);
+    case 8:
+      return launch_gemv_m<C, 8>(a, stream);
+    default:
+      MB_CHECK(false, "gemv_quant: m must be in [1, kGemvMaxRows]");
+  }
+}
+
+bool aligned(const void* p, size_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; }
+
+void gemv_impl(void* out, bool out_f32, const bf16* x, const QuantMatrix& w, int m, int n, int k,
+               cudaStream_t stream) {
+  MB_CHECK(m >= 0 && m <= kGemvMaxRows && n > 0 && k > 0,
+           "gemv_quant: bad shape (m <= kGemvMaxRows)");
+  MB_CHECK(k % codec_granule(w.codec) == 0,
+           "gemv_quant: k must be a multiple of the codec granule (8/16/32)");
+  MB_CHECK(out && x && w.data, "gemv_quant: null operand");
+  MB_CHECK(aligned(x, 16) && aligned(w.data, 16),
+           "gemv_quant: x and W data must be 16-byte aligned");
+  if (m == 0) return;
+  GemvArgs a;
+  a.out = out;
+  a.out_f32 = out_f32;
+  a.x = x;
+  a.w = w;
+  a.n = n;
+  a.k = k;
+  switch (w.codec) {
+    case WeightCodec::Bf16:
+      return launch_gemv_codec<WeightCodec::Bf16>(a, m, stream);
+    case WeightCodec::Fp8Block:
+      MB_CHECK(w.scales && aligned(w.scales, 4), "gemv_quant: fp8 needs f32 scales");
+      MB_CHECK(w.group > 0 && w.group % 16 == 0,
+               "gemv_quant: fp8 group must be a positive multiple of 16");
+      return launch_gemv_codec<WeightCodec::Fp8Block>(a, m, stream);
+    case WeightCodec::Nvfp4:
+      MB_CHECK(w.scales && aligned(w.scales, 2) && w.row_scales,
+               "gemv_quant: nvfp4 needs scales and row scales");
+      return launch_gemv_codec<WeightCodec::Nvfp4>(a, m, stream);
+  }
+  MB_CHECK(false, "gemv_quant: unknown codec");
+}
+
+// --- dequantize -----------------------------------------------------------------------------
+
+// One thread per 8 consecutive values of a row.
+__global__ void dequantize_kernel(QuantMatrix w, int64_t rows, int cols, bf16* out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int per_row = cols / 8;
+  if (i >= rows * per_row) return;
+  const int r = static_cast<int>(i / per_row);
+  const int c = static_cast<int>(i % per_row) * 8;
+  uint4 v = load_decode8(w, cols, r, c);
+  bf16* dst = out + static_cast<size_t>(r) * cols + c;
+  if (w.codec == WeightCodec::Nvfp4) {
+    const float rs = w.row_scales[r];
+    float f[8];
+    const unsigned u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 p = bf16x2_to_float2(u[j]);
+      f[2 * j] = p.x * rs;
+      f[2 * j + 1] = p.y * rs;
+    }
+    store8(dst, f);
+    return;
+  }
+  *reinterpret_cast<uint4*>(dst) = v;
+}
+
+// --- quantizers -----------------------------------------------------------------------------
+
+// Nearest E2M1 code of q (magnitudes 0 .5 1 1.5 2 3 4 6, saturating), ties to the even code;
+// the sign bit only on a nonzero magnitude. The host reference (tests/gpu/ops/cases_quant.cpp)
+// has the same thresholds.
+__device__ __forceinline__ unsigned e2m1_code(float q) {
+  const float a = fabsf(q);
+  const unsigned m = a <= 0.25f   ? 0u
+                     : a < 0.75f  ? 1u
+                     : a <= 1.25f ? 2u
+                     : a < 1.75f  ? 3u
+                     : a <= 2.5f  ? 4u
+                     : a < 3.5f   ? 5u
+                     : a <= 5.f   ? 6u
+                                  : 7u;
+  return q < 0.f && m != 0u ? m | 8u : m;
+}
+
+// One warp per (row, group): amax, scale, then the codes.
+__global__ void quantize_fp8_kernel(const bf16* in, int64_t rows, int cols, int group,
+                                    uint8_t* data, float* scales) {
+  const int lane = threadIdx.x & 31;
+  const int groups = (cols + group - 1) / group;
+  const int64_t wid = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  if (wid >= rows * groups) return;  // warp-uniform
+  const int64_t r = wid / groups;
+  const int c0 = static_cast<int>(wid % groups) * group;
+  const int len = min(group, cols - c0);
+  const bf16* src = in + r * cols + c0;
+  float amax = 0.f;
+  for (int c = lane; c < len; c += 32) amax = fmaxf(amax, fabsf(__bfloat162float(src[c])));
+  amax = warp_max(amax);
+  const float scale = amax > 0.f ? amax / kE4m3Max : 1.f;
+  if (lane == 0) scales[wid] = scale;
+  uint8_t* dst = data + r * cols + c0;
+  for (int c = lane; c < len; c += 32)
+    dst[c] = __nv_cvt_float_to_fp8(__bfloat162float(src[c]) / scale, __NV_SATFINITE, __NV_E4M3);
+}
+
+// One warp per row: the row amax, then 256 columns per step, lane pairs (2j, 2j + 1) sharing
+// one 16-input group.
+__global__ void quantize_nvfp4_kernel(const bf16* in, int64_t rows, int cols, uint8_t* data,
+                                      uint8_t* scales, float* row_scales) {
+  const int lane = threadIdx.x & 31;
+  const int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  if (r >= rows) return;  // warp-uniform
+  const bf16* src = in + r * cols;
+  float amax = 0.f;
+  for (int c = lane * 8; c < cols; c += 256) {
+    float v[8];
+    load8(src + c, v);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(v[j]));
+  }
+  amax = warp_max(amax);
+  const float rs = amax > 0.f ? amax / (kE4m3Max * kE2m1Max) : 1.f;
+  if (lane == 0) row_scales[r] = rs;
+  for (int base = 0; base < cols; base += 256) {  // warp-uniform
+    const int c = base + lane * 8;
+    const bool valid = c < cols;  // cols % 16 == 0: both lanes of a group agree
+    float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (valid) load8(src + c, v);
+    float gmax = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) gmax = fmaxf(gmax, fabsf(v[j]));
+    gmax = fmaxf(gmax, __shfl_xor_sync(kFullMask, gmax, 1));
+    const unsigned char sb =
+        __nv_cvt_float_to_fp8(gmax / (kE2m1Max * rs), __NV_SATFINITE, __NV_E4M3);
+    const float denom = e4m3_to_float(sb) * rs;
+    unsigned codes = 0;
+    if (denom > 0.f) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) codes |= e2m1_code(v[j] / denom) << (4 * j);
+    }
+    if (valid) {
+      if ((lane & 1) == 0) scales[r * (cols / 16) + c / 16] = sb;
+      *reinterpret_cast<unsigned*>(data + r * (cols / 2) + c / 2) = codes;
+    }
+  }
+}
+
+constexpr int kThreads = 256;
+
+unsigned blocks_for(int64_t threads) {
+  const int64_t b = CEIL_DIV(threads, static_cast<int64_t>(kThreads));
+  MB_CHECK(b <= INT_MAX, "grid too large");
+  return static_cast<unsigned>(b);
+}
+
+template <typename Out>
+void quant_linear_impl(cublasHandle_t handle, cudaStream_t stream, Out* out, const bf16* x,
+                       const QuantMatrix& w, int m, int n, int k, bf16* scratch,
+                       size_t scratch_elems) {
+  switch (quant_linear_path(w.codec, m)) {
+    case QuantLinearPath::Cublas:
+      return linear(handle, stream, out, x, static_cast<const bf16*>(w.data), m, n, k);
+    case QuantLinearPath::Gemv:
+      return gemv_quant(out, x, w, m, n, k, stream);
+    case QuantLinearPath::DequantCublas:
+      MB_CHECK(scratch && scratch_elems >= static_cast<size_t>(n) * k,
+               "quant_linear: the dequantize path needs a scratch of n * k bf16");
+      dequantize(w, n, k, scratch, stream);
+      return linear(handle, stream, out, x, scratch, m, n, k);
+  }
+}
+
+}  // namespace
+
+const char* quant_linear_path_name(QuantLinearPath p) {
+  switch (p) {
+    case QuantLinearPath::Cublas:
+      return "cuBLAS";
+    case QuantLinearPath::Gemv:
+      return "gemv";
+    case QuantLinearPath::DequantCublas:
+      return "dequant+cuBLAS";
+  }
+  return "?";
+}
+
+void gemv_quant(bf16* out, const bf16* x, const QuantMatrix& w, int m, int n, int k,
+                cudaStream_t stream) {
+  gemv_impl(out, false, x, w, m, n, k, stream);
+}
+
+void gemv_quant(float* out, const bf16* x, const QuantMatrix& w, int m, int n, int k,
+                cudaStream_t stream) {
+  gemv_impl(out, true, x, w, m, n, k, stream);
+}
+
+void dequantize(const QuantMatrix& w, int64_t rows, int cols, bf16* out, cudaStream_t stream) {
+  MB_CHECK(rows >= 0 && rows <= INT_MAX && cols > 0, "dequantize: bad shape");
+  MB_CHECK(cols % (w.codec == WeightCodec::Nvfp4 ? 32 : 16) == 0,
+           "dequantize: cols must be a multiple of 16 (nvfp4: 32)");
+  MB_CHECK(out && w.data && aligned(out, 16) && aligned(w.data, 16),
+           "dequantize: null or misaligned operand");
+  MB_CHECK(w.codec == WeightCodec::Bf16 || w.scales, "dequantize: missing scales");
+  MB_CHECK(w.codec != WeightCodec::Fp8Block || (w.group > 0 && w.group % 16 == 0),
+           "dequantize: fp8 group must be a multiple of 16");
+  MB_CHECK(w.codec != WeightCodec::Nvfp4 || w.row_scales, "dequantize: nvfp4 needs row scales");
+  if (rows == 0) return;
+  const int64_t threads = rows * (cols / 8);
+  dequantize_kernel<<<blocks_for(threads), kThreads, 0, stream>>>(w, rows, cols, out);
+  CUDA_CHECK_LAST();
+}
+
+void quant_linear(cublasHandle_t handle, cudaStream_t stream, bf16* out, const bf16* x,
+                  const QuantMatrix& w, int m, int n, int k, bf16* scratch, size_t scratch_elems) {
+  quant_linear_impl(handle, stream, out, x, w, m, n, k, scratch, scratch_elems);
+}
+
+void quant_linear(cublasHandle_t handle, cudaStream_t stream, float* out, const bf16* x,
+                  const QuantMatrix& w, int m, int n, int k, bf16* scratch, size_t scratch_elems) {
+  quant_linear_impl(handle, stream, out, x, w, m, n, k, scratch, scratch_elems);
+}
+
+void quantize_fp8_rows(const bf16* in, int64_t rows, int cols, int group, uint8_t* data,
+                       float* scales, cudaStream_t stream) {
+  MB_CHECK(rows >= 0 && cols > 0 && cols % 16 == 0,
+           "quantize_fp8_rows: cols must be a positive multiple of 16");
+  MB_CHECK(group > 0 && group % 16 == 0,
+           "quantize_fp8_rows: group must be a positive multiple of 16");
+  MB_CHECK(in && data && scales, "quantize_fp8_rows: null operand");
+  if (rows == 0) return;
+  const int64_t warps = rows * ((cols + group - 1) / group);
+  quantize_fp8_kernel<<<blocks_for(warps * 32), kThreads, 0, stream>>>(in, rows, cols, group, data,
+                                                                       scales);
+  CUDA_CHECK_LAST();
+}
+
+void quantize_nvfp4_rows(const bf16* in, int64_t rows, int cols, uint8_t* data, uint8_t* scales,
+                         float* row_scales, cudaStream_t stream) {
+  MB_CHECK(rows >= 0 && cols > 0 && cols % 32 == 0,
+           "quantize_nvfp4_rows: cols must be a positive multiple of 32");
+  MB_CHECK(in && data && scales && row_scales, "quantize_nvfp4_rows: null operand");
+  MB_CHECK(aligned(in, 16) && aligned(data, 4),
+           "quantize_nvfp4_rows: in must be 16-byte, data 4-byte aligned");
+  if (rows == 0) return;
+  quantize_nvfp4_kernel<<<blocks_for(rows * 32), kThreads, 0, stream>>>(in, rows, cols, data,
+                                                                        scales, row_scales);
+  CUDA_CHECK_LAST();
+}
+
+}  // namespace moebatch::kernels
