@@ -10,15 +10,14 @@ namespace {
 
 constexpr int kWarps = 4;
 
-// Per codec: k elements per pipeline stage, and token tiles of 8 held in registers at once. A
-// stage moves the same weight bytes in every codec (16 rows · 512 bytes per warp: 256 bf16, 512
-// fp8 or 1024 fp4 inputs), so a compressed weight keeps as many bytes in flight as bf16 and
-// reads faster instead of waiting on latency; the activation buffers keep their size by holding
-// fewer token rows per pass (a larger expert takes more passes, re-reading its weights from L2).
+// k elements per pipeline stage and token tiles of 8 held in registers at once, the same for
+// every codec. Measured on H200 (bench/RESULTS.md, 2026-12-01): chunks of 512 fp8 / 1024 fp4
+// inputs (the bf16 stage's bytes) with fewer tiles per pass left batch 1 unchanged and made batch
+// 64 / 256 slower (more passes re-decode the weights), so a compressed stage moves fewer bytes.
 template <WeightCodec C>
-constexpr int kChunk = C == WeightCodec::Bf16 ? 256 : C == WeightCodec::Fp8Block ? 512 : 1024;
+constexpr int kChunk = 256;
 template <WeightCodec C>
-constexpr int kTilesPerPass = C == WeightCodec::Bf16 ? 4 : C == WeightCodec::Fp8Block ? 2 : 1;
+constexpr int kTilesPerPass = 4;
 template <WeightCodec C>
 constexpr int kPassRows = kTilesPerPass<C> * kMoeGemmTileM;
 template <WeightCodec C>
@@ -59,8 +58,8 @@ struct GranuleScales<WeightCodec::Nvfp4> {
 };
 
 // One chunk of a warp's two weight rows (A rows g and g + 8): lane t's raw 16-byte granule of
-// each row in every window of the chunk, decoded only right before its MMAs: 64
-// registers per chunk in every codec, plus fp8's 16 block scales or nvfp4's 16 scale pairs.
+// each row in every window of the chunk, decoded only right before its MMAs. bf16: 64
+// registers per chunk; fp8: 32 + 8 scales; nvfp4: 16 + 4 scales.
 template <WeightCodec C>
 struct WeightChunk {
   static constexpr int kGranules = kSteps<C> / kGranuleSteps<C>;
@@ -246,11 +245,9 @@ __device__ __forceinline__ void pipeline_step(const MoeGemmParams& p, const Pass
 // k at t·8 of each 32-wide step.
 // kSilu: A rows g are gate rows and g + 8 the matching up rows, so each lane holds gate and up
 // of the same (column, token) in c0/c2 and c1/c3 and applies SiLU·mul before the one rounding.
-// bf16: three blocks per SM (≤ 168 registers): enough weight bytes in flight per SM at every
-// batch. Compressed codecs decode in registers as well: two blocks per SM (≤ 255 registers, no
-// spills) already keep 2 × 32 KB of weights in flight per stage.
+// Three blocks per SM (≤ 168 registers): enough weight bytes in flight per SM at every batch.
 template <WeightCodec C>
-constexpr int kBlocksPerSm = C == WeightCodec::Bf16 ? 3 : 2;
+constexpr int kBlocksPerSm = 3;
 
 template <bool kSilu, WeightCodec C>
 __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm<C>) moe_gemm_kernel(MoeGemmParams p) {

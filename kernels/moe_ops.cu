@@ -42,8 +42,9 @@ __global__ void moe_combine_kernel(MoeCombineParams p) {
           continue;
       }
       const float w = p.weights ? p.weights[pair] : 1.f;
+      const size_t row = p.row_of_pair ? static_cast<size_t>(p.row_of_pair[pair]) : pair;
       float y[8];
-      load8(p.expert_out + pair * p.hidden + c, y);
+      load8(p.expert_out + row * p.hidden + c, y);
 #pragma unroll
       for (int i = 0; i < 8; ++i) acc[i] += w * y[i];
     }

@@ -29,6 +29,9 @@ struct MoeCombineParams {
   const int32_t* topk_ids = nullptr;
   int expert0 = 0;
   int num_local = 0;
+  /// Expert outputs in another row order (the sorted rows of moe_gather_sorted): pair p's row is
+  /// expert_out[row_of_pair[p]]. nullptr: row p.
+  const int32_t* row_of_pair = nullptr;
 };
 
 /// The same sum over this rank's pairs (every pair without topk_ids; then the same kernel as the

@@ -268,6 +268,19 @@ int main(int argc, char** argv) {
     be.forward_sample(s.prefill, greedy, next, nullptr);
     const double prefill_s = seconds_since(t0);
     const double ptoks = double(batch) * kPrompt;
+    // where a prefill's time goes (one eager run with CUDA events per stage)
+    nlohmann::json pst = nlohmann::json::object();
+    if (batch == 64) {
+      double ptotal = 0;
+      const auto stages = be.profile(s.prefill);
+      for (auto& [name, t] : stages) ptotal += t;
+      std::printf("\nbatch %d: prefill of %d tokens by stage (CUDA events, summed over layers):\n", batch,
+                  batch * kPrompt);
+      for (auto& [name, t] : stages) {
+        pst[name] = t;
+        std::printf("  %-22s %8.3f ms  %5.1f%%\n", name.c_str(), t, 100 * t / ptotal);
+      }
+    }
     const double pflops = 2.0 * ptoks * (decode_bytes(cfg, P, 1, 0, 2.0) / 2 - P.lm_head) +
                           2.0 * batch * P.lm_head;
     const double pbytes = lin * cfg.num_layers * (P.attn_layer + cfg.num_experts * P.expert) +
@@ -307,6 +320,7 @@ int main(int argc, char** argv) {
     rows.push_back({batch, ptoks / prefill_s, ptoks / proof_s, step_ms, roof_ms,
                     batch / (step_ms * 1e-3), peer_ms, total, ar_ms, gather_ms});
     J["batches"][key] = {{"prefill_s", prefill_s},
+                         {"prefill_stage_ms", pst},
                          {"prefill_tok_s", ptoks / prefill_s},
                          {"prefill_roofline_tok_s", ptoks / proof_s},
                          {"decode_step_ms_median", step_ms},

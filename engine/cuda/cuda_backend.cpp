@@ -72,6 +72,8 @@ void CudaBackend::check_options() const {
   if (world < 1 || world > 64)
     throw InputError("cuda backend: tensor_parallel_size must be in [1, 64], got " +
                      std::to_string(world));
+  if (o.moe_sorted_min_rows_per_expert < 0)
+    throw InputError("cuda backend: moe_sorted_min_rows_per_expert must be >= 0");
   for (size_t i = 0; i < devices_.size(); ++i) {
     if (devices_[i] < 0) throw InputError("cuda backend: negative device ordinal");
     if (std::find(devices_.begin(), devices_.begin() + i, devices_[i]) != devices_.begin() + i)
@@ -131,6 +133,7 @@ void CudaBackend::init(const std::filesystem::path* model_dir, uint64_t seed) {
     spec.world = world;
     spec.expert_split = o.expert_split;
     ranks_.push_back(std::make_unique<CudaRank>(cfg_, spec, devices_[r], nullptr));
+    ranks_.back()->sorted_moe_min_rows = o.moe_sorted_min_rows_per_expert;
     if (cfg_.num_experts > 0 && ranks_.back()->dims.moe_intermediate % 32 != 0)
       throw InputError(
           "cuda backend: moe_intermediate_size / tensor_parallel_size must be a "

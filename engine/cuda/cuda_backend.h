@@ -60,6 +60,11 @@ struct CudaBackendOptions {
   /// Compressed linear weights: kept as the checkpoint stores them (auto), decoded (none), or
   /// plain ones quantized on load (fp8, nvfp4; for random models the only way to get them).
   Quantization quantization = Quantization::Auto;
+  /// A non-decode step whose routed pairs average at least this many per local expert runs its
+  /// experts as one tensor-core library GEMM each on gathered rows (prefill) instead of the
+  /// grouped decode GEMM: tall operands pay for the per-expert launches and the host round trip
+  /// of the offsets, short ones do not (bench/RESULTS.md). 0: never.
+  int64_t moe_sorted_min_rows_per_expert = 64;
 
   /// The ordinal of every rank (`devices`, or the consecutive range).
   std::vector<int> device_list() const;

@@ -40,6 +40,8 @@ struct DeviceTensor {
   bf16* optional_bf16() const { return empty() ? nullptr : as_bf16(); }
   /// The tensor as the weight-taking kernels read it (any format but F32).
   kernels::QuantMatrix matrix() const;
+  /// The same from row `row0` on (one expert of a stacked tensor).
+  kernels::QuantMatrix matrix_rows(int64_t row0) const;
 };
 
 using DeviceModelWeights = ModelWeightsT<DeviceTensor>;
@@ -100,9 +102,12 @@ struct StepBuffers {
   int32_t* expert_offsets = nullptr;// [E + 1]
   int32_t* active_experts = nullptr;// [E + 1]: count, then the experts with pairs
   int32_t* route_counter = nullptr; // [1] moe_route_small's block counter (zeroed at start)
-  bf16* gate_up = nullptr;          // [max(T k 2Ie, T 2I, T 2Is)]
+  bf16* gate_up = nullptr;          // [max(S 2Ie, T 2I, T 2Is)]
   bf16* act = nullptr;              // half of gate_up
-  bf16* expert_out = nullptr;       // [T k, H]; also the shared expert's [T, H] output
+  bf16* expert_out = nullptr;       // [S, H] expert outputs by pair (or in sorted order: the
+                                    //        many-token path); also the shared expert's [T, H]
+  int32_t* row_of_pair = nullptr;   // [T k] sorted row of each pair (many-token path)
+  int sorted_rows = 0;              // S = moe_align_capacity(T k, E, tile) ≥ T k
   float* attn_ws = nullptr;         // split-K workspace of decode attention
   bf16* xr = nullptr;               // [R, H] final-normed rows that need logits
   float* logits = nullptr;          // [R, V] full-vocab logits (rank 0 samples from these)

@@ -2,6 +2,8 @@
 // (eager first run, then capture and replay), logits download and device sampling.
 #include "engine/cuda/cuda_rank.h"
 
+#include <algorithm>
+
 #include <cstring>
 
 #include "common/error.h"
@@ -35,6 +37,7 @@ CudaRank::~CudaRank() {
     if (p) cudaFree(p);
   }
   if (pinned_) cudaFreeHost(pinned_);
+  if (host_offsets) cudaFreeHost(host_offsets);
   if (had_device) cudaSetDevice(prev);
 }
 
@@ -83,6 +86,7 @@ void CudaRank::build(const ModelConfig& cfg, const ModelPlan& wplan, const Memor
   const size_t T = cap.tokens;
   pinned_bytes_ = sampling_staging_bytes() + (T * (6 + cap.table_width) + 1) * sizeof(int32_t);
   CUDA_CHECK(cudaMallocHost(&pinned_, pinned_bytes_));
+  CUDA_CHECK(cudaMallocHost(&host_offsets, (std::max<int64_t>(dims.num_experts, 1) + 1) * sizeof(int32_t)));
 }
 
 void CudaRank::upload(const StepChunk& c) {

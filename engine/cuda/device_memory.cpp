@@ -48,7 +48,11 @@ void carve(Carver& c, const ModelConfig& cfg, const ShardDims& d, const StepCapa
   const size_t nh = d.num_heads, nkv = d.num_kv_heads;
   const size_t E = std::max<int64_t>(cfg.num_experts, 1);
   const size_t topk = std::max<int64_t>(cfg.num_experts_per_tok, 1);
-  const size_t gate_up = std::max({T * topk * 2 * d.moe_intermediate, T * 2 * d.intermediate,
+  // expert rows: T·k pairs, or their sorted order with each expert padded to the GEMM tile
+  // (the many-token path, kernels/moe_sorted.cuh)
+  const size_t sorted_rows = static_cast<size_t>(kernels::moe_align_capacity(
+      static_cast<int>(T * topk), static_cast<int>(E), kernels::kMoeGemmTileM));
+  const size_t gate_up = std::max({sorted_rows * 2 * d.moe_intermediate, T * 2 * d.intermediate,
                                    T * 2 * d.shared_intermediate});
   b.tokens = c.take<int32_t>(T);
   b.positions = c.take<int32_t>(T);
@@ -79,7 +83,9 @@ void carve(Carver& c, const ModelConfig& cfg, const ShardDims& d, const StepCapa
   b.route_counter = c.take<int32_t>(1);
   b.gate_up = c.take<bf16>(gate_up);
   b.act = c.take<bf16>(gate_up / 2);
-  b.expert_out = c.take<bf16>(T * topk * H);
+  b.expert_out = c.take<bf16>(sorted_rows * H);
+  b.row_of_pair = c.take<int32_t>(T * topk);
+  b.sorted_rows = static_cast<int>(sorted_rows);
   b.attn_ws = c.take<float>(
       kernels::attention_workspace_floats(static_cast<int>(R), static_cast<int>(nh),
                                           static_cast<int>(hd), static_cast<int>(cap.attn_splits)));
@@ -214,6 +220,16 @@ kernels::QuantMatrix DeviceTensor::matrix() const {
   }
   throw Error(std::string("weight tensor holds ") + weight_format_name(format) +
               ", which no GPU kernel reads");
+}
+
+kernels::QuantMatrix DeviceTensor::matrix_rows(int64_t row0) const {
+  MB_CHECK(row0 >= 0 && row0 < rows(), "matrix_rows: row outside the tensor");
+  kernels::QuantMatrix m = matrix();
+  const PackedSizes per_row = packed_sizes(format, 1, cols(), group);
+  m.data = static_cast<const char*>(data) + row0 * per_row.data;
+  if (scales) m.scales = static_cast<const char*>(scales) + row0 * per_row.scales;
+  if (row_scales) m.row_scales = row_scales + row0;
+  return m;
 }
 
 int64_t DeviceTensor::numel() const {

@@ -16,6 +16,7 @@
 #include "kernels/cuda_check.cuh"
 #include "kernels/embedding.cuh"
 #include "kernels/gemm.cuh"
+#include "kernels/moe_sorted.cuh"
 #include "kernels/moe_ops.cuh"
 #include "kernels/moe_routing.cuh"
 #include "kernels/rmsnorm.cuh"
@@ -203,15 +204,41 @@ void moe(const Step& s, const DeviceLayerWeights& L) {
     s.mark("moe_align");
   }
 
-  // experts: grouped gate+up GEMM with SiLU·mul in its epilogue, then the grouped down GEMM
-  expert_gemm(s.gate_up, L.w_gate_up, s.st);
-  s.mark("moe_gemm_gate_up_silu");
-  expert_gemm(s.down, L.w_down, s.st);
-  s.mark("moe_gemm_down");
+  k::MoeCombineParams combine = s.combine;
+  const int experts = s.gate_up.num_experts, pairs = s.gate_up.num_pairs;
+  const int64_t min_rows = s.r.sorted_moe_min_rows;
+  if (!s.decode && min_rows > 0 && pairs >= min_rows * experts) {
+    // Many tokens (prefill): the pairs' inputs gathered in sorted order, then one tensor-core
+    // library GEMM per expert. The expert offsets come to the host first (this path is never
+    // captured in a graph).
+    CUDA_CHECK(cudaMemcpyAsync(s.r.host_offsets, B.expert_offsets, (experts + 1) * sizeof(int32_t),
+                               cudaMemcpyDeviceToHost, s.st));
+    k::moe_gather_sorted({.out = B.expert_out, .row_of_pair = B.row_of_pair, .in = B.h,
+                          .sorted_ids = B.sorted_ids, .expert_offsets = B.expert_offsets,
+                          .num_experts = experts, .num_pairs = pairs,
+                          .in_row_div = s.gate_up.in_row_div, .hidden = s.H,
+                          .rows_cap = B.sorted_rows},
+                         s.st);
+    CUDA_CHECK(cudaStreamSynchronize(s.st));
+    const int32_t* off = s.r.host_offsets;
+    s.mark("moe_gather");
+    expert_gemm_sorted(s.gemm, B.gate_up, B.expert_out, L.w_gate_up, off);
+    k::silu_mul(B.act, B.gate_up, off[experts], s.gate_up.n, s.st);
+    s.mark("moe_gemm_gate_up_silu");
+    expert_gemm_sorted(s.gemm, B.expert_out, B.act, L.w_down, off);
+    s.mark("moe_gemm_down");
+    combine.row_of_pair = B.row_of_pair;
+  } else {
+    // experts: grouped gate+up GEMM with SiLU·mul in its epilogue, then the grouped down GEMM
+    expert_gemm(s.gate_up, L.w_gate_up, s.st);
+    s.mark("moe_gemm_gate_up_silu");
+    expert_gemm(s.down, L.w_down, s.st);
+    s.mark("moe_gemm_down");
+  }
 
   // combine: o[t] = Σ_j w[t, j] · y[t·k + j], in j order (batch independent); with expert
   // parallelism a partial sum over this rank's experts, completed by the MLP's all-reduce
-  k::moe_combine(s.combine, s.st);
+  k::moe_combine(combine, s.st);
   s.mark("moe_combine");
 }
 

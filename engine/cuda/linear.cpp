@@ -61,16 +61,47 @@ void expert_gemm(kernels::MoeGemmParams p, const DeviceTensor& w, cudaStream_t s
   no_kernel("expert_gemm", w.format);
 }
 
+void expert_gemm_sorted(const GemmContext& g, bf16* out, const bf16* in, const DeviceTensor& w,
+                        const int32_t* offsets) {
+  MB_CHECK(w.shape.size() == 3, "expert_gemm_sorted: weights must be [num_experts, n, k]");
+  const int experts = static_cast<int>(w.shape[0]), n = static_cast<int>(w.shape[1]),
+            k = static_cast<int>(w.shape[2]);
+  for (int e = 0; e < experts; ++e) {
+    const int row0 = offsets[e], rows = offsets[e + 1] - offsets[e];
+    MB_CHECK(row0 >= 0 && rows >= 0, "expert_gemm_sorted: bad expert offsets");
+    if (rows == 0) continue;
+    bf16* o = out + static_cast<size_t>(row0) * n;
+    const bf16* x = in + static_cast<size_t>(row0) * k;
+    switch (w.format) {
+      case WeightFormat::Bf16:
+        kernels::linear(g.cublas, g.stream, o, x, w.as_bf16() + static_cast<size_t>(e) * n * k,
+                        rows, n, k);
+        break;
+      case WeightFormat::Fp8Block:
+      case WeightFormat::Nvfp4:
+        kernels::quant_linear(g.cublas, g.stream, o, x, w.matrix_rows(static_cast<int64_t>(e) * n),
+                              rows, n, k, g.scratch, g.scratch_elems);
+        break;
+      case WeightFormat::F32:
+        no_kernel("expert_gemm_sorted", w.format);
+    }
+  }
+}
+
 size_t dequant_scratch_elems(const ModelPlan& plan) {
   size_t most = 0;
   auto consider = [&](const TensorPlan& t) {
     if (!t.empty() && t.shape.size() == 2 && t.format != WeightFormat::Bf16)
       most = std::max(most, static_cast<size_t>(t.numel()));
   };
-  for (const auto& L : plan.layers)
+  for (const auto& L : plan.layers) {
     for (const TensorPlan* t : {&L.wqkv, &L.wo, &L.mlp_gate_up, &L.mlp_down, &L.router,
                                 &L.shared_gate_up, &L.shared_down, &L.shared_gate})
       consider(*t);
+    for (const TensorPlan* t : {&L.w_gate_up, &L.w_down})  // one expert's matrix at a time
+      if (!t->empty() && t->format != WeightFormat::Bf16)
+        most = std::max(most, static_cast<size_t>(t->shape[1] * t->shape[2]));
+  }
   consider(plan.lm_head);
   return most;
 }

@@ -31,8 +31,15 @@ void linear(const GemmContext& g, float* out, const bf16* in, const DeviceTensor
 /// and the stacked expert weights `w` ([E, n, k], or [E, 2n, k] with p.silu_gate_up).
 void expert_gemm(kernels::MoeGemmParams p, const DeviceTensor& w, cudaStream_t stream);
 
-/// Elements of the scratch the dense GEMMs of a rank with weight plan `plan` need: the largest
-/// compressed 2-D weight (0 when every dense weight is bf16).
+/// Expert GEMMs of a many-token step on rows in moe_align's sorted order: for each expert e
+/// with rows, out[offsets[e] .. offsets[e+1]) = in[same rows] · w[e]ᵀ, one library GEMM each
+/// (cuBLAS on bf16; compressed weights through quant_linear, decoded into the scratch per
+/// expert). `offsets` are the host copy of the align's [num_experts + 1] offsets; w [E, n, k].
+void expert_gemm_sorted(const GemmContext& g, bf16* out, const bf16* in, const DeviceTensor& w,
+                        const int32_t* offsets);
+
+/// Elements of the scratch the GEMMs of a rank with weight plan `plan` need: the largest
+/// compressed 2-D weight or single expert matrix (0 when every weight is bf16).
 size_t dequant_scratch_elems(const ModelPlan& plan);
 
 }  // namespace moebatch

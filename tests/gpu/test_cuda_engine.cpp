@@ -239,6 +239,27 @@ TEST_P(CudaFixture, MatchesCpuEngineOnRandomPrompts) {
   expect_rows_close(errs, GetParam() == "qwen3_dense_tiny", GetParam() + " lengths 1, 37, 150");
 }
 
+// Prefill with every MoE layer on the many-token path (pairs gathered in sorted order, one
+// cuBLAS GEMM per expert, combine through the pair → row map) against the grouped decode GEMM
+// on the same prompts: equal within bf16 tolerance (only the GEMMs' summation order differs).
+TEST_P(CudaFixture, SortedExpertPathMatchesGroupedKernel) {
+  std::mt19937 rng(std::random_device{}());
+  CudaBackendOptions sorted = small_options(), grouped = small_options();
+  sorted.moe_sorted_min_rows_per_expert = 1;
+  grouped.moe_sorted_min_rows_per_expert = 0;
+  EngineOptions eo{.max_num_seqs = 8, .max_num_batched_tokens = 64};
+  Engine a(std::make_unique<CudaBackend>(fixture_path(GetParam()), sorted), eo);
+  Engine b(std::make_unique<CudaBackend>(fixture_path(GetParam()), grouped), eo);
+  const int64_t V = a.config().vocab_size;
+  std::vector<double> errs;
+  for (size_t len : {size_t{40}, size_t{150}}) {
+    auto prompt = random_prompt(rng, len, V);
+    const auto e = row_errors(a.score(prompt), b.score(prompt), V);
+    errs.insert(errs.end(), e.begin(), e.end());
+  }
+  expect_rows_close(errs, GetParam() == "qwen3_dense_tiny", GetParam() + " sorted vs grouped");
+}
+
 // Logits of each decode step (paged cache, decode kernel, graphs) against a full recompute of
 // the same tokens with the prefill path.
 TEST_P(CudaFixture, DecodeWithCacheMatchesRecompute) {

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "kernels/moe_gemm.cuh"
+#include "kernels/moe_sorted.cuh"
 #include "kernels/moe_routing.cuh"
 #include "tests/gpu/ops/op_shapes.h"
 #include "tests/gpu/ops/quant_util.h"
@@ -213,6 +214,64 @@ class AlignCase final : public OpCase {
   AlignShape s_;
   std::vector<Routing> routings_;
   std::vector<int32_t> ids0_;
+};
+
+// The many-token path's gather (kernels/moe_sorted.cuh) after a real moe_align: every sorted row
+// below the device's row count is its pair's input row bit for bit (padding rows zero), and the
+// pair → row map inverts the sort; rows past the count stay untouched (poisoned).
+class GatherSortedCase final : public OpCase {
+ public:
+  explicit GatherSortedCase(const GatherSortedShape& s) : s_(s) {}
+  void setup(const OpEnv& env, uint32_t seed) override {
+    std::mt19937 rng(seed);
+    make_routings(rng, s_.tokens, s_.experts, s_.top_k, s_.hot, 1, routings_, ids0_);
+    kernels::moe_align(routings_[0].align(pairs(), s_.experts), env.stream);
+    x_ = RandomBf16(static_cast<size_t>(s_.tokens) * s_.hidden, 1.f, rng, env.stream);
+    out_ = DevBuf<bf16>(static_cast<size_t>(cap()) * s_.hidden);
+    rows_ = DevBuf<int32_t>(pairs());
+    out_.poison();
+    rows_.poison();
+  }
+  void run(const OpEnv& env, int) override {
+    const Routing& r = routings_[0];
+    kernels::moe_gather_sorted({.out = out_.get(), .row_of_pair = rows_.get(), .in = x_.get(),
+                                .sorted_ids = r.sorted.get(), .expert_offsets = r.offsets.get(),
+                                .num_experts = s_.experts, .num_pairs = pairs(), .in_row_div = s_.top_k,
+                                .hidden = s_.hidden, .rows_cap = cap()},
+                               env.stream);
+  }
+  OpCheck check(const OpEnv& env, double) override {
+    const auto sorted = routings_[0].sorted.download<int32_t>();
+    const auto offsets = routings_[0].offsets.download<int32_t>();
+    const auto out = out_.download<uint16_t>();
+    const auto rows = rows_.download<int32_t>();
+    const auto x = x_.original(env.stream);
+    const int total = offsets[s_.experts], H = s_.hidden;
+    std::vector<uint16_t> want(out.size(), 0xffff);
+    std::vector<int32_t> want_rows(pairs(), -1);
+    for (int i = 0; i < total; ++i) {
+      const int id = sorted[i];
+      for (int c = 0; c < H; ++c)
+        want[static_cast<size_t>(i) * H + c] =
+            id >= 0 && id < pairs() ? x[static_cast<size_t>(id / s_.top_k) * H + c] : 0;
+      if (id >= 0 && id < pairs()) want_rows[id] = i;
+    }
+    OpCheck c;
+    c.equal("gathered rows", out, want);
+    c.equal("row_of_pair", rows, want_rows);
+    return c;
+  }
+  double bytes() const override { return 4.0 * pairs() * s_.hidden; }
+
+ private:
+  int pairs() const { return s_.tokens * s_.top_k; }
+  int cap() const { return kernels::moe_align_capacity(pairs(), s_.experts, kMoeGemmTileM); }
+  GatherSortedShape s_;
+  std::vector<Routing> routings_;
+  std::vector<int32_t> ids0_;
+  RandomBf16 x_;
+  DevBuf<bf16> out_;
+  DevBuf<int32_t> rows_;
 };
 
 // Fused small-batch router vs the three-launch contract: logits vs fp64, then top-k exactly as
@@ -434,6 +493,11 @@ OpCaseDef align_case(const AlignShape& s) {
   return op_case_def<AlignCase>("moe_align",
                                 experts(s.tokens, s.experts, s.top_k, s.hot) + local_range(s.expert0, s.local_experts),
                                 OpFamily::moe_routing, 0, s);
+}
+
+OpCaseDef gather_sorted_case(const GatherSortedShape& s) {
+  return op_case_def<GatherSortedCase>("moe_gather_sorted", experts(s.tokens, s.experts, s.top_k, s.hot),
+                                       OpFamily::moe_routing, 0, s);
 }
 
 OpCaseDef route_small_case(const RouteSmallShape& s) {

@@ -100,6 +100,14 @@ struct AlignShape {
 };
 OpCaseDef align_case(const AlignShape& s);
 
+/// Routing as AlignShape (aligned by moe_align in setup), then the sorted gather of a
+/// [tokens, hidden] input (the many-token expert path).
+struct GatherSortedShape {
+  int tokens, experts, top_k, hidden;
+  int hot = -1;
+};
+OpCaseDef gather_sorted_case(const GatherSortedShape& s);
+
 struct RouteSmallShape {
   int tokens, experts, top_k, hidden;
   bool renormalize = true;

@@ -69,6 +69,9 @@ std::vector<OpCaseDef> op_cases_test() {
   for (auto [tokens, expert0, local] : {std::tuple{1, 0, 64}, {64, 64, 64}, {300, 32, 32}})
     t.push_back(align_case({.tokens = tokens, .experts = 128, .top_k = 8, .hot = tokens == 300 ? 40 : -1,
                             .expert0 = expert0, .local_experts = local}));
+  // The many-token expert path's gather (and its pair → row map), a hot expert included.
+  t.push_back(gather_sorted_case({.tokens = 300, .experts = 128, .top_k = 8, .hidden = 2048, .hot = 5}));
+  t.push_back(gather_sorted_case({.tokens = 37, .experts = 16, .top_k = 4, .hidden = 136}));
   for (int E : {128, 60, 16})
     for (int tokens : {1, 3, 8})
       for (bool renorm : {true, false})
