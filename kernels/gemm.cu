@@ -2,6 +2,8 @@
 #include "kernels/device_common.cuh"
 #include "kernels/gemm.cuh"
 
+#include <vector>
+
 namespace moebatch::kernels {
 namespace {
 
@@ -44,6 +46,32 @@ void linear(cublasHandle_t handle, cudaStream_t stream, bf16* out, const bf16* x
 void linear(cublasHandle_t handle, cudaStream_t stream, float* out, const bf16* x, const bf16* w,
             int m, int n, int k) {
   linear_impl(handle, stream, out, CUDA_R_32F, x, w, m, n, k);
+}
+
+void linear_grouped(cublasHandle_t handle, cudaStream_t stream, bf16* const* outs, const bf16* const* xs,
+                    const bf16* const* ws, const int* ms, int count, int n, int k, const void** ptrs_host,
+                    const void** ptrs_dev) {
+  MB_CHECK(count >= 0 && n > 0 && k > 0, "linear_grouped: bad shape");
+  MB_CHECK(ptrs_host && ptrs_dev, "linear_grouped: no pointer staging");
+  if (count == 0) return;
+  // Per group (one problem each), column-major as linear_impl: outᵀ [n, m_i] = W_i · x_iᵀ.
+  std::vector<cublasOperation_t> ta(count, CUBLAS_OP_T), tb(count, CUBLAS_OP_N);
+  std::vector<int> m_arr(count, n), n_arr(ms, ms + count), k_arr(count, k), ld_k(count, k), ld_n(count, n),
+      sizes(count, 1);
+  std::vector<float> alpha(count, 1.f), beta(count, 0.f);
+  for (int i = 0; i < count; ++i) {
+    MB_CHECK(ms[i] > 0 && outs[i] && xs[i] && ws[i], "linear_grouped: empty or null problem");
+    ptrs_host[i] = ws[i];
+    ptrs_host[count + i] = xs[i];
+    ptrs_host[2 * count + i] = outs[i];
+  }
+  CUDA_CHECK(cudaMemcpyAsync(ptrs_dev, ptrs_host, 3 * count * sizeof(void*), cudaMemcpyHostToDevice, stream));
+  CUBLAS_CHECK(cublasSetStream(handle, stream));
+  CUBLAS_CHECK(cublasGemmGroupedBatchedEx(
+      handle, ta.data(), tb.data(), m_arr.data(), n_arr.data(), k_arr.data(), alpha.data(), ptrs_dev, CUDA_R_16BF,
+      ld_k.data(), ptrs_dev + count, CUDA_R_16BF, ld_k.data(), beta.data(),
+      const_cast<void**>(ptrs_dev + 2 * count), CUDA_R_16BF, ld_n.data(),
+      count, sizes.data(), CUBLAS_COMPUTE_32F));
 }
 
 void add_bias(bf16* out, const bf16* bias, int rows, int cols, cudaStream_t stream) {

@@ -38,6 +38,8 @@ CudaRank::~CudaRank() {
   }
   if (pinned_) cudaFreeHost(pinned_);
   if (host_offsets) cudaFreeHost(host_offsets);
+  if (group_ptrs_host_) cudaFreeHost(const_cast<void**>(group_ptrs_host_));
+  if (group_ptrs_dev_) cudaFree(const_cast<void**>(group_ptrs_dev_));
   if (had_device) cudaSetDevice(prev);
 }
 
@@ -87,6 +89,10 @@ void CudaRank::build(const ModelConfig& cfg, const ModelPlan& wplan, const Memor
   pinned_bytes_ = sampling_staging_bytes() + (T * (6 + cap.table_width) + 1) * sizeof(int32_t);
   CUDA_CHECK(cudaMallocHost(&pinned_, pinned_bytes_));
   CUDA_CHECK(cudaMallocHost(&host_offsets, (std::max<int64_t>(dims.num_experts, 1) + 1) * sizeof(int32_t)));
+  group_cap_ = static_cast<int>(std::max<int64_t>(dims.num_experts, 1));
+  const size_t ptr_bytes = kGroupedStages * 3 * static_cast<size_t>(group_cap_) * sizeof(void*);
+  CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&group_ptrs_host_), ptr_bytes));
+  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&group_ptrs_dev_), ptr_bytes));
 }
 
 void CudaRank::upload(const StepChunk& c) {

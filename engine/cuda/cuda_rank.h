@@ -60,7 +60,9 @@ class CudaRank {
   /// Decode graphs captured so far.
   size_t num_graphs() const { return graphs_.size(); }
   /// The rank's handle, stream and dequantization scratch, for engine/cuda/linear.h.
-  GemmContext gemm() const { return {cublas, stream, dequant_, dequant_elems_}; }
+  GemmContext gemm() const {
+    return {cublas, stream, dequant_, dequant_elems_, group_ptrs_host_, group_ptrs_dev_, group_cap_};
+  }
 
   // What the forward (engine/cuda/forward.cpp) reads.
   const int rank;                   ///< tensor-parallel rank
@@ -91,6 +93,9 @@ class CudaRank {
   void* cublas_ws_ = nullptr;
   bf16* dequant_ = nullptr;  // decoded compressed weight of a many-row dense GEMM
   size_t dequant_elems_ = 0;
+  const void** group_ptrs_host_ = nullptr;  // pinned, kGroupedStages · 3 · group_cap_
+  const void** group_ptrs_dev_ = nullptr;   // device, the same
+  int group_cap_ = 0;
   void* pinned_ = nullptr;  // host staging of step inputs, sampling controls and tokens
   size_t pinned_bytes_ = 0;
   std::map<std::pair<int, int>, cudaGraphExec_t> graphs_;  // (batch bucket, kv bucket)

@@ -222,10 +222,10 @@ void moe(const Step& s, const DeviceLayerWeights& L) {
     CUDA_CHECK(cudaStreamSynchronize(s.st));
     const int32_t* off = s.r.host_offsets;
     s.mark("moe_gather");
-    expert_gemm_sorted(s.gemm, B.gate_up, B.expert_out, L.w_gate_up, off);
+    expert_gemm_sorted(s.gemm, B.gate_up, B.expert_out, L.w_gate_up, off, 0);
     k::silu_mul(B.act, B.gate_up, off[experts], s.gate_up.n, s.st);
     s.mark("moe_gemm_gate_up_silu");
-    expert_gemm_sorted(s.gemm, B.expert_out, B.act, L.w_down, off);
+    expert_gemm_sorted(s.gemm, B.expert_out, B.act, L.w_down, off, 1);
     s.mark("moe_gemm_down");
     combine.row_of_pair = B.row_of_pair;
   } else {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "common/error.h"
 #include "kernels/gemm.cuh"
@@ -62,10 +63,15 @@ void expert_gemm(kernels::MoeGemmParams p, const DeviceTensor& w, cudaStream_t s
 }
 
 void expert_gemm_sorted(const GemmContext& g, bf16* out, const bf16* in, const DeviceTensor& w,
-                        const int32_t* offsets) {
+                        const int32_t* offsets, int stage) {
   MB_CHECK(w.shape.size() == 3, "expert_gemm_sorted: weights must be [num_experts, n, k]");
   const int experts = static_cast<int>(w.shape[0]), n = static_cast<int>(w.shape[1]),
             k = static_cast<int>(w.shape[2]);
+  MB_CHECK(stage >= 0 && stage < kGroupedStages && experts <= g.group_cap,
+           "expert_gemm_sorted: pointer staging too small");
+  std::vector<bf16*> outs;
+  std::vector<const bf16*> xs, ws;
+  std::vector<int> ms;
   for (int e = 0; e < experts; ++e) {
     const int row0 = offsets[e], rows = offsets[e + 1] - offsets[e];
     MB_CHECK(row0 >= 0 && rows >= 0, "expert_gemm_sorted: bad expert offsets");
@@ -74,8 +80,10 @@ void expert_gemm_sorted(const GemmContext& g, bf16* out, const bf16* in, const D
     const bf16* x = in + static_cast<size_t>(row0) * k;
     switch (w.format) {
       case WeightFormat::Bf16:
-        kernels::linear(g.cublas, g.stream, o, x, w.as_bf16() + static_cast<size_t>(e) * n * k,
-                        rows, n, k);
+        outs.push_back(o);
+        xs.push_back(x);
+        ws.push_back(w.as_bf16() + static_cast<size_t>(e) * n * k);
+        ms.push_back(rows);
         break;
       case WeightFormat::Fp8Block:
       case WeightFormat::Nvfp4:
@@ -86,6 +94,10 @@ void expert_gemm_sorted(const GemmContext& g, bf16* out, const bf16* in, const D
         no_kernel("expert_gemm_sorted", w.format);
     }
   }
+  const size_t region = static_cast<size_t>(stage) * 3 * g.group_cap;
+  kernels::linear_grouped(g.cublas, g.stream, outs.data(), xs.data(), ws.data(), ms.data(),
+                          static_cast<int>(ms.size()), n, k, g.group_ptrs_host + region,
+                          g.group_ptrs_dev + region);
 }
 
 size_t dequant_scratch_elems(const ModelPlan& plan) {

@@ -20,7 +20,16 @@ struct GemmContext {
   cudaStream_t stream = nullptr;    ///< the rank's stream
   bf16* scratch = nullptr;          ///< decoded compressed weight of a many-row dense GEMM
   size_t scratch_elems = 0;         ///< dequant_scratch_elems of the rank's weights
+  /// Pointer arrays of the grouped expert GEMMs: kGroupedStages regions of 3 · group_cap
+  /// entries, pinned host (staging) and device (what cuBLAS reads).
+  const void** group_ptrs_host = nullptr;
+  const void** group_ptrs_dev = nullptr;
+  int group_cap = 0;                ///< problems per region (the rank's experts)
 };
+
+/// Regions of GemmContext's pointer arrays: the gate+up and the down GEMM of one MoE layer are
+/// in flight together (the next layer's offsets sync waits for both).
+constexpr int kGroupedStages = 2;
 
 /// out [rows, w.shape[0]] = in [rows, w.shape[1]] · wᵀ, bf16 output, fp32 accumulation.
 void linear(const GemmContext& g, bf16* out, const bf16* in, const DeviceTensor& w, int rows);
@@ -32,11 +41,12 @@ void linear(const GemmContext& g, float* out, const bf16* in, const DeviceTensor
 void expert_gemm(kernels::MoeGemmParams p, const DeviceTensor& w, cudaStream_t stream);
 
 /// Expert GEMMs of a many-token step on rows in moe_align's sorted order: for each expert e
-/// with rows, out[offsets[e] .. offsets[e+1]) = in[same rows] · w[e]ᵀ, one library GEMM each
-/// (cuBLAS on bf16; compressed weights through quant_linear, decoded into the scratch per
-/// expert). `offsets` are the host copy of the align's [num_experts + 1] offsets; w [E, n, k].
+/// with rows, out[offsets[e] .. offsets[e+1]) = in[same rows] · w[e]ᵀ (bf16: one cuBLAS grouped
+/// GEMM over the experts, pointer region `stage`; compressed weights: quant_linear per expert,
+/// decoded into the scratch). `offsets` are the host copy of the align's [num_experts + 1]
+/// offsets; w [E, n, k].
 void expert_gemm_sorted(const GemmContext& g, bf16* out, const bf16* in, const DeviceTensor& w,
-                        const int32_t* offsets);
+                        const int32_t* offsets, int stage);
 
 /// Elements of the scratch the GEMMs of a rank with weight plan `plan` need: the largest
 /// compressed 2-D weight or single expert matrix (0 when every weight is bf16).
