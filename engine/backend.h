@@ -21,8 +21,11 @@ struct StepBatch {
   std::vector<int32_t> slot_mapping;  ///< [n] KV cache slot (block * block_size + offset)
   std::vector<int32_t> block_tables;  ///< [num_seqs, max_blocks_per_seq]
   int32_t max_blocks_per_seq = 0;     ///< row width of block_tables
-  std::vector<int32_t> state_slots;   ///< [num_seqs] per-sequence state slot of each row
-  std::vector<int32_t> logits_rows;   ///< token indices whose logits are sampled, in order
+  /// [num_seqs] per-sequence recurrent-state slot of each row (linear-attention models). A row
+  /// whose first token is at position 0 starts a new sequence and the backend zeroes its slot;
+  /// otherwise the row's tokens continue the state that slot holds.
+  std::vector<int32_t> state_slots;
+  std::vector<int32_t> logits_rows;  ///< token indices whose logits are sampled, in order
 };
 
 /// Sampling controls of one logits row.

@@ -24,7 +24,15 @@ void validate_tokens(const std::vector<int32_t>& tokens, int64_t vocab) {
 Engine::Engine(std::unique_ptr<Backend> backend, const EngineOptions& opts)
     : backend_(std::move(backend)),
       blocks_(backend_->info().kv_blocks, backend_->info().block_size),
-      scheduler_(opts.max_num_seqs, opts.max_num_batched_tokens, blocks_) {}
+      scheduler_(opts.max_num_seqs, opts.max_num_batched_tokens, blocks_) {
+  // A slot index is also the sequence's recurrent-state slot (StepBatch::state_slots).
+  const int64_t state_slots = backend_->info().state_slots;
+  if (state_slots > 0 && opts.max_num_seqs > state_slots) {
+    throw InputError("max_num_seqs = " + std::to_string(opts.max_num_seqs) +
+                     " exceeds the backend's " + std::to_string(state_slots) +
+                     " recurrent-state slots");
+  }
+}
 
 void Engine::add(Request req) {
   const ModelConfig& cfg = backend_->config();

@@ -40,6 +40,7 @@ std::unique_ptr<Backend> make_cpu(const EngineSpec& s) {
   o.threads = s.threads;
   o.expert_split = s.expert_split;
   o.kv_cache_bytes = s.kv_cache_bytes > 0 ? s.kv_cache_bytes : kCpuDefaultKvBytes;
+  o.state_slots = s.scheduler.max_num_seqs;  // one recurrent-state slot per scheduler slot
   return std::make_unique<CpuBackend>(s.model, o);
 }
 
@@ -81,7 +82,14 @@ std::unique_ptr<Backend> make_cuda(const EngineSpec& s) {
     const ModelConfig cfg = named_model_shape(s.model.substr(std::string(kRandomPrefix).size()));
     return std::make_unique<CudaBackend>(cfg, s.random_seed, o);
   }
-  return std::make_unique<CudaBackend>(s.model, o);
+  auto backend = std::make_unique<CudaBackend>(s.model, o);
+  // The CUDA backend refuses linear-attention layers itself; a qwen3_next checkpoint without any
+  // would still need gated attention, partial rotary and (1 + w) norms, which only the CPU has.
+  if (backend->config().arch == ModelArch::Qwen3Next)
+    throw InputError(
+        "backend cuda: qwen3_next (gated attention, partial rotary, zero-centred "
+        "norms) is implemented on the cpu backend only");
+  return backend;
 #else
   return nullptr;  // unreachable: require_cuda threw
 #endif

@@ -52,7 +52,8 @@ HubTensorReader::HubTensorReader(const WeightSource& src, const ModelConfig& cfg
   row0_ = found.row0;
   const std::string where = src.source_name() + ": tensor '" + name + "'";
   const int64_t rows = shape[0];
-  cols_ = shape.size() > 1 ? shape[1] : 1;
+  cols_ = 1;  // N-D tensors (conv1d [C, 1, K]) are read as [shape[0], product of the rest]
+  for (size_t i = 1; i < shape.size(); ++i) cols_ *= shape[i];
   const std::string module =
       name.size() > 7 && name.ends_with(".weight") ? name.substr(0, name.size() - 7) : name;
 

@@ -20,7 +20,7 @@ namespace moebatch {
 enum class StoredAs { Plain, Fp8Block, Nvfp4, GgmlBlocks };
 
 /// Decodes elements of hub tensor `name`, whose shape the config implies as `shape`
-/// ([rows, cols]; 1-D tensors as [n, 1]).
+/// ([rows, cols]; 1-D tensors as [n, 1], N-D ones as [shape[0], product of the rest]).
 class HubTensorReader {
  public:
   HubTensorReader(const WeightSource& src, const ModelConfig& cfg, const std::string& name,
@@ -50,7 +50,7 @@ class HubTensorReader {
   const TensorView* scale_ =
       nullptr;  // FP8: [ceil(rows/br), ceil(cols/bc)]; NVFP4: [rows, cols/16]
   int64_t br_ = 0, bc_ = 0, scale_cols_ = 0;
-  float scale2_ = 1.0f;  // NVFP4 weight_scale_2
+  float scale2_ = 1.0f;             // NVFP4 weight_scale_2
   mutable std::vector<float> row_;  // ggml blocks: the last decoded row
   mutable int64_t row_index_ = -1;
 };

@@ -27,11 +27,17 @@ void BlockManager::release(std::vector<int32_t>& table) {
   table.clear();
 }
 
-HostKvCache::HostKvCache(int64_t layers, int64_t blocks, int64_t bs, int64_t nkv, int64_t hd)
+HostKvCache::HostKvCache(const std::vector<LayerKind>& layers, int64_t blocks, int64_t bs,
+                         int64_t nkv, int64_t hd)
     : num_blocks(blocks), block_size(bs), num_kv_heads(nkv), head_dim(hd) {
   const auto n = static_cast<size_t>(blocks * bs * nkv * hd);
-  k.assign(static_cast<size_t>(layers), std::vector<float>(n, 0.0f));
-  v.assign(static_cast<size_t>(layers), std::vector<float>(n, 0.0f));
+  k.resize(layers.size());
+  v.resize(layers.size());
+  for (size_t l = 0; l < layers.size(); ++l) {
+    if (!layers[l].has_kv()) continue;
+    k[l].assign(n, 0.0f);
+    v[l].assign(n, 0.0f);
+  }
 }
 
 }  // namespace moebatch

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "engine/model_config.h"
+
 namespace moebatch {
 
 /// Hands out KV blocks from a free list. Block ids are the same on every rank and device.
@@ -39,11 +41,13 @@ struct HostKvCache {
   int64_t block_size = 0;             ///< tokens per block
   int64_t num_kv_heads = 0;           ///< local kv heads
   int64_t head_dim = 0;               ///< per-head width
-  std::vector<std::vector<float>> k;  ///< per layer [num_blocks, block_size, nkv, hd]
+  std::vector<std::vector<float>> k;  ///< per layer [num_blocks, block_size, nkv, hd]; empty
+                                      ///< for layers without KV (linear attention)
   std::vector<std::vector<float>> v;  ///< per layer, same layout as k
 
-  /// Allocates zeroed storage for `layers` layers.
-  HostKvCache(int64_t layers, int64_t num_blocks, int64_t block_size, int64_t nkv, int64_t hd);
+  /// Allocates zeroed storage for the layers of `layers` that keep KV.
+  HostKvCache(const std::vector<LayerKind>& layers, int64_t num_blocks, int64_t block_size,
+              int64_t nkv, int64_t hd);
   /// Floats per slot (nkv * hd).
   int64_t slot_stride() const { return num_kv_heads * head_dim; }
 };

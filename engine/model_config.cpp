@@ -74,15 +74,39 @@ ModelArch detect_arch(const json& j, const std::string& src, std::string& model_
     if (a == "Qwen3MoeForCausalLM") return ModelArch::Qwen3Moe;
     if (a == "Qwen2MoeForCausalLM") return ModelArch::Qwen2Moe;
     if (a == "Qwen3ForCausalLM") return ModelArch::Qwen3Dense;
+    if (a == "Qwen3NextForCausalLM") return ModelArch::Qwen3Next;
     fail(src, "architectures",
          "unsupported architecture '" + a +
-             "' (supported: Qwen3MoeForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM)");
+             "' (supported: Qwen3MoeForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM, "
+             "Qwen3NextForCausalLM)");
   }
   if (model_type == "qwen3_moe") return ModelArch::Qwen3Moe;
   if (model_type == "qwen2_moe") return ModelArch::Qwen2Moe;
   if (model_type == "qwen3") return ModelArch::Qwen3Dense;
+  if (model_type == "qwen3_next") return ModelArch::Qwen3Next;
   fail(src, "model_type",
-       "unsupported model_type '" + model_type + "' (supported: qwen3_moe, qwen2_moe, qwen3)");
+       "unsupported model_type '" + model_type +
+           "' (supported: qwen3_moe, qwen2_moe, qwen3, qwen3_next)");
+}
+
+// Rotary dims from partial_rotary_factor (top level in hub files, inside rope_parameters in
+// transformers-5 saves; Qwen3-Next defaults to 0.25 as transformers does): int(head_dim · f).
+void parse_rotary_dim(const json& j, const json* rp, const std::string& src, ModelConfig& c) {
+  const char* key = "partial_rotary_factor";
+  const double def = c.arch == ModelArch::Qwen3Next ? 0.25 : 1.0;
+  const double top = get_double(j, src, key, 1e-6, 1.0, def);
+  double f = top;
+  if (rp && rp->contains(key)) {
+    f = get_double(*rp, src, key, 1e-6, 1.0, def);
+    if (j.contains(key) && f != top)
+      fail(src, key, "disagrees with rope_parameters.partial_rotary_factor");
+  }
+  c.rotary_dim = static_cast<int64_t>(static_cast<double>(c.head_dim) * f);
+  if (c.rotary_dim < 2 || c.rotary_dim % 2 != 0)
+    fail(src, key,
+         "head_dim x factor = " + std::to_string(c.rotary_dim) + " must be even and >= 2");
+  if (c.rotary_dim != c.head_dim && c.arch != ModelArch::Qwen3Next)
+    fail(src, key, "partial rotary embeddings are implemented for qwen3_next only");
 }
 
 void parse_rope(const json& j, const std::string& src, ModelConfig& c) {
@@ -97,6 +121,7 @@ void parse_rope(const json& j, const std::string& src, ModelConfig& c) {
     }
     if (!rp->contains("rope_theta")) fail(src, "rope_parameters.rope_theta", "missing");
     c.rope_theta = get_double(*rp, src, "rope_theta", 1.0, 1e12, 0.0);
+    parse_rotary_dim(j, &*rp, src, c);
     return;
   }
   auto rs = j.find("rope_scaling");
@@ -107,6 +132,47 @@ void parse_rope(const json& j, const std::string& src, ModelConfig& c) {
     }
   }
   c.rope_theta = get_double(j, src, "rope_theta", 1.0, 1e12, 10000.0);
+  parse_rotary_dim(j, nullptr, src, c);
+}
+
+// Qwen3-Next's mixers: layer_types ("linear_attention" / "full_attention" per layer), or else
+// every full_attention_interval-th layer is full attention (transformers' rule, default 4).
+std::vector<MixerKind> parse_mixers(const json& j, const std::string& src, const ModelConfig& c) {
+  std::vector<MixerKind> out(static_cast<size_t>(c.num_layers), MixerKind::FullAttention);
+  auto lt = j.find("layer_types");
+  if (lt != j.end() && !lt->is_null()) {
+    if (!lt->is_array() || static_cast<int64_t>(lt->size()) != c.num_layers)
+      fail(src, "layer_types", "expected an array of num_hidden_layers strings");
+    for (size_t i = 0; i < lt->size(); ++i) {
+      const json& t = (*lt)[i];
+      if (t == "linear_attention") {
+        out[i] = MixerKind::LinearAttention;
+      } else if (t != "full_attention") {
+        fail(src, "layer_types",
+             "unsupported layer type " + t.dump() + " (full_attention or linear_attention)");
+      }
+    }
+    return out;
+  }
+  const int64_t every = get_int(j, src, "full_attention_interval", 1, c.num_layers, 4);
+  for (int64_t i = 0; i < c.num_layers; ++i)
+    if ((i + 1) % every != 0) out[static_cast<size_t>(i)] = MixerKind::LinearAttention;
+  return out;
+}
+
+// Gated DeltaNet sizes; transformers' defaults where a field is absent.
+void parse_linear_attention(const json& j, const std::string& src, ModelConfig& c) {
+  LinearAttentionDims& a = c.linear;
+  a.num_k_heads = get_int(j, src, "linear_num_key_heads", 1, 1024, 16);
+  a.num_v_heads = get_int(j, src, "linear_num_value_heads", 1, 4096, 32);
+  a.k_head_dim = get_int(j, src, "linear_key_head_dim", 1, 1024, 128);
+  a.v_head_dim = get_int(j, src, "linear_value_head_dim", 1, 1024, 128);
+  a.conv_kernel = get_int(j, src, "linear_conv_kernel_dim", 1, 64, 4);
+  if (a.num_v_heads % a.num_k_heads != 0) {
+    fail(src, "linear_num_value_heads",
+         std::to_string(a.num_v_heads) + " is not a multiple of linear_num_key_heads " +
+             std::to_string(a.num_k_heads));
+  }
 }
 
 // ModelOpt NVFP4 ({"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16,
@@ -176,6 +242,8 @@ const char* arch_name(ModelArch a) {
       return "qwen2_moe";
     case ModelArch::Qwen3Dense:
       return "qwen3";
+    case ModelArch::Qwen3Next:
+      return "qwen3_next";
   }
   return "?";
 }
@@ -241,6 +309,7 @@ ModelConfig parse_model_config(const json& j, const std::string& src) {
              std::to_string(c.num_heads));
   }
   int64_t def_hd = c.hidden_size % c.num_heads == 0 ? c.hidden_size / c.num_heads : -1;
+  if (c.arch == ModelArch::Qwen3Next) def_hd = 256;  // transformers' Qwen3NextConfig default
   c.head_dim = get_int(j, src, "head_dim", 2, 1024, def_hd);
   if (c.head_dim % 2 != 0) fail(src, "head_dim", "must be even for rotary embeddings");
   c.rms_norm_eps = get_double(j, src, "rms_norm_eps", 1e-12, 1.0, 1e-6);
@@ -254,7 +323,9 @@ ModelConfig parse_model_config(const json& j, const std::string& src) {
   if (get_bool(j, src, "use_sliding_window", false)) {
     fail(src, "use_sliding_window", "sliding-window attention is not implemented");
   }
-  if (auto lt = j.find("layer_types"); lt != j.end() && !lt->is_null()) {
+  // Only qwen3_next mixes layer types (parse_mixers); elsewhere every layer is full attention.
+  auto lt = j.find("layer_types");
+  if (c.arch != ModelArch::Qwen3Next && lt != j.end() && !lt->is_null()) {
     if (!lt->is_array()) fail(src, "layer_types", "expected an array");
     for (const auto& t : *lt) {
       if (!t.is_string() || t.get<std::string>() != "full_attention") {
@@ -277,7 +348,8 @@ ModelConfig parse_model_config(const json& j, const std::string& src) {
   c.num_experts = get_int(j, src, ekey, 1, 4096, -1);
   c.num_experts_per_tok = get_int(j, src, "num_experts_per_tok", 1, c.num_experts, -1);
   c.moe_intermediate_size = get_int(j, src, "moe_intermediate_size", 1, 1 << 20, -1);
-  c.norm_topk_prob = get_bool(j, src, "norm_topk_prob", c.arch == ModelArch::Qwen3Moe);
+  c.norm_topk_prob = get_bool(j, src, "norm_topk_prob",
+                              c.arch == ModelArch::Qwen3Moe || c.arch == ModelArch::Qwen3Next);
   c.decoder_sparse_step = get_int(j, src, "decoder_sparse_step", 1, c.num_layers, 1);
   if (auto m = j.find("mlp_only_layers"); m != j.end() && !m->is_null()) {
     if (!m->is_array()) fail(src, "mlp_only_layers", "expected an array of layer indices");
@@ -297,7 +369,22 @@ ModelConfig parse_model_config(const json& j, const std::string& src) {
     c.qkv_bias = get_bool(j, src, "attention_bias", false);
     c.qk_norm = true;
   }
-  c.layers = default_layer_kinds(c);
+  if (c.arch != ModelArch::Qwen3Next) {
+    c.layers = default_layer_kinds(c);
+  } else {
+    // Hybrid: Gated DeltaNet + gated full attention, zero-centred norms, shared expert
+    // (transformers' default width 512 when unspelt).
+    if (c.qkv_bias)
+      fail(src, "attention_bias", "attention biases are not implemented for qwen3_next");
+    c.attn_output_gate = true;
+    c.zero_centred_norm = true;
+    c.shared_expert_intermediate_size =
+        get_int(j, src, "shared_expert_intermediate_size", 0, 1 << 20, 512);
+    parse_linear_attention(j, src, c);
+    const std::vector<MixerKind> mixers = parse_mixers(j, src, c);
+    c.layers = default_layer_kinds(c);
+    for (size_t i = 0; i < mixers.size(); ++i) c.layers[i].mixer = mixers[i];
+  }
   return c;
 }
 

@@ -1,4 +1,5 @@
-// Model hyper-parameters parsed from a Hugging Face config.json (qwen3_moe, qwen2_moe, qwen3).
+// Model hyper-parameters parsed from a Hugging Face config.json (qwen3_moe, qwen2_moe, qwen3,
+// qwen3_next).
 // Parsing validates every field we use against bounds and rejects features the engine does not
 // implement (sliding window, rope scaling, unknown quantization) with an error naming the field.
 #pragma once
@@ -12,7 +13,7 @@
 namespace moebatch {
 
 /// Which family of decoder the checkpoint is; decides hub tensor names and small semantics.
-enum class ModelArch { Qwen3Moe, Qwen2Moe, Qwen3Dense };
+enum class ModelArch { Qwen3Moe, Qwen2Moe, Qwen3Dense, Qwen3Next };
 
 /// Weight quantization of the checkpoint.
 enum class QuantMethod {
@@ -21,9 +22,11 @@ enum class QuantMethod {
   Nvfp4,     ///< ModelOpt NVFP4: packed E2M1 pairs, F8_E4M3 scale per 16 inputs, F32 scale_2
 };
 
-/// The token mixer of one decoder layer. Only full attention is implemented; Gated DeltaNet
-/// (Qwen3-Next's linear attention, with per-sequence recurrent state) plugs in here.
-enum class MixerKind { FullAttention, LinearAttention };
+/// The token mixer of one decoder layer.
+enum class MixerKind {
+  FullAttention,    ///< softmax attention over the paged KV cache
+  LinearAttention,  ///< Gated DeltaNet (Qwen3-Next): per-sequence recurrent state, no KV
+};
 
 /// The feed-forward block of one decoder layer.
 enum class MlpKind {
@@ -38,6 +41,22 @@ struct LayerKind {
   MlpKind mlp = MlpKind::Dense;                ///< feed-forward block
   bool has_kv() const { return mixer == MixerKind::FullAttention; }
   bool is_moe() const { return mlp != MlpKind::Dense; }
+};
+
+/// Sizes of the Gated DeltaNet linear-attention layers (Qwen3-Next's `linear_*` fields).
+struct LinearAttentionDims {
+  int64_t num_k_heads = 0;  ///< linear_num_key_heads (q and k heads)
+  int64_t num_v_heads = 0;  ///< linear_num_value_heads, a multiple of num_k_heads
+  int64_t k_head_dim = 0;   ///< linear_key_head_dim
+  int64_t v_head_dim = 0;   ///< linear_value_head_dim
+  int64_t conv_kernel = 0;  ///< linear_conv_kernel_dim (causal depthwise conv width)
+  /// Channels of the causal conv: q (nk·dk), k (nk·dk), v (nv·dv).
+  int64_t conv_dim() const { return 2 * num_k_heads * k_head_dim + num_v_heads * v_head_dim; }
+  /// fp32 values of one sequence's state in one layer: conv [conv_dim, kernel-1] (the last
+  /// kernel-1 conv inputs) + delta rule [nv, dk, dv].
+  int64_t state_floats() const {
+    return conv_dim() * (conv_kernel - 1) + num_v_heads * k_head_dim * v_head_dim;
+  }
 };
 
 /// Validated model hyper-parameters. All sizes are positive and consistent once constructed.
@@ -70,19 +89,30 @@ struct ModelConfig {
   int64_t quant_group_size = 0;                 ///< NVFP4: inputs per scale (16)
   std::vector<std::string> quant_exclude;       ///< NVFP4: modules left unquantized (wildcards)
   std::vector<LayerKind> layers;                ///< [num_layers], decided once at parse time
+  // Qwen3-Next variants (rotary_dim is set for every family)
+  int64_t rotary_dim = 0;          ///< leading dims of a head that RoPE rotates (head_dim: all)
+  bool attn_output_gate = false;   ///< q_proj yields [query | gate] per head; out ·= sigmoid(gate)
+  bool zero_centred_norm = false;  ///< RMSNorm weights are applied as (1 + w)
+  LinearAttentionDims linear;      ///< Gated DeltaNet sizes (linear-attention layers only)
 
   /// True when layer `i` uses routed experts (else a dense SwiGLU MLP).
   bool is_moe_layer(int64_t i) const { return layers[static_cast<size_t>(i)].is_moe(); }
   /// Layers that keep a paged KV cache (full attention).
   int64_t num_kv_layers() const;
-  /// Bytes of per-sequence recurrent state over all layers (0: no linear-attention layers).
-  int64_t state_bytes_per_seq() const { return 0; }
+  /// Layers with linear attention (recurrent state instead of KV).
+  int64_t num_linear_layers() const { return num_layers - num_kv_layers(); }
+  /// Bytes of one sequence's recurrent state over all layers and ranks, held in fp32
+  /// (0: no linear-attention layers).
+  int64_t state_bytes_per_seq() const {
+    return num_linear_layers() * linear.state_floats() * static_cast<int64_t>(sizeof(float));
+  }
   /// True when the model has a shared expert with a sigmoid gate (Qwen2-MoE).
   bool has_shared_expert() const { return shared_expert_intermediate_size > 0; }
 };
 
 /// The per-layer kinds of the qwen3_moe / qwen2_moe / qwen3 families: full attention everywhere;
 /// MoE on every decoder_sparse_step-th layer except mlp_only_layers (dense models: all dense).
+/// (qwen3_next sets the mixers from layer_types on top of this.)
 /// Code that builds a ModelConfig by hand (benchmarks, tests) sets `layers` with this.
 std::vector<LayerKind> default_layer_kinds(const ModelConfig& c);
 

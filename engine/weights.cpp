@@ -36,6 +36,62 @@ TensorPlan col_slice(const std::string& name, std::vector<int64_t> full, int64_t
   return TensorPlan{{full[0], cols}, {PlanPiece{name, full, 0, full[0], col0, cols, 0}}};
 }
 
+// A full-attention layer's tensors for this rank's heads.
+void plan_attention(const ModelConfig& c, const ShardDims& d, const std::string& a,
+                    LayerWeightsT<TensorPlan>& L) {
+  const int64_t H = c.hidden_size, hd = c.head_dim;
+  // With an output gate q_proj yields [query | gate] per head: twice the rows, split alike.
+  const int64_t qm = c.attn_output_gate ? 2 : 1;
+  const int64_t q_rows = c.num_heads * hd * qm, kv_rows = c.num_kv_heads * hd;
+  // Column-parallel q/k/v fused into one matrix: this rank's q heads, then its k and v heads
+  // (contiguous rows of each hub tensor), so one GEMM yields [q | k | v] per token.
+  const int64_t nq = d.num_heads * hd * qm, nkv = d.num_kv_heads * hd;
+  const int64_t q0 = d.head0 * hd * qm, kv0 = d.kv_head0 * hd;
+  L.wqkv.shape = {nq + 2 * nkv, H};
+  L.wqkv.pieces = {{a + "q_proj.weight", {q_rows, H}, q0, nq, 0, H, 0},
+                   {a + "k_proj.weight", {kv_rows, H}, kv0, nkv, 0, H, nq},
+                   {a + "v_proj.weight", {kv_rows, H}, kv0, nkv, 0, H, nq + nkv}};
+  if (c.qkv_bias) {
+    L.bqkv.shape = {nq + 2 * nkv};
+    L.bqkv.pieces = {{a + "q_proj.bias", {q_rows}, q0, nq, 0, 1, 0},
+                     {a + "k_proj.bias", {kv_rows}, kv0, nkv, 0, 1, nq},
+                     {a + "v_proj.bias", {kv_rows}, kv0, nkv, 0, 1, nq + nkv}};
+  }
+  if (c.qk_norm) {
+    L.q_norm = whole(a + "q_norm.weight", {hd});
+    L.k_norm = whole(a + "k_norm.weight", {hd});
+  }
+  // Row-parallel o_proj: the input columns of this rank's heads.
+  L.wo = col_slice(a + "o_proj.weight", {H, c.num_heads * hd}, d.head0 * hd, d.num_heads * hd);
+}
+
+// A Gated DeltaNet layer's tensors for this rank's key-head group (see LayerWeightsT).
+void plan_linear_attention(const ModelConfig& c, const ShardDims& d, const std::string& prefix,
+                           LayerWeightsT<TensorPlan>& L) {
+  const LinearAttentionDims& a = c.linear;
+  const int64_t H = c.hidden_size, dk = a.k_head_dim, dv = a.v_head_dim;
+  const int64_t r = a.num_v_heads / a.num_k_heads, grp = 2 * dk + 2 * r * dv;
+  const int64_t nk = d.lin_k_heads, nv = d.lin_v_heads, kh0 = d.lin_k_head0, vh0 = kh0 * r;
+  const int64_t key_dim = a.num_k_heads * dk, value_dim = a.num_v_heads * dv;
+  // in_proj_qkvz and in_proj_ba are grouped by key head, so a rank's rows are contiguous.
+  L.lin_in.shape = {nk * grp + 2 * nv, H};
+  L.lin_in.pieces = {
+      {prefix + "in_proj_qkvz.weight", {a.num_k_heads * grp, H}, kh0 * grp, nk * grp, 0, H, 0},
+      {prefix + "in_proj_ba.weight", {2 * a.num_v_heads, H}, kh0 * 2 * r, 2 * nv, 0, H, nk * grp}};
+  // conv1d.weight [C, 1, K]: this rank's q, k and v channels.
+  const int64_t K = a.conv_kernel;
+  const std::vector<int64_t> conv_full = {a.conv_dim(), 1, K};
+  const std::string conv = prefix + "conv1d.weight";
+  L.lin_conv.shape = {2 * nk * dk + nv * dv, K};
+  L.lin_conv.pieces = {{conv, conv_full, kh0 * dk, nk * dk, 0, K, 0},
+                       {conv, conv_full, key_dim + kh0 * dk, nk * dk, 0, K, nk * dk},
+                       {conv, conv_full, 2 * key_dim + vh0 * dv, nv * dv, 0, K, 2 * nk * dk}};
+  L.lin_dt_bias = row_slice(prefix + "dt_bias", {a.num_v_heads}, vh0, nv);
+  L.lin_a_log = row_slice(prefix + "A_log", {a.num_v_heads}, vh0, nv);
+  L.lin_norm = whole(prefix + "norm.weight", {dv});
+  L.lin_out = col_slice(prefix + "out_proj.weight", {H, value_dim}, vh0 * dv, nv * dv);
+}
+
 // gate rows then up rows of a SwiGLU MLP, each sliced to [i0, i0+n) of width `inter`.
 void add_gate_up(TensorPlan& p, const std::string& prefix, int64_t inter, int64_t hidden,
                  int64_t i0, int64_t n, int64_t dst_row0) {
@@ -98,6 +154,12 @@ ShardDims shard_dims(const ModelConfig& c, const ShardSpec& s) {
     require_divisible(c.shared_expert_intermediate_size, w, "shared_expert_intermediate_size");
     d.shared_intermediate = c.shared_expert_intermediate_size / w;
   }
+  if (c.num_linear_layers() > 0) {
+    require_divisible(c.linear.num_k_heads, w, "linear_num_key_heads");
+    d.lin_k_heads = c.linear.num_k_heads / w;
+    d.lin_v_heads = c.linear.num_v_heads / w;
+    d.lin_k_head0 = s.rank * d.lin_k_heads;
+  }
   d.vocab_split = s.vocab_parallel_lm_head && w > 1 && c.vocab_size % w == 0;
   d.vocab = d.vocab_split ? c.vocab_size / w : c.vocab_size;
   d.vocab0 = d.vocab_split ? s.rank * d.vocab : 0;
@@ -106,8 +168,7 @@ ShardDims shard_dims(const ModelConfig& c, const ShardSpec& s) {
 
 ModelPlan plan_weights(const ModelConfig& c, const ShardSpec& s) {
   const ShardDims d = shard_dims(c, s);
-  const int64_t H = c.hidden_size, hd = c.head_dim;
-  const int64_t q_rows = c.num_heads * hd, kv_rows = c.num_kv_heads * hd;
+  const int64_t H = c.hidden_size;
   ModelPlan m;
   m.embed = whole("model.embed_tokens.weight", {c.vocab_size, H});
   m.final_norm = whole("model.norm.weight", {H});
@@ -116,30 +177,14 @@ ModelPlan plan_weights(const ModelConfig& c, const ShardSpec& s) {
   m.lm_head = row_slice(head_name, {c.vocab_size, H}, d.vocab0, d.vocab);
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    const std::string a = p + "self_attn.";
     LayerWeightsT<TensorPlan> L;
     L.input_norm = whole(p + "input_layernorm.weight", {H});
     L.post_norm = whole(p + "post_attention_layernorm.weight", {H});
-    // Column-parallel q/k/v fused into one matrix: this rank's q heads, then its k and v heads
-    // (contiguous rows of each hub tensor), so one GEMM yields [q | k | v] per token.
-    const int64_t nq = d.num_heads * hd, nkv = d.num_kv_heads * hd;
-    const int64_t q0 = d.head0 * hd, kv0 = d.kv_head0 * hd;
-    L.wqkv.shape = {nq + 2 * nkv, H};
-    L.wqkv.pieces = {{a + "q_proj.weight", {q_rows, H}, q0, nq, 0, H, 0},
-                     {a + "k_proj.weight", {kv_rows, H}, kv0, nkv, 0, H, nq},
-                     {a + "v_proj.weight", {kv_rows, H}, kv0, nkv, 0, H, nq + nkv}};
-    if (c.qkv_bias) {
-      L.bqkv.shape = {nq + 2 * nkv};
-      L.bqkv.pieces = {{a + "q_proj.bias", {q_rows}, q0, nq, 0, 1, 0},
-                       {a + "k_proj.bias", {kv_rows}, kv0, nkv, 0, 1, nq},
-                       {a + "v_proj.bias", {kv_rows}, kv0, nkv, 0, 1, nq + nkv}};
+    if (c.layers[static_cast<size_t>(l)].mixer == MixerKind::LinearAttention) {
+      plan_linear_attention(c, d, p + "linear_attn.", L);
+    } else {
+      plan_attention(c, d, p + "self_attn.", L);
     }
-    if (c.qk_norm) {
-      L.q_norm = whole(a + "q_norm.weight", {hd});
-      L.k_norm = whole(a + "k_norm.weight", {hd});
-    }
-    // Row-parallel o_proj: the input columns of this rank's heads.
-    L.wo = col_slice(a + "o_proj.weight", {H, q_rows}, d.head0 * hd, d.num_heads * hd);
     const std::string mlp = p + "mlp.";
     if (!c.is_moe_layer(l)) {
       const int64_t I = c.intermediate_size, n = d.intermediate, i0 = s.rank * n;

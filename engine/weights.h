@@ -11,7 +11,9 @@
 // down columns) or, with ExpertSplit::Expert, whole experts are divided among ranks (expert
 // parallel). Either way a rank's MLP output is a partial sum, reduced with one all-reduce.
 // lm_head is vocab-parallel when the vocab divides evenly (then gathered), else replicated.
-// Router, norms and embeddings are replicated.
+// Router, norms and embeddings are replicated. Gated DeltaNet layers split by key-head groups
+// (each with its num_v/num_k value heads): in_proj, conv channels, A_log and dt_bias rows of the
+// rank's heads, out_proj columns of its value heads (row-parallel, one all-reduce).
 #pragma once
 
 #include <cstdint>
@@ -58,13 +60,17 @@ struct ShardDims {
   int64_t vocab = 0;                ///< local lm_head rows
   int64_t vocab0 = 0;               ///< first global vocab row of this rank
   bool vocab_split = false;         ///< lm_head rows are split across ranks
+  int64_t lin_k_heads = 0;          ///< local Gated DeltaNet key heads
+  int64_t lin_v_heads = 0;          ///< local Gated DeltaNet value heads
+  int64_t lin_k_head0 = 0;          ///< first global key head (value heads start at ·nv/nk)
 };
 
 /// Validates divisibility for `spec` and returns the local sizes; InputError names the field.
 ShardDims shard_dims(const ModelConfig& cfg, const ShardSpec& spec);
 
 /// One block copy: rows [row0, row0+rows) x cols [col0, col0+cols) of a hub tensor (1-D tensors
-/// are viewed as [n, 1]) into destination rows starting at dst_row0.
+/// are viewed as [n, 1], N-D ones as [shape[0], product of the rest]) into destination rows
+/// starting at dst_row0.
 struct PlanPiece {
   std::string name;                ///< hub tensor name
   std::vector<int64_t> src_shape;  ///< full shape the config implies (checked)
@@ -94,11 +100,15 @@ struct HostTensor {
 };
 
 /// One decoder layer. Sizes are per rank: nh, nkv = local heads, hd = head_dim, H = hidden,
-/// I = local dense width, Ie = local expert width, Is = local shared width, E = stored experts.
+/// I = local dense width, Ie = local expert width, Is = local shared width, E = stored experts;
+/// Gated DeltaNet: nk, nv = local key/value heads, r = nv/nk, dk, dv = their dims, K = conv
+/// width, C = 2*nk*dk + nv*dv conv channels. A layer has either the attention fields (wqkv..wo)
+/// or the lin_* ones.
 template <class T>
 struct LayerWeightsT {
   T input_norm;      // [H]
-  T wqkv;            // [(nh + 2*nkv)*hd, H] rows: q heads, then k heads, then v heads
+  T wqkv;            // [(nh*g + 2*nkv)*hd, H] rows: q heads, then k heads, then v heads; with an
+                     // output gate (g = 2) each q head's rows are [query hd | gate hd]
   T bqkv;            // [(nh + 2*nkv)*hd]    (qkv_bias only)
   T q_norm;          // [hd]      (qk_norm only)
   T k_norm;          // [hd]      (qk_norm only)
@@ -112,6 +122,13 @@ struct LayerWeightsT {
   T shared_gate_up;  // [2*Is, H] shared expert (Qwen2-MoE)
   T shared_down;     // [H, Is]
   T shared_gate;     // [1, H]    sigmoid gate of the shared expert
+  T lin_in;          // [nk*(2dk + 2r*dv) + 2*nv, H] in_proj_qkvz rows (per key head: q, k, then
+                     // v and z of its r value heads), then in_proj_ba rows (per key head: b, a)
+  T lin_conv;        // [C, K]    causal depthwise conv; channels q (nk*dk), k (nk*dk), v (nv*dv)
+  T lin_dt_bias;     // [nv]
+  T lin_a_log;       // [nv]      decay g = -exp(A_log) * softplus(a + dt_bias)
+  T lin_norm;        // [dv]      gated RMSNorm weight (applied as w, not 1 + w)
+  T lin_out;         // [H, nv*dv]
 
   /// Calls f(mine, theirs) for every field, pairing this layer with `o` of another tensor type.
   template <class U, class F>
@@ -131,6 +148,12 @@ struct LayerWeightsT {
     f(shared_gate_up, o.shared_gate_up);
     f(shared_down, o.shared_down);
     f(shared_gate, o.shared_gate);
+    f(lin_in, o.lin_in);
+    f(lin_conv, o.lin_conv);
+    f(lin_dt_bias, o.lin_dt_bias);
+    f(lin_a_log, o.lin_a_log);
+    f(lin_norm, o.lin_norm);
+    f(lin_out, o.lin_out);
   }
 };
 

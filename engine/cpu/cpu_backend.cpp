@@ -41,28 +41,43 @@ CpuBackend::CpuBackend(const std::filesystem::path& model_dir, const CpuBackendO
   // KV of one token on one rank, over the layers that hold KV (fp32)
   const int64_t kv_per_token = cfg_.num_kv_layers() * 2 * dims[0].num_kv_heads * cfg_.head_dim *
                                static_cast<int64_t>(sizeof(float));
+  const bool has_state = cfg_.state_bytes_per_seq() > 0;
+  if (has_state && (opts.state_slots < 1 || opts.state_slots > 4096))
+    throw InputError("state slots (max_num_seqs) must be in [1, 4096]");
   const int64_t bytes_per_block = kv_per_token * opts.block_size * opts.tp;
-  const int64_t num_blocks = std::max<int64_t>(1, opts.kv_cache_bytes / bytes_per_block);
+  // Without any full-attention layer the blocks hold nothing; the scheduler still budgets
+  // positions in them, so give every slot room for a whole sequence.
+  const int64_t num_blocks =
+      bytes_per_block > 0
+          ? std::max<int64_t>(1, opts.kv_cache_bytes / bytes_per_block)
+          : std::min<int64_t>(
+                int64_t{1} << 24,
+                opts.state_slots *
+                    ((cfg_.max_position_embeddings + opts.block_size - 1) / opts.block_size));
   info_.kv_blocks = num_blocks;
   info_.block_size = opts.block_size;
   info_.kv_bytes_per_token = kv_per_token * opts.tp;
   info_.max_model_len = cfg_.max_position_embeddings;
+  info_.state_slots = has_state ? opts.state_slots : 0;
+  if (has_state) state_next_pos_.assign(static_cast<size_t>(opts.state_slots), 0);
   info_.description = fmt::format("cpu tp={}, {} threads/rank, f32 weights", opts.tp, per_rank);
   spdlog::info(
       "cpu backend: {} ({} layers, {} experts), tp={}, {} threads/rank, KV cache {} blocks x {} "
-      "tokens ({:.1f} MiB)",
+      "tokens ({:.1f} MiB), recurrent state {} slots ({:.1f} MiB)",
       arch_name(cfg_.arch), cfg_.num_layers, cfg_.num_experts, opts.tp, per_rank, num_blocks,
-      opts.block_size, num_blocks * bytes_per_block / 1048576.0);
+      opts.block_size, num_blocks * bytes_per_block / 1048576.0, info_.state_slots,
+      info_.state_slots * cfg_.state_bytes_per_seq() / 1048576.0);
   for (int r = 0; r < opts.tp; ++r) {
-    auto rank = std::unique_ptr<CpuRank>(
-        new CpuRank{r, dims[r], load_weights(ckpt, cfg_, {r, opts.tp, opts.expert_split}),
-                    HostKvCache(cfg_.num_layers, num_blocks, opts.block_size, dims[r].num_kv_heads,
-                                cfg_.head_dim),
-                    std::make_unique<ThreadPool>(per_rank)});
+    auto rank = std::unique_ptr<CpuRank>(new CpuRank{
+        r, dims[r], load_weights(ckpt, cfg_, {r, opts.tp, opts.expert_split}),
+        HostKvCache(cfg_.layers, num_blocks, opts.block_size, dims[r].num_kv_heads, cfg_.head_dim),
+        std::make_unique<ThreadPool>(per_rank),
+        has_state ? std::make_unique<HostLinearState>(cfg_, dims[r], opts.state_slots) : nullptr});
     DeviceUsage u;
     u.device = "cpu";
     u.weight_bytes = host_bytes(rank->weights);
     u.kv_bytes = num_blocks * opts.block_size * kv_per_token;
+    u.state_bytes = rank->state ? rank->state->bytes() : 0;
     info_.devices.push_back(u);
     ranks_.push_back(std::move(rank));
   }
@@ -74,6 +89,7 @@ void CpuBackend::forward(const StepBatch& batch, std::vector<float>& logits) {
   // Checked before any rank starts: a bad index caught inside one rank thread would leave the
   // others waiting at a barrier.
   validate_step_batch(batch, cfg_, info_.kv_blocks, opts_.block_size);
+  if (info_.state_slots > 0) begin_state_step(batch);
   if (ranks_.size() == 1) {
     cpu_forward(cfg_, *ranks_[0], comm_, batch, logits);
     return;
@@ -85,6 +101,43 @@ void CpuBackend::forward(const StepBatch& batch, std::vector<float>& logits) {
   }
   cpu_forward(cfg_, *ranks_[0], comm_, batch, logits);
   for (auto& t : threads) t.join();
+}
+
+void CpuBackend::begin_state_step(const StepBatch& b) {
+  // A row's tokens must be consecutive positions in batch order, since the recurrence consumes
+  // them one after another. Position 0 starts a sequence (the scheduler's first chunk of a
+  // request; there is no prefix caching), so that slot's state is zeroed; any other start must
+  // be the position the slot's state ended at, or the state would belong to another sequence.
+  const size_t num_rows = b.block_tables.size() / static_cast<size_t>(b.max_blocks_per_seq);
+  MB_CHECK(b.state_slots.size() == num_rows,
+           "a linear-attention model needs one state slot per row");
+  std::vector<int64_t> first(num_rows, -1), next(num_rows, -1);
+  for (size_t t = 0; t < b.tokens.size(); ++t) {
+    const auto row = static_cast<size_t>(b.seq_index[t]);
+    if (first[row] < 0) {
+      first[row] = next[row] = b.positions[t];
+    }
+    MB_CHECK(b.positions[t] == next[row], "a row's tokens must be consecutive positions");
+    ++next[row];
+  }
+  std::vector<char> used(state_next_pos_.size(), 0);
+  for (size_t row = 0; row < num_rows; ++row) {
+    if (first[row] < 0) continue;  // a row without tokens leaves its slot alone
+    const int32_t s = b.state_slots[row];
+    MB_CHECK(s >= 0 && s < info_.state_slots, "state slot out of range");
+    MB_CHECK(!used[s], "two rows of one step share a state slot");
+    used[s] = 1;
+    MB_CHECK(first[row] == 0 || first[row] == state_next_pos_[s],
+             "a row must start at position 0 or where its state slot ended");
+  }
+  // checked: now reset the slots of new sequences and advance every row's slot
+  for (size_t row = 0; row < num_rows; ++row) {
+    if (first[row] < 0) continue;
+    const int32_t s = b.state_slots[row];
+    if (first[row] == 0)
+      for (auto& r : ranks_) r->state->reset(s);
+    state_next_pos_[s] = next[row];
+  }
 }
 
 }  // namespace moebatch

@@ -1,13 +1,16 @@
-// The CPU reference forward of Qwen3-MoE / Qwen2-MoE / Qwen3 for one tensor-parallel rank, read
-// top to bottom: embed → per layer [norm → qkv → q/k norm + rope → kv write → attention →
-// o_proj (+all-reduce) → residual → norm → router + experts (+shared expert) or dense MLP
-// (+all-reduce) → residual] → final norm → lm_head (+gather). All math in fp32.
+// The CPU reference forward of Qwen3-MoE / Qwen2-MoE / Qwen3 / Qwen3-Next for one
+// tensor-parallel rank, read top to bottom: embed → per layer [norm → token mixer: full attention
+// (qkv → q/k norm + rope → kv write → attention → output gate → o_proj) or Gated DeltaNet
+// (engine/cpu/gated_delta_net.cpp) (+all-reduce) → residual → norm → router + experts (+shared
+// expert) or dense MLP (+all-reduce) → residual] → final norm → lm_head (+gather). All math in
+// fp32.
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "common/error.h"
 #include "engine/cpu/cpu_backend.h"
+#include "engine/cpu/gated_delta_net.h"
 #include "engine/cpu/ops.h"
 
 namespace moebatch {
@@ -111,10 +114,62 @@ void moe(const ModelConfig& cfg, const ShardDims& d, const LayerWeights& L, Thre
            s.data());
     cpu::matmul(pool, x, n, H, L.shared_gate.ptr(), 1, nullptr, g.data());
     for (int64_t t = 0; t < n; ++t) {
-      const float sg = 1.0f / (1.0f + std::exp(-g[t]));
+      const float sg = cpu::sigmoid(g[t]);
       for (int64_t h = 0; h < H; ++h) y[t * H + h] += sg * s[t * H + h];
     }
   }
+}
+
+// Full-attention mixer: y[n, H] is this rank's partial o_proj sum. With an output gate (Qwen3-
+// Next) q_proj rows are [query | gate] per head and the attention output is multiplied by
+// sigmoid(gate) before o_proj.
+void attention(const ModelConfig& cfg, CpuRank& r, const StepBatch& b, int64_t l, const float* x,
+               float* y) {
+  const ShardDims& d = r.dims;
+  const LayerWeights& L = r.weights.layers[l];
+  ThreadPool& pool = *r.pool;
+  const int64_t n = static_cast<int64_t>(b.tokens.size());
+  const int64_t H = cfg.hidden_size, hd = cfg.head_dim, nh = d.num_heads, nkv = d.num_kv_heads;
+  const int64_t qm = cfg.attn_output_gate ? 2 : 1;  // q rows per head: query (+ gate)
+  const float norm_off = cfg.zero_centred_norm ? 1.0f : 0.0f;
+  const double eps = cfg.rms_norm_eps;
+
+  // fused qkv projection (+ bias for Qwen2-MoE), split into q (and gate), k, v
+  const int64_t qkv_width = (nh * qm + 2 * nkv) * hd;
+  Vec qkv(static_cast<size_t>(n * qkv_width));
+  Vec q(static_cast<size_t>(n * nh * hd)), gate(cfg.attn_output_gate ? q.size() : 0);
+  Vec k(static_cast<size_t>(n * nkv * hd)), v(k.size()), attn(q.size());
+  cpu::matmul(pool, x, n, H, L.wqkv.ptr(), qkv_width, L.bqkv.empty() ? nullptr : L.bqkv.ptr(),
+              qkv.data());
+  for (int64_t t = 0; t < n; ++t) {
+    const float* row = qkv.data() + t * qkv_width;
+    for (int64_t h = 0; h < nh; ++h) {
+      std::copy_n(row + h * qm * hd, hd, q.data() + (t * nh + h) * hd);
+      if (qm == 2) std::copy_n(row + h * qm * hd + hd, hd, gate.data() + (t * nh + h) * hd);
+    }
+    std::copy_n(row + nh * qm * hd, nkv * hd, k.data() + t * nkv * hd);
+    std::copy_n(row + (nh * qm + nkv) * hd, nkv * hd, v.data() + t * nkv * hd);
+  }
+
+  // q/k per-head RMSNorm (Qwen3), then RoPE on the first rotary_dim dims of q and k
+  if (!L.q_norm.empty()) {
+    cpu::rmsnorm(q.data(), L.q_norm.ptr(), n * nh, hd, eps, q.data(), norm_off);
+    cpu::rmsnorm(k.data(), L.k_norm.ptr(), n * nkv, hd, eps, k.data(), norm_off);
+  }
+  cpu::rope_neox(q.data(), b.positions.data(), n, nh, hd, cfg.rotary_dim, cfg.rope_theta);
+  cpu::rope_neox(k.data(), b.positions.data(), n, nkv, hd, cfg.rotary_dim, cfg.rope_theta);
+
+  // kv write: every token's k/v into its paged slot before anyone attends
+  const int64_t stride = r.kv.slot_stride();
+  for (int64_t t = 0; t < n; ++t) {
+    std::copy_n(k.data() + t * stride, stride, r.kv.k[l].data() + b.slot_mapping[t] * stride);
+    std::copy_n(v.data() + t * stride, stride, r.kv.v[l].data() + b.slot_mapping[t] * stride);
+  }
+
+  // attention over the paged cache, output gate, then row-parallel o_proj
+  paged_attention(pool, b, r.kv, l, q.data(), nh, attn.data());
+  for (size_t i = 0; i < gate.size(); ++i) attn[i] *= cpu::sigmoid(gate[i]);
+  cpu::matmul(pool, attn.data(), n, nh * hd, L.wo.ptr(), H, nullptr, y);
 }
 
 }  // namespace
@@ -125,59 +180,35 @@ void cpu_forward(const ModelConfig& cfg, CpuRank& r, Communicator& comm, const S
   const ModelWeights& W = r.weights;
   ThreadPool& pool = *r.pool;
   const int64_t n = static_cast<int64_t>(b.tokens.size());
-  const int64_t H = cfg.hidden_size, hd = cfg.head_dim, nh = d.num_heads, nkv = d.num_kv_heads;
+  const int64_t H = cfg.hidden_size;
   const double eps = cfg.rms_norm_eps;
+  const float norm_off = cfg.zero_centred_norm ? 1.0f : 0.0f;  // Qwen3-Next norms: x̂ · (1 + w)
+  MB_CHECK(cfg.rotary_dim > 0 && cfg.rotary_dim <= cfg.head_dim && cfg.rotary_dim % 2 == 0,
+           "model config: rotary_dim must be even and in (0, head_dim]");
 
   // embed
   Vec x(static_cast<size_t>(n * H)), h(x.size()), o(x.size());
   for (int64_t t = 0; t < n; ++t) {
     std::copy_n(W.embed.ptr() + b.tokens[t] * H, H, x.data() + t * H);
   }
-  const int64_t qkv_width = (nh + 2 * nkv) * hd;
-  Vec qkv(static_cast<size_t>(n * qkv_width));
-  Vec q(static_cast<size_t>(n * nh * hd)), k(static_cast<size_t>(n * nkv * hd)), v(k.size());
-  Vec attn(q.size());
 
   for (int64_t l = 0; l < cfg.num_layers; ++l) {
     const LayerWeights& L = W.layers[l];
-
     const LayerKind kind = cfg.layers[static_cast<size_t>(l)];
-    MB_CHECK(kind.mixer == MixerKind::FullAttention, "cpu forward: linear attention not built");
 
-    // attention norm + fused qkv projection (+ bias for Qwen2-MoE), split into q, k, v
-    cpu::rmsnorm(x.data(), L.input_norm.ptr(), n, H, eps, h.data());
-    cpu::matmul(pool, h.data(), n, H, L.wqkv.ptr(), qkv_width,
-                L.bqkv.empty() ? nullptr : L.bqkv.ptr(), qkv.data());
-    for (int64_t t = 0; t < n; ++t) {
-      const float* row = qkv.data() + t * qkv_width;
-      std::copy_n(row, nh * hd, q.data() + t * nh * hd);
-      std::copy_n(row + nh * hd, nkv * hd, k.data() + t * nkv * hd);
-      std::copy_n(row + (nh + nkv) * hd, nkv * hd, v.data() + t * nkv * hd);
+    // token mixer: full attention or Gated DeltaNet on the normed input, all-reduce, residual
+    cpu::rmsnorm(x.data(), L.input_norm.ptr(), n, H, eps, h.data(), norm_off);
+    if (kind.mixer == MixerKind::LinearAttention) {
+      MB_CHECK(r.state != nullptr, "cpu forward: linear-attention layer without state slots");
+      gated_delta_net(cfg, d, L, pool, b, l, *r.state, h.data(), o.data());
+    } else {
+      attention(cfg, r, b, l, h.data(), o.data());
     }
-
-    // q/k per-head RMSNorm (Qwen3), then RoPE on q and k
-    if (!L.q_norm.empty()) {
-      cpu::rmsnorm(q.data(), L.q_norm.ptr(), n * nh, hd, eps, q.data());
-      cpu::rmsnorm(k.data(), L.k_norm.ptr(), n * nkv, hd, eps, k.data());
-    }
-    cpu::rope_neox(q.data(), b.positions.data(), n, nh, hd, cfg.rope_theta);
-    cpu::rope_neox(k.data(), b.positions.data(), n, nkv, hd, cfg.rope_theta);
-
-    // kv write: every token's k/v into its paged slot before anyone attends
-    const int64_t stride = r.kv.slot_stride();
-    for (int64_t t = 0; t < n; ++t) {
-      std::copy_n(k.data() + t * stride, stride, r.kv.k[l].data() + b.slot_mapping[t] * stride);
-      std::copy_n(v.data() + t * stride, stride, r.kv.v[l].data() + b.slot_mapping[t] * stride);
-    }
-
-    // attention over the paged cache, then row-parallel o_proj + all-reduce + residual
-    paged_attention(pool, b, r.kv, l, q.data(), nh, attn.data());
-    cpu::matmul(pool, attn.data(), n, nh * hd, L.wo.ptr(), H, nullptr, o.data());
     comm.all_reduce_sum(r.rank, o.data(), o.size(), CommDType::F32, nullptr);
     for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
 
     // MLP norm, then routed experts or dense MLP, all-reduce, residual
-    cpu::rmsnorm(x.data(), L.post_norm.ptr(), n, H, eps, h.data());
+    cpu::rmsnorm(x.data(), L.post_norm.ptr(), n, H, eps, h.data(), norm_off);
     if (kind.is_moe()) {
       moe(cfg, d, L, pool, h.data(), n, o.data());
     } else {
@@ -195,7 +226,8 @@ void cpu_forward(const ModelConfig& cfg, CpuRank& r, Communicator& comm, const S
   }
   Vec xr(static_cast<size_t>(rows * H));
   for (int64_t i = 0; i < rows; ++i) {
-    cpu::rmsnorm(x.data() + b.logits_rows[i] * H, W.final_norm.ptr(), 1, H, eps, xr.data() + i * H);
+    cpu::rmsnorm(x.data() + b.logits_rows[i] * H, W.final_norm.ptr(), 1, H, eps, xr.data() + i * H,
+                 norm_off);
   }
   Vec local(static_cast<size_t>(rows * d.vocab));
   cpu::matmul(pool, xr.data(), rows, H, W.lm_head.ptr(), d.vocab, nullptr, local.data());

@@ -34,23 +34,32 @@ void matmul(ThreadPool& pool, const float* x, int64_t n, int64_t k, const float*
   });
 }
 
-void rmsnorm(const float* x, const float* w, int64_t n, int64_t d, double eps, float* out) {
+void rmsnorm(const float* x, const float* w, int64_t n, int64_t d, double eps, float* out,
+             float w_offset) {
   for (int64_t i = 0; i < n; ++i) {
     const float* xi = x + i * d;
     const float ms = dot(xi, xi, d) / static_cast<float>(d);
     const float inv = 1.0f / std::sqrt(ms + static_cast<float>(eps));
-    for (int64_t j = 0; j < d; ++j) out[i * d + j] = xi[j] * inv * w[j];
+    for (int64_t j = 0; j < d; ++j) out[i * d + j] = xi[j] * inv * (w_offset + w[j]);
+  }
+}
+
+void l2norm(float* x, int64_t n, int64_t d, double eps) {
+  for (int64_t i = 0; i < n; ++i) {
+    float* xi = x + i * d;
+    const float inv = 1.0f / std::sqrt(dot(xi, xi, d) + static_cast<float>(eps));
+    for (int64_t j = 0; j < d; ++j) xi[j] *= inv;
   }
 }
 
 void rope_neox(float* x, const int32_t* positions, int64_t n, int64_t heads, int64_t hd,
-               double theta) {
-  const int64_t half = hd / 2;
+               int64_t rot, double theta) {
+  const int64_t half = rot / 2;
   std::vector<float> cs(half), sn(half);
   for (int64_t t = 0; t < n; ++t) {
     // Angles in double: positions up to 1e5+ times inv_freq lose digits in fp32.
     for (int64_t i = 0; i < half; ++i) {
-      const double inv_freq = std::pow(theta, -2.0 * static_cast<double>(i) / hd);
+      const double inv_freq = std::pow(theta, -2.0 * static_cast<double>(i) / rot);
       const double a = positions[t] * inv_freq;
       cs[i] = static_cast<float>(std::cos(a));
       sn[i] = static_cast<float>(std::sin(a));

@@ -59,7 +59,7 @@ TEST(CpuOps, RopeRotatesHalvesAndPreservesNorm) {
   for (auto& v : x) v = nd(rng);
   auto orig = x;
   int32_t pos = static_cast<int32_t>(rng() % 1000);
-  cpu::rope_neox(x.data(), &pos, 1, heads, hd, 10000.0);
+  cpu::rope_neox(x.data(), &pos, 1, heads, hd, hd, 10000.0);
   for (int64_t h = 0; h < heads; ++h) {
     for (int64_t i = 0; i < hd / 2; ++i) {
       double a = pos * std::pow(10000.0, -2.0 * i / hd);

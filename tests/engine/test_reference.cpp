@@ -88,7 +88,7 @@ TEST_P(Fixture, TensorParallelMatchesSingleRank) {
 INSTANTIATE_TEST_SUITE_P(Models, Fixture,
                          ::testing::Values("qwen3_moe_tiny", "qwen2_moe_tiny", "qwen3_dense_tiny",
                                            "qwen3_moe_tiny_fp8", "qwen3_moe_tiny_nvfp4",
-                                           "qwen3moe_tiny_q4km"));
+                                           "qwen3moe_tiny_q4km", "qwen3_next_tiny"));
 
 }  // namespace
 }  // namespace moebatch
