@@ -37,8 +37,9 @@ struct StrKey {
 };
 
 const IntKey kIntKeys[] = {
-    {"kv_cache_mb", &ServiceConfig::kv_cache_mb, 1, int64_t{1} << 20,
-     "KV cache budget over all ranks, MiB (default 256)"},
+    {"kv_cache_mb", &ServiceConfig::kv_cache_mb, 0, int64_t{1} << 20,
+     "KV cache, MiB over all ranks; cpu: the pool (0 = 256), cuda: a cap (0 = all the memory "
+     "plan leaves) (default 0)"},
     {"max_num_seqs", &ServiceConfig::max_num_seqs, 1, 4096, "Batch slots (default 64)"},
     {"max_num_batched_tokens", &ServiceConfig::max_num_batched_tokens, 1, 1 << 20,
      "Tokens per engine step (default 4096)"},

@@ -35,7 +35,7 @@ struct ServiceConfig {
   int64_t collective_timeout_s = 120;     ///< cuda, tp > 1: a stuck collective fails the engine
   std::string quantization = "auto";      ///< cuda: auto | none | fp8 | nvfp4
   int threads = 0;                        ///< CPU compute threads; 0 = all cores
-  int64_t kv_cache_mb = 256;              ///< KV cache budget over all ranks, MiB
+  int64_t kv_cache_mb = 0;                ///< KV cache MiB over all ranks; 0: cpu 256, cuda no cap
   int64_t max_num_seqs = 64;              ///< batch slots (vLLM --max-num-seqs)
   int64_t max_num_batched_tokens = 4096;  ///< tokens per step (vLLM --max-num-batched-tokens)
   BatchingMode batching = BatchingMode::Continuous;  ///< see BatchingMode

@@ -32,7 +32,8 @@ EngineSpec engine_spec(const ServiceConfig& cfg) {
   spec.collective_timeout_s = static_cast<double>(cfg.collective_timeout_s);
   spec.quantization = parse_quantization(cfg.quantization);
   spec.threads = cfg.threads;
-  // CPU: the KV pool's size; CUDA: a cap, the memory plan may give it less, never more.
+  // CPU: the KV pool's size; CUDA: a cap, the memory plan may give it less, never more
+  // (0: the factory's default, 256 MiB on cpu, no cap on cuda).
   spec.kv_cache_bytes = cfg.kv_cache_mb << 20;
   spec.gpu_memory_utilization = cfg.gpu_memory_utilization;
   spec.max_model_len = cfg.max_model_len;

@@ -174,7 +174,7 @@ int main(int argc, char** argv) {
   app.add_option("--max-num-seqs", o.service.max_num_seqs, "Slots (default 64)");
   app.add_option("--max-num-batched-tokens", o.service.max_num_batched_tokens, "Tokens per step");
   app.add_option("--gpu-memory-utilization", o.service.gpu_memory_utilization, "cuda memory share");
-  app.add_option("--kv-cache-mb", o.service.kv_cache_mb, "cpu: KV pool; cuda: cap");
+  app.add_option("--kv-cache-mb", o.service.kv_cache_mb, "cpu: KV pool (0 = 256 MiB); cuda: cap (0 = none)");
   app.add_option("--threads", o.service.threads, "cpu threads");
   app.add_option("--out", o.out, "JSON result file");
   CLI11_PARSE(app, argc, argv);
