@@ -1,9 +1,13 @@
 #include <algorithm>
 #include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
 
 #include "kernels/attention.cuh"
 #include "kernels/cuda_check.cuh"
 #include "kernels/device_common.cuh"
+#include "kernels/mma.cuh"
 
 namespace moebatch::kernels {
 namespace {
@@ -29,6 +33,8 @@ __device__ __forceinline__ void load_dims(const bf16* p, float out[N]) {
   }
 }
 
+// ---- Decode, and prefill shapes the tensor-core kernel does not take ------------------------
+//
 // Flash-style tiling on CUDA cores. A block owns kWarps*RW rows (row = (query token, head of
 // the kv group)), one kv head and one split of the key range. Per 32-key tile: stage K and V
 // in shared memory, scores with one key per lane, online softmax per row (base 2), then P·V with
@@ -184,6 +190,294 @@ __global__ void attention_combine_kernel(AttentionParams p) {
   p.out[(static_cast<size_t>(token) * p.n_q_heads + head) * D + d] = __float2bfloat16(den > 0.f ? num / den : 0.f);
 }
 
+// ---- Prefill on tensor cores (FlashAttention-2 style) ----------------------------------------
+//
+// A block owns kTcRows = 64 rows (row = (query token, head of the kv group), heads inner, as
+// above) of one sequence and one kv head, so each K/V tile staged from the paged cache serves
+// all the group's heads of 64 / group tokens. Warp w owns rows 16w..16w+15: one m16 row block of
+// mma.sync.m16n8k16 (bf16 in, fp32 accumulate). Per 64-key tile: S = Q·Kᵀ (16 × 64 per warp, fp32
+// C fragments), causal mask on the tiles that reach past a row's bound, online softmax in fp32
+// (base 2; the max and sum of a row live in the quad of lanes sharing it), P rounded to bf16 and
+// used straight from the C fragments as the A fragments of O += P·V (16 × D fp32 per warp).
+// Q stays in registers (A fragments) for the whole key loop. K/V tiles are gathered through the
+// block table by cp.async into two stages: tile t + 1 is in flight while tile t is multiplied.
+// Fragment layouts (PTX ISA, lane = 4g + t): A a0 (row g, k 2t..2t+1), a1 (row g + 8), a2 (row g,
+// k + 8), a3 (row g + 8, k + 8); B b0 (k 2t..2t+1, col g), b1 (k + 8); C c0/c1 (row g, cols 2t,
+// 2t + 1), c2/c3 (row g + 8).
+constexpr int kTcWarps = 4;
+constexpr int kTcThreads = kTcWarps * 32;
+constexpr int kTcRows = kTcWarps * 16;  // query rows per block
+constexpr int kTcKeys = 64;             // keys per tile
+// Shared rows padded by 16 bytes: the 8 row addresses of an ldmatrix phase (stride D + 8
+// bf16) fall in 8 distinct 16-byte bank groups for D = 32, 64, 128.
+template <int D>
+constexpr int kTcPad = D + 8;
+template <int D>
+constexpr int kTcTileElems = kTcKeys * kTcPad<D>;
+// Stages s = 0, 1: K at tile 2s, V at tile 2s + 1. Stage 1's K tile first holds the Q tile.
+template <int D>
+constexpr size_t kTcSmemBytes = 4 * kTcTileElems<D> * sizeof(bf16);
+// Blocks per SM: D 128 fits three in 204 KB of shared memory and ≤ 168 registers a thread.
+template <int D>
+constexpr int kTcMinBlocks = D == 128 ? 3 : 4;
+static_assert(kTcRows <= kTcKeys, "the Q tile borrows stage 1's K tile");
+static_assert(kTcThreads == 2 * kTcKeys && kTcThreads == 2 * kTcRows, "two threads copy each row");
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+// 16-byte global → shared copy that bypasses registers; src_bytes 0 writes zeros.
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+// Four 8×8 bf16 matrices; lanes 8i..8i+7 address the rows of matrix i, and lane 4g + t gets
+// (row g, cols 2t, 2t + 1) of each in r[i] — or with .trans (rows 2t, 2t + 1, col g).
+__device__ __forceinline__ void ldmatrix_x4(unsigned addr, unsigned r[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned addr, unsigned r[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const unsigned*>(&h);
+}
+
+// Grid: (kv head, row tile, sequence); row tiles run heaviest (most keys) first.
+// Every row's exclusive key bound is lim(row) = kv_len - n_q + token + 1 ≥ 1, nondecreasing in
+// the row, so key 0 is valid for every row and the first tile leaves each row max finite: later
+// all-masked rows of a tile keep m (alpha = 1) and get p = 2^-inf = 0, never NaN. Rows past the
+// sequence (the last tile's padding) take the last row's bound and zero q, and are not stored.
+// Warps skip 16-key groups at or past their last row's bound (all p = 0 there), which trims the
+// causal diagonal's wasted MMAs; a warp with no rows only joins the copies and barriers.
+template <int D>
+__global__ void __launch_bounds__(kTcThreads, kTcMinBlocks<D>)
+    attention_prefill_mma_kernel(AttentionParams p) {
+  constexpr int kPad = kTcPad<D>;
+  constexpr int kChunks = D / 8;   // 16-byte chunks per K/V/Q row
+  constexpr int kDSteps = D / 16;  // k16 steps of Q·Kᵀ = dim pairs of n8 blocks in P·V
+  extern __shared__ __align__(16) unsigned char attn_smem[];
+  bf16* const smem = reinterpret_cast<bf16*>(attn_smem);
+
+  const int kvh = blockIdx.x, seq = blockIdx.z;
+  const int row0 = (gridDim.y - 1 - blockIdx.y) * kTcRows;
+  const int q0 = p.q_start[seq];
+  const int n_q = p.q_start[seq + 1] - q0;
+  const int group = p.n_q_heads / p.n_kv_heads;
+  const int n_rows = n_q * group;
+  if (row0 >= n_rows) return;
+  const int pos0 = p.kv_lens[seq] - n_q;  // position of the sequence's first query token
+  const auto limit = [&](int row) { return pos0 + min(row, n_rows - 1) / group + 1; };
+  const int block_limit = limit(row0 + kTcRows - 1);
+  const int n_tiles = CEIL_DIV(block_limit, kTcKeys);
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  // ldmatrix row addresses: lane feeds row (lane & 7) + 8·bit 3 and column 8·bit 4 of a 16 × 16
+  // block, so r[0..3] = (rows 0-7, cols 0-7), (rows 8-15, cols 0-7), (0-7, 8-15), (8-15, 8-15).
+  const int ld_row = (lane & 7) + ((lane >> 3) & 1) * 8, ld_col = (lane >> 4) * 8;
+  const int32_t* table = p.block_tables + static_cast<size_t>(seq) * p.max_blocks_per_seq;
+  const auto k_tile = [&](int stage) { return smem + 2 * stage * kTcTileElems<D>; };
+  const auto v_tile = [&](int stage) { return smem + (2 * stage + 1) * kTcTileElems<D>; };
+
+  // Copies: thread pair (2r, 2r + 1) moves row r of a tile, one 32-byte sector (chunks 2i,
+  // 2i + 1) per step, so each thread looks up one block-table entry per key tile.
+  const int cp_row = tid >> 1, cp_chunk = (tid & 1) * 8;
+  const unsigned cp_dst = static_cast<unsigned>((cp_row * kPad + cp_chunk) * sizeof(bf16));
+  // K and V rows of key tile kt into a stage. Keys at or past block_limit are zero-filled:
+  // their p is 0, but stale shared memory may hold NaN and 0·NaN = NaN.
+  const auto load_kv = [&](int kt, int stage) {
+    const unsigned ks = smem_addr(k_tile(stage)) + cp_dst, vs = smem_addr(v_tile(stage)) + cp_dst;
+    const int kpos = kt * kTcKeys + cp_row;
+    size_t off = 0;
+    int bytes = 0;
+    if (kpos < block_limit) {
+      const int slot = __ldg(table + kpos / p.block_size) * p.block_size + kpos % p.block_size;
+      // size_t: slot * n_kv_heads * D overflows int for large pools.
+      off = (static_cast<size_t>(slot) * p.n_kv_heads + kvh) * D + cp_chunk;
+      bytes = 16;
+    }
+#pragma unroll
+    for (int i = 0; i < kChunks / 2; ++i) {
+      cp_async16(ks + 32 * i, p.k_cache + off + 16 * i, bytes);
+      cp_async16(vs + 32 * i, p.v_cache + off + 16 * i, bytes);
+    }
+  };
+
+  // Prologue: the Q tile (into stage 1's K tile) and key tile 0, then Q's A fragments.
+  {
+    const int row = row0 + cp_row;
+    const bf16* src = p.q;
+    int bytes = 0;
+    if (row < n_rows) {
+      const size_t token = q0 + row / group;
+      src = p.q + token * p.q_stride + (kvh * group + row % group) * D + cp_chunk;
+      bytes = 16;
+    }
+    const unsigned qs = smem_addr(k_tile(1)) + cp_dst;
+#pragma unroll
+    for (int i = 0; i < kChunks / 2; ++i) cp_async16(qs + 32 * i, src + 16 * i, bytes);
+  }
+  load_kv(0, 0);
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+  unsigned qf[kDSteps][4];
+#pragma unroll
+  for (int kk = 0; kk < kDSteps; ++kk)
+    ldmatrix_x4(smem_addr(k_tile(1) + (warp * 16 + ld_row) * kPad + kk * 16 + ld_col), qf[kk]);
+  __syncthreads();  // stage 1 is free for key tile 1
+
+  const int wrow0 = row0 + warp * 16;
+  const bool warp_active = wrow0 < n_rows;
+  const int warp_lo = limit(wrow0), warp_hi = limit(wrow0 + 15);
+  const int lim_a = limit(wrow0 + g), lim_b = limit(wrow0 + g + 8);  // rows g and g + 8
+  const float log2_scale = p.scale * kLog2e;  // scores to base-2 logits, applied in fp32
+  float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;  // max of c·s; lane-partial sums
+  float o[2 * kDSteps][4];
+#pragma unroll
+  for (int n = 0; n < 2 * kDSteps; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+
+  for (int kt = 0; kt < n_tiles; ++kt) {
+    if (kt + 1 < n_tiles) load_kv(kt + 1, (kt + 1) & 1);
+    cp_async_commit();  // possibly empty: keeps the group count uniform for wait_group 1
+    cp_async_wait<1>();
+    __syncthreads();  // tile kt is in shared memory for every warp
+    const int k0 = kt * kTcKeys;
+    if (warp_active && k0 < warp_hi) {
+      const bf16* ks = k_tile(kt & 1);
+      const bf16* vs = v_tile(kt & 1);
+      // S = Q·Kᵀ: n8 blocks 2jp, 2jp + 1 = keys 16jp..16jp+15. K rows are keys, so the ldmatrix
+      // blocks (keys 0-7 | 8-15) × (dims 0-7 | 8-15) are b0 of block 2jp, b0 of 2jp + 1, b1 of
+      // 2jp, b1 of 2jp + 1. Only the first `groups` 16-key groups: the rest lie at or past
+      // warp_hi (a diagonal tile), are masked below and stay 0 here. kk outer: the 2·groups
+      // accumulators are independent MMA chains.
+      float s[8][4];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+      const auto qk = [&](auto groups) {
+#pragma unroll
+        for (int kk = 0; kk < kDSteps; ++kk)
+#pragma unroll
+          for (int jp = 0; jp < decltype(groups)::value; ++jp) {
+            unsigned b[4];
+            ldmatrix_x4(smem_addr(ks + (16 * jp + ld_row) * kPad + kk * 16 + ld_col), b);
+            mma_bf16_16816(s[2 * jp], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b[0], b[2]);
+            mma_bf16_16816(s[2 * jp + 1], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b[1], b[3]);
+          }
+      };
+      switch (CEIL_DIV(warp_hi - k0, 16)) {
+        case 1: qk(std::integral_constant<int, 1>{}); break;
+        case 2: qk(std::integral_constant<int, 2>{}); break;
+        case 3: qk(std::integral_constant<int, 3>{}); break;
+        default: qk(std::integral_constant<int, 4>{}); break;
+      }
+      // Causal mask where a key of the tile reaches a row's bound (skipped groups included).
+      if (k0 + kTcKeys > warp_lo) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int key = k0 + 8 * j + 2 * t + e;
+            if (key >= lim_a) s[j][e] = -INFINITY;
+            if (key >= lim_b) s[j][2 + e] = -INFINITY;
+          }
+      }
+      // Online softmax: the quad (t = 0..3) of lanes holds a row's 64 scores.
+      float mx_a = -INFINITY, mx_b = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        mx_a = fmaxf(mx_a, fmaxf(s[j][0], s[j][1]));
+        mx_b = fmaxf(mx_b, fmaxf(s[j][2], s[j][3]));
+      }
+#pragma unroll
+      for (int x = 1; x <= 2; x <<= 1) {
+        mx_a = fmaxf(mx_a, __shfl_xor_sync(kFullMask, mx_a, x));
+        mx_b = fmaxf(mx_b, __shfl_xor_sync(kFullMask, mx_b, x));
+      }
+      const float mn_a = fmaxf(m_a, mx_a * log2_scale), mn_b = fmaxf(m_b, mx_b * log2_scale);
+      const float alpha_a = exp2f(m_a - mn_a), alpha_b = exp2f(m_b - mn_b);  // 0 on the first tile
+      m_a = mn_a;
+      m_b = mn_b;
+      // P as the A fragments of the 4 k16 steps of P·V: C blocks 2kk, 2kk + 1 are a0/a1, a2/a3.
+      unsigned pf[4][4];
+      float sum_a = 0.f, sum_b = 0.f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float p0 = exp2f(fmaf(s[j][0], log2_scale, -mn_a));
+        const float p1 = exp2f(fmaf(s[j][1], log2_scale, -mn_a));
+        const float p2 = exp2f(fmaf(s[j][2], log2_scale, -mn_b));
+        const float p3 = exp2f(fmaf(s[j][3], log2_scale, -mn_b));
+        sum_a += p0 + p1;
+        sum_b += p2 + p3;
+        pf[j / 2][(j & 1) * 2] = pack_bf16(p0, p1);
+        pf[j / 2][(j & 1) * 2 + 1] = pack_bf16(p2, p3);
+      }
+      l_a = l_a * alpha_a + sum_a;
+      l_b = l_b * alpha_b + sum_b;
+#pragma unroll
+      for (int n = 0; n < 2 * kDSteps; ++n) {
+        o[n][0] *= alpha_a;
+        o[n][1] *= alpha_a;
+        o[n][2] *= alpha_b;
+        o[n][3] *= alpha_b;
+      }
+      // O += P·V. V rows are keys: ldmatrix.trans of (keys 0-7 | 8-15) × (dims 0-7 | 8-15) gives
+      // b0, b1 of dim block 2np, then b0, b1 of 2np + 1.
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        if (k0 + 16 * kk >= warp_hi) continue;
+#pragma unroll
+        for (int np = 0; np < kDSteps; ++np) {
+          unsigned b[4];
+          ldmatrix_x4_trans(smem_addr(vs + (16 * kk + ld_row) * kPad + np * 16 + ld_col), b);
+          mma_bf16_16816(o[2 * np], pf[kk][0], pf[kk][1], pf[kk][2], pf[kk][3], b[0], b[1]);
+          mma_bf16_16816(o[2 * np + 1], pf[kk][0], pf[kk][1], pf[kk][2], pf[kk][3], b[2], b[3]);
+        }
+      }
+    }
+    __syncthreads();  // stage kt & 1 is refilled by the next iteration's copies
+  }
+
+  if (!warp_active) return;
+#pragma unroll
+  for (int x = 1; x <= 2; x <<= 1) {
+    l_a += __shfl_xor_sync(kFullMask, l_a, x);
+    l_b += __shfl_xor_sync(kFullMask, l_b, x);
+  }
+  // One rounding: o / l to bf16, dims 8n + 2t, 2t + 1 of rows g and g + 8, staged in this
+  // warp's 16 rows of stage 0 (free after the loop's last barrier) for 16-byte stores.
+  const float inv_a = 1.f / l_a, inv_b = 1.f / l_b;  // l ≥ 1: the row max's own term
+  bf16* const o_s = k_tile(0) + warp * 16 * kPad;
+#pragma unroll
+  for (int n = 0; n < 2 * kDSteps; ++n) {
+    *reinterpret_cast<__nv_bfloat162*>(o_s + g * kPad + 8 * n + 2 * t) =
+        __floats2bfloat162_rn(o[n][0] * inv_a, o[n][1] * inv_a);
+    *reinterpret_cast<__nv_bfloat162*>(o_s + (g + 8) * kPad + 8 * n + 2 * t) =
+        __floats2bfloat162_rn(o[n][2] * inv_b, o[n][3] * inv_b);
+  }
+  __syncwarp();
+#pragma unroll
+  for (int i = 0; i < 16 * kChunks / 32; ++i) {
+    const int idx = lane + 32 * i, r = idx / kChunks, ch = idx % kChunks * 8;
+    const int row = wrow0 + r;
+    if (row >= n_rows) continue;
+    const size_t out_row = static_cast<size_t>(q0 + row / group) * p.n_q_heads + kvh * group + row % group;
+    *reinterpret_cast<uint4*>(p.out + out_row * D + ch) = *reinterpret_cast<const uint4*>(o_s + r * kPad + ch);
+  }
+}
+
 void check(const AttentionParams& p) {
   MB_CHECK(p.head_dim == 16 || p.head_dim == 32 || p.head_dim == 64 || p.head_dim == 128,
            "attention: head_dim must be 16, 32, 64 or 128");
@@ -195,6 +489,8 @@ void check(const AttentionParams& p) {
   MB_CHECK(p.out && p.q && p.k_cache && p.v_cache && p.block_tables && p.q_start && p.kv_lens,
            "attention: null operand");
 }
+
+bool aligned(const void* ptr, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
 
 template <int D, int RW>
 void launch(const AttentionParams& p, cudaStream_t stream) {
@@ -211,14 +507,39 @@ void launch(const AttentionParams& p, cudaStream_t stream) {
 
 template <int RW>
 void dispatch(const AttentionParams& p, cudaStream_t stream) {
-  check(p);
-  if (p.num_seqs == 0 || p.num_tokens == 0 || p.max_q_len == 0) return;
   switch (p.head_dim) {
     case 16: launch<16, RW>(p, stream); break;
     case 32: launch<32, RW>(p, stream); break;
     case 64: launch<64, RW>(p, stream); break;
     default: launch<128, RW>(p, stream); break;
   }
+}
+
+template <int D>
+void launch_mma(const AttentionParams& p, cudaStream_t stream) {
+  const int group = p.n_q_heads / p.n_kv_heads;
+  const dim3 grid(p.n_kv_heads, CEIL_DIV(p.max_q_len * group, kTcRows), p.num_seqs);
+  // Above the 48 KB default (D 128: 68 KB), and the whole carveout as shared memory so that
+  // kTcMinBlocks blocks fit (the kernel barely uses L1); set per launch, as attributes are per
+  // device.
+  const auto kernel = attention_prefill_mma_kernel<D>;
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(kTcSmemBytes<D>)));
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                  cudaSharedmemCarveoutMaxShared));
+  kernel<<<grid, kTcThreads, kTcSmemBytes<D>, stream>>>(p);
+  CUDA_CHECK_LAST();
+}
+
+// The one place the prefill path is chosen: the tensor-core kernel takes head_dim 32/64/128
+// without split-K, with 16-byte aligned q, cache and output rows (cp.async, vector stores) and
+// a positive scale (it takes row maxima before scaling); the CUDA-core kernel takes the rest
+// (head_dim 16, num_splits > 1, odd pointers).
+bool prefill_on_tensor_cores(const AttentionParams& p) {
+  const int group = p.n_q_heads / p.n_kv_heads;
+  return p.head_dim >= 32 && p.num_splits == 1 && p.scale > 0.f && aligned(p.q, 16) &&
+         aligned(p.k_cache, 16) && aligned(p.v_cache, 16) && aligned(p.out, 16) &&
+         CEIL_DIV(static_cast<int64_t>(p.max_q_len) * group, kTcRows) <= 65535;
 }
 
 }  // namespace
@@ -231,8 +552,21 @@ int attention_decode_splits(int num_seqs, int n_kv_heads, int max_kv_len, int nu
   return splits < 1 ? 1 : splits;
 }
 
-void attention_prefill(const AttentionParams& p, cudaStream_t stream) { dispatch<8>(p, stream); }
+void attention_prefill(const AttentionParams& p, cudaStream_t stream) {
+  check(p);
+  if (p.num_seqs == 0 || p.num_tokens == 0 || p.max_q_len == 0) return;
+  if (!prefill_on_tensor_cores(p)) return dispatch<8>(p, stream);
+  switch (p.head_dim) {
+    case 32: launch_mma<32>(p, stream); break;
+    case 64: launch_mma<64>(p, stream); break;
+    default: launch_mma<128>(p, stream); break;
+  }
+}
 
-void attention_decode(const AttentionParams& p, cudaStream_t stream) { dispatch<2>(p, stream); }
+void attention_decode(const AttentionParams& p, cudaStream_t stream) {
+  check(p);
+  if (p.num_seqs == 0 || p.num_tokens == 0 || p.max_q_len == 0) return;
+  dispatch<2>(p, stream);
+}
 
 }  // namespace moebatch::kernels

@@ -42,8 +42,11 @@ inline size_t attention_workspace_floats(int num_tokens, int n_q_heads, int head
 /// split at least 256 keys, at most max_splits.
 int attention_decode_splits(int num_seqs, int n_kv_heads, int max_kv_len, int num_sms, int max_splits);
 
-/// Causal attention for many query tokens per sequence: tiles of 32 (token, head) rows of one
-/// kv group share each staged K/V tile.
+/// Causal attention for many query tokens per sequence: tiles of 64 (token, head) rows of one
+/// kv group share each staged 64-key K/V tile, on bf16 tensor cores (fp32 scores, softmax and
+/// accumulation; P rounded to bf16 for P·V). head_dim 16, num_splits > 1, scale <= 0 and q,
+/// cache or out pointers not 16-byte aligned take the CUDA-core kernel of attention_decode with
+/// tiles of 32 rows.
 void attention_prefill(const AttentionParams& p, cudaStream_t stream);
 
 /// Attention for few query tokens per sequence (decode): tiles of 8 rows, i.e. one token's

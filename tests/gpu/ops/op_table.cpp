@@ -36,9 +36,17 @@ std::vector<OpCaseDef> op_cases_test() {
   t.push_back(shared_expert_gate_case({.tokens = 17, .hidden = 2048}));
 
   // Attention. Prefill: whole prompts, a chunk continuing a cached prefix and a decode token in
-  // one step.
+  // one step. head_dim 32/64/128 run on tensor cores (64-row, 64-key tiles); head_dim 16 and
+  // split-K take the CUDA-core kernel.
   t.push_back(attention_case({.head_dim = 128, .n_q_heads = 32, .n_kv_heads = 4, .q_lens = {37, 64, 20, 1},
                               .kv_lens = {37, 64, 85, 130}}));
+  // Prompt lengths around the tiles (64 rows = 8 tokens of 8 heads, or 64 tokens of 1 head; 64
+  // keys): a decode token, whole prompts and chunks on a cached prefix that ends mid-tile.
+  t.push_back(attention_case({.head_dim = 128, .n_q_heads = 32, .n_kv_heads = 4, .q_lens = {1, 63, 64, 65, 200},
+                              .kv_lens = {17, 63, 128, 145, 277}}));
+  t.push_back(attention_case({.head_dim = 128, .n_q_heads = 8, .n_kv_heads = 8, .q_lens = {1, 63, 64, 65, 200},
+                              .kv_lens = {1, 100, 64, 65, 456}}));
+  t.push_back(attention_case({.head_dim = 64, .n_q_heads = 16, .n_kv_heads = 4, .q_lens = {130, 7}, .kv_lens = {130, 71}}));
   t.push_back(attention_case({.head_dim = 32, .n_q_heads = 8, .n_kv_heads = 4, .q_lens = {50, 3}, .kv_lens = {50, 40}}));
   t.push_back(attention_case({.head_dim = 16, .n_q_heads = 8, .n_kv_heads = 4, .q_lens = {17, 33}, .kv_lens = {17, 33}}));
   t.push_back(attention_case(
@@ -190,10 +198,12 @@ std::vector<OpCaseDef> op_cases_bench() {
     add(B, named(top_k_top_p_case({.batch = B, .vocab = kV, .controls = {{0.8f, 0.95f, 50}}}),
                  "sample_top_k_top_p (k50 p.95)"));
   }
-  // Prefill attention: 8 prompts of 512 tokens, causal (batch column: the 4096 tokens).
-  add(8 * 512, named(attention_case({.head_dim = kD, .n_q_heads = kNq, .n_kv_heads = kNkv,
-                                     .q_lens = std::vector<int>(8, 512), .kv_lens = std::vector<int>(8, 512), .q_pad = 0}),
-                     "attn_prefill 8x512 causal"));
+  // Prefill attention: whole prompts, causal (batch column: the tokens).
+  for (auto [prompts, len] : {std::pair{64, 128}, {8, 512}, {1, 2048}})
+    add(prompts * len, named(attention_case({.head_dim = kD, .n_q_heads = kNq, .n_kv_heads = kNkv,
+                                             .q_lens = std::vector<int>(prompts, len),
+                                             .kv_lens = std::vector<int>(prompts, len), .q_pad = 0}),
+                             "attn_prefill " + std::to_string(prompts) + "x" + std::to_string(len) + " causal"));
   return t;
 }
 
