@@ -5,6 +5,7 @@
 # carried .devdebs (docs/device.md of the shared docs: ZeroMQ, SQLite, PCRE2, utf8proc).
 # Results (JSON + logs) land in $OUT; a summary prints last.
 # Usage: bench/gpu/run_service_device.sh [REQUESTS_1024=1024] [REQUESTS_4096=256]
+# STREAM=0 skips the streaming clients.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/svc_out}
@@ -34,6 +35,7 @@ timeout 200 ./$B/moebatch_bench_offline "${COMMON[@]}" --requests "$N4" --input-
 echo "offline 4096/256 rc=$?"; tail -12 "$OUT/offline_4096_256.log"
 
 # streaming clients on the OpenAI API
+[ "${STREAM:-1}" = 0 ] && exit 0
 W=$(mktemp -d)
 ./$B/moebatch serve "${COMMON[@]}" --db "$W/jobs.db" --bind tcp://127.0.0.1:0 --http-port 0 \
   --ready-file "$W/ready.json" > "$OUT/serve.log" 2>&1 &
