@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <chrono>
 #include <filesystem>
+#include <initializer_list>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -26,6 +27,13 @@ namespace moebatch::test {
 
 /// The `moebatch` CLI built beside the test binaries (MOEBATCH_BIN).
 inline std::string moebatch_bin() { return MOEBATCH_BIN; }
+
+/// One argv from pieces laid end to end (a test's own flags around shared flag groups).
+inline std::vector<std::string> join_args(std::initializer_list<std::vector<std::string>> parts) {
+  std::vector<std::string> out;
+  for (const auto& p : parts) out.insert(out.end(), p.begin(), p.end());
+  return out;
+}
 
 /// A raw waitpid status as the exit code, or -N when signal N killed the process.
 inline int exit_status(int raw) { return WIFEXITED(raw) ? WEXITSTATUS(raw) : -WTERMSIG(raw); }

@@ -1,6 +1,6 @@
 // A fixture's float64 oracle (reference.safetensors, see tests/data/FIXTURES.md), the rule for
-// which positions are comparable, and a CPU engine over a fixture. The generic pieces (fixture
-// paths, rel_err) are the shared harness's, in tests/common.
+// which positions are comparable, a CPU engine over a fixture, and the error a bad config.json
+// gets. The generic pieces (fixture paths, rel_err) are the shared harness's, in tests/common.
 #pragma once
 
 #include <filesystem>
@@ -9,8 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "common/error.h"
 #include "engine/engine.h"
 #include "engine/factory.h"
+#include "engine/model_config.h"
 #include "engine/safetensors.h"
 #include "tests/common/compare.h"
 #include "tests/common/files.h"
@@ -100,6 +102,17 @@ inline std::unique_ptr<Engine> make_engine(const std::string& model, int tp = 1,
                                            EngineOptions eo = {},
                                            ExpertSplit split = ExpertSplit::Intermediate) {
   return moebatch::make_engine(fixture_spec(model, tp, eo, split)).engine;
+}
+
+/// The message of the InputError that parsing `j` as a model's config.json throws; "" when it
+/// parses.
+inline std::string config_error(const nlohmann::json& j) {
+  try {
+    parse_model_config(j, "config.json");
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
 }
 
 /// A greedy request (temperature 0), optionally keeping every sampled step's logits.

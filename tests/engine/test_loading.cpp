@@ -14,6 +14,7 @@
 #include "engine/safetensors.h"
 #include "engine/weights.h"
 #include "tests/common/files.h"
+#include "tests/engine/reference.h"
 
 namespace moebatch {
 namespace {
@@ -29,15 +30,6 @@ json base_moe_config() {
     "num_key_value_heads": 2, "head_dim": 8, "intermediate_size": 48,
     "moe_intermediate_size": 16, "num_experts": 4, "num_experts_per_tok": 2,
     "norm_topk_prob": true, "rope_theta": 10000.0, "rms_norm_eps": 1e-6})");
-}
-
-std::string error_of(const json& j) {
-  try {
-    parse_model_config(j, "config.json");
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "";
 }
 
 TEST(ModelConfig, ParsesAllFixtures) {
@@ -100,15 +92,15 @@ TEST(ModelConfig, RejectsUnsupportedAndInvalidWithFieldName) {
     json j = base_moe_config();
     if (std::string(c.field) == "model_type") j.erase("architectures");
     j[c.field] = c.value;
-    std::string err = error_of(j);
+    std::string err = config_error(j);
     EXPECT_NE(err.find(c.expect), std::string::npos) << c.field << " -> '" << err << "'";
   }
   json j = base_moe_config();
   j.erase("hidden_size");
-  EXPECT_NE(error_of(j).find("hidden_size': missing"), std::string::npos) << error_of(j);
+  EXPECT_NE(config_error(j).find("hidden_size': missing"), std::string::npos) << config_error(j);
   j = base_moe_config();
   j["architectures"] = {"MixtralForCausalLM"};
-  EXPECT_NE(error_of(j).find("Mixtral"), std::string::npos);
+  EXPECT_NE(config_error(j).find("Mixtral"), std::string::npos);
 }
 
 TEST(ModelConfig, FileErrors) {

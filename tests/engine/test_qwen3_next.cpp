@@ -32,15 +32,6 @@ json fixture_config() {
   return json::parse(in);
 }
 
-std::string error_of(const json& j) {
-  try {
-    parse_model_config(j, "config.json");
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "";
-}
-
 std::vector<MixerKind> mixers(const ModelConfig& c) {
   std::vector<MixerKind> out;
   for (const LayerKind& k : c.layers) out.push_back(k.mixer);
@@ -96,21 +87,21 @@ TEST(Qwen3NextConfig, UnsupportedValuesNameTheField) {
     json j = fixture_config();
     if (std::string(c.field) == "full_attention_interval") j.erase("layer_types");
     j[c.field] = c.value;
-    const std::string err = error_of(j);
+    const std::string err = config_error(j);
     EXPECT_NE(err.find(c.expect), std::string::npos) << c.field << " -> '" << err << "'";
   }
   json j = fixture_config();
   j["partial_rotary_factor"] = 0.5;  // disagrees with rope_parameters' 0.25
-  EXPECT_NE(error_of(j).find("partial_rotary_factor"), std::string::npos) << error_of(j);
+  EXPECT_NE(config_error(j).find("partial_rotary_factor"), std::string::npos) << config_error(j);
   j = fixture_config();
   j["rope_parameters"]["partial_rotary_factor"] = 0.03;  // 64 · 0.03 → 1 rotary dim
-  EXPECT_NE(error_of(j).find("partial_rotary_factor"), std::string::npos) << error_of(j);
+  EXPECT_NE(config_error(j).find("partial_rotary_factor"), std::string::npos) << config_error(j);
   // Other families have no partial rotary: refused rather than silently rotating every dim.
   j = fixture_config();
   j.erase("architectures");
   j["model_type"] = "qwen3_moe";
   j.erase("layer_types");
-  EXPECT_NE(error_of(j).find("partial_rotary_factor"), std::string::npos) << error_of(j);
+  EXPECT_NE(config_error(j).find("partial_rotary_factor"), std::string::npos) << config_error(j);
 }
 
 TEST(Qwen3NextConfig, TensorParallelNeedsWholeKeyHeadGroups) {

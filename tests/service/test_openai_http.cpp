@@ -23,39 +23,16 @@ using namespace std::chrono_literals;
 using nlohmann::json;
 
 ServiceConfig api_config(const std::filesystem::path& dir) {
-  ServiceConfig c;
-  c.db = (dir / "jobs.db").string();
-  c.model = test::demo_model().string();
+  ServiceConfig c = test::demo_service_config(dir);
   c.tokenizer = test::test_data_dir() + "/qwen3-tokenizer";
   c.served_model_name = "demo";
   c.max_num_seqs = 4;
   c.max_num_batched_tokens = 256;
-  c.kv_cache_mb = 16;
-  c.http_port = 0;
-  c.poll_ms = 10;
   c.warmup_seqs = 1;
-  c.threads = 2;
   return c;
 }
 
-/// Runs a Service on a thread for the scope of a test.
-struct Running {
-  Service svc;
-  std::thread t;
-  explicit Running(const ServiceConfig& c) : svc(c, no_signals()) {
-    t = std::thread([this] { svc.run(); });
-  }
-  static ServiceHooks no_signals() {
-    ServiceHooks h;
-    h.handle_signals = false;
-    return h;
-  }
-  ~Running() {
-    svc.stop();
-    t.join();
-  }
-  int port() const { return svc.http_port(); }
-};
+using Running = test::RunningService;
 
 test::HttpResult post(int port, const std::string& path, const json& body,
                       std::vector<std::pair<std::string, std::string>> headers = {}) {

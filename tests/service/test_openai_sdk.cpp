@@ -34,37 +34,14 @@ TEST(OpenAiSdk, NodeClientListsModelsChatsCompletesStreamsAndAborts) {
   const auto db = dir.path() / "jobs.db";
   const auto ready = dir.path() / "ready.json";
   test::write_file(dir.path() / "keys", "sk-moebatch-test-1\n");
-  test::Child serve({test::moebatch_bin(),
-                     "serve",
-                     "--db",
-                     db.string(),
-                     "--model",
-                     test::demo_model().string(),
-                     "--tokenizer",
-                     test::test_data_dir() + "/qwen3-tokenizer",
-                     "--served-model-name",
-                     "demo",
-                     "--api-key-file",
-                     dir.file("keys"),
-                     "--bind",
-                     "tcp://127.0.0.1:*",
-                     "--port",
-                     "0",
-                     "--ready-file",
-                     ready.string(),
-                     "--max-num-seqs",
-                     "4",
-                     "--max-num-batched-tokens",
-                     "256",
-                     "--kv-cache-mb",
-                     "16",
-                     "--warmup-seqs",
-                     "1",
-                     "--threads",
-                     "2",
-                     "--poll-ms",
-                     "10"},
-                    dir.path() / "serve.log");
+  test::Child serve(
+      test::join_args({{test::moebatch_bin(), "serve", "--db", db.string()},
+                       test::demo_model_flags(),
+                       {"--api-key-file", dir.file("keys"), "--bind", "tcp://127.0.0.1:*", "--port",
+                        "0", "--ready-file", ready.string()},
+                       test::small_engine_flags(4),
+                       {"--poll-ms", "10"}}),
+      dir.path() / "serve.log");
   const auto info = test::wait_ready(ready, 60s);
   ASSERT_TRUE(info) << serve.read_log();
   const int port = (*info)["http_port"].get<int>();
@@ -138,33 +115,11 @@ TEST(OpenAiBatch, KilledMidBatchTheNextDaemonFinishesItWithoutRedoingFinishedReq
   const auto ready = dir.path() / "ready.json";
   auto start = [&](int n) {
     std::filesystem::remove(ready);
-    return test::Child({SERVICE_DAEMON_BIN,
-                        "--db",
-                        db.string(),
-                        "--model",
-                        test::demo_model().string(),
-                        "--tokenizer",
-                        test::test_data_dir() + "/qwen3-tokenizer",
-                        "--served-model-name",
-                        "demo",
-                        "--port",
-                        "0",
-                        "--ready-file",
-                        ready.string(),
-                        "--max-num-seqs",
-                        "2",
-                        "--max-num-batched-tokens",
-                        "256",
-                        "--kv-cache-mb",
-                        "16",
-                        "--warmup-seqs",
-                        "1",
-                        "--threads",
-                        "2",
-                        "--poll-ms",
-                        "10",
-                        "--lease-s",
-                        "2"},
+    return test::Child(test::join_args({{SERVICE_DAEMON_BIN, "--db", db.string()},
+                                        test::demo_model_flags(),
+                                        {"--port", "0", "--ready-file", ready.string()},
+                                        test::small_engine_flags(2),
+                                        {"--poll-ms", "10", "--lease-s", "2"}}),
                        dir.path() / ("daemon" + std::to_string(n) + ".log"));
   };
   test::Child first = start(0);

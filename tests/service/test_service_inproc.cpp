@@ -33,34 +33,14 @@ class OffsetClock final : public Clock {
 };
 
 ServiceConfig base_config(const std::filesystem::path& dir) {
-  ServiceConfig c;
-  c.db = (dir / "jobs.db").string();
-  c.model = test::demo_model().string();
+  ServiceConfig c = test::demo_service_config(dir);
   c.max_num_seqs = 8;
   c.max_num_batched_tokens = 512;
-  c.kv_cache_mb = 16;
-  c.http_port = 0;
-  c.poll_ms = 10;
   c.warmup_seqs = 2;
-  c.threads = 2;
   return c;
 }
 
-/// Runs a Service on a thread for the scope of a test.
-struct Running {
-  Service svc;
-  int code = -1;
-  std::thread t;
-  Running(const ServiceConfig& c, ServiceHooks h = {}) : svc(c, (h.handle_signals = false, h)) {
-    t = std::thread([this] { code = svc.run(); });
-  }
-  int stop() {
-    svc.stop();
-    if (t.joinable()) t.join();
-    return code;
-  }
-  ~Running() { stop(); }
-};
+using Running = test::RunningService;
 
 JobSpec spec(const std::string& prompt, int64_t max_tokens, int64_t priority = 0) {
   JobSpec s;

@@ -231,28 +231,10 @@ TEST(ServiceProcess, MaintenanceNowRunsACycleAndDeadEngineExitsNonZero) {
 TEST(ServiceProcess, ServeRunsTheEngineBehindTheZeroMqIngress) {
   test::TempDir dir;
   const auto db = dir.path() / "jobs.db";
-  test::Child c({test::moebatch_bin(),
-                 "serve",
-                 "--db",
-                 db.string(),
-                 "--model",
-                 test::demo_model().string(),
-                 "--bind",
-                 "tcp://127.0.0.1:*",
-                 "--pub",
-                 "tcp://127.0.0.1:*",
-                 "--http-port",
-                 "0",
-                 "--max-num-seqs",
-                 "4",
-                 "--max-num-batched-tokens",
-                 "256",
-                 "--kv-cache-mb",
-                 "16",
-                 "--warmup-seqs",
-                 "1",
-                 "--threads",
-                 "2"},
+  test::Child c(test::join_args({{test::moebatch_bin(), "serve", "--db", db.string(), "--model",
+                                  test::demo_model().string(), "--bind", "tcp://127.0.0.1:*",
+                                  "--pub", "tcp://127.0.0.1:*", "--http-port", "0"},
+                                 test::small_engine_flags(4)}),
                 dir.path() / "serve.log");
   std::string router;
   ASSERT_TRUE(test::wait_until(

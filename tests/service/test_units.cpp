@@ -6,11 +6,13 @@
 #include <cmath>
 #include <ctime>
 #include <nlohmann/json.hpp>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "common/error.h"
-#include "service/config.h"
 #include "engine/device_query.h"
+#include "service/config.h"
 #include "service/handoff.h"
 #include "service/metrics.h"
 #include "service/restart_schedule.h"
@@ -31,16 +33,23 @@ int64_t local_ms(int year, int mon, int day, int hour, int min, int sec) {
   return static_cast<int64_t>(std::mktime(&tm)) * 1000;
 }
 
+/// The effective config `moebatch serve` builds from these command-line flags.
+ServiceConfig parse_service_flags(std::vector<std::string> args) {
+  CLI::App app;
+  auto flags = add_service_flags(app);
+  args.insert(args.begin(), "x");
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  app.parse(static_cast<int>(argv.size()), argv.data());
+  return finish_service_flags(*flags, app);
+}
+
 TEST(Config, FileThenFlagsWinAndBoundsAreChecked) {
   test::TempDir dir;
   const auto file = dir.path() / "svc.json";
   test::write_file(file, R"({"db": "a.db", "model": "m", "max_num_seqs": 8,
                              "max_num_batched_tokens": 256, "batching": "static"})");
-  CLI::App app;
-  auto flags = add_service_flags(app);
-  const char* argv[] = {"x", "--config", file.c_str(), "--max-num-seqs", "16"};
-  app.parse(5, const_cast<char**>(argv));
-  ServiceConfig cfg = finish_service_flags(*flags, app);
+  ServiceConfig cfg = parse_service_flags({"--config", file.string(), "--max-num-seqs", "16"});
   EXPECT_EQ(cfg.db, "a.db");
   EXPECT_EQ(cfg.max_num_seqs, 16);  // flag beats file
   EXPECT_EQ(cfg.max_num_batched_tokens, 256);
@@ -74,22 +83,14 @@ TEST(Config, BackendAndGpuMemoryUtilizationFromFileAndFlags) {
   test::write_file(file, R"({"db": "a.db", "model": "m", "backend": "cuda",
                              "gpu_memory_utilization": 0.5})");
   {
-    CLI::App app;
-    auto flags = add_service_flags(app);
-    const char* argv[] = {"x", "--config", file.c_str()};
-    app.parse(3, const_cast<char**>(argv));
-    ServiceConfig cfg = finish_service_flags(*flags, app);
+    ServiceConfig cfg = parse_service_flags({"--config", file.string()});
     EXPECT_EQ(cfg.backend, "cuda");
     EXPECT_DOUBLE_EQ(cfg.gpu_memory_utilization, 0.5);
     EXPECT_DOUBLE_EQ(config_to_json(cfg)["gpu_memory_utilization"].get<double>(), 0.5);
   }
   {
-    CLI::App app;
-    auto flags = add_service_flags(app);
-    const char* argv[] = {"x", "--config", file.c_str(), "--backend", "cpu",
-                          "--gpu-memory-utilization", "0.75"};
-    app.parse(7, const_cast<char**>(argv));
-    ServiceConfig cfg = finish_service_flags(*flags, app);
+    ServiceConfig cfg = parse_service_flags(
+        {"--config", file.string(), "--backend", "cpu", "--gpu-memory-utilization", "0.75"});
     EXPECT_EQ(cfg.backend, "cpu");  // flag beats file
     EXPECT_DOUBLE_EQ(cfg.gpu_memory_utilization, 0.75);
   }
@@ -121,11 +122,7 @@ TEST(Config, ParallelismAndQuantizationKnobs) {
                              "enable_expert_parallel": true, "quantization": "fp8",
                              "collective_timeout_s": 30})");
   {
-    CLI::App app;
-    auto flags = add_service_flags(app);
-    const char* argv[] = {"x", "--config", file.c_str()};
-    app.parse(3, const_cast<char**>(argv));
-    const ServiceConfig cfg = finish_service_flags(*flags, app);
+    const ServiceConfig cfg = parse_service_flags({"--config", file.string()});
     EXPECT_EQ(cfg.tp, 2);
     EXPECT_TRUE(cfg.enable_expert_parallel);
     EXPECT_EQ(cfg.quantization, "fp8");
@@ -133,13 +130,9 @@ TEST(Config, ParallelismAndQuantizationKnobs) {
     EXPECT_EQ(config_to_json(cfg)["enable_expert_parallel"], true);
   }
   {
-    CLI::App app;
-    auto flags = add_service_flags(app);
-    const char* argv[] = {"x", "--db", "a.db", "--model", "m", "--tensor-parallel-size", "4",
-                          "--enable-expert-parallel", "--quantization", "nvfp4",
-                          "--collective-timeout-s", "45"};
-    app.parse(12, const_cast<char**>(argv));
-    const ServiceConfig cfg = finish_service_flags(*flags, app);
+    const ServiceConfig cfg = parse_service_flags(
+        {"--db", "a.db", "--model", "m", "--tensor-parallel-size", "4", "--enable-expert-parallel",
+         "--quantization", "nvfp4", "--collective-timeout-s", "45"});
     EXPECT_EQ(cfg.tp, 4);
     EXPECT_TRUE(cfg.enable_expert_parallel);
     EXPECT_EQ(cfg.quantization, "nvfp4");

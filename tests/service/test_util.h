@@ -1,4 +1,5 @@
-// Helpers shared by the service tests: the demo model, the daemon's ready file, a blocking HTTP
+// Helpers shared by the service tests: the demo model, the small service the tests run on it (as
+// a ServiceConfig or as flags), a Service on a thread, the daemon's ready file, a blocking HTTP
 // GET. Temp dirs, child processes, waits and plain SQL are the shared harness's (tests/common).
 #pragma once
 
@@ -17,10 +18,13 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
+#include "service/config.h"
 #include "service/demo_model.h"
+#include "service/service.h"
 #include "tests/common/files.h"
 #include "tests/common/wait.h"
 
@@ -30,6 +34,65 @@ namespace moebatch::test {
 inline std::filesystem::path demo_model() {
   return ensure_demo_model(MOEBATCH_TEST_CACHE,
                            std::filesystem::path(test_data_dir()) / "qwen3-tokenizer");
+}
+
+/// A service on the demo model with its queue in `dir`/jobs.db: 16 MiB of KV cache, HTTP on any
+/// free port, 10 ms polls, two threads. The caller sets the batch shape and warm-up.
+inline ServiceConfig demo_service_config(const std::filesystem::path& dir) {
+  ServiceConfig c;
+  c.db = (dir / "jobs.db").string();
+  c.model = demo_model().string();
+  c.kv_cache_mb = 16;
+  c.http_port = 0;
+  c.poll_ms = 10;
+  c.threads = 2;
+  return c;
+}
+
+/// A Service running on its own thread for the scope of a test, without signal handling (the
+/// test process keeps its signals).
+struct RunningService {
+  Service svc;
+  int code = -1;  ///< run()'s exit code, once stopped
+  std::thread t;
+  explicit RunningService(const ServiceConfig& c, ServiceHooks h = {})
+      : svc(c, (h.handle_signals = false, h)) {
+    t = std::thread([this] { code = svc.run(); });
+  }
+  /// Stops the service, waits for run() to return and gives its exit code.
+  int stop() {
+    svc.stop();
+    if (t.joinable()) t.join();
+    return code;
+  }
+  ~RunningService() { stop(); }
+  int port() const { return svc.http_port(); }
+};
+
+/// Flags of `moebatch serve` (and service_daemon): the demo model, served as "demo" with the
+/// bundled tokenizer.
+inline std::vector<std::string> demo_model_flags() {
+  return {"--model",
+          demo_model().string(),
+          "--tokenizer",
+          test_data_dir() + "/qwen3-tokenizer",
+          "--served-model-name",
+          "demo"};
+}
+
+/// Flags of `moebatch serve` (and service_daemon): a small CPU engine of `max_num_seqs` slots,
+/// 256 tokens a step, 16 MiB of KV cache, one warm-up sequence, two threads.
+inline std::vector<std::string> small_engine_flags(int max_num_seqs) {
+  return {"--max-num-seqs",
+          std::to_string(max_num_seqs),
+          "--max-num-batched-tokens",
+          "256",
+          "--kv-cache-mb",
+          "16",
+          "--warmup-seqs",
+          "1",
+          "--threads",
+          "2"};
 }
 
 /// The daemon's ready file (JSON: ports, worker name) once it appears complete; nullopt when it
