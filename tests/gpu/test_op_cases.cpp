@@ -76,7 +76,7 @@ TEST(OpTable, TablesAreWellFormed) {
     EXPECT_GE(d.tol, 0) << d.name;
     families.insert(d.family);
   }
-  EXPECT_EQ(families.size(), 11u) << "a kernel family has no correctness case";
+  EXPECT_EQ(families.size(), 12u) << "a kernel family has no correctness case";
   std::set<std::pair<int, std::string>> bench;
   for (const auto& d : ops::op_cases_bench()) {
     EXPECT_GT(d.batch, 0) << d.name;

@@ -61,6 +61,7 @@ const char* op_family_name(OpFamily f) {
     case OpFamily::gemm: return "gemm";
     case OpFamily::sampling: return "sampling";
     case OpFamily::quant: return "quant";
+    case OpFamily::linear_attention: return "linear_attention";
   }
   return "?";
 }

@@ -23,7 +23,9 @@
 namespace moebatch::ops {
 
 /// Kernel family: one per kernels/<family>.cuh.
-enum class OpFamily { embedding, rmsnorm, rope, kv_cache, attention, moe_routing, moe_gemm, moe_ops, gemm, sampling, quant };
+enum class OpFamily {
+  embedding, rmsnorm, rope, kv_cache, attention, moe_routing, moe_gemm, moe_ops, gemm, sampling, quant, linear_attention
+};
 const char* op_family_name(OpFamily f);
 
 /// Storage format of a case's weights (activations stay bf16), as kernels/weight_codec.cuh lays
@@ -110,7 +112,8 @@ OpCaseDef op_case_def(std::string name, std::string shape, OpFamily family, doub
 /// The correctness table: small and edge-case shapes, each checked by the GPU tests.
 std::vector<OpCaseDef> op_cases_test();
 /// The benchmark table: Qwen3-30B-A3B shapes at decode batch 1, 64 and 256, then prefill
-/// attention; their references are costly (run by moebatch_bench_kernels --check).
+/// attention, then Qwen3-Next-80B's Gated DeltaNet kernels; their references are costly (run by
+/// moebatch_bench_kernels --check).
 std::vector<OpCaseDef> op_cases_bench();
 
 /// run(env, 0), sync, check(env, tol): the one path the tests, the benchmark and the lab check by.

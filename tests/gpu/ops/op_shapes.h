@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/linear_attention.cuh"
 #include "kernels/moe_gemm.cuh"
 #include "kernels/sampling.cuh"
 #include "tests/gpu/ops/op_case.h"
@@ -218,5 +219,32 @@ struct QuantizeShape {
   int group = 128;                                ///< fp8 inputs per scale
 };
 OpCaseDef quantize_case(const QuantizeShape& s);
+
+// --- linear attention: Gated DeltaNet (cases_linear_attention.cpp) -------------------------
+
+/// One rank's Gated DeltaNet heads and a step of sequences over them (kernels::GdnDims sizes).
+/// Sequence s has q_lens[s] tokens from position first_pos[s % size]: position 0 starts from a
+/// zero state (its slot holds random values the kernel must ignore), any other continues the
+/// slot's random state. Slots are a random permutation of num_seqs + 3; the spare slots must stay
+/// untouched. The in_proj rows have 8 elements of padding (proj_stride).
+struct GdnStepShape {
+  int nk, nv, dk, dv;
+  int conv_kernel = 4;
+  std::vector<int> q_lens;     ///< tokens per sequence (0: an empty sequence, nothing touched)
+  std::vector<int> first_pos;  ///< cycled over the sequences
+  int pad_seq = -1;            ///< this sequence gets state slot -1 (padding: zero state, not written)
+  bool decode = false;         ///< the decode kernel (else the prefill one; both take any batch)
+};
+/// causal_conv_decode / causal_conv_prefill: out vs fp64 (5e-3), the new conv state bit-exact.
+OpCaseDef causal_conv_case(const GdnStepShape& s);
+/// gated_delta_rule_decode / _prefill: o vs fp64 (5e-3), the written state within 1e-4, the
+/// other slots bit-exact.
+OpCaseDef gated_delta_rule_case(const GdnStepShape& s);
+
+struct GatedRmsNormShape {
+  int tokens, nk, nv, dk, dv;
+  bool in_place = false;  ///< out aliases o
+};
+OpCaseDef gated_rmsnorm_case(const GatedRmsNormShape& s);
 
 }  // namespace moebatch::ops

@@ -146,6 +146,39 @@ std::vector<OpCaseDef> op_cases_test() {
   t.push_back(quantize_case({.rows = 9, .cols = 208, .format = WeightFormat::fp8_block, .group = 64}));
   t.push_back(quantize_case({.rows = 37, .cols = 1056, .format = WeightFormat::nvfp4}));
   t.push_back(quantize_case({.rows = 8, .cols = 4096, .format = WeightFormat::nvfp4}));
+
+  // Gated DeltaNet (Qwen3-Next linear attention). Every step mixes sequences starting at position
+  // 0 (their slots hold random values that must be ignored) with ones continuing a random state;
+  // spare slots must stay untouched. Lengths around the kernels' steps: 1, 2 (< K - 1: the new
+  // conv state keeps old inputs), 7, 16/17/33 (the delta rule stages 16 tokens), 64/65/130 (the
+  // prefill conv steps 64 tokens). Dims: Qwen3-Next-80B's rank (16/32 heads of 128), the tiny
+  // fixture's (4/8 of 32), dk != dv, r = 1 and 3.
+  const kernels::GdnDims next80b{16, 32, 128, 128, 4}, tiny{4, 8, 32, 32, 4};
+  auto step = [](kernels::GdnDims d, std::vector<int> q_lens, std::vector<int> first_pos, int pad_seq,
+                 bool decode) {
+    return GdnStepShape{.nk = d.nk, .nv = d.nv, .dk = d.dk, .dv = d.dv, .conv_kernel = d.conv_kernel,
+                        .q_lens = std::move(q_lens), .first_pos = std::move(first_pos), .pad_seq = pad_seq,
+                        .decode = decode};
+  };
+  const GdnStepShape gdn_steps[] = {
+      step(next80b, {1, 7, 64, 130, 2, 17}, {0, 5, 0, 300, 9, 33}, -1, false),
+      // an empty sequence, a padding row (slot -1)
+      step(tiny, {130, 1, 0, 65, 7, 16, 33, 2}, {0, 17, 3, 1, 0, 40, 12, 0}, 1, false),
+      step({2, 4, 128, 64, 3}, {20, 5, 1}, {11, 0, 4}, -1, false),
+      step({1, 3, 32, 96, 2}, {9, 1, 70}, {0, 8, 33}, -1, false),
+      step({2, 2, 64, 64, 4}, {40, 3}, {0, 9}, -1, false),
+      // decode batches (one token each) with a padding row; the decode kernels on mixed lengths
+      step(next80b, std::vector<int>(23, 1), {0, 41, 7, 1000}, 5, true),
+      step({2, 4, 128, 64, 4}, std::vector<int>(9, 1), {3, 0}, -1, true),
+      step(tiny, {1, 7, 64, 130, 2}, {0, 5, 0, 300, 1}, -1, true),
+  };
+  for (const GdnStepShape& s : gdn_steps) {
+    t.push_back(causal_conv_case(s));
+    t.push_back(gated_delta_rule_case(s));
+  }
+  t.push_back(gated_rmsnorm_case({.tokens = 37, .nk = 16, .nv = 32, .dk = 128, .dv = 128}));
+  t.push_back(gated_rmsnorm_case({.tokens = 19, .nk = 4, .nv = 8, .dk = 32, .dv = 32, .in_place = true}));
+  t.push_back(gated_rmsnorm_case({.tokens = 5, .nk = 2, .nv = 6, .dk = 64, .dv = 256}));
   return t;
 }
 
@@ -204,6 +237,25 @@ std::vector<OpCaseDef> op_cases_bench() {
                                              .q_lens = std::vector<int>(prompts, len),
                                              .kv_lens = std::vector<int>(prompts, len), .q_pad = 0}),
                              "attn_prefill " + std::to_string(prompts) + "x" + std::to_string(len) + " causal"));
+
+  // Qwen3-Next-80B-A3B's Gated DeltaNet layers on one GPU: 16 key / 32 value heads of 128, conv
+  // kernel 4. Decode continues every sequence's state (2 MB of delta-rule state per sequence and
+  // layer, read and written); prefill starts whole prompts at position 0 (batch column: tokens).
+  constexpr int kLinNk = 16, kLinNv = 32, kLinD = 128, kConvK = 4;
+  for (int B : {1, 64, 256}) {
+    const GdnStepShape s{.nk = kLinNk, .nv = kLinNv, .dk = kLinD, .dv = kLinD, .conv_kernel = kConvK,
+                         .q_lens = std::vector<int>(B, 1), .first_pos = {191}, .decode = true};
+    add(B, causal_conv_case(s));
+    add(B, gated_delta_rule_case(s));
+    add(B, gated_rmsnorm_case({.tokens = B, .nk = s.nk, .nv = s.nv, .dk = s.dk, .dv = s.dv}));
+  }
+  for (auto [prompts, len] : {std::pair{1, 2048}, {8, 512}}) {
+    const GdnStepShape s{.nk = kLinNk, .nv = kLinNv, .dk = kLinD, .dv = kLinD, .conv_kernel = kConvK,
+                         .q_lens = std::vector<int>(prompts, len), .first_pos = {0}};
+    const std::string shape = " " + std::to_string(prompts) + "x" + std::to_string(len);
+    add(prompts * len, named(causal_conv_case(s), "causal_conv prefill" + shape));
+    add(prompts * len, named(gated_delta_rule_case(s), "gated_delta_rule prefill" + shape));
+  }
   return t;
 }
 
