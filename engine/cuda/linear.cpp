@@ -35,6 +35,10 @@ void linear_any(const GemmContext& g, Out* out, const bf16* in, const DeviceTens
   no_kernel("linear", w.format);
 }
 
+// Experts of a compressed stack decoded per grouped GEMM on the many-token path: enough to keep
+// the GEMM wide, a bounded scratch (30B shape: 32 × 6 MiB).
+constexpr int64_t kDequantExperts = 32;
+
 }  // namespace
 
 void linear(const GemmContext& g, bf16* out, const bf16* in, const DeviceTensor& w, int rows) {
@@ -65,39 +69,51 @@ void expert_gemm(kernels::MoeGemmParams p, const DeviceTensor& w, cudaStream_t s
 void expert_gemm_sorted(const GemmContext& g, bf16* out, const bf16* in, const DeviceTensor& w,
                         const int32_t* offsets, int stage) {
   MB_CHECK(w.shape.size() == 3, "expert_gemm_sorted: weights must be [num_experts, n, k]");
+  MB_CHECK(w.format != WeightFormat::F32, "expert_gemm_sorted: no CUDA kernel for f32 weights");
   const int experts = static_cast<int>(w.shape[0]), n = static_cast<int>(w.shape[1]),
             k = static_cast<int>(w.shape[2]);
   MB_CHECK(stage >= 0 && stage < kGroupedStages && experts <= g.group_cap,
            "expert_gemm_sorted: pointer staging too small");
+  const bool packed = w.format != WeightFormat::Bf16;
+  const size_t expert_elems = static_cast<size_t>(n) * k;
+  // Compressed experts are decoded into the scratch a batch at a time, then multiplied like bf16.
+  const size_t per_batch = packed ? g.scratch_elems / expert_elems : static_cast<size_t>(experts);
+  MB_CHECK(per_batch > 0, "expert_gemm_sorted: scratch smaller than one expert");
   std::vector<bf16*> outs;
   std::vector<const bf16*> xs, ws;
   std::vector<int> ms;
+  // Each batch stages its pointers past the previous batch's (still being copied) in the stage's
+  // region of 3 · group_cap entries; the batches of a stage hold at most `experts` problems.
+  size_t staged = static_cast<size_t>(stage) * 3 * g.group_cap;
+  auto flush = [&] {
+    const int count = static_cast<int>(ms.size());
+    kernels::linear_grouped(g.cublas, g.stream, outs.data(), xs.data(), ws.data(), ms.data(), count,
+                            n, k, g.group_ptrs_host + staged, g.group_ptrs_dev + staged);
+    staged += 3 * static_cast<size_t>(count);
+    outs.clear();
+    xs.clear();
+    ws.clear();
+    ms.clear();
+  };
   for (int e = 0; e < experts; ++e) {
     const int row0 = offsets[e], rows = offsets[e + 1] - offsets[e];
     MB_CHECK(row0 >= 0 && rows >= 0, "expert_gemm_sorted: bad expert offsets");
     if (rows == 0) continue;
-    bf16* o = out + static_cast<size_t>(row0) * n;
-    const bf16* x = in + static_cast<size_t>(row0) * k;
-    switch (w.format) {
-      case WeightFormat::Bf16:
-        outs.push_back(o);
-        xs.push_back(x);
-        ws.push_back(w.as_bf16() + static_cast<size_t>(e) * n * k);
-        ms.push_back(rows);
-        break;
-      case WeightFormat::Fp8Block:
-      case WeightFormat::Nvfp4:
-        kernels::quant_linear(g.cublas, g.stream, o, x, w.matrix_rows(static_cast<int64_t>(e) * n),
-                              rows, n, k, g.scratch, g.scratch_elems);
-        break;
-      case WeightFormat::F32:
-        no_kernel("expert_gemm_sorted", w.format);
+    const bf16* weight = nullptr;
+    if (packed) {
+      bf16* slot = g.scratch + ms.size() * expert_elems;
+      kernels::dequantize(w.matrix_rows(static_cast<int64_t>(e) * n), n, k, slot, g.stream);
+      weight = slot;
+    } else {
+      weight = w.as_bf16() + static_cast<size_t>(e) * expert_elems;
     }
+    outs.push_back(out + static_cast<size_t>(row0) * n);
+    xs.push_back(in + static_cast<size_t>(row0) * k);
+    ws.push_back(weight);
+    ms.push_back(rows);
+    if (ms.size() == per_batch) flush();
   }
-  const size_t region = static_cast<size_t>(stage) * 3 * g.group_cap;
-  kernels::linear_grouped(g.cublas, g.stream, outs.data(), xs.data(), ws.data(), ms.data(),
-                          static_cast<int>(ms.size()), n, k, g.group_ptrs_host + region,
-                          g.group_ptrs_dev + region);
+  if (!ms.empty()) flush();
 }
 
 size_t dequant_scratch_elems(const ModelPlan& plan) {
@@ -110,9 +126,11 @@ size_t dequant_scratch_elems(const ModelPlan& plan) {
     for (const TensorPlan* t : {&L.wqkv, &L.wo, &L.mlp_gate_up, &L.mlp_down, &L.router,
                                 &L.shared_gate_up, &L.shared_down, &L.shared_gate})
       consider(*t);
-    for (const TensorPlan* t : {&L.w_gate_up, &L.w_down})  // one expert's matrix at a time
+    // expert_gemm_sorted decodes up to kDequantExperts experts of a stack at a time
+    for (const TensorPlan* t : {&L.w_gate_up, &L.w_down})
       if (!t->empty() && t->format != WeightFormat::Bf16)
-        most = std::max(most, static_cast<size_t>(t->shape[1] * t->shape[2]));
+        most = std::max(most, static_cast<size_t>(std::min<int64_t>(t->shape[0], kDequantExperts) *
+                                                  t->shape[1] * t->shape[2]));
   }
   consider(plan.lm_head);
   return most;
