@@ -40,8 +40,9 @@ struct DeviceTensor {
   bf16* optional_bf16() const { return empty() ? nullptr : as_bf16(); }
   /// The tensor as the weight-taking kernels read it (any format but F32).
   kernels::QuantMatrix matrix() const;
-  /// The same from row `row0` on (one expert of a stacked tensor).
-  kernels::QuantMatrix matrix_rows(int64_t row0) const;
+  /// Rows [row0, rows()) as a [rows() - row0, cols()] view: values, scales and row scales moved
+  /// to row0 (one expert of a stacked tensor; the rows a loader piece fills).
+  DeviceTensor rows_from(int64_t row0) const;
 };
 
 using DeviceModelWeights = ModelWeightsT<DeviceTensor>;

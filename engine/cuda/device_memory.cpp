@@ -144,31 +144,38 @@ WeightArena layout_weights(const ModelPlan& plan, bool alias_lm_head, char* base
 // compressed tensor t (the row layout makes any row range independent).
 void quantize_rows(const bf16* in, int64_t rows, const DeviceTensor& t, int64_t row0,
                    cudaStream_t stream) {
-  const int64_t cols = t.cols();
-  const PackedSizes per_row = packed_sizes(t.format, 1, cols, t.group);
-  auto* data = static_cast<uint8_t*>(t.data) + row0 * per_row.data;
-  auto* scales = static_cast<uint8_t*>(t.scales) + row0 * per_row.scales;
-  switch (t.format) {
+  const DeviceTensor v = t.rows_from(row0);
+  const int cols = static_cast<int>(v.cols());
+  auto* data = static_cast<uint8_t*>(v.data);
+  switch (v.format) {
     case WeightFormat::Fp8Block:
-      kernels::quantize_fp8_rows(in, rows, static_cast<int>(cols), t.group, data,
-                                 reinterpret_cast<float*>(scales), stream);
+      kernels::quantize_fp8_rows(in, rows, cols, v.group, data, static_cast<float*>(v.scales),
+                                 stream);
       return;
     case WeightFormat::Nvfp4:
-      kernels::quantize_nvfp4_rows(in, rows, static_cast<int>(cols), data, scales,
-                                   t.row_scales + row0, stream);
+      kernels::quantize_nvfp4_rows(in, rows, cols, data, static_cast<uint8_t*>(v.scales),
+                                   v.row_scales, stream);
       return;
     default:
-      throw Error(std::string("quantize_rows: ") + weight_format_name(t.format) +
+      throw Error(std::string("quantize_rows: ") + weight_format_name(v.format) +
                   " is not a compressed format");
   }
 }
 
-// A device bf16 buffer that grows to the largest request (staging for quantization).
+// A device bf16 buffer that grows to the largest request (staging for quantization). Work on
+// `stream` may still read the old buffer: growing waits for it before freeing.
 class Staging {
  public:
-  ~Staging() { cudaFree(p_); }
+  explicit Staging(cudaStream_t stream) : stream_(stream) {}
+  ~Staging() {
+    cudaStreamSynchronize(stream_);
+    cudaFree(p_);
+  }
+  Staging(const Staging&) = delete;
+  Staging& operator=(const Staging&) = delete;
   bf16* get(size_t elems) {
     if (elems > n_) {
+      CUDA_CHECK(cudaStreamSynchronize(stream_));
       CUDA_CHECK(cudaFree(p_));
       p_ = nullptr;
       CUDA_CHECK(cudaMalloc(&p_, elems * sizeof(bf16)));
@@ -178,6 +185,7 @@ class Staging {
   }
 
  private:
+  cudaStream_t stream_;
   bf16* p_ = nullptr;
   size_t n_ = 0;
 };
@@ -222,14 +230,15 @@ kernels::QuantMatrix DeviceTensor::matrix() const {
               ", which no GPU kernel reads");
 }
 
-kernels::QuantMatrix DeviceTensor::matrix_rows(int64_t row0) const {
-  MB_CHECK(row0 >= 0 && row0 < rows(), "matrix_rows: row outside the tensor");
-  kernels::QuantMatrix m = matrix();
+DeviceTensor DeviceTensor::rows_from(int64_t row0) const {
+  MB_CHECK(row0 >= 0 && row0 < rows(), "rows_from: row outside the tensor");
   const PackedSizes per_row = packed_sizes(format, 1, cols(), group);
-  m.data = static_cast<const char*>(data) + row0 * per_row.data;
-  if (scales) m.scales = static_cast<const char*>(scales) + row0 * per_row.scales;
-  if (row_scales) m.row_scales = row_scales + row0;
-  return m;
+  DeviceTensor v = *this;
+  v.shape = {rows() - row0, cols()};
+  v.data = static_cast<char*>(data) + row0 * per_row.data;
+  if (scales) v.scales = static_cast<char*>(scales) + row0 * per_row.scales;
+  if (row_scales) v.row_scales = row_scales + row0;
+  return v;
 }
 
 int64_t DeviceTensor::numel() const {
@@ -287,7 +296,7 @@ void load_weights_device(const WeightSource& ckpt, const ModelConfig& cfg, const
                          DeviceModelWeights& w, cudaStream_t stream) {
   std::vector<uint16_t> host;
   PackedHost packed;
-  Staging staging;
+  Staging staging(stream);
   auto upload = [&](void* dst, const void* src, size_t bytes) {
     if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
   };
@@ -314,7 +323,7 @@ void load_weights_device(const WeightSource& ckpt, const ModelConfig& cfg, const
         bf16* stage = staging.get(host.size());
         upload(stage, host.data(), host.size() * sizeof(uint16_t));
         quantize_rows(stage, pc.rows, t, pc.dst_row0, stream);
-        CUDA_CHECK(cudaStreamSynchronize(stream));  // `stage` and `host` are reused
+        CUDA_CHECK(cudaStreamSynchronize(stream));  // `host` is reused by the next piece
       }
     }
     CUDA_CHECK(cudaStreamSynchronize(stream));  // the host buffers are reused by the next tensor
@@ -339,7 +348,7 @@ void random_weights_device(uint64_t seed, const ModelPlan& plan, DeviceModelWeig
   auto whole = [&](const PlanPiece& pc) {
     return pc.row0 == 0 && pc.col0 == 0 && pc.rows == pc.src_shape[0] && pc.cols == src_cols(pc);
   };
-  Staging scratch, staging;
+  Staging scratch(stream), staging(stream);
 
   // Uniform in ±1/sqrt(fan-in) of the hub tensor keeps activations O(1) through the layers;
   // vectors (norms, biases) get ±1 so no norm weight collapses the signal.
@@ -368,8 +377,6 @@ void random_weights_device(uint64_t seed, const ModelPlan& plan, DeviceModelWeig
                                      stream));
       }
       if (packed) quantize_rows(dst, pc.rows, t, pc.dst_row0, stream);
-      // staging and scratch may grow (cudaFree) at the next piece: let this one finish
-      CUDA_CHECK(cudaStreamSynchronize(stream));
     }
   };
   try {

@@ -19,20 +19,11 @@ template <class Out>
 void linear_any(const GemmContext& g, Out* out, const bf16* in, const DeviceTensor& w, int rows) {
   MB_CHECK(w.shape.size() == 2, "linear: weight must be [out, in]");
   const int n = static_cast<int>(w.shape[0]), k = static_cast<int>(w.shape[1]);
-  switch (w.format) {
-    case WeightFormat::Bf16:
-      kernels::linear(g.cublas, g.stream, out, in, w.as_bf16(), rows, n, k);
-      return;
-    case WeightFormat::Fp8Block:
-    case WeightFormat::Nvfp4:
-      // decode GEMV for few rows, else decoded into the scratch once and cuBLAS
-      kernels::quant_linear(g.cublas, g.stream, out, in, w.matrix(), rows, n, k, g.scratch,
-                            g.scratch_elems);
-      return;
-    case WeightFormat::F32:
-      break;
-  }
-  no_kernel("linear", w.format);
+  if (w.format == WeightFormat::F32) no_kernel("linear", w.format);
+  // bf16: cuBLAS; compressed: the decode GEMV for few rows, else decoded into the scratch once
+  // and cuBLAS (kernels::quant_linear_path is the one place that chooses)
+  kernels::quant_linear(g.cublas, g.stream, out, in, w.matrix(), rows, n, k, g.scratch,
+                        g.scratch_elems);
 }
 
 // Experts of a compressed stack decoded per grouped GEMM on the many-token path: enough to keep
@@ -102,7 +93,7 @@ void expert_gemm_sorted(const GemmContext& g, bf16* out, const bf16* in, const D
     const bf16* weight = nullptr;
     if (packed) {
       bf16* slot = g.scratch + ms.size() * expert_elems;
-      kernels::dequantize(w.matrix_rows(static_cast<int64_t>(e) * n), n, k, slot, g.stream);
+      kernels::dequantize(w.rows_from(static_cast<int64_t>(e) * n).matrix(), n, k, slot, g.stream);
       weight = slot;
     } else {
       weight = w.as_bf16() + static_cast<size_t>(e) * expert_elems;
