@@ -11,12 +11,8 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/svc_out}
 N1=${1:-1024}
 N4=${2:-256}
-mkdir -p "$OUT" /opt/deb
-for f in .devdebs/*.deb; do dpkg -x "$f" /opt/deb; done
-D=/opt/deb/usr
-LIB=$D/lib/x86_64-linux-gnu
-export LD_LIBRARY_PATH=$LIB
-export PKG_CONFIG_PATH=$LIB/pkgconfig:$D/share/pkgconfig PKG_CONFIG_SYSROOT_DIR=/opt/deb
+mkdir -p "$OUT"
+. bench/devdebs_env.sh
 B=build-svc
 if ! cmake -S . -B $B -G Ninja -DMOEBATCH_CUDA=ON -DMOEBATCH_BUILD_TESTS=OFF -DCMAKE_PREFIX_PATH=$D \
      > "$OUT/build.log" 2>&1 ||

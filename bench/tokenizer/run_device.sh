@@ -6,12 +6,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/tok_out}
-mkdir -p "$OUT" /opt/deb
-for f in .devdebs/*.deb; do dpkg -x "$f" /opt/deb; done
-D=/opt/deb/usr
-LIB=$D/lib/x86_64-linux-gnu
-export LD_LIBRARY_PATH=$LIB
-export PKG_CONFIG_PATH=$LIB/pkgconfig:$D/share/pkgconfig PKG_CONFIG_SYSROOT_DIR=/opt/deb
+mkdir -p "$OUT"
+. bench/devdebs_env.sh
 B=build-tokdev
 BIN=$B/bench_tokenizer
 if cmake -S . -B $B -G Ninja -DMOEBATCH_CUDA=OFF -DMOEBATCH_ENGINE_ONLY=OFF \
