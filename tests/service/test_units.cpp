@@ -141,6 +141,10 @@ TEST(Config, ParallelismAndQuantizationKnobs) {
   ServiceConfig c;
   c.db = "x";
   c.model = "m";
+  // No KV cap by default: the CUDA memory plan gives the pool what weights leave (a 256 MiB
+  // default cap refused the 30B model); the cpu backend takes 0 as its 256 MiB pool.
+  EXPECT_EQ(c.kv_cache_mb, 0);
+  validate_config(c);
   EXPECT_FALSE(c.enable_expert_parallel);
   EXPECT_EQ(c.quantization, "auto");
   EXPECT_THROW(apply_config_json(nlohmann::json{{"enable_expert_parallel", 1}}, "t", c),
