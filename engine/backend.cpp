@@ -11,6 +11,43 @@ int64_t BackendInfo::weight_bytes() const {
   return n;
 }
 
+std::vector<int32_t> StateSlotTracker::advance(const StepBatch& b) {
+  MB_CHECK(b.max_blocks_per_seq > 0, "a step with state needs block tables");
+  const size_t num_rows = b.block_tables.size() / static_cast<size_t>(b.max_blocks_per_seq);
+  MB_CHECK(b.state_slots.size() == num_rows,
+           "a linear-attention model needs one state slot per row");
+  std::vector<int64_t> first(num_rows, -1), next(num_rows, -1);
+  for (size_t t = 0; t < b.tokens.size(); ++t) {
+    const auto row = static_cast<size_t>(b.seq_index[t]);
+    if (first[row] < 0) {
+      first[row] = next[row] = b.positions[t];
+    } else {
+      MB_CHECK(b.seq_index[t - 1] == b.seq_index[t], "a row's tokens must be adjacent in the batch");
+    }
+    MB_CHECK(b.positions[t] == next[row], "a row's tokens must be consecutive positions");
+    ++next[row];
+  }
+  std::vector<char> used(next_pos_.size(), 0);
+  for (size_t row = 0; row < num_rows; ++row) {
+    if (first[row] < 0) continue;  // a row without tokens leaves its slot alone
+    const int32_t s = b.state_slots[row];
+    MB_CHECK(s >= 0 && static_cast<size_t>(s) < next_pos_.size(), "state slot out of range");
+    MB_CHECK(!used[s], "two rows of one step share a state slot");
+    used[s] = 1;
+    MB_CHECK(first[row] == 0 || first[row] == next_pos_[s],
+             "a row must start at position 0 or where its state slot ended");
+  }
+  // checked: record where every row's slot ends
+  std::vector<int32_t> started;
+  for (size_t row = 0; row < num_rows; ++row) {
+    if (first[row] < 0) continue;
+    const int32_t s = b.state_slots[row];
+    if (first[row] == 0) started.push_back(s);
+    next_pos_[s] = next[row];
+  }
+  return started;
+}
+
 void validate_step_batch(const StepBatch& b, const ModelConfig& cfg, int64_t num_blocks,
                          int64_t block_size, int64_t max_model_len) {
   const size_t n = b.tokens.size();

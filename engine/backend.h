@@ -70,6 +70,22 @@ void validate_step_batch(const StepBatch& b, const ModelConfig& cfg, int64_t num
                          int64_t block_size,
                          int64_t max_model_len = std::numeric_limits<int64_t>::max());
 
+/// Where each recurrent-state slot's sequence ended, so that a step continues a slot's state
+/// only with the sequence that owns it. A row's tokens must be consecutive positions, adjacent
+/// in the batch (the recurrence consumes them in order, and the CUDA kernels walk one run per
+/// row); a row starting at position 0 starts a new sequence (there is no prefix caching), any
+/// other must start where its slot ended; no two rows of a step share a slot.
+class StateSlotTracker {
+ public:
+  explicit StateSlotTracker(int64_t slots = 0) : next_pos_(static_cast<size_t>(slots), 0) {}
+  /// Checks `b` (Error naming the violation, nothing changed) and records where each row's slot
+  /// now ends. Returns the slots whose sequence starts in this step (at position 0).
+  std::vector<int32_t> advance(const StepBatch& b);
+
+ private:
+  std::vector<int64_t> next_pos_;  // per slot: the position its state continues at
+};
+
 /// Samples rows[i] from logits [rows.size(), vocab] on the host (greedy, or temperature with
 /// top-k / top-p; the same draws as the GPU sampler).
 void sample_rows_host(const std::vector<float>& logits, int64_t vocab,

@@ -40,17 +40,27 @@ TensorPlan col_slice(const std::string& name, std::vector<int64_t> full, int64_t
 void plan_attention(const ModelConfig& c, const ShardDims& d, const std::string& a,
                     LayerWeightsT<TensorPlan>& L) {
   const int64_t H = c.hidden_size, hd = c.head_dim;
-  // With an output gate q_proj yields [query | gate] per head: twice the rows, split alike.
+  // Column-parallel q/k/v fused into one matrix: this rank's q heads, then its k and v heads
+  // (contiguous rows of each hub tensor), so one GEMM yields [q | k | v] per token. With an
+  // output gate q_proj holds [query hd | gate hd] per head; the gate rows of this rank's heads
+  // go after v, so q, k and v keep the layout of ungated attention and the gate is one block.
   const int64_t qm = c.attn_output_gate ? 2 : 1;
   const int64_t q_rows = c.num_heads * hd * qm, kv_rows = c.num_kv_heads * hd;
-  // Column-parallel q/k/v fused into one matrix: this rank's q heads, then its k and v heads
-  // (contiguous rows of each hub tensor), so one GEMM yields [q | k | v] per token.
-  const int64_t nq = d.num_heads * hd * qm, nkv = d.num_kv_heads * hd;
+  const int64_t nq = d.num_heads * hd, nkv = d.num_kv_heads * hd;
   const int64_t q0 = d.head0 * hd * qm, kv0 = d.kv_head0 * hd;
-  L.wqkv.shape = {nq + 2 * nkv, H};
-  L.wqkv.pieces = {{a + "q_proj.weight", {q_rows, H}, q0, nq, 0, H, 0},
-                   {a + "k_proj.weight", {kv_rows, H}, kv0, nkv, 0, H, nq},
-                   {a + "v_proj.weight", {kv_rows, H}, kv0, nkv, 0, H, nq + nkv}};
+  const std::string q_name = a + "q_proj.weight";
+  L.wqkv.shape = {nq * qm + 2 * nkv, H};
+  if (qm == 1) {
+    L.wqkv.pieces = {{q_name, {q_rows, H}, q0, nq, 0, H, 0}};
+  } else {
+    for (int64_t h = 0; h < d.num_heads; ++h) {
+      L.wqkv.pieces.push_back({q_name, {q_rows, H}, q0 + 2 * h * hd, hd, 0, H, h * hd});
+      L.wqkv.pieces.push_back(
+          {q_name, {q_rows, H}, q0 + (2 * h + 1) * hd, hd, 0, H, nq + 2 * nkv + h * hd});
+    }
+  }
+  L.wqkv.pieces.push_back({a + "k_proj.weight", {kv_rows, H}, kv0, nkv, 0, H, nq});
+  L.wqkv.pieces.push_back({a + "v_proj.weight", {kv_rows, H}, kv0, nkv, 0, H, nq + nkv});
   if (c.qkv_bias) {
     L.bqkv.shape = {nq + 2 * nkv};
     L.bqkv.pieces = {{a + "q_proj.bias", {q_rows}, q0, nq, 0, 1, 0},
@@ -119,6 +129,13 @@ int64_t TensorPlan::numel() const {
   int64_t n = 1;
   for (auto d : shape) n *= d;
   return shape.empty() ? 0 : n;
+}
+
+LinearStateFloats linear_state_floats(const ModelConfig& cfg, const ShardDims& d) {
+  const LinearAttentionDims& a = cfg.linear;
+  const int64_t channels = 2 * d.lin_k_heads * a.k_head_dim + d.lin_v_heads * a.v_head_dim;
+  return {.conv = channels * (a.conv_kernel - 1),
+          .ssm = d.lin_v_heads * a.k_head_dim * a.v_head_dim};
 }
 
 ShardDims shard_dims(const ModelConfig& c, const ShardSpec& s) {

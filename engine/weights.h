@@ -68,6 +68,14 @@ struct ShardDims {
 /// Validates divisibility for `spec` and returns the local sizes; InputError names the field.
 ShardDims shard_dims(const ModelConfig& cfg, const ShardSpec& spec);
 
+/// fp32 values of one sequence's Gated DeltaNet state in one linear-attention layer on one rank:
+/// conv [C, K-1] (C = 2·nk·dk + nv·dv local channels) and ssm [nv, dk, dv].
+struct LinearStateFloats {
+  int64_t conv = 0;
+  int64_t ssm = 0;
+};
+LinearStateFloats linear_state_floats(const ModelConfig& cfg, const ShardDims& d);
+
 /// One block copy: rows [row0, row0+rows) x cols [col0, col0+cols) of a hub tensor (1-D tensors
 /// are viewed as [n, 1], N-D ones as [shape[0], product of the rest]) into destination rows
 /// starting at dst_row0.
@@ -108,7 +116,7 @@ template <class T>
 struct LayerWeightsT {
   T input_norm;      // [H]
   T wqkv;            // [(nh*g + 2*nkv)*hd, H] rows: q heads, then k heads, then v heads; with an
-                     // output gate (g = 2) each q head's rows are [query hd | gate hd]
+                     // output gate (g = 2) then the gate rows of the q heads
   T bqkv;            // [(nh + 2*nkv)*hd]    (qkv_bias only)
   T q_norm;          // [hd]      (qk_norm only)
   T k_norm;          // [hd]      (qk_norm only)

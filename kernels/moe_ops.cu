@@ -24,6 +24,24 @@ __global__ void silu_mul_kernel(bf16* out, const bf16* in, int rows, int inter) 
   }
 }
 
+// One thread per 8 elements, grid-stride over rows * cols / 8.
+__global__ void sigmoid_gate_mul_kernel(bf16* x, const bf16* gate, int64_t gate_stride, int rows,
+                                        int cols) {
+  const int vec_per_row = cols / 8;
+  const size_t total = static_cast<size_t>(rows) * vec_per_row;
+  for (size_t v = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; v < total;
+       v += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const size_t r = v / vec_per_row;
+    const int c = static_cast<int>(v % vec_per_row) * 8;
+    float a[8], g[8];
+    load8(x + r * cols + c, a);
+    load8(gate + r * gate_stride + c, g);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) a[j] = a[j] / (1.f + expf(-g[j]));
+    store8(x + r * cols + c, a);
+  }
+}
+
 // kMasked (expert parallel): pairs of other ranks' experts are skipped, not multiplied by zero:
 // their expert_out rows were never written and may hold NaN.
 template <bool kMasked>
@@ -88,6 +106,17 @@ void silu_mul(bf16* out, const bf16* in, int rows, int inter, cudaStream_t strea
   MB_CHECK(inter > 0 && inter % 8 == 0 && rows >= 0, "silu_mul: inter must be a positive multiple of 8");
   if (rows == 0) return;
   silu_mul_kernel<<<grid_for(static_cast<size_t>(rows) * inter / 8), kThreads, 0, stream>>>(out, in, rows, inter);
+  CUDA_CHECK_LAST();
+}
+
+void sigmoid_gate_mul(bf16* x, const bf16* gate, int64_t gate_stride, int rows, int cols,
+                      cudaStream_t stream) {
+  MB_CHECK(cols > 0 && cols % 8 == 0 && rows >= 0 && gate_stride % 8 == 0,
+           "sigmoid_gate_mul: cols and gate_stride must be multiples of 8");
+  MB_CHECK(x && gate, "sigmoid_gate_mul: null operand");
+  if (rows == 0) return;
+  sigmoid_gate_mul_kernel<<<grid_for(static_cast<size_t>(rows) * cols / 8), kThreads, 0, stream>>>(
+      x, gate, gate_stride, rows, cols);
   CUDA_CHECK_LAST();
 }
 

@@ -1,5 +1,5 @@
-// Element-wise MoE pieces around the expert GEMMs: SiLU·mul, the weighted combine over top-k,
-// and the Qwen2-MoE shared expert with its sigmoid gate.
+// Element-wise gates and sums around the GEMMs: SiLU·mul, the attention output gate
+// (Qwen3-Next), the weighted combine over top-k, and the shared expert with its sigmoid gate.
 #pragma once
 
 #include "kernels/types.cuh"
@@ -9,6 +9,11 @@ namespace moebatch::kernels {
 /// out[r, i] = silu(in[r, i]) * in[r, inter + i] for in [rows, 2*inter] (gate half, then up
 /// half, as w_gate_up stacks them). inter % 8 == 0. fp32 math, one rounding.
 void silu_mul(bf16* out, const bf16* in, int rows, int inter, cudaStream_t stream);
+
+/// x[r, i] = x[r, i] · sigmoid(gate[r · gate_stride + i]) for x [rows, cols] (the attention
+/// output gate of Qwen3-Next). cols % 8 == 0, gate rows 16-byte aligned. fp32 math, one rounding.
+void sigmoid_gate_mul(bf16* x, const bf16* gate, int64_t gate_stride, int rows, int cols,
+                      cudaStream_t stream);
 
 /// out[t, :] = sum_j weights[t, j] * expert_out[t * top_k + j, :], summed in fp32 in j order
 /// (deterministic). weights may be nullptr (already applied). hidden % 8 == 0.

@@ -37,7 +37,7 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_kernel(RmsNormParams p) {
     load8(src + 8 * i, r);
     load8(p.weight + 8 * i, w);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) r[j] = r[j] * rstd * w[j];
+    for (int j = 0; j < 8; ++j) r[j] = r[j] * rstd * (p.weight_offset + w[j]);
     store8(p.out + base + 8 * i, r);
   }
 }

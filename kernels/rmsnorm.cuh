@@ -15,9 +15,11 @@ struct RmsNormParams {
   int rows = 0;
   int cols = 0;                   ///< multiple of 8
   float eps = 1e-6f;
+  float weight_offset = 0.f;      ///< weight applied as (weight_offset + w): 1 for zero-centred
+                                  ///< norms (Qwen3-Next)
 };
 
-/// out = in * rsqrt(mean(in^2) + eps) * weight (fp32 math, one bf16 rounding at the end).
+/// out = in * rsqrt(mean(in^2) + eps) * (weight_offset + weight) (fp32 math, one bf16 rounding at the end).
 void rmsnorm(const RmsNormParams& p, cudaStream_t stream);
 
 /// residual = bf16(residual + in); out = rmsnorm(residual) * weight. The sum is rounded to bf16

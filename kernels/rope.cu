@@ -6,7 +6,8 @@ namespace moebatch::kernels {
 namespace {
 
 constexpr int kWarps = 4;
-constexpr int kMaxPairsPerLane = 4;  // head_dim <= 256
+constexpr int kMaxPairsPerLane = 4;  // rotary_dim <= 256
+constexpr int kMaxTailPerLane = 8;   // head_dim - rotary_dim <= 256
 
 // One warp per (token, head); lane owns rotation pairs i = lane + 32*j. With a cache, heads
 // n_q + n_kv .. n_q + 2 n_kv are the v heads, copied to the cache slot unchanged.
@@ -35,9 +36,11 @@ __global__ void __launch_bounds__(kWarps * 32) qk_norm_rope_kernel(QkNormRopePar
   bf16* x = is_q ? p.q + t * p.q_stride + static_cast<int64_t>(head) * p.head_dim
                  : p.k + t * p.k_stride + static_cast<int64_t>(head - p.n_q_heads) * p.head_dim;
   const bf16* w = is_q ? p.q_norm : p.k_norm;
-  const int half = p.head_dim / 2;
+  const int rd = p.rotary_dim > 0 ? p.rotary_dim : p.head_dim;
+  const int half = rd / 2, pass = p.head_dim - rd;
 
-  float a[kMaxPairsPerLane], b[kMaxPairsPerLane];
+  // rotation pairs (i, i + half) and the unrotated tail rd + i, both strided by 32 over lanes
+  float a[kMaxPairsPerLane], b[kMaxPairsPerLane], c[kMaxTailPerLane];
   float ss = 0.f;
 #pragma unroll
   for (int j = 0; j < kMaxPairsPerLane; ++j) {
@@ -46,30 +49,41 @@ __global__ void __launch_bounds__(kWarps * 32) qk_norm_rope_kernel(QkNormRopePar
     b[j] = i < half ? __bfloat162float(x[i + half]) : 0.f;
     ss += a[j] * a[j] + b[j] * b[j];
   }
+#pragma unroll
+  for (int j = 0; j < kMaxTailPerLane; ++j) {
+    const int i = lane + 32 * j;
+    c[j] = i < pass ? __bfloat162float(x[rd + i]) : 0.f;
+    ss += c[j] * c[j];
+  }
   float rstd = 1.f;
   if (w != nullptr) rstd = rsqrtf(warp_sum(ss) / p.head_dim + p.eps);
+  auto weight = [&](int i) { return w != nullptr ? p.norm_offset + __bfloat162float(w[i]) : 1.f; };
   const float pos = static_cast<float>(p.positions[t]);
 #pragma unroll
   for (int j = 0; j < kMaxPairsPerLane; ++j) {
     const int i = lane + 32 * j;
     if (i >= half) continue;
-    float xa = a[j] * rstd, xb = b[j] * rstd;
-    if (w != nullptr) {
-      xa *= __bfloat162float(w[i]);
-      xb *= __bfloat162float(w[i + half]);
-    }
+    const float xa = a[j] * rstd * weight(i), xb = b[j] * rstd * weight(i + half);
     // fp32 angle as the reference implementation computes it; precise sincosf, since the
     // angle grows to ~1e5 radians at long positions.
-    const float inv_freq = 1.f / powf(p.theta, static_cast<float>(2 * i) / p.head_dim);
-    float s, c;
-    sincosf(pos * inv_freq, &s, &c);
-    const bf16 ra = __float2bfloat16(xa * c - xb * s), rb = __float2bfloat16(xb * c + xa * s);
+    const float inv_freq = 1.f / powf(p.theta, static_cast<float>(2 * i) / rd);
+    float s, co;
+    sincosf(pos * inv_freq, &s, &co);
+    const bf16 ra = __float2bfloat16(xa * co - xb * s), rb = __float2bfloat16(xb * co + xa * s);
     x[i] = ra;
     x[i + half] = rb;
     if (kc != nullptr) {
       kc[i] = ra;
       kc[i + half] = rb;
     }
+  }
+#pragma unroll
+  for (int j = 0; j < kMaxTailPerLane; ++j) {
+    const int i = lane + 32 * j;
+    if (i >= pass) continue;
+    const bf16 r = __float2bfloat16(c[j] * rstd * weight(rd + i));
+    x[rd + i] = r;
+    if (kc != nullptr) kc[rd + i] = r;
   }
 }
 
@@ -78,6 +92,8 @@ __global__ void __launch_bounds__(kWarps * 32) qk_norm_rope_kernel(QkNormRopePar
 void qk_norm_rope(const QkNormRopeParams& p, cudaStream_t stream) {
   MB_CHECK(p.head_dim > 0 && p.head_dim % 2 == 0 && p.head_dim <= 64 * kMaxPairsPerLane,
            "qk_norm_rope: head_dim must be even and <= 256");
+  MB_CHECK(p.rotary_dim >= 0 && p.rotary_dim % 2 == 0 && p.rotary_dim <= p.head_dim,
+           "qk_norm_rope: rotary_dim must be even and <= head_dim");
   MB_CHECK(p.q && p.k && p.positions, "qk_norm_rope: null operand");
   MB_CHECK(p.q_stride >= static_cast<int64_t>(p.n_q_heads) * p.head_dim &&
                p.k_stride >= static_cast<int64_t>(p.n_kv_heads) * p.head_dim,

@@ -1,5 +1,6 @@
-// Per-head RMSNorm of q and k (Qwen3) followed by rotary position embedding, NEOX style
-// (pairs (i, i + head_dim/2), inv_freq = theta^(-2i/head_dim)), in place.
+// Per-head RMSNorm of q and k (Qwen3) followed by rotary position embedding, NEOX style, in
+// place. The first rotary_dim dims rotate in pairs (i, i + rotary_dim/2) with
+// inv_freq = theta^(-2i/rotary_dim); the rest are only normalised (partial rotary, Qwen3-Next).
 #pragma once
 
 #include "kernels/types.cuh"
@@ -19,8 +20,10 @@ struct QkNormRopeParams {
   int n_q_heads = 0;
   int n_kv_heads = 0;
   int head_dim = 0;                ///< even, <= 256
+  int rotary_dim = 0;              ///< leading dims that rotate, even; 0: all of head_dim
   float theta = 1e6f;
   float eps = 1e-6f;
+  float norm_offset = 0.f;         ///< norm weights applied as (norm_offset + w): 1 for Qwen3-Next
   // Optional paged-cache write (kv_cache.cuh layout), fused so a decode layer saves a launch:
   // with k_cache set, token t's rotated k heads and its v heads also go to slot
   // slot_mapping[t] (negative: skipped).

@@ -59,7 +59,7 @@ CpuBackend::CpuBackend(const std::filesystem::path& model_dir, const CpuBackendO
   info_.kv_bytes_per_token = kv_per_token * opts.tp;
   info_.max_model_len = cfg_.max_position_embeddings;
   info_.state_slots = has_state ? opts.state_slots : 0;
-  if (has_state) state_next_pos_.assign(static_cast<size_t>(opts.state_slots), 0);
+  if (has_state) state_slots_ = StateSlotTracker(opts.state_slots);
   info_.description = fmt::format("cpu tp={}, {} threads/rank, f32 weights", opts.tp, per_rank);
   spdlog::info(
       "cpu backend: {} ({} layers, {} experts), tp={}, {} threads/rank, KV cache {} blocks x {} "
@@ -104,40 +104,8 @@ void CpuBackend::forward(const StepBatch& batch, std::vector<float>& logits) {
 }
 
 void CpuBackend::begin_state_step(const StepBatch& b) {
-  // A row's tokens must be consecutive positions in batch order, since the recurrence consumes
-  // them one after another. Position 0 starts a sequence (the scheduler's first chunk of a
-  // request; there is no prefix caching), so that slot's state is zeroed; any other start must
-  // be the position the slot's state ended at, or the state would belong to another sequence.
-  const size_t num_rows = b.block_tables.size() / static_cast<size_t>(b.max_blocks_per_seq);
-  MB_CHECK(b.state_slots.size() == num_rows,
-           "a linear-attention model needs one state slot per row");
-  std::vector<int64_t> first(num_rows, -1), next(num_rows, -1);
-  for (size_t t = 0; t < b.tokens.size(); ++t) {
-    const auto row = static_cast<size_t>(b.seq_index[t]);
-    if (first[row] < 0) {
-      first[row] = next[row] = b.positions[t];
-    }
-    MB_CHECK(b.positions[t] == next[row], "a row's tokens must be consecutive positions");
-    ++next[row];
-  }
-  std::vector<char> used(state_next_pos_.size(), 0);
-  for (size_t row = 0; row < num_rows; ++row) {
-    if (first[row] < 0) continue;  // a row without tokens leaves its slot alone
-    const int32_t s = b.state_slots[row];
-    MB_CHECK(s >= 0 && s < info_.state_slots, "state slot out of range");
-    MB_CHECK(!used[s], "two rows of one step share a state slot");
-    used[s] = 1;
-    MB_CHECK(first[row] == 0 || first[row] == state_next_pos_[s],
-             "a row must start at position 0 or where its state slot ended");
-  }
-  // checked: now reset the slots of new sequences and advance every row's slot
-  for (size_t row = 0; row < num_rows; ++row) {
-    if (first[row] < 0) continue;
-    const int32_t s = b.state_slots[row];
-    if (first[row] == 0)
-      for (auto& r : ranks_) r->state->reset(s);
-    state_next_pos_[s] = next[row];
-  }
+  for (const int32_t s : state_slots_.advance(b))
+    for (auto& r : ranks_) r->state->reset(s);
 }
 
 }  // namespace moebatch

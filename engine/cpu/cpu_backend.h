@@ -64,7 +64,7 @@ class CpuBackend final : public Backend {
   BackendInfo info_;
   std::vector<std::unique_ptr<CpuRank>> ranks_;
   InProcessComm comm_;
-  std::vector<int64_t> state_next_pos_;  // per state slot: position its state continues at
+  StateSlotTracker state_slots_;  // where each state slot's sequence ended
 };
 
 }  // namespace moebatch

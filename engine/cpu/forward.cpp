@@ -121,7 +121,7 @@ void moe(const ModelConfig& cfg, const ShardDims& d, const LayerWeights& L, Thre
 }
 
 // Full-attention mixer: y[n, H] is this rank's partial o_proj sum. With an output gate (Qwen3-
-// Next) q_proj rows are [query | gate] per head and the attention output is multiplied by
+// Next) the fused rows end with a gate per q head and the attention output is multiplied by
 // sigmoid(gate) before o_proj.
 void attention(const ModelConfig& cfg, CpuRank& r, const StepBatch& b, int64_t l, const float* x,
                float* y) {
@@ -134,7 +134,7 @@ void attention(const ModelConfig& cfg, CpuRank& r, const StepBatch& b, int64_t l
   const float norm_off = cfg.zero_centred_norm ? 1.0f : 0.0f;
   const double eps = cfg.rms_norm_eps;
 
-  // fused qkv projection (+ bias for Qwen2-MoE), split into q (and gate), k, v
+  // fused qkv projection (+ bias for Qwen2-MoE): rows [q | k | v (| gate)], split apart
   const int64_t qkv_width = (nh * qm + 2 * nkv) * hd;
   Vec qkv(static_cast<size_t>(n * qkv_width));
   Vec q(static_cast<size_t>(n * nh * hd)), gate(cfg.attn_output_gate ? q.size() : 0);
@@ -143,12 +143,10 @@ void attention(const ModelConfig& cfg, CpuRank& r, const StepBatch& b, int64_t l
               qkv.data());
   for (int64_t t = 0; t < n; ++t) {
     const float* row = qkv.data() + t * qkv_width;
-    for (int64_t h = 0; h < nh; ++h) {
-      std::copy_n(row + h * qm * hd, hd, q.data() + (t * nh + h) * hd);
-      if (qm == 2) std::copy_n(row + h * qm * hd + hd, hd, gate.data() + (t * nh + h) * hd);
-    }
-    std::copy_n(row + nh * qm * hd, nkv * hd, k.data() + t * nkv * hd);
-    std::copy_n(row + (nh * qm + nkv) * hd, nkv * hd, v.data() + t * nkv * hd);
+    std::copy_n(row, nh * hd, q.data() + t * nh * hd);
+    std::copy_n(row + nh * hd, nkv * hd, k.data() + t * nkv * hd);
+    std::copy_n(row + (nh + nkv) * hd, nkv * hd, v.data() + t * nkv * hd);
+    if (qm == 2) std::copy_n(row + (nh + 2 * nkv) * hd, nh * hd, gate.data() + t * nh * hd);
   }
 
   // q/k per-head RMSNorm (Qwen3), then RoPE on the first rotary_dim dims of q and k

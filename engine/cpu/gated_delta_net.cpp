@@ -26,10 +26,9 @@ std::vector<std::vector<int64_t>> tokens_by_row(const StepBatch& b) {
 }  // namespace
 
 HostLinearState::HostLinearState(const ModelConfig& cfg, const ShardDims& d, int64_t n) : slots(n) {
-  const LinearAttentionDims& a = cfg.linear;
-  const int64_t channels = 2 * d.lin_k_heads * a.k_head_dim + d.lin_v_heads * a.v_head_dim;
-  conv_floats = channels * (a.conv_kernel - 1);
-  ssm_floats = d.lin_v_heads * a.k_head_dim * a.v_head_dim;
+  const LinearStateFloats f = linear_state_floats(cfg, d);
+  conv_floats = f.conv;
+  ssm_floats = f.ssm;
   conv.resize(cfg.layers.size());
   ssm.resize(cfg.layers.size());
   for (size_t l = 0; l < cfg.layers.size(); ++l) {

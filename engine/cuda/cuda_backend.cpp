@@ -110,10 +110,16 @@ void CudaBackend::check_options() const {
     throw InputError("cuda backend: hidden_size must be a multiple of 32");
   MB_CHECK(static_cast<int64_t>(cfg_.layers.size()) == cfg_.num_layers,
            "model config: one LayerKind per layer (default_layer_kinds for hand-built configs)");
-  for (size_t l = 0; l < cfg_.layers.size(); ++l) {
-    if (cfg_.layers[l].mixer != MixerKind::FullAttention)
-      throw InputError("cuda backend: layer " + std::to_string(l) +
-                       " is linear attention, which the CUDA backend does not implement");
+  if (cfg_.num_linear_layers() > 0) {
+    // Gated DeltaNet kernels (kernels/linear_attention.cuh) and the rotary / norm variants of
+    // Qwen3-Next's full-attention layers
+    const LinearAttentionDims& a = cfg_.linear;
+    if (a.k_head_dim != 32 && a.k_head_dim != 64 && a.k_head_dim != 128)
+      throw InputError("cuda backend: linear_key_head_dim must be 32, 64 or 128");
+    if (a.v_head_dim % 32 != 0 || a.v_head_dim > 256)
+      throw InputError("cuda backend: linear_value_head_dim must be a multiple of 32, <= 256");
+    if (a.conv_kernel < 2 || a.conv_kernel > 8)
+      throw InputError("cuda backend: linear_conv_kernel_dim must be in [2, 8]");
   }
 }
 
@@ -175,7 +181,7 @@ void CudaBackend::init(const std::filesystem::path* model_dir, uint64_t seed) {
     n.weights = arena.bytes;
     n.weight_formats = arena.formats;
     n.activations = step_buffer_bytes(cfg_, d, cap) + dequant_scratch_elems(wplans[r]) * sizeof(bf16);
-    n.state = static_cast<size_t>(cfg_.state_bytes_per_seq() * o.max_num_seqs);
+    n.state = DeviceLinearState::bytes(cfg_, d, o.max_num_seqs);
     n.reserve = kReserve + kCublasWorkspace + (world > 1 ? kCommReserve : 0);
     n.kv_block_bytes = static_cast<size_t>(cfg_.num_kv_layers()) * 2 * o.block_size *
                        d.num_kv_heads * cfg_.head_dim * sizeof(bf16);
@@ -339,6 +345,7 @@ void CudaBackend::fill_info() {
   info_.block_size = opts_.block_size;
   info_.state_slots = cfg_.state_bytes_per_seq() > 0 ? opts_.max_num_seqs : 0;
   info_.max_model_len = max_model_len_;
+  if (info_.state_slots > 0) state_slots_ = StateSlotTracker(info_.state_slots);
 }
 
 const MemoryPlan& CudaBackend::memory_plan(int rank) const { return ranks_.at(rank)->plan; }
@@ -352,6 +359,9 @@ void CudaBackend::run(const StepBatch& b, OnRows&& on_rows) {
   // Everything that can reject the batch happens here, before any rank starts: a rank that
   // failed mid-step would leave the others waiting inside a collective (until the watchdog).
   validate_step_batch(b, cfg_, kv_blocks_, opts_.block_size, max_model_len_);
+  // Recurrent state: the kernels start a sequence at position 0 from zero and continue any
+  // other run from its slot, so the slots only need the host-side ownership check.
+  if (info_.state_slots > 0) state_slots_.advance(b);
   const CudaRank& first = *ranks_[0];
   ChunkLimits lim;
   lim.tokens = static_cast<int>(first.buf.cap.tokens);

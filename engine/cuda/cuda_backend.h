@@ -134,6 +134,7 @@ class CudaBackend final : public Backend {
   int64_t kv_blocks_ = 0;
   std::string weight_groups_;  // "attention fp8, experts fp8" (describe_weight_groups)
   BackendInfo info_;
+  StateSlotTracker state_slots_;  // where each recurrent-state slot's sequence ended
   // Destruction runs bottom up: rank threads stop, then the ranks release their graphs, streams
   // and memory, then the watchdog joins, then the communicator goes. NCCL releases a communicator
   // only after every graph that captured its collectives is destroyed (an abort in progress on

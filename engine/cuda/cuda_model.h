@@ -63,6 +63,26 @@ struct DeviceKvCache {
   bf16* v(int64_t kv_layer) const { return base + (2 * kv_layer + 1) * layer_elems(); }
 };
 
+/// Recurrent state of the Gated DeltaNet layers of one rank (Qwen3-Next), fp32, in the layouts
+/// of kernels/linear_attention.cuh: per linear layer (the layers whose mixer is linear
+/// attention, in layer order) conv [slots, C, K−1] then ssm [slots, nv, dk, dv]. Slot s belongs
+/// to the engine's sequence slot s; the kernels start a sequence at position 0 from zero, so a
+/// reused slot needs no clearing.
+struct DeviceLinearState {
+  float* base = nullptr;    ///< [linear layers, slots, conv + ssm]
+  int64_t slots = 0;        ///< sequences that can hold state
+  LinearStateFloats per_slot;  ///< floats of one slot in one layer
+  int64_t layer_floats() const { return slots * (per_slot.conv + per_slot.ssm); }
+  float* conv(int64_t lin_layer) const { return base + lin_layer * layer_floats(); }
+  float* ssm(int64_t lin_layer) const { return conv(lin_layer) + slots * per_slot.conv; }
+  /// Bytes for `slots` sequences over the model's linear layers on shard `d` (0 without any).
+  static size_t bytes(const ModelConfig& cfg, const ShardDims& d, int64_t slots) {
+    if (cfg.num_linear_layers() == 0) return 0;
+    const LinearStateFloats f = linear_state_floats(cfg, d);
+    return static_cast<size_t>(cfg.num_linear_layers() * slots * (f.conv + f.ssm)) * sizeof(float);
+  }
+};
+
 /// Capacities every buffer of StepBuffers is sized for.
 struct StepCapacity {
   int64_t tokens = 0;       ///< T: tokens per forward call
@@ -82,6 +102,7 @@ struct StepBuffers {
   int32_t* kv_lens = nullptr;       // [T] context length per attention sequence
   int32_t* block_tables = nullptr;  // [T, W] (row width = the call's table_width)
   int32_t* logits_rows = nullptr;   // [T] token index of each logits row
+  int32_t* state_slots = nullptr;   // [T] recurrent-state slot per attention sequence (< 0: none)
   // sampling controls of the R rows of the last lm_head call
   float* temperature = nullptr;     // [R]
   int32_t* top_k = nullptr;         // [R]
@@ -94,8 +115,10 @@ struct StepBuffers {
   bf16* h = nullptr;                // [T, H] normed input of attention / MLP; final norm output
   bf16* o = nullptr;                // [T, H] branch output (o_proj, MLP); a partial sum before
                                     //        the all-reduce when world > 1
-  bf16* qkv = nullptr;              // [T, (nh + 2 nkv) hd]
-  bf16* attn = nullptr;             // [T, nh hd]
+  bf16* qkv = nullptr;              // [T, (nh g + 2 nkv) hd]: q | k | v (| output gate, g = 2)
+  bf16* attn = nullptr;             // [T, max(nh hd, nv dv)] attention or Gated DeltaNet output
+  bf16* lin_proj = nullptr;         // [T, P] Gated DeltaNet in_proj output (P = lin_in rows)
+  bf16* lin_mixed = nullptr;        // [T, C] its conv + SiLU output
   float* router_logits = nullptr;   // [T, E]
   int32_t* topk_ids = nullptr;      // [T, k]
   float* topk_weights = nullptr;    // [T, k]

@@ -77,7 +77,14 @@ void CudaRank::build(const ModelConfig& cfg, const ModelPlan& wplan, const Memor
   kv.num_blocks = plan.kv_blocks + 1;  // + the scratch block of padded decode rows
   CUDA_CHECK(cudaMalloc(&kv_mem_, plan.kv));
   kv.base = static_cast<bf16*>(kv_mem_);
-  if (plan.state > 0) CUDA_CHECK(cudaMalloc(&state_mem_, plan.state));
+  if (plan.state > 0) {
+    MB_CHECK(plan.state == DeviceLinearState::bytes(cfg, dims, cap.logits_rows),
+             "memory plan: state bytes differ from the state slots");
+    CUDA_CHECK(cudaMalloc(&state_mem_, plan.state));
+    CUDA_CHECK(cudaMemsetAsync(state_mem_, 0, plan.state, stream));
+    lin_state = {.base = static_cast<float*>(state_mem_), .slots = cap.logits_rows,
+                 .per_slot = linear_state_floats(cfg, dims)};
+  }
 
   dequant_elems_ = dequant_scratch_elems(wplan);  // counted in plan.activations
   if (dequant_elems_ > 0) CUDA_CHECK(cudaMalloc(&dequant_, dequant_elems_ * sizeof(bf16)));
@@ -86,7 +93,7 @@ void CudaRank::build(const ModelConfig& cfg, const ModelPlan& wplan, const Memor
   CUDA_CHECK(cudaMemsetAsync(buf.route_counter, 0, sizeof(int32_t), stream));
   CUDA_CHECK(cudaStreamSynchronize(stream));
   const size_t T = cap.tokens;
-  pinned_bytes_ = sampling_staging_bytes() + (T * (6 + cap.table_width) + 1) * sizeof(int32_t);
+  pinned_bytes_ = sampling_staging_bytes() + (T * (7 + cap.table_width) + 1) * sizeof(int32_t);
   CUDA_CHECK(cudaMallocHost(&pinned_, pinned_bytes_));
   CUDA_CHECK(cudaMallocHost(&host_offsets, (std::max<int64_t>(dims.num_experts, 1) + 1) * sizeof(int32_t)));
   group_cap_ = static_cast<int>(std::max<int64_t>(dims.num_experts, 1));
@@ -113,6 +120,7 @@ void CudaRank::upload(const StepChunk& c) {
   put(buf.kv_lens, c.kv_lens);
   put(buf.block_tables, c.tables);
   put(buf.logits_rows, c.logits_rows);
+  if (!c.state_slots.empty()) put(buf.state_slots, c.state_slots);
 }
 
 void CudaRank::run_decode(const ModelConfig& cfg, const StepChunk& c, bool graphs, StageTimer* tm) {

@@ -43,7 +43,8 @@ class CudaRank {
   /// Reads the device's total and free memory and its SM count (creates the context).
   void probe(size_t& total, size_t& free);
   /// Allocates what `p` plans, places the weights and fills them from `ckpt` (or with seeded
-  /// random values when null), and carves the step buffers for `cap`.
+  /// random values when null), carves the step buffers for `cap` and zeroes the recurrent
+  /// state of cap.logits_rows sequence slots (linear-attention models).
   void build(const ModelConfig& cfg, const ModelPlan& wplan, const MemoryPlan& p,
              const StepCapacity& cap, int64_t block_size, const WeightSource* ckpt, uint64_t seed);
   /// Copies a chunk's inputs into the step buffers through the pinned staging.
@@ -75,6 +76,7 @@ class CudaRank {
   MemoryPlan plan;                  ///< this device's memory plan
   DeviceModelWeights weights;       ///< this rank's shard
   DeviceKvCache kv;                 ///< paged cache of the local kv heads
+  DeviceLinearState lin_state;      ///< Gated DeltaNet state slots (Qwen3-Next), else empty
   StepBuffers buf;                  ///< activations and step inputs
   cudaStream_t stream = nullptr;    ///< every launch of the rank
   int32_t* host_offsets = nullptr;  ///< pinned [E + 1]: expert offsets of a many-token step

@@ -61,6 +61,7 @@ void carve(Carver& c, const ModelConfig& cfg, const ShardDims& d, const StepCapa
   b.kv_lens = c.take<int32_t>(T);
   b.block_tables = c.take<int32_t>(T * W);
   b.logits_rows = c.take<int32_t>(T);
+  b.state_slots = c.take<int32_t>(T);
   b.temperature = c.take<float>(R);
   b.top_k = c.take<int32_t>(R);
   b.top_p = c.take<float>(R);
@@ -70,8 +71,17 @@ void carve(Carver& c, const ModelConfig& cfg, const ShardDims& d, const StepCapa
   b.x = c.take<bf16>(T * H);
   b.h = c.take<bf16>(T * H);
   b.o = c.take<bf16>(T * H);
-  b.qkv = c.take<bf16>(T * (nh + 2 * nkv) * hd);
-  b.attn = c.take<bf16>(T * nh * hd);
+  const size_t qm = cfg.attn_output_gate ? 2 : 1;
+  b.qkv = c.take<bf16>(T * (nh * qm + 2 * nkv) * hd);
+  // Gated DeltaNet: in_proj rows per key head q, k, v and z, then b and a per value head
+  const LinearAttentionDims& la = cfg.linear;
+  const bool linear = cfg.state_bytes_per_seq() > 0;
+  const size_t nk = d.lin_k_heads, nv = d.lin_v_heads, dk = la.k_head_dim, dv = la.v_head_dim;
+  b.attn = c.take<bf16>(T * std::max(nh * hd, nv * dv));
+  if (linear) {
+    b.lin_proj = c.take<bf16>(T * (nk * 2 * dk + nv * 2 * dv + 2 * nv));
+    b.lin_mixed = c.take<bf16>(T * (2 * nk * dk + nv * dv));
+  }
   b.router_logits = c.take<float>(T * E);
   b.topk_ids = c.take<int32_t>(T * topk);
   b.topk_weights = c.take<float>(T * topk);

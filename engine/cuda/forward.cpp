@@ -1,8 +1,9 @@
-// The CUDA forward of Qwen3-MoE / Qwen2-MoE / Qwen3 for one rank, read top to bottom, mirroring
-// engine/cpu/forward.cpp: embed → per layer [norm → mixer (qkv (+bias) → q/k norm + rope + kv
-// write → attention → o_proj) (+all-reduce) → residual + norm → MLP (router + experts (+shared
-// expert) or dense) (+all-reduce)] → residual + final norm; then lm_head on the rows that need
-// logits (+gather). bf16 storage, fp32 math inside every kernel; the residual stream is bf16
+// The CUDA forward of Qwen3-MoE / Qwen2-MoE / Qwen3 / Qwen3-Next for one rank, read top to
+// bottom, mirroring engine/cpu/forward.cpp: embed → per layer [norm → token mixer: full attention
+// (qkv (+bias) → q/k norm + rope + kv write → attention (→ output gate) → o_proj) or Gated
+// DeltaNet (in_proj → conv + SiLU → delta rule → gated norm → out_proj) (+all-reduce) → residual
+// + norm → MLP (router + experts (+shared expert) or dense) (+all-reduce)] → residual + final
+// norm; then lm_head on the rows that need logits (+gather). bf16 storage, fp32 math inside every kernel; the residual stream is bf16
 // (rounded after each add, as in HF bf16). Every launch goes to the rank's stream and reads
 // fixed buffer addresses, so a decode step can be captured into a CUDA graph as is.
 #include "engine/cuda/forward.h"
@@ -16,6 +17,7 @@
 #include "kernels/cuda_check.cuh"
 #include "kernels/embedding.cuh"
 #include "kernels/gemm.cuh"
+#include "kernels/linear_attention.cuh"
 #include "kernels/moe_sorted.cuh"
 #include "kernels/moe_ops.cuh"
 #include "kernels/moe_routing.cuh"
@@ -41,6 +43,10 @@ struct Step {
   k::RmsNormParams norm;           // B.h = norm(in (+ B.x)); in, residual, weight per call
   k::QkNormRopeParams rope;        // q/k/v inside B.qkv rows; norms and cache per layer
   k::AttentionParams attn;         // B.qkv → B.attn over the paged cache; cache per layer
+  int gate_offset = -1;            // column of the output gate in B.qkv rows (−1: no gate)
+  k::GdnSeqs gdn_seqs;             // Gated DeltaNet: the call's sequences and state slots
+  k::GdnDims gdn;                  // its local sizes
+  int64_t lin_proj_width = 0;      // lin_in rows: B.lin_proj's row width
   k::RouteSmallParams route;       // router + top-k + align (≤ 8 tokens); weight per layer
   k::MoeGemmParams gate_up, down;  // expert GEMM operands; weights per layer
   k::MoeCombineParams combine;     // weighted sum over top-k (this rank's experts only with EP)
@@ -53,13 +59,18 @@ struct Step {
     decode = s.decode;
     const int hd = static_cast<int>(cfg.head_dim);
     const int nh = static_cast<int>(d.num_heads), nkv = static_cast<int>(d.num_kv_heads);
-    const int qkv_width = (nh + 2 * nkv) * hd;
+    // fused qkv rows: q | k | v, then with an output gate (Qwen3-Next) one gate per q head
+    const int qkv_width = ((cfg.attn_output_gate ? 2 : 1) * nh + 2 * nkv) * hd;
+    if (cfg.attn_output_gate) gate_offset = (nh + 2 * nkv) * hd;
     const float eps = static_cast<float>(cfg.rms_norm_eps);
+    // Qwen3-Next's norms apply their weight as 1 + w
+    const float norm_offset = cfg.zero_centred_norm ? 1.f : 0.f;
 
-    norm = {.out = B.h, .rows = n, .cols = H, .eps = eps};
+    norm = {.out = B.h, .rows = n, .cols = H, .eps = eps, .weight_offset = norm_offset};
     rope = {.q = B.qkv, .k = B.qkv + nh * hd, .q_stride = qkv_width, .k_stride = qkv_width,
             .positions = B.positions, .tokens = n, .n_q_heads = nh, .n_kv_heads = nkv,
-            .head_dim = hd, .theta = static_cast<float>(cfg.rope_theta), .eps = eps,
+            .head_dim = hd, .rotary_dim = static_cast<int>(cfg.rotary_dim),
+            .theta = static_cast<float>(cfg.rope_theta), .eps = eps, .norm_offset = norm_offset,
             .v = B.qkv + (nh + nkv) * hd, .v_stride = qkv_width, .slot_mapping = B.slots};
     attn = {.out = B.attn, .q = B.qkv, .q_stride = qkv_width, .block_tables = B.block_tables,
             .q_start = B.q_start, .kv_lens = B.kv_lens, .num_seqs = s.seqs, .num_tokens = n,
@@ -70,6 +81,19 @@ struct Step {
     if (decode) {  // split-K over the key range, partials in the workspace
       attn.num_splits = s.attn_splits;
       attn.workspace = B.attn_ws;
+    }
+
+    // Gated DeltaNet: one sequence per attention sequence, each with its state slot
+    if (cfg.num_linear_layers() > 0) {
+      const LinearAttentionDims& la = cfg.linear;
+      gdn_seqs = {.q_start = B.q_start, .positions = B.positions, .state_slots = B.state_slots,
+                  .num_seqs = s.seqs};
+      gdn = {.nk = static_cast<int>(d.lin_k_heads), .nv = static_cast<int>(d.lin_v_heads),
+             .dk = static_cast<int>(la.k_head_dim), .dv = static_cast<int>(la.v_head_dim),
+             .conv_kernel = static_cast<int>(la.conv_kernel)};
+      const int64_t r_heads = la.num_v_heads / la.num_k_heads;  // value heads per key head
+      lin_proj_width = d.lin_k_heads * (2 * la.k_head_dim + 2 * r_heads * la.v_head_dim) +
+                       2 * d.lin_v_heads;
     }
 
     // router: fp32 logits, softmax over all experts, top-k (+ renormalize); align: (token, j)
@@ -173,9 +197,61 @@ void attention(const Step& s, const DeviceLayerWeights& L, const DeviceKvCache& 
   }
   s.mark("attention");
 
+  // output gate (Qwen3-Next): attn · sigmoid(gate), the gate read from the qkv rows
+  if (s.gate_offset >= 0) {
+    k::sigmoid_gate_mul(B.attn, B.qkv + s.gate_offset, s.rope.q_stride, s.n,
+                        s.attn.n_q_heads * s.attn.head_dim, s.st);
+    s.mark("output_gate");
+  }
+
   // o_proj (row-parallel when world > 1)
   linear(s.gemm, B.o, B.attn, L.wo, s.n);
   s.mark("o_proj");
+}
+
+// Gated DeltaNet of this rank's heads (Qwen3-Next): B.o = out_proj(gated_norm(delta_rule(
+// conv(in_proj(B.h))))), a partial sum over heads when world > 1. Each sequence continues the
+// conv and delta-rule state of its slot (from zero at position 0) and leaves it advanced.
+void linear_attention(const Step& s, const DeviceLayerWeights& L, const DeviceLinearState& st,
+                      int64_t lin_layer) {
+  const StepBuffers& B = s.B;
+  // in_proj: per key head q, k, v, z, then b and a per value head, in one GEMM
+  linear(s.gemm, B.lin_proj, B.h, L.lin_in, s.n);
+  s.mark("lin_in_proj");
+
+  // causal depthwise conv + SiLU over the q | k | v channels
+  const k::CausalConvParams cp = {.out = B.lin_mixed, .proj = B.lin_proj,
+                                  .proj_stride = s.lin_proj_width, .weight = L.lin_conv.as_bf16(),
+                                  .conv_state = st.conv(lin_layer), .seqs = s.gdn_seqs,
+                                  .dims = s.gdn};
+  if (s.decode) {
+    k::causal_conv_decode(cp, s.st);
+  } else {
+    k::causal_conv_prefill(cp, s.st);
+  }
+  s.mark("lin_conv");
+
+  // gated delta rule → B.attn [n, nv·dv]
+  const k::GatedDeltaRuleParams dp = {.out = B.attn, .mixed = B.lin_mixed, .proj = B.lin_proj,
+                                      .proj_stride = s.lin_proj_width,
+                                      .a_log = L.lin_a_log.as_bf16(),
+                                      .dt_bias = L.lin_dt_bias.as_bf16(),
+                                      .ssm_state = st.ssm(lin_layer), .seqs = s.gdn_seqs,
+                                      .dims = s.gdn};
+  if (s.decode) {
+    k::gated_delta_rule_decode(dp, s.st);
+  } else {
+    k::gated_delta_rule_prefill(dp, s.st);
+  }
+  s.mark("lin_delta_rule");
+
+  // norm(o) · w · silu(z) per value head, in place, then the row-parallel out_proj
+  k::gated_rmsnorm({.out = B.attn, .o = B.attn, .proj = B.lin_proj,
+                    .proj_stride = s.lin_proj_width, .weight = L.lin_norm.as_bf16(),
+                    .num_tokens = s.n, .dims = s.gdn, .eps = s.norm.eps},
+                   s.st);
+  linear(s.gemm, B.o, B.attn, L.lin_out, s.n);
+  s.mark("lin_out_proj");
 }
 
 // SwiGLU MLP out[n, H] = down(silu(gate h) · up h) through the GEMM dispatch (dense layers,
@@ -268,7 +344,8 @@ void cuda_forward(const ModelConfig& cfg, CudaRank& r, const StepShape& shape, S
                       static_cast<int>(cfg.vocab_size), s.st);
   s.mark("embedding");
 
-  int64_t kv_layer = 0;  // index among the layers that keep a KV cache
+  int64_t kv_layer = 0;   // index among the layers that keep a KV cache
+  int64_t lin_layer = 0;  // index among the linear-attention layers (state arena)
   for (int64_t l = 0; l < cfg.num_layers; ++l) {
     const LayerKind kind = cfg.layers[static_cast<size_t>(l)];
     const DeviceLayerWeights& L = W.layers[static_cast<size_t>(l)];
@@ -282,8 +359,8 @@ void cuda_forward(const ModelConfig& cfg, CudaRank& r, const StepShape& shape, S
         attention(s, L, r.kv, kv_layer++);
         break;
       case MixerKind::LinearAttention:
-        throw Error("cuda forward: layer " + std::to_string(l) +
-                    " is linear attention, which the CUDA backend does not implement");
+        linear_attention(s, L, r.lin_state, lin_layer++);
+        break;
     }
     all_reduce(s, B.o);
 

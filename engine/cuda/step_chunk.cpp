@@ -81,6 +81,11 @@ StepChunk prepare(const StepBatch& b, int t0, int t1, const ChunkLimits& lim) {
   }
   s.max_q_len = max_q;
   s.table_width = std::max(width, 1);
+  if (!b.state_slots.empty()) {
+    // a run continues (or, at position 0, starts) its row's state; padding has none
+    for (int r = 0; r < s.seqs; ++r)
+      c.state_slots.push_back(run_seq[r] < 0 ? -1 : b.state_slots[run_seq[r]]);
+  }
   c.tables.assign(static_cast<size_t>(s.seqs) * s.table_width, scratch);
   for (int r = 0; r < s.seqs; ++r) {
     if (run_seq[r] < 0) continue;

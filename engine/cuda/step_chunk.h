@@ -30,6 +30,8 @@ struct ChunkLimits {
 /// One forward call's host-side inputs and shape.
 struct StepChunk {
   std::vector<int32_t> tokens, positions, slots, q_start, kv_lens, tables, logits_rows;
+  /// Recurrent-state slot of each attention sequence (−1 for padding); empty without state.
+  std::vector<int32_t> state_slots;
   std::vector<int32_t> out_rows;  ///< output row (index into StepBatch::logits_rows) of each row
   StepShape shape;                ///< bounds of the call
   bool decode_graph = false;      ///< padded decode step: may replay a captured graph

@@ -43,6 +43,7 @@ constexpr float kGreedyMargin = 1e-1f;
 constexpr double kRelTol = 3e-2;
 
 const std::vector<std::string> kFixtures = {"qwen3_moe_tiny", "qwen2_moe_tiny", "qwen3_dense_tiny",
+                                            "qwen3_next_tiny",
                                             "qwen3_moe_tiny_fp8", "qwen3_moe_tiny_nvfp4",
                                             "qwen3moe_tiny_q4km"};
 

@@ -80,6 +80,7 @@ class RmsNormCase final : public OpCase {
     p.rows = s_.rows;
     p.cols = s_.cols;
     p.eps = kEps;
+    p.weight_offset = s_.weight_offset;
     if (s_.add) kernels::add_rmsnorm(p, env.stream); else kernels::rmsnorm(p, env.stream);
   }
   OpCheck check(const OpEnv& env, double tol) override {
@@ -98,7 +99,7 @@ class RmsNormCase final : public OpCase {
       const double rstd = 1.0 / std::sqrt(ss / s_.cols + kEps);
       for (int c = 0; c < s_.cols; ++c) {
         const size_t i = static_cast<size_t>(r) * s_.cols + c;
-        ref[i] = new_res[i] * rstd * bf2f(w[c]);
+        ref[i] = new_res[i] * rstd * (s_.weight_offset + bf2f(w[c]));
       }
     }
     OpCheck c;
@@ -148,6 +149,8 @@ class QkNormRopeCase final : public OpCase {
     p_.head_dim = hd;
     p_.theta = kTheta;
     p_.eps = kEps;
+    p_.rotary_dim = s_.rotary_dim;
+    p_.norm_offset = s_.norm_offset;
     if (s_.cache) {
       const int num_slots = 3 * s_.tokens;
       kc_ = RandomBf16(static_cast<size_t>(num_slots) * nkv * hd, 1.f, rng, env.stream);
@@ -167,7 +170,7 @@ class QkNormRopeCase final : public OpCase {
   }
   void run(const OpEnv& env, int) override { kernels::qk_norm_rope(p_, env.stream); }
   OpCheck check(const OpEnv& env, double tol) override {
-    const int hd = s_.head_dim, nq = s_.n_q_heads, nkv = s_.n_kv_heads, width = row_width(), half = hd / 2;
+    const int hd = s_.head_dim, nq = s_.n_q_heads, nkv = s_.n_kv_heads, width = row_width();
     const auto qkv = qkv_.original(env.stream);
     const auto got_bits = qkv_.current();
     const auto got = to_float(got_bits);
@@ -200,20 +203,24 @@ class QkNormRopeCase final : public OpCase {
           continue;
         }
         const auto& w = h < nq ? qn : kn;
+        const int rd = s_.rotary_dim > 0 ? s_.rotary_dim : hd, rh = rd / 2;
         double ss = 0;
         for (int d = 0; d < hd; ++d) ss += std::pow(static_cast<double>(bf2f(qkv[base + d])), 2);
         const double rstd = s_.norm ? 1.0 / std::sqrt(ss / hd + kEps) : 1.0;
-        for (int i = 0; i < half; ++i) {
-          double a = bf2f(qkv[base + i]) * rstd, b = bf2f(qkv[base + i + half]) * rstd;
-          if (s_.norm) {
-            a *= bf2f(w[i]);
-            b *= bf2f(w[i + half]);
-          }
-          const double ang = static_cast<double>(pos_[t]) * std::pow(static_cast<double>(kTheta), -2.0 * i / hd);
+        auto normed = [&](int d) {
+          return bf2f(qkv[base + d]) * rstd * (s_.norm ? s_.norm_offset + bf2f(w[d]) : 1.0);
+        };
+        for (int i = 0; i < rh; ++i) {
+          const double a = normed(i), b = normed(i + rh);
+          const double ang = static_cast<double>(pos_[t]) * std::pow(static_cast<double>(kTheta), -2.0 * i / rd);
           rot_ref.push_back(a * std::cos(ang) - b * std::sin(ang));
           rot_ref.push_back(b * std::cos(ang) + a * std::sin(ang));
           rot_got.push_back(got[base + i]);
-          rot_got.push_back(got[base + i + half]);
+          rot_got.push_back(got[base + i + rh]);
+        }
+        for (int d = rd; d < hd; ++d) {  // partial rotary: the tail is only normalised
+          rot_ref.push_back(normed(d));
+          rot_got.push_back(got[base + d]);
         }
       }
     }
@@ -324,6 +331,40 @@ class SiluMulCase final : public OpCase {
   SiluMulShape s_;
   RandomBf16 in_;
   DevBuf<bf16> out_;
+};
+
+// x *= sigmoid(gate), the gate read from a wider row (the engine reads it out of the qkv rows).
+class SigmoidGateCase final : public OpCase {
+ public:
+  explicit SigmoidGateCase(const SigmoidGateShape& s) : s_(s) {}
+  void setup(const OpEnv& env, uint32_t seed) override {
+    std::mt19937 rng(seed);
+    x_ = RandomBf16(static_cast<size_t>(s_.rows) * s_.cols, 3.f, rng, env.stream);
+    gate_ = RandomBf16(static_cast<size_t>(s_.rows) * stride(), 4.f, rng, env.stream);
+  }
+  void run(const OpEnv& env, int) override {
+    kernels::sigmoid_gate_mul(x_.get(), gate_.get() + s_.gate_offset, stride(), s_.rows, s_.cols,
+                              env.stream);
+  }
+  OpCheck check(const OpEnv& env, double tol) override {
+    const auto x = x_.original(env.stream), g = gate_.original(env.stream);
+    std::vector<double> ref(x.size());
+    for (int r = 0; r < s_.rows; ++r)
+      for (int i = 0; i < s_.cols; ++i) {
+        const double gv = bf2f(g[static_cast<size_t>(r) * stride() + s_.gate_offset + i]);
+        ref[static_cast<size_t>(r) * s_.cols + i] =
+            bf2f(x[static_cast<size_t>(r) * s_.cols + i]) / (1 + std::exp(-gv));
+      }
+    OpCheck c;
+    c.rel_l2("x", to_float(x_.current()), ref, tol);
+    return c;
+  }
+  double bytes() const override { return 6.0 * s_.rows * s_.cols; }
+
+ private:
+  int64_t stride() const { return s_.gate_offset + s_.cols; }
+  SigmoidGateShape s_;
+  RandomBf16 x_, gate_;
 };
 
 class MoeCombineCase final : public OpCase {
@@ -469,7 +510,8 @@ OpCaseDef embedding_case(const EmbeddingShape& s) {
 }
 
 OpCaseDef rmsnorm_case(const RmsNormShape& s) {
-  return op_case_def<RmsNormCase>(s.add ? "add_rmsnorm" : "rmsnorm", to_string(s.rows) + "x" + to_string(s.cols),
+  return op_case_def<RmsNormCase>(s.add ? "add_rmsnorm" : "rmsnorm",
+                               to_string(s.rows) + "x" + to_string(s.cols) + (s.weight_offset != 0.f ? " 1+w" : ""),
                                OpFamily::rmsnorm, 5e-3, s);
 }
 
@@ -479,7 +521,8 @@ OpCaseDef qk_norm_rope_case(const QkNormRopeShape& s) {
       "qk_norm_rope",
       "t" + to_string(s.tokens) + " q" + to_string(s.n_q_heads) + "/kv" + to_string(s.n_kv_heads) + " d" +
           to_string(s.head_dim) + (s.norm ? " norm" : " no-norm") + (s.cache ? " cache" : "") +
-          (s.position >= 0 ? " pos" + to_string(s.position) : ""),
+          (s.position >= 0 ? " pos" + to_string(s.position) : "") +
+          (s.rotary_dim > 0 ? " rot" + to_string(s.rotary_dim) : "") + (s.norm_offset != 0.f ? " 1+w" : ""),
       OpFamily::rope, 8e-3, s);
 }
 
@@ -495,6 +538,12 @@ OpCaseDef kv_cache_write_case(const KvCacheWriteShape& s) {
 
 OpCaseDef silu_mul_case(const SiluMulShape& s) {
   return op_case_def<SiluMulCase>("silu_mul", to_string(s.rows) + "x" + to_string(s.inter), OpFamily::moe_ops, 5e-3, s);
+}
+
+OpCaseDef sigmoid_gate_case(const SigmoidGateShape& s) {
+  return op_case_def<SigmoidGateCase>("sigmoid_gate_mul",
+                                      to_string(s.rows) + "x" + to_string(s.cols) + " @" + to_string(s.gate_offset),
+                                      OpFamily::moe_ops, 5e-3, s);
 }
 
 OpCaseDef moe_combine_case(const MoeCombineShape& s) {

@@ -25,6 +25,7 @@ OpCaseDef embedding_case(const EmbeddingShape& s);
 struct RmsNormShape {
   int rows, cols;
   bool add = false;  ///< add_rmsnorm: residual += in (bf16, checked bit-exact), then the norm
+  float weight_offset = 0.f;  ///< 1: zero-centred weights (Qwen3-Next)
 };
 OpCaseDef rmsnorm_case(const RmsNormShape& s);
 
@@ -33,6 +34,8 @@ struct QkNormRopeShape {
   bool norm = true;    ///< per-head RMSNorm weights (Qwen3); false: rotation only (Qwen2-MoE)
   bool cache = false;  ///< fused paged-cache write, one padding token (needs tokens > 2)
   int position = -1;   ///< every token at this position; -1: random in [0, 40000], token 0 at 0
+  int rotary_dim = 0;  ///< partial rotary (Qwen3-Next); 0: the whole head
+  float norm_offset = 0.f;  ///< 1: zero-centred norm weights (Qwen3-Next)
 };
 OpCaseDef qk_norm_rope_case(const QkNormRopeShape& s);
 
@@ -47,6 +50,12 @@ struct SiluMulShape {
   int rows, inter;
 };
 OpCaseDef silu_mul_case(const SiluMulShape& s);
+
+struct SigmoidGateShape {
+  int rows, cols;
+  int gate_offset;  ///< the gate sits at this column of a wider row (as in the fused qkv rows)
+};
+OpCaseDef sigmoid_gate_case(const SigmoidGateShape& s);
 
 struct MoeCombineShape {
   int tokens, top_k, hidden;

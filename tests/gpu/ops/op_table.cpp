@@ -18,14 +18,20 @@ std::vector<OpCaseDef> op_cases_test() {
   t.push_back(rmsnorm_case({.rows = 5, .cols = 128}));
   t.push_back(rmsnorm_case({.rows = 13, .cols = 2048, .add = true}));
   t.push_back(rmsnorm_case({.rows = 7, .cols = 136, .add = true}));
+  t.push_back(rmsnorm_case({.rows = 9, .cols = 2048, .add = true, .weight_offset = 1.f}));
   for (auto [head_dim, norm, cache] : {std::tuple{128, true, false}, {32, true, false}, {16, false, false},
                                        {128, true, true}, {64, false, true}})
     t.push_back(qk_norm_rope_case(
         {.tokens = 19, .n_q_heads = 8, .n_kv_heads = 4, .head_dim = head_dim, .norm = norm, .cache = cache}));
+  // Qwen3-Next: a quarter of the head rotates, zero-centred norm weights; head_dim 256
+  for (int head_dim : {64, 256})
+    t.push_back(qk_norm_rope_case({.tokens = 19, .n_q_heads = 8, .n_kv_heads = 2, .head_dim = head_dim,
+                                   .cache = true, .rotary_dim = head_dim / 4, .norm_offset = 1.f}));
   // k/v inside a wider row, still 16-byte aligned
   t.push_back(kv_cache_write_case({.tokens = 45, .n_kv_heads = 4, .head_dim = 128, .num_slots = 16 * 12,
                                    .k_offset = 512, .stride = 3 * 512 + 32, .padding = true}));
   t.push_back(silu_mul_case({.rows = 33, .inter = 768}));
+  t.push_back(sigmoid_gate_case({.rows = 21, .cols = 512, .gate_offset = 768}));
   t.push_back(moe_combine_case({.tokens = 21, .top_k = 8, .hidden = 2048, .weighted = true}));
   t.push_back(moe_combine_case({.tokens = 21, .top_k = 8, .hidden = 2048, .weighted = false}));
   // Expert parallel: only this rank's pairs; the others' rows are NaN and must not be read.
