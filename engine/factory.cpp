@@ -82,14 +82,7 @@ std::unique_ptr<Backend> make_cuda(const EngineSpec& s) {
     const ModelConfig cfg = named_model_shape(s.model.substr(std::string(kRandomPrefix).size()));
     return std::make_unique<CudaBackend>(cfg, s.random_seed, o);
   }
-  auto backend = std::make_unique<CudaBackend>(s.model, o);
-  // The CUDA backend refuses linear-attention layers itself; a qwen3_next checkpoint without any
-  // would still need gated attention, partial rotary and (1 + w) norms, which only the CPU has.
-  if (backend->config().arch == ModelArch::Qwen3Next)
-    throw InputError(
-        "backend cuda: qwen3_next (gated attention, partial rotary, zero-centred "
-        "norms) is implemented on the cpu backend only");
-  return backend;
+  return std::make_unique<CudaBackend>(s.model, o);
 #else
   return nullptr;  // unreachable: require_cuda threw
 #endif

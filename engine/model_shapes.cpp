@@ -40,6 +40,38 @@ json flash_next_125b_a6b() {
   return j;
 }
 
+// Qwen3-Next-80B-A3B's published config.json: 48 layers, every 4th full attention (16 q / 2 kv
+// heads of 256, a quarter of each rotated, output gate), the rest Gated DeltaNet (16 key heads /
+// 32 value heads of 128, conv 4); 512 experts top-10 of width 512 and a gated shared expert.
+json qwen3_next_80b_a3b() {
+  return {{"architectures", {"Qwen3NextForCausalLM"}},
+          {"model_type", "qwen3_next"},
+          {"vocab_size", 151936},
+          {"hidden_size", 2048},
+          {"num_hidden_layers", 48},
+          {"full_attention_interval", 4},
+          {"num_attention_heads", 16},
+          {"num_key_value_heads", 2},
+          {"head_dim", 256},
+          {"partial_rotary_factor", 0.25},
+          {"linear_num_key_heads", 16},
+          {"linear_num_value_heads", 32},
+          {"linear_key_head_dim", 128},
+          {"linear_value_head_dim", 128},
+          {"linear_conv_kernel_dim", 4},
+          {"intermediate_size", 5120},
+          {"moe_intermediate_size", 512},
+          {"shared_expert_intermediate_size", 512},
+          {"num_experts", 512},
+          {"num_experts_per_tok", 10},
+          {"decoder_sparse_step", 1},
+          {"norm_topk_prob", true},
+          {"rms_norm_eps", 1e-6},
+          {"rope_theta", 10000000.0},
+          {"max_position_embeddings", 262144},
+          {"tie_word_embeddings", false}};
+}
+
 // A small MoE for quick device runs; the real Qwen3 vocabulary, so the bundled tokenizer serves it.
 json tiny_moe() {
   json j = qwen3_30b_a3b();
@@ -63,6 +95,7 @@ struct Shape {
 const Shape kShapes[] = {
     {"qwen3-30b-a3b", qwen3_30b_a3b},
     {"flash-next-125b-a6b", flash_next_125b_a6b},
+    {"qwen3-next-80b-a3b", qwen3_next_80b_a3b},
     {"tiny-moe", tiny_moe},
 };
 

@@ -19,7 +19,9 @@ constexpr float kLog2e = 1.4426950408889634f;
 // Reads a lane's N consecutive bf16 in one access (8-byte for 4): conflict-free across the warp.
 template <int N>
 __device__ __forceinline__ void load_dims(const bf16* p, float out[N]) {
-  if constexpr (N == 4) {
+  if constexpr (N == 8) {
+    load8(p, out);
+  } else if constexpr (N == 4) {
     const uint2 u = *reinterpret_cast<const uint2*>(p);
     const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
     const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
@@ -28,7 +30,7 @@ __device__ __forceinline__ void load_dims(const bf16* p, float out[N]) {
     const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
     out[0] = a.x; out[1] = a.y;
   } else {
-    static_assert(N == 1, "head_dim <= 128");
+    static_assert(N == 1, "head_dim <= 256");
     out[0] = __bfloat162float(*p);
   }
 }
@@ -479,8 +481,9 @@ __global__ void __launch_bounds__(kTcThreads, kTcMinBlocks<D>)
 }
 
 void check(const AttentionParams& p) {
-  MB_CHECK(p.head_dim == 16 || p.head_dim == 32 || p.head_dim == 64 || p.head_dim == 128,
-           "attention: head_dim must be 16, 32, 64 or 128");
+  MB_CHECK(p.head_dim == 16 || p.head_dim == 32 || p.head_dim == 64 || p.head_dim == 128 ||
+               p.head_dim == 256,
+           "attention: head_dim must be 16, 32, 64, 128 or 256");
   MB_CHECK(p.n_kv_heads > 0 && p.n_q_heads % p.n_kv_heads == 0, "attention: n_kv_heads must divide n_q_heads");
   MB_CHECK(p.block_size > 0 && p.max_blocks_per_seq > 0 && p.num_seqs <= 65535, "attention: bad paging shape");
   MB_CHECK(p.num_splits >= 1 && p.n_kv_heads * p.num_splits <= 65535, "attention: bad split count");
@@ -505,13 +508,16 @@ void launch(const AttentionParams& p, cudaStream_t stream) {
   }
 }
 
+// head_dim 256 (Qwen3-Next) always takes 2 rows per warp: its q tile at 8 rows per warp would
+// exceed the 48 KB of static shared memory.
 template <int RW>
 void dispatch(const AttentionParams& p, cudaStream_t stream) {
   switch (p.head_dim) {
     case 16: launch<16, RW>(p, stream); break;
     case 32: launch<32, RW>(p, stream); break;
     case 64: launch<64, RW>(p, stream); break;
-    default: launch<128, RW>(p, stream); break;
+    case 128: launch<128, RW>(p, stream); break;
+    default: launch<256, 2>(p, stream); break;
   }
 }
 
@@ -534,10 +540,10 @@ void launch_mma(const AttentionParams& p, cudaStream_t stream) {
 // The one place the prefill path is chosen: the tensor-core kernel takes head_dim 32/64/128
 // without split-K, with 16-byte aligned q, cache and output rows (cp.async, vector stores) and
 // a positive scale (it takes row maxima before scaling); the CUDA-core kernel takes the rest
-// (head_dim 16, num_splits > 1, odd pointers).
+// (head_dim 16 and 256, num_splits > 1, odd pointers).
 bool prefill_on_tensor_cores(const AttentionParams& p) {
   const int group = p.n_q_heads / p.n_kv_heads;
-  return p.head_dim >= 32 && p.num_splits == 1 && p.scale > 0.f && aligned(p.q, 16) &&
+  return p.head_dim >= 32 && p.head_dim <= 128 && p.num_splits == 1 && p.scale > 0.f && aligned(p.q, 16) &&
          aligned(p.k_cache, 16) && aligned(p.v_cache, 16) && aligned(p.out, 16) &&
          CEIL_DIV(static_cast<int64_t>(p.max_q_len) * group, kTcRows) <= 65535;
 }

@@ -27,7 +27,7 @@ struct AttentionParams {
   int block_size = 16;
   int n_q_heads = 0;
   int n_kv_heads = 0;                 ///< divides n_q_heads
-  int head_dim = 0;                   ///< 16, 32, 64 or 128
+  int head_dim = 0;                   ///< 16, 32, 64, 128 or 256
   float scale = 0.f;                  ///< softmax scale, usually 1/sqrt(head_dim)
   int num_splits = 1;                 ///< split-K (flash-decoding) partitions of the key range
   float* workspace = nullptr;         ///< attention_workspace_floats(...) floats when num_splits > 1

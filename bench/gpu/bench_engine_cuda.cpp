@@ -69,18 +69,26 @@ double copy_bandwidth() {
   return 2.0 * n / (ms[ms.size() / 2] * 1e-3);
 }
 
-// Parameters per component of the model (bf16: 2 bytes each).
+// Parameters per component of the model (bf16: 2 bytes each). Mixers are summed over the
+// layers by kind: full attention (q (+ gate), k, v, o) or Gated DeltaNet (in_proj, conv,
+// out_proj).
 struct Params {
-  double attn_layer, router_layer, expert, lm_head, total;
+  double mixers, router_layer, expert, shared_layer, lm_head, total;
 };
 Params count_params(const ModelConfig& c) {
   Params p;
   const double H = c.hidden_size, qd = c.num_heads * c.head_dim, kvd = c.num_kv_heads * c.head_dim;
-  p.attn_layer = H * qd * 2 + H * kvd * 2 + 2 * H + 2 * c.head_dim;
+  const double attn = H * qd * (c.attn_output_gate ? 3 : 2) + H * kvd * 2 + 2 * H + 2 * c.head_dim;
+  const LinearAttentionDims& a = c.linear;
+  const double lin_in = H * (2.0 * a.num_k_heads * a.k_head_dim + 2.0 * a.num_v_heads * a.v_head_dim +
+                             2.0 * a.num_v_heads);
+  const double lin = lin_in + H * a.num_v_heads * a.v_head_dim + a.conv_dim() * a.conv_kernel + 2 * H;
+  p.mixers = c.num_kv_layers() * attn + c.num_linear_layers() * lin;
   p.router_layer = c.num_experts * H;
   p.expert = 3.0 * c.moe_intermediate_size * H;
+  p.shared_layer = c.shared_expert_intermediate_size > 0 ? 3.0 * c.shared_expert_intermediate_size * H + H : 0;
   p.lm_head = c.vocab_size * H;
-  p.total = c.num_layers * (p.attn_layer + p.router_layer + c.num_experts * p.expert) +
+  p.total = p.mixers + c.num_layers * (p.router_layer + c.num_experts * p.expert + p.shared_layer) +
             2 * p.lm_head + H;
   return p;
 }
@@ -98,16 +106,18 @@ double linear_bytes_per_param(Quantization q) {
   }
 }
 
-// Bytes a decode step of `batch` sequences at context `ctx` must move: attention and router
-// weights, the experts the batch touches (expected distinct experts of uniform top-k routing),
-// the lm_head, and the KV cache read; linear weights at `lin` bytes per parameter.
+// Bytes a decode step of `batch` sequences at context `ctx` must move: mixer, router and shared-
+// expert weights, the experts the batch touches (expected distinct experts of uniform top-k
+// routing), the lm_head, the KV cache read, and the fp32 recurrent state of linear-attention
+// layers read and written; linear weights at `lin` bytes per parameter.
 double decode_bytes(const ModelConfig& c, const Params& p, int batch, int ctx, double lin) {
   const double hit = c.num_experts *
                      (1.0 - std::pow(1.0 - double(c.num_experts_per_tok) / c.num_experts, batch));
-  const double linear = c.num_layers * (p.attn_layer + hit * p.expert);
+  const double linear = p.mixers + c.num_layers * (hit * p.expert + p.shared_layer);
   const double plain = c.num_layers * p.router_layer + p.lm_head;
-  const double kv = double(batch) * ctx * c.num_layers * 2 * c.num_kv_heads * c.head_dim;
-  return lin * linear + 2.0 * (plain + kv);
+  const double kv = double(batch) * ctx * c.num_kv_layers() * 2 * c.num_kv_heads * c.head_dim;
+  const double state = 2.0 * batch * c.num_linear_layers() * c.linear.state_floats() * sizeof(float);
+  return lin * linear + 2.0 * (plain + kv) + state;
 }
 
 struct Seqs {
@@ -130,6 +140,7 @@ Seqs make_prompts(int batch, int64_t vocab, int width, std::mt19937& rng) {
       b.slot_mapping.push_back((i * width + p / 16) * 16 + p % 16);
     }
     b.logits_rows.push_back(i * kPrompt + kPrompt - 1);
+    b.state_slots.push_back(i);  // linear-attention models: sequence i keeps its state in slot i
   }
   return s;
 }
@@ -138,6 +149,7 @@ StepBatch decode_step(const Seqs& s, const std::vector<int32_t>& tokens, int pos
   StepBatch b;
   b.max_blocks_per_seq = s.width;
   b.block_tables = s.prefill.block_tables;
+  b.state_slots = s.prefill.state_slots;
   for (size_t i = 0; i < tokens.size(); ++i) {
     const int i32 = static_cast<int>(i);
     b.tokens.push_back(tokens[i]);
@@ -281,9 +293,12 @@ int main(int argc, char** argv) {
         std::printf("  %-22s %8.3f ms  %5.1f%%\n", name.c_str(), t, 100 * t / ptotal);
       }
     }
-    const double pflops = 2.0 * ptoks * (decode_bytes(cfg, P, 1, 0, 2.0) / 2 - P.lm_head) +
-                          2.0 * batch * P.lm_head;
-    const double pbytes = lin * cfg.num_layers * (P.attn_layer + cfg.num_experts * P.expert) +
+    // prefill roofline: FLOPs of the weights each token uses (attention scores not counted), or
+    // every weight read once
+    const double active = P.mixers + cfg.num_layers * (P.router_layer + cfg.num_experts_per_tok * P.expert +
+                                                       P.shared_layer);
+    const double pflops = 2.0 * ptoks * active + 2.0 * batch * P.lm_head;
+    const double pbytes = lin * (P.mixers + cfg.num_layers * (cfg.num_experts * P.expert + P.shared_layer)) +
                           2.0 * (cfg.num_layers * P.router_layer + P.lm_head);
     const double proof_s = std::max(pflops / kGemmPeakFlops, pbytes / bw) / args.tp;
     // decode: warm steps (first step of a shape runs eagerly and captures its graph), then timed

@@ -104,8 +104,9 @@ void CudaBackend::check_options() const {
       o.max_num_batched_tokens > 65535)
     throw InputError("cuda backend: need 1 <= max_num_seqs <= max_num_batched_tokens <= 65535");
   const int64_t hd = cfg_.head_dim;
-  if (hd != 16 && hd != 32 && hd != 64 && hd != 128)
-    throw InputError("cuda backend: head_dim must be 16, 32, 64 or 128, got " + std::to_string(hd));
+  if (hd != 16 && hd != 32 && hd != 64 && hd != 128 && hd != 256)
+    throw InputError("cuda backend: head_dim must be 16, 32, 64, 128 or 256, got " +
+                     std::to_string(hd));
   if (cfg_.hidden_size % 32 != 0)
     throw InputError("cuda backend: hidden_size must be a multiple of 32");
   MB_CHECK(static_cast<int64_t>(cfg_.layers.size()) == cfg_.num_layers,

@@ -42,8 +42,8 @@ std::vector<OpCaseDef> op_cases_test() {
   t.push_back(shared_expert_gate_case({.tokens = 17, .hidden = 2048}));
 
   // Attention. Prefill: whole prompts, a chunk continuing a cached prefix and a decode token in
-  // one step. head_dim 32/64/128 run on tensor cores (64-row, 64-key tiles); head_dim 16 and
-  // split-K take the CUDA-core kernel.
+  // one step. head_dim 32/64/128 run on tensor cores (64-row, 64-key tiles); head_dim 16 and 256
+  // and split-K take the CUDA-core kernel.
   t.push_back(attention_case({.head_dim = 128, .n_q_heads = 32, .n_kv_heads = 4, .q_lens = {37, 64, 20, 1},
                               .kv_lens = {37, 64, 85, 130}}));
   // Prompt lengths around the tiles (64 rows = 8 tokens of 8 heads, or 64 tokens of 1 head; 64
@@ -55,6 +55,8 @@ std::vector<OpCaseDef> op_cases_test() {
   t.push_back(attention_case({.head_dim = 64, .n_q_heads = 16, .n_kv_heads = 4, .q_lens = {130, 7}, .kv_lens = {130, 71}}));
   t.push_back(attention_case({.head_dim = 32, .n_q_heads = 8, .n_kv_heads = 4, .q_lens = {50, 3}, .kv_lens = {50, 40}}));
   t.push_back(attention_case({.head_dim = 16, .n_q_heads = 8, .n_kv_heads = 4, .q_lens = {17, 33}, .kv_lens = {17, 33}}));
+  // Qwen3-Next's full attention: head_dim 256, 8 q heads per kv head
+  t.push_back(attention_case({.head_dim = 256, .n_q_heads = 16, .n_kv_heads = 2, .q_lens = {70, 5}, .kv_lens = {70, 90}}));
   t.push_back(attention_case(
       {.head_dim = 64, .n_q_heads = 16, .n_kv_heads = 16, .q_lens = {40}, .kv_lens = {90}, .splits = 2}));
   // Decode: 23 sequences of random length 1-700, with lengths at block edges (1, 16, 17).
@@ -67,7 +69,7 @@ std::vector<OpCaseDef> op_cases_test() {
                                 .kv_lens = kv23, .random_kv_max = 700, .decode = true}));
   // Decode split-K: an odd split count, the engine's heuristic, and head_dim 16.
   const std::vector<int> kv5 = {1500, 3, 800, 257, 1024};
-  for (auto [head_dim, nq, splits] : {std::tuple{128, 32, 7}, {128, 32, kSplitsAuto}, {16, 8, 4}})
+  for (auto [head_dim, nq, splits] : {std::tuple{128, 32, 7}, {128, 32, kSplitsAuto}, {16, 8, 4}, {256, 16, 3}})
     t.push_back(attention_case({.head_dim = head_dim, .n_q_heads = nq, .n_kv_heads = 4, .q_lens = std::vector<int>(5, 1),
                                 .kv_lens = kv5, .decode = true, .splits = splits}));
 
