@@ -71,7 +71,7 @@ __device__ __forceinline__ void route_token(const RouterParams& p, int t, Logit 
 
 constexpr int kAlignMaxExperts = 1024;
 
-// moe_align on one block (any block size; every thread calls it). topk_ids must be visible to
+// moe_align on one block (a multiple of 32 threads; every thread calls it). topk_ids must be visible to
 // the whole block. Local expert e = topk_ids - expert0; pairs whose e lies outside [0, E) are
 // dropped: another rank's experts under expert parallelism (the router never makes a bad id).
 __device__ __forceinline__ void align_block(const AlignParams& p) {
@@ -85,17 +85,31 @@ __device__ __forceinline__ void align_block(const AlignParams& p) {
     if (e >= 0 && e < E) atomicAdd(&counts[e], 1);
   }
   __syncthreads();
-  if (threadIdx.x == 0) {  // E <= 1024 serial steps: cheaper than a block scan's barriers here
-    int acc = 0, active = 0;
-    for (int e = 0; e < E; ++e) {
+  {
+    // Offsets (padded counts) and the active list by prefix sums: each thread owns a run of
+    // consecutive experts (a serial pass over 512 experts costs ~10 µs on one thread).
+    __shared__ int scratch[32];
+    const int per = CEIL_DIV(E, static_cast<int>(blockDim.x));
+    const int e0 = min(E, static_cast<int>(threadIdx.x) * per), e1 = min(E, e0 + per);
+    int padded = 0, active = 0;
+    for (int e = e0; e < e1; ++e) {
+      padded += CEIL_DIV(counts[e], p.block_m) * p.block_m;
+      active += counts[e] > 0;
+    }
+    int total_padded = 0, total_active = 0;
+    int acc = block_inclusive_scan(padded, scratch, &total_padded) - padded;
+    __syncthreads();  // scratch is reused by the second scan
+    int act = block_inclusive_scan(active, scratch, &total_active) - active;
+    for (int e = e0; e < e1; ++e) {
       offsets[e] = acc;
       acc += CEIL_DIV(counts[e], p.block_m) * p.block_m;
-      if (p.active_experts != nullptr && counts[e] > 0) p.active_experts[1 + active++] = e;
+      if (p.active_experts != nullptr && counts[e] > 0) p.active_experts[1 + act++] = e;
     }
-    offsets[E] = acc;
-    if (p.active_experts != nullptr) p.active_experts[0] = active;
+    if (threadIdx.x == 0) {
+      offsets[E] = total_padded;
+      if (p.active_experts != nullptr) p.active_experts[0] = total_active;
+    }
   }
-  __syncthreads();
   for (int e = threadIdx.x; e <= E; e += blockDim.x) p.expert_offsets[e] = offsets[e];
   for (int i = threadIdx.x; i < offsets[E]; i += blockDim.x) p.sorted_ids[i] = p.num_pairs;
   for (int e = threadIdx.x; e < E; e += blockDim.x) counts[e] = 0;  // reused as cursors

@@ -29,7 +29,8 @@ struct RefPrompt {
   std::vector<float> logits;         ///< [T, vocab]
   std::vector<int32_t> greedy;       ///< [N]
   std::vector<float> greedy_margin;  ///< [N]
-  std::vector<float> route_gap;      ///< [T] (inf for dense models)
+  std::vector<float> route_gap;      ///< [T] (inf when the fixture has no router data)
+  bool route_known = false;          ///< the fixture stores router gaps (MoE fixtures but one)
 };
 
 /// A tensor's values as floats.
@@ -60,6 +61,7 @@ inline std::vector<RefPrompt> load_reference(const std::string& model) {
     r.greedy_margin = floats(f.at("greedy_margin." + s));
     if (f.tensors().count("route_logit_gap." + s)) {
       r.route_gap = floats(f.at("route_logit_gap." + s));
+      r.route_known = true;
     } else {
       r.route_gap.assign(r.prompt.size(), std::numeric_limits<float>::infinity());
     }

@@ -93,6 +93,10 @@ std::vector<OpCaseDef> op_cases_test() {
       for (bool renorm : {true, false})
         t.push_back(route_small_case({.tokens = tokens, .experts = E, .top_k = E >= 64 ? 8 : 4,
                                       .hidden = E == 60 ? 1000 : 2048, .renormalize = renorm}));
+  // Qwen3-Next: 512 experts, top-10
+  for (int tokens : {1, 8})
+    t.push_back(route_small_case({.tokens = tokens, .experts = 512, .top_k = 10, .hidden = 2048}));
+  t.push_back(align_case({.tokens = 300, .experts = 512, .top_k = 10, .hot = 7}));
   // Expert parallel: the router over every expert, the align of one rank's
   for (auto [tokens, E, expert0, local] : {std::tuple{1, 128, 64, 64}, {8, 128, 0, 32}, {3, 16, 8, 8}})
     t.push_back(route_small_case({.tokens = tokens, .experts = E, .top_k = E >= 64 ? 8 : 4, .hidden = 2048,
@@ -215,8 +219,11 @@ std::vector<OpCaseDef> op_cases_bench() {
                    "attn_decode ctx" + std::to_string(ctx)));
     add(B, named(linear_case({.m = B, .n = kE, .k = kH, .fp32_out = true, .w_scale = 0.02f}), "router_gemm (cuBLAS)"));
     add(B, router_case({.tokens = B, .experts = kE, .top_k = kK}));
-    if (B <= kernels::kRouteSmallMaxTokens)
+    if (B <= kernels::kRouteSmallMaxTokens) {
       add(B, route_small_case({.tokens = B, .experts = kE, .top_k = kK, .hidden = kH}));
+      add(B, named(route_small_case({.tokens = B, .experts = 512, .top_k = 10, .hidden = kH}),
+                   "route_small E512 k10 (Qwen3-Next)"));
+    }
     // The expert GEMMs rotate over several routings so repeated runs do not just re-read L2.
     add(B, align_case({.tokens = B, .experts = kE, .top_k = kK, .routings = kRoutings}));
     // In each weight format: the compressed rows are "moe_gemm <stage> fp8" / "... nvfp4".
