@@ -98,7 +98,6 @@ __device__ __forceinline__ void align_block(const AlignParams& p) {
     }
     int total_padded = 0, total_active = 0;
     int acc = block_inclusive_scan(padded, scratch, &total_padded) - padded;
-    __syncthreads();  // scratch is reused by the second scan
     int act = block_inclusive_scan(active, scratch, &total_active) - active;
     for (int e = e0; e < e1; ++e) {
       offsets[e] = acc;
@@ -110,6 +109,7 @@ __device__ __forceinline__ void align_block(const AlignParams& p) {
       if (p.active_experts != nullptr) p.active_experts[0] = total_active;
     }
   }
+  __syncthreads();  // offsets complete before anyone reads them or reuses counts
   for (int e = threadIdx.x; e <= E; e += blockDim.x) p.expert_offsets[e] = offsets[e];
   for (int i = threadIdx.x; i < offsets[E]; i += blockDim.x) p.sorted_ids[i] = p.num_pairs;
   for (int e = threadIdx.x; e < E; e += blockDim.x) counts[e] = 0;  // reused as cursors
