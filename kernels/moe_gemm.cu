@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <string>
 #include <cstdint>
 
 #include "kernels/cuda_check.cuh"
@@ -366,31 +367,38 @@ bool aligned(const void* ptr, uintptr_t bytes) { return reinterpret_cast<uintptr
 
 }  // namespace
 
-void moe_gemm(const MoeGemmParams& p, cudaStream_t stream) {
+void check_moe_gemm_params(const MoeGemmParams& p, const char* op) {
+  const std::string name(op);
   const int col_multiple = p.silu_gate_up ? 8 : 16;
   const QuantMatrix& w = p.weight;
   MB_CHECK(p.n > 0 && p.n % col_multiple == 0,
-           "moe_gemm: n must be a positive multiple of 16 (8 with silu_gate_up)");
-  MB_CHECK(p.k > 0 && p.k % 32 == 0, "moe_gemm: k must be a positive multiple of 32");
-  MB_CHECK(p.num_experts > 0 && p.num_experts <= 65535, "moe_gemm: bad expert count");
-  MB_CHECK(p.in_row_div > 0 && p.num_pairs >= 0, "moe_gemm: bad pair mapping");
-  MB_CHECK(p.out && p.in && w.data && p.sorted_ids && p.expert_offsets, "moe_gemm: null operand");
-  MB_CHECK(aligned(w.data, 16), "moe_gemm: weight data must be 16-byte aligned");
+           name + ": n must be a positive multiple of 16 (8 with silu_gate_up)");
+  MB_CHECK(p.k > 0 && p.k % 32 == 0, name + ": k must be a positive multiple of 32");
+  MB_CHECK(p.num_experts > 0 && p.num_experts <= 65535, name + ": bad expert count");
+  MB_CHECK(p.in_row_div > 0 && p.num_pairs >= 0, name + ": bad pair mapping");
+  MB_CHECK(p.out && p.in && w.data && p.sorted_ids && p.expert_offsets, name + ": null operand");
+  MB_CHECK(aligned(w.data, 16), name + ": weight data must be 16-byte aligned");
   switch (w.codec) {
     case WeightCodec::Bf16:
       break;
     case WeightCodec::Fp8Block:
       MB_CHECK(w.scales && aligned(w.scales, 4) && w.group > 0 && w.group % 16 == 0,
-               "moe_gemm: fp8 weights need f32 block scales and a group that is a positive multiple of 16");
+               name + ": fp8 weights need f32 block scales and a group that is a positive multiple of 16");
       break;
     case WeightCodec::Nvfp4:
       // a granule's two group-scale bytes are read as one 2-byte load
       MB_CHECK(w.scales && aligned(w.scales, 2) && w.row_scales && w.group == 16,
-               "moe_gemm: nvfp4 weights need 2-byte aligned group scales, row scales and group 16");
+               name + ": nvfp4 weights need 2-byte aligned group scales, row scales and group 16");
       break;
     default:
-      throw Error("moe_gemm: unknown weight codec");
+      throw Error(name + ": unknown weight codec");
   }
+}
+
+void moe_gemm(const MoeGemmParams& p, cudaStream_t stream) {
+  check_moe_gemm_params(p, "moe_gemm");
+  const int col_multiple = p.silu_gate_up ? 8 : 16;
+  const QuantMatrix& w = p.weight;
   if (p.num_pairs == 0) return;
   const int cols_per_block = kWarps * col_multiple;
   const int expert_blocks = p.active_experts != nullptr ? std::min(p.num_experts, p.num_pairs) : p.num_experts;

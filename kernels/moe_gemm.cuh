@@ -45,4 +45,18 @@ struct MoeGemmParams {
 /// scales and group 16, and 16-byte aligned weight data.
 void moe_gemm(const MoeGemmParams& p, cudaStream_t stream);
 
+/// Tokens up to which a step's experts can take moe_gemv: an expert then has at most this many
+/// pairs (one per token), all inside its first kMoeGemmTileM-row segment.
+constexpr int kMoeGemvMaxTokens = kMoeGemmTileM;
+
+/// The same product as moe_gemm for at most kMoeGemvMaxTokens tokens (decode), as a grouped
+/// GEMV (kernels/moe_gemv.cu): a warp streams 1–4 weight rows of one expert over all of k in
+/// 16-byte loads and applies them to the expert's pairs, so a batch-1 step's experts are read by
+/// thousands of warps with one load chain each instead of 64-row tiles walking k in sequence.
+/// Needs active_experts; `tokens` (the call's token count) bounds the pairs per expert.
+void moe_gemv(const MoeGemmParams& p, int tokens, cudaStream_t stream);
+
+/// The operand checks moe_gemm and moe_gemv share (MB_CHECK messages name `op`).
+void check_moe_gemm_params(const MoeGemmParams& p, const char* op);
+
 }  // namespace moebatch::kernels

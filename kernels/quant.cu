@@ -3,6 +3,7 @@
 #include "kernels/cuda_check.cuh"
 #include "kernels/device_common.cuh"
 #include "kernels/gemm.cuh"
+#include "kernels/gemv_device.cuh"
 #include "kernels/quant.cuh"
 
 namespace moebatch::kernels {
@@ -12,14 +13,9 @@ constexpr float kE4m3Max = 448.f, kE2m1Max = 6.f;
 
 // --- decode GEMV ----------------------------------------------------------------------------
 //
-// A warp owns R (1, 2 or 4) consecutive rows of W and walks k in 16-byte granules (8 bf16, 16
-// fp8 or 32 fp4 values): lane l takes granules l, l + 32, ... of every one of its rows, so the
-// R rows share each activation load and its bf16 → fp32 conversion. Per chunk of U granules a
-// lane first issues all R · U = 8 16-byte loads, then decodes and multiplies them. Partial sums
-// stay in fp32 per (row, activation row) and meet in a warp shuffle reduction at the end.
-// Blocks are two warps: with few rows (o_proj: 2048) there are still ~4 blocks per SM, spread
-// evenly. Activations (≤ 8 × k bf16, read by every warp) go through L1 (__ldg); weights, read
-// once per call, are loaded evict-first (__ldcs) so they do not push the activations out.
+// A warp owns R (1, 2 or 4) consecutive rows of W (the walk over k: kernels/gemv_device.cuh);
+// partial sums meet in a warp shuffle reduction at the end. Blocks are two warps: with few rows
+// (o_proj: 2048) there are still ~4 blocks per SM, spread evenly.
 
 constexpr int kGemvWarps = 2;
 
@@ -31,131 +27,20 @@ struct GemvArgs {
   int n = 0, k = 0;
 };
 
-__device__ __forceinline__ unsigned word_of(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
-
-// A bf16 pair (low half first) as fp32: exact.
-__device__ __forceinline__ float2 bf16x2_to_float2(unsigned u) {
-  return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
-}
-
-// Two E4M3 bytes (low byte first) as fp32: exact (through half).
-__device__ __forceinline__ float2 fp8x2_to_float2(unsigned two) {
-  const __half2_raw h =
-      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xffffu), __NV_E4M3);
-  return __half22float2(__half2(h));
-}
-
-// Fp8Block sums each granule (16 values, one block scale since group % 16 == 0) unscaled and
-// applies the fp32 scale once per granule; Nvfp4 decodes to exact bf16 (code · group scale)
-// with the shared decoder and applies the row scale to the final sum; Bf16 is used as is.
+// Dense rows: warp w of the grid owns rows [R·w, R·w + R); the M activation rows are x's.
 template <WeightCodec C, int M, int R>
 __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(GemvArgs a) {
-  constexpr int V = codec_granule(C);  // values per granule
-  constexpr int U = 8 / R;             // granules per row per lane per chunk
   const int lane = threadIdx.x & 31;
   const int row0 = (blockIdx.x * kGemvWarps + (threadIdx.x >> 5)) * R;
   if (row0 >= a.n) return;  // whole warps only: the shuffles below need all 32 lanes
-  const int k = a.k, granules = k / V;
-  const size_t row_bytes = codec_row_bytes(C, k);
-
-  // Rows past n (last warp) read row n - 1 and are not stored.
-  const unsigned char* wrow[R];
-  int srow[R];  // scale-row base (elements): fp8 f32, nvfp4 u16 pairs
-  const int fp8_scale_cols = C == WeightCodec::Fp8Block ? (k + a.w.group - 1) / a.w.group : 0;
+  int rows[R];  // rows past n (last warp) read row n - 1 and are not stored
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int row = min(row0 + r, a.n - 1);
-    wrow[r] = static_cast<const unsigned char*>(a.w.data) + static_cast<size_t>(row) * row_bytes;
-    srow[r] = C == WeightCodec::Fp8Block ? row * fp8_scale_cols : row * (k / 32);
-  }
-  const float* fp8_scales = static_cast<const float*>(a.w.scales);
-  const unsigned short* fp4_scales = static_cast<const unsigned short*>(a.w.scales);
-
+  for (int r = 0; r < R; ++r) rows[r] = min(row0 + r, a.n - 1);
+  const bf16* xrows[M];
+#pragma unroll
+  for (int i = 0; i < M; ++i) xrows[i] = a.x + static_cast<size_t>(i) * a.k;
   float acc[R][M];
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int i = 0; i < M; ++i) acc[r][i] = 0.f;
-
-  for (int chunk = 0; chunk < granules; chunk += 32 * U) {  // warp-uniform
-    uint4 wv[U][R];
-    float fscale[U][R];           // Fp8Block block scale
-    unsigned short gscale[U][R];  // Nvfp4 group scales of the granule's two groups
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int g = chunk + u * 32 + lane;
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        wv[u][r] = make_uint4(0, 0, 0, 0);
-        fscale[u][r] = 0.f;
-        gscale[u][r] = 0;
-        if (g < granules) {
-          wv[u][r] = __ldcs(reinterpret_cast<const uint4*>(wrow[r] + static_cast<size_t>(g) * 16));
-          if constexpr (C == WeightCodec::Fp8Block)
-            fscale[u][r] = __ldg(fp8_scales + srow[r] + g * V / a.w.group);
-          if constexpr (C == WeightCodec::Nvfp4) gscale[u][r] = __ldg(fp4_scales + srow[r] + g);
-        }
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int g = chunk + u * 32 + lane;
-      if (g >= granules) continue;
-      const bf16* xg = a.x + static_cast<size_t>(g) * V;
-      float part[R][M];  // Fp8Block: this granule's unscaled sums
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int i = 0; i < M; ++i) part[r][i] = 0.f;
-#pragma unroll
-      for (int p = 0; p < V / 8; ++p) {  // 8-value pieces of the granule
-        uint4 xv[M];
-#pragma unroll
-        for (int i = 0; i < M; ++i)
-          xv[i] = __ldg(reinterpret_cast<const uint4*>(xg + static_cast<size_t>(i) * k + 8 * p));
-        uint4 wp[R];  // Bf16 / Nvfp4: the piece as four bf16 pairs
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          if constexpr (C == WeightCodec::Nvfp4)
-            wp[r] = decode_fp4x8(
-                word_of(wv[u][r], p),
-                fp4_group_scale(static_cast<unsigned char>(gscale[u][r] >> (8 * (p / 2)))));
-          else
-            wp[r] = wv[u][r];
-        }
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {  // value pairs of the piece
-          float2 xq[M];
-#pragma unroll
-          for (int i = 0; i < M; ++i) xq[i] = bf16x2_to_float2(word_of(xv[i], q));
-#pragma unroll
-          for (int r = 0; r < R; ++r) {
-            float2 wq;
-            if constexpr (C == WeightCodec::Fp8Block)
-              wq = fp8x2_to_float2(word_of(wv[u][r], 2 * p + q / 2) >> (16 * (q & 1)));
-            else
-              wq = bf16x2_to_float2(word_of(wp[r], q));
-#pragma unroll
-            for (int i = 0; i < M; ++i) {
-              if constexpr (C == WeightCodec::Fp8Block) {
-                part[r][i] = fmaf(wq.y, xq[i].y, fmaf(wq.x, xq[i].x, part[r][i]));
-              } else {
-                acc[r][i] = fmaf(wq.y, xq[i].y, fmaf(wq.x, xq[i].x, acc[r][i]));
-              }
-            }
-          }
-        }
-      }
-      if constexpr (C == WeightCodec::Fp8Block) {
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-#pragma unroll
-          for (int i = 0; i < M; ++i) acc[r][i] = fmaf(part[r][i], fscale[u][r], acc[r][i]);
-      }
-    }
-  }
+  gemv_rows<C, M, R>(a.w, a.k, rows, xrows, acc);
 
   // R · M ≤ 16 sums; lane r · M + i stores sum (r, i).
 #pragma unroll

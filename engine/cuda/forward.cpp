@@ -306,9 +306,10 @@ void moe(const Step& s, const DeviceLayerWeights& L) {
     combine.row_of_pair = B.row_of_pair;
   } else {
     // experts: grouped gate+up GEMM with SiLU·mul in its epilogue, then the grouped down GEMM
-    expert_gemm(s.gate_up, L.w_gate_up, s.st);
+    // (a grouped GEMV for decode batches of ≤ 8 tokens)
+    expert_gemm(s.gate_up, L.w_gate_up, s.n, s.st);
     s.mark("moe_gemm_gate_up_silu");
-    expert_gemm(s.down, L.w_down, s.st);
+    expert_gemm(s.down, L.w_down, s.n, s.st);
     s.mark("moe_gemm_down");
   }
 

@@ -40,7 +40,7 @@ void linear(const GemmContext& g, float* out, const bf16* in, const DeviceTensor
   linear_any(g, out, in, w, rows);
 }
 
-void expert_gemm(kernels::MoeGemmParams p, const DeviceTensor& w, cudaStream_t stream) {
+void expert_gemm(kernels::MoeGemmParams p, const DeviceTensor& w, int tokens, cudaStream_t stream) {
   MB_CHECK(w.shape.size() == 3 && w.shape[0] == p.num_experts &&
                w.shape[1] == (p.silu_gate_up ? 2 : 1) * p.n && w.shape[2] == p.k,
            "expert_gemm: weights must be [num_experts, n (2n with silu_gate_up), k]");
@@ -48,8 +48,11 @@ void expert_gemm(kernels::MoeGemmParams p, const DeviceTensor& w, cudaStream_t s
     case WeightFormat::Bf16:
     case WeightFormat::Fp8Block:
     case WeightFormat::Nvfp4:
-      p.weight = w.matrix();  // the grouped GEMM decodes each codec in registers
-      kernels::moe_gemm(p, stream);
+      p.weight = w.matrix();  // both kernels decode each codec in registers
+      if (tokens <= kernels::kMoeGemvMaxTokens && p.active_experts != nullptr)
+        kernels::moe_gemv(p, tokens, stream);
+      else
+        kernels::moe_gemm(p, stream);
       return;
     case WeightFormat::F32:
       break;

@@ -37,8 +37,10 @@ void linear(const GemmContext& g, bf16* out, const bf16* in, const DeviceTensor&
 void linear(const GemmContext& g, float* out, const bf16* in, const DeviceTensor& w, int rows);
 
 /// Grouped expert GEMM with the routing operands of `p` (out, in, sorted ids, offsets, sizes)
-/// and the stacked expert weights `w` ([E, n, k], or [E, 2n, k] with p.silu_gate_up).
-void expert_gemm(kernels::MoeGemmParams p, const DeviceTensor& w, cudaStream_t stream);
+/// and the stacked expert weights `w` ([E, n, k], or [E, 2n, k] with p.silu_gate_up). A call of
+/// `tokens` ≤ kMoeGemvMaxTokens tokens with the active-expert list takes the grouped GEMV
+/// (kernels::moe_gemv: the decode batches), any other the tiled GEMM.
+void expert_gemm(kernels::MoeGemmParams p, const DeviceTensor& w, int tokens, cudaStream_t stream);
 
 /// Expert GEMMs of a many-token step on rows in moe_align's sorted order: for each expert e
 /// with rows, out[offsets[e] .. offsets[e+1]) = in[same rows] · w[e]ᵀ (bf16: one cuBLAS grouped

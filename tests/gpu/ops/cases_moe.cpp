@@ -407,7 +407,10 @@ class MoeGemmCase final : public OpCase {
     p.n = out_cols();
     p.k = gate() ? s_.hidden : s_.inter;
     p.silu_gate_up = s_.stage == MoeGemmStage::gate_up_silu;
-    s_.kernel(p, env.stream);
+    if (s_.gemv)
+      kernels::moe_gemv(p, s_.tokens, env.stream);
+    else
+      s_.kernel(p, env.stream);
   }
   OpCheck check(const OpEnv& env, double tol) override {
     const int I = s_.inter, K = s_.top_k, pairs = s_.tokens * K, n_out = out_cols();
@@ -517,7 +520,9 @@ OpCaseDef moe_gemm_case(const MoeGemmShape& s) {
   // scale multiplies the fp32 accumulator): the same. fp8: each weight · block scale is also
   // rounded once to bf16 (≤ 2^-8 relative per weight, independent across a dot product): + 2^-8.
   const double tol = s.format == WeightFormat::fp8_block ? 5e-3 + 0x1p-8 : 5e-3;
-  std::string name = std::string(s.kernel_name) + " " + stage;
+  MB_CHECK(!s.gemv || (s.active_experts && s.tokens <= kernels::kMoeGemvMaxTokens),
+           "moe_gemm case: moe_gemv needs the active list and few tokens");
+  std::string name = std::string(s.gemv ? "moe_gemv" : s.kernel_name) + " " + stage;
   if (s.format != WeightFormat::bf16) name += std::string(" ") + weight_format_name(s.format);
   OpCaseDef d = op_case_def<MoeGemmCase>(name,
                                          experts(s.tokens, s.experts, s.top_k, s.hot) + " H" + to_string(s.hidden) +

@@ -147,6 +147,7 @@ struct MoeGemmShape {
   WeightFormat format = WeightFormat::bf16;  ///< of the stacked expert weights; names the row
   MoeGemmKernel kernel = &kernels::moe_gemm;
   const char* kernel_name = "moe_gemm";
+  bool gemv = false;  ///< launch kernels::moe_gemv (tokens ≤ kMoeGemvMaxTokens) instead of `kernel`
 };
 OpCaseDef moe_gemm_case(const MoeGemmShape& s);
 

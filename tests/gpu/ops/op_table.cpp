@@ -121,7 +121,17 @@ std::vector<OpCaseDef> op_cases_test() {
         s.active_experts = stage == MoeGemmStage::gate_up_silu;
         s.format = format;
         t.push_back(moe_gemm_case(s));
+        // the decode GEMV on the shapes with few tokens (every stage over the active experts)
+        if (s.tokens <= kernels::kMoeGemvMaxTokens) {
+          s.active_experts = s.gemv = true;
+          t.push_back(moe_gemm_case(s));
+        }
       }
+  // moe_gemv at every pair count it rounds to (1, 2, 4, 8) with a hot expert holding all tokens
+  for (int tokens : {2, 5, 8})
+    for (MoeGemmStage stage : {MoeGemmStage::gate_up_silu, MoeGemmStage::down})
+      t.push_back(moe_gemm_case({.tokens = tokens, .experts = 16, .top_k = 4, .hidden = 256, .inter = 128,
+                                 .hot = 3, .stage = stage, .active_experts = true, .gemv = true}));
 
   // Dense GEMM and sampling.
   t.push_back(linear_case({.m = 5, .n = 1000, .k = 256, .fp32_out = false}));
@@ -227,10 +237,14 @@ std::vector<OpCaseDef> op_cases_bench() {
     // The expert GEMMs rotate over several routings so repeated runs do not just re-read L2.
     add(B, align_case({.tokens = B, .experts = kE, .top_k = kK, .routings = kRoutings}));
     // In each weight format: the compressed rows are "moe_gemm <stage> fp8" / "... nvfp4".
+    // Batches of ≤ 8 tokens also as the decode GEMV ("moe_gemv <stage>", the engine's path there).
     for (WeightFormat format : {WeightFormat::bf16, WeightFormat::fp8_block, WeightFormat::nvfp4})
       for (MoeGemmStage stage : {MoeGemmStage::gate_up, MoeGemmStage::down, MoeGemmStage::gate_up_silu})
-        add(B, moe_gemm_case({.tokens = B, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI, .stage = stage,
-                              .active_experts = true, .routings = kRoutings, .format = format}));
+        for (bool gemv : {false, true}) {
+          if (gemv && B > kernels::kMoeGemvMaxTokens) continue;
+          add(B, moe_gemm_case({.tokens = B, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI, .stage = stage,
+                                .active_experts = true, .routings = kRoutings, .format = format, .gemv = gemv}));
+        }
     add(B, silu_mul_case({.rows = B * kK, .inter = kI}));
     add(B, moe_combine_case({.tokens = B, .top_k = kK, .hidden = kH}));
     // Dense projections in each weight format, named by the path quant_linear takes; run() walks

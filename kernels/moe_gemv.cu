@@ -1,0 +1,122 @@
+// Grouped expert GEMV for decode steps (≤ kMoeGemvMaxTokens tokens): block row y takes the y-th
+// expert with pairs (moe_align's active list); each warp owns R weight rows of that expert and
+// walks all of k once (kernels/gemv_device.cuh) for the expert's ≤ M pairs, whose input rows
+// come from its sorted_ids segment. With SwiGLU fused, a warp's rows are gate rows j.. and their
+// up rows n + j.., so the epilogue has both sums of each output.
+#include <algorithm>
+
+#include "kernels/cuda_check.cuh"
+#include "kernels/gemv_device.cuh"
+#include "kernels/moe_gemm.cuh"
+
+namespace moebatch::kernels {
+namespace {
+
+constexpr int kWarps = 4;
+
+template <WeightCodec C, int M, int R, bool kSilu>
+__global__ void __launch_bounds__(kWarps * 32) moe_gemv_kernel(MoeGemmParams p) {
+  constexpr int kOut = kSilu ? R / 2 : R;  // outputs per warp
+  if (static_cast<int>(blockIdx.y) >= p.active_experts[0]) return;
+  const int e = p.active_experts[1 + blockIdx.y];
+  const int lane = threadIdx.x & 31;
+  const int out0 = (blockIdx.x * kWarps + (threadIdx.x >> 5)) * kOut;
+  if (out0 >= p.n) return;  // whole warps only: the shuffles below need all 32 lanes
+  const int rows_per_expert = kSilu ? 2 * p.n : p.n;
+  int rows[R];  // outputs past n (last warp) read row n - 1 and are not stored
+#pragma unroll
+  for (int r = 0; r < kOut; ++r) {
+    const int j = min(out0 + r, p.n - 1);
+    rows[r] = e * rows_per_expert + j;
+    if constexpr (kSilu) rows[kOut + r] = e * rows_per_expert + p.n + j;
+  }
+  // The expert's pairs: the head of its segment (real pairs first, then the sentinel
+  // num_pairs); a sentinel reads the first pair's row and is not stored.
+  const int* seg = p.sorted_ids + p.expert_offsets[e];
+  int pair[M];
+  const bf16* xrows[M];
+#pragma unroll
+  for (int i = 0; i < M; ++i) {
+    pair[i] = seg[i];
+    const int src = pair[i] < p.num_pairs ? pair[i] : seg[0];
+    xrows[i] = p.in + static_cast<size_t>(src / p.in_row_div) * p.k;
+  }
+  float acc[R][M];
+  gemv_rows<C, M, R>(p.weight, p.k, rows, xrows, acc);
+
+  // kOut · M ≤ 32 outputs; lane r · M + i stores output (r, i).
+#pragma unroll
+  for (int r = 0; r < kOut; ++r) {
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+      float v = warp_sum(acc[r][i]);
+      if constexpr (C == WeightCodec::Nvfp4) v *= __ldg(p.weight.row_scales + rows[r]);
+      if constexpr (kSilu) {
+        float u = warp_sum(acc[kOut + r][i]);
+        if constexpr (C == WeightCodec::Nvfp4) u *= __ldg(p.weight.row_scales + rows[kOut + r]);
+        v = v / (1.f + expf(-v)) * u;
+      }
+      if (lane == r * M + i && out0 + r < p.n && pair[i] < p.num_pairs)
+        p.out[static_cast<size_t>(pair[i]) * p.n + out0 + r] = __float2bfloat16_rn(v);
+    }
+  }
+}
+
+template <WeightCodec C, int M, int R, bool kSilu>
+void launch(const MoeGemmParams& p, cudaStream_t stream) {
+  static_assert(R == 1 || R == 2 || R == 4, "a warp's 8 loads per chunk split over R rows");
+  static_assert(!kSilu || R % 2 == 0, "gate and up rows come in pairs");
+  static_assert((kSilu ? R / 2 : R) * M <= 32, "one lane stores each output");
+  constexpr int kOut = kSilu ? R / 2 : R;
+  const dim3 grid(CEIL_DIV(p.n, kWarps * kOut), std::min(p.num_experts, p.num_pairs));
+  moe_gemv_kernel<C, M, R, kSilu><<<grid, kWarps * 32, 0, stream>>>(p);
+}
+
+// Rows per warp as the dense GEMV picks them (kernels/quant.cu): a lane's 8 loads per chunk
+// should be real granules, and more activation rows keep R · M small.
+template <WeightCodec C, int M, bool kSilu>
+void launch_m(const MoeGemmParams& p, cudaStream_t stream) {
+  const int per_lane = CEIL_DIV(p.k / codec_granule(C), 32);
+  if constexpr (M == 1 && !kSilu) {
+    if (per_lane >= 8) return launch<C, M, 1, kSilu>(p, stream);
+  }
+  if constexpr (M <= 4) {
+    if (per_lane < 4) return launch<C, M, 4, kSilu>(p, stream);
+  }
+  launch<C, M, 2, kSilu>(p, stream);
+}
+
+// M: the pairs an expert can have, rounded up to 1, 2, 4 or 8 (fewer kernels; a sentinel pair
+// costs its FMAs, not its bytes).
+template <WeightCodec C>
+void launch_codec(const MoeGemmParams& p, int tokens, cudaStream_t stream) {
+  const bool silu = p.silu_gate_up;
+  if (tokens <= 1) return silu ? launch_m<C, 1, true>(p, stream) : launch_m<C, 1, false>(p, stream);
+  if (tokens <= 2) return silu ? launch_m<C, 2, true>(p, stream) : launch_m<C, 2, false>(p, stream);
+  if (tokens <= 4) return silu ? launch_m<C, 4, true>(p, stream) : launch_m<C, 4, false>(p, stream);
+  return silu ? launch_m<C, 8, true>(p, stream) : launch_m<C, 8, false>(p, stream);
+}
+
+}  // namespace
+
+void moe_gemv(const MoeGemmParams& p, int tokens, cudaStream_t stream) {
+  check_moe_gemm_params(p, "moe_gemv");
+  MB_CHECK(tokens >= 1 && tokens <= kMoeGemvMaxTokens,
+           "moe_gemv: tokens must be in [1, kMoeGemvMaxTokens]");
+  MB_CHECK(p.active_experts != nullptr, "moe_gemv: needs moe_align's active expert list");
+  if (p.num_pairs == 0) return;
+  switch (p.weight.codec) {  // the codec picks a kernel here and in moe_gemm only
+    case WeightCodec::Bf16:
+      launch_codec<WeightCodec::Bf16>(p, tokens, stream);
+      break;
+    case WeightCodec::Fp8Block:
+      launch_codec<WeightCodec::Fp8Block>(p, tokens, stream);
+      break;
+    case WeightCodec::Nvfp4:
+      launch_codec<WeightCodec::Nvfp4>(p, tokens, stream);
+      break;
+  }
+  CUDA_CHECK_LAST();
+}
+
+}  // namespace moebatch::kernels
