@@ -118,6 +118,7 @@ std::vector<OpCaseDef> op_cases_test() {
     for (MoeGemmShape s : gemm_shapes)
       for (MoeGemmStage stage : {MoeGemmStage::gate_up, MoeGemmStage::gate_up_silu, MoeGemmStage::down}) {
         s.stage = stage;
+        s.gemv = false;
         s.active_experts = stage == MoeGemmStage::gate_up_silu;
         s.format = format;
         t.push_back(moe_gemm_case(s));
