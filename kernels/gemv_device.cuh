@@ -34,11 +34,13 @@ __device__ __forceinline__ float2 fp8x2_to_float2(unsigned two) {
 }
 
 /// acc[r][i] = this lane's share of Σ_k W[rows[r], k] · xrows[i][k] (fp32; reduce over the warp,
-/// then apply an Nvfp4 row scale). rows: matrix rows (stacked experts flattened); xrows: 16-byte
-/// aligned activation rows of k values. Every lane of the warp must call it.
+/// then apply an Nvfp4 row scale) for i < m_active (warp-uniform, ≤ M: the rest are skipped and
+/// stay 0). rows: matrix rows (stacked experts flattened); xrows: 16-byte aligned activation
+/// rows of k values. Every lane of the warp must call it.
 template <WeightCodec C, int M, int R>
 __device__ __forceinline__ void gemv_rows(const QuantMatrix& w, int k, const int (&rows)[R],
-                                          const bf16* const (&xrows)[M], float (&acc)[R][M]) {
+                                          const bf16* const (&xrows)[M], int m_active,
+                                          float (&acc)[R][M]) {
   constexpr int V = codec_granule(C);  // values per granule
   constexpr int U = 8 / R;             // granules per row per lane per chunk
   const int lane = threadIdx.x & 31;
@@ -96,7 +98,8 @@ __device__ __forceinline__ void gemv_rows(const QuantMatrix& w, int k, const int
         uint4 xv[M];
 #pragma unroll
         for (int i = 0; i < M; ++i)
-          xv[i] = __ldg(reinterpret_cast<const uint4*>(xrows[i] + static_cast<size_t>(g) * V + 8 * p));
+          if (i < m_active)
+            xv[i] = __ldg(reinterpret_cast<const uint4*>(xrows[i] + static_cast<size_t>(g) * V + 8 * p));
         uint4 wp[R];  // Bf16 / Nvfp4: the piece as four bf16 pairs
 #pragma unroll
         for (int r = 0; r < R; ++r) {
@@ -111,7 +114,8 @@ __device__ __forceinline__ void gemv_rows(const QuantMatrix& w, int k, const int
         for (int q = 0; q < 4; ++q) {  // value pairs of the piece
           float2 xq[M];
 #pragma unroll
-          for (int i = 0; i < M; ++i) xq[i] = bf16x2_to_float2(word_of(xv[i], q));
+          for (int i = 0; i < M; ++i)
+            if (i < m_active) xq[i] = bf16x2_to_float2(word_of(xv[i], q));
 #pragma unroll
           for (int r = 0; r < R; ++r) {
             float2 wq;
@@ -121,6 +125,7 @@ __device__ __forceinline__ void gemv_rows(const QuantMatrix& w, int k, const int
               wq = bf16x2_to_float2(word_of(wp[r], q));
 #pragma unroll
             for (int i = 0; i < M; ++i) {
+              if (i >= m_active) break;
               if constexpr (C == WeightCodec::Fp8Block) {
                 part[r][i] = fmaf(wq.y, xq[i].y, fmaf(wq.x, xq[i].x, part[r][i]));
               } else {
@@ -134,7 +139,8 @@ __device__ __forceinline__ void gemv_rows(const QuantMatrix& w, int k, const int
 #pragma unroll
         for (int r = 0; r < R; ++r)
 #pragma unroll
-          for (int i = 0; i < M; ++i) acc[r][i] = fmaf(part[r][i], fscale[u][r], acc[r][i]);
+          for (int i = 0; i < M; ++i)
+            if (i < m_active) acc[r][i] = fmaf(part[r][i], fscale[u][r], acc[r][i]);
       }
     }
   }

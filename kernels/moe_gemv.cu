@@ -33,22 +33,24 @@ __global__ void __launch_bounds__(kWarps * 32) moe_gemv_kernel(MoeGemmParams p) 
   // The expert's pairs: the head of its segment (real pairs first, then the sentinel
   // num_pairs); a sentinel reads the first pair's row and is not stored.
   const int* seg = p.sorted_ids + p.expert_offsets[e];
-  int pair[M];
+  int pair[M], count = 0;
   const bf16* xrows[M];
 #pragma unroll
   for (int i = 0; i < M; ++i) {
     pair[i] = seg[i];
+    count += pair[i] < p.num_pairs;
     const int src = pair[i] < p.num_pairs ? pair[i] : seg[0];
     xrows[i] = p.in + static_cast<size_t>(src / p.in_row_div) * p.k;
   }
   float acc[R][M];
-  gemv_rows<C, M, R>(p.weight, p.k, rows, xrows, acc);
+  gemv_rows<C, M, R>(p.weight, p.k, rows, xrows, count, acc);  // sentinels cost nothing
 
   // kOut · M ≤ 32 outputs; lane r · M + i stores output (r, i).
 #pragma unroll
   for (int r = 0; r < kOut; ++r) {
 #pragma unroll
     for (int i = 0; i < M; ++i) {
+      if (i >= count) break;  // warp-uniform
       float v = warp_sum(acc[r][i]);
       if constexpr (C == WeightCodec::Nvfp4) v *= __ldg(p.weight.row_scales + rows[r]);
       if constexpr (kSilu) {
@@ -56,7 +58,7 @@ __global__ void __launch_bounds__(kWarps * 32) moe_gemv_kernel(MoeGemmParams p) 
         if constexpr (C == WeightCodec::Nvfp4) u *= __ldg(p.weight.row_scales + rows[kOut + r]);
         v = v / (1.f + expf(-v)) * u;
       }
-      if (lane == r * M + i && out0 + r < p.n && pair[i] < p.num_pairs)
+      if (lane == r * M + i && out0 + r < p.n)
         p.out[static_cast<size_t>(pair[i]) * p.n + out0 + r] = __float2bfloat16_rn(v);
     }
   }
@@ -86,8 +88,8 @@ void launch_m(const MoeGemmParams& p, cudaStream_t stream) {
   launch<C, M, 2, kSilu>(p, stream);
 }
 
-// M: the pairs an expert can have, rounded up to 1, 2, 4 or 8 (fewer kernels; a sentinel pair
-// costs its FMAs, not its bytes).
+// M: the pairs an expert can have, rounded up to 1, 2, 4 or 8 (fewer kernels; the sentinel
+// pairs of an expert's segment are skipped by a warp-uniform branch).
 template <WeightCodec C>
 void launch_codec(const MoeGemmParams& p, int tokens, cudaStream_t stream) {
   const bool silu = p.silu_gate_up;

@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(GemvArgs a) {
 #pragma unroll
   for (int i = 0; i < M; ++i) xrows[i] = a.x + static_cast<size_t>(i) * a.k;
   float acc[R][M];
-  gemv_rows<C, M, R>(a.w, a.k, rows, xrows, acc);
+  gemv_rows<C, M, R>(a.w, a.k, rows, xrows, M, acc);
 
   // R · M ≤ 16 sums; lane r · M + i stores sum (r, i).
 #pragma unroll

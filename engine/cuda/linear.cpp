@@ -40,6 +40,12 @@ void linear(const GemmContext& g, float* out, const bf16* in, const DeviceTensor
   linear_any(g, out, in, w, rows);
 }
 
+// Decode batches up to this many tokens take the grouped GEMV. Measured on the 30B shape
+// (bench/RESULTS.md, 2026-12-01): at 1 token it beats the tiled GEMM (gate+up 22 vs 26 µs bf16,
+// 17 vs 26 µs fp8); at 8 tokens (~56 experts hit) the tiled GEMM streams the larger byte count
+// closer to the copy bandwidth. 2 and 4 are not yet measured.
+constexpr int kExpertGemvMaxTokens = 1;
+
 void expert_gemm(kernels::MoeGemmParams p, const DeviceTensor& w, int tokens, cudaStream_t stream) {
   MB_CHECK(w.shape.size() == 3 && w.shape[0] == p.num_experts &&
                w.shape[1] == (p.silu_gate_up ? 2 : 1) * p.n && w.shape[2] == p.k,
@@ -49,7 +55,7 @@ void expert_gemm(kernels::MoeGemmParams p, const DeviceTensor& w, int tokens, cu
     case WeightFormat::Fp8Block:
     case WeightFormat::Nvfp4:
       p.weight = w.matrix();  // both kernels decode each codec in registers
-      if (tokens <= kernels::kMoeGemvMaxTokens && p.active_experts != nullptr)
+      if (tokens <= kExpertGemvMaxTokens && p.active_experts != nullptr)
         kernels::moe_gemv(p, tokens, stream);
       else
         kernels::moe_gemm(p, stream);

@@ -38,8 +38,8 @@ void linear(const GemmContext& g, float* out, const bf16* in, const DeviceTensor
 
 /// Grouped expert GEMM with the routing operands of `p` (out, in, sorted ids, offsets, sizes)
 /// and the stacked expert weights `w` ([E, n, k], or [E, 2n, k] with p.silu_gate_up). A call of
-/// `tokens` ≤ kMoeGemvMaxTokens tokens with the active-expert list takes the grouped GEMV
-/// (kernels::moe_gemv: the decode batches), any other the tiled GEMM.
+/// `tokens` tokens with the active-expert list takes the grouped GEMV (kernels::moe_gemv) when
+/// that is the faster kernel for so few tokens (linear.cpp), any other the tiled GEMM.
 void expert_gemm(kernels::MoeGemmParams p, const DeviceTensor& w, int tokens, cudaStream_t stream);
 
 /// Expert GEMMs of a many-token step on rows in moe_align's sorted order: for each expert e

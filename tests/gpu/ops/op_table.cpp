@@ -286,6 +286,13 @@ std::vector<OpCaseDef> op_cases_bench() {
     add(prompts * len, named(causal_conv_case(s), "causal_conv prefill" + shape));
     add(prompts * len, named(gated_delta_rule_case(s), "gated_delta_rule prefill" + shape));
   }
+  // The expert kernels at the other decode buckets (2, 4, 8 tokens): where the grouped GEMV
+  // stops beating the tiled GEMM (engine/cuda/linear.cpp kExpertGemvMaxTokens).
+  for (int B : {2, 4, 8})
+    for (bool gemv : {false, true})
+      add(B, moe_gemm_case({.tokens = B, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
+                            .stage = MoeGemmStage::gate_up_silu, .active_experts = true,
+                            .routings = kRoutings, .gemv = gemv}));
   return t;
 }
 
