@@ -13,7 +13,9 @@
 // bytes evenly over the GPUs (ideal split).
 // --quantization fp8|nvfp4 quantizes the linear weights on the GPU (router, embeddings and
 // lm_head stay bf16); the rooflines count the bytes each format holds.
-// Usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--quantization Q] [out.json] [peer.json]
+// --moe-sorted-min-rows N sets when prefill experts take the sorted cuBLAS path (0: never).
+// Usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--quantization Q]
+//                                   [--moe-sorted-min-rows N] [out.json] [peer.json]
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
@@ -169,6 +171,7 @@ struct Args {
   std::string out_path = "bench_engine_cuda.json";
   std::string peer_path;
   std::string shape = "qwen3-30b-a3b";  ///< engine/model_shapes.h
+  int64_t sorted_min_rows = -1;          ///< moe_sorted_min_rows_per_expert (−1: the default)
   int tp = 1;
   bool ep = false;
   Quantization quant = Quantization::None;
@@ -185,10 +188,12 @@ Args parse_args(int argc, char** argv) {
       a.ep = true;
     } else if (arg == "--shape" && i + 1 < argc) {
       a.shape = argv[++i];
+    } else if (arg == "--moe-sorted-min-rows" && i + 1 < argc) {
+      a.sorted_min_rows = std::stoll(argv[++i]);
     } else if (arg == "--quantization" && i + 1 < argc) {
       a.quant = parse_quantization(argv[++i]);
     } else if (arg.rfind("--", 0) == 0) {
-      std::fprintf(stderr, "usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--quantization Q] [out.json] [peer.json]\n");
+      std::fprintf(stderr, "usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--quantization Q] [--moe-sorted-min-rows N] [out.json] [peer.json]\n");
       std::exit(2);
     } else if (positional++ == 0) {
       a.out_path = arg;
@@ -229,6 +234,7 @@ int main(int argc, char** argv) {
   o.tensor_parallel_size = args.tp;
   o.expert_split = args.ep ? ExpertSplit::Expert : ExpertSplit::Intermediate;
   o.quantization = args.quant;
+  if (args.sorted_min_rows >= 0) o.moe_sorted_min_rows_per_expert = args.sorted_min_rows;
   const double lin = linear_bytes_per_param(args.quant);
   auto t0 = Clock::now();
   CudaBackend be(cfg, 20261129, o);
@@ -251,6 +257,7 @@ int main(int argc, char** argv) {
   J["tensor_parallel_size"] = args.tp;
   J["expert_parallel"] = args.ep;
   J["quantization"] = quantization_name(args.quant);
+  J["moe_sorted_min_rows_per_expert"] = o.moe_sorted_min_rows_per_expert;
   J["memory_plan"] = {{"weights", be.memory_plan().weights},
                       {"activations", be.memory_plan().activations},
                       {"kv", be.memory_plan().kv},
