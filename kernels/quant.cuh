@@ -2,7 +2,8 @@
 // activations), and the quantizers that build such weights on the GPU.
 //
 // quant_linear is the one place the dense path is chosen by shape:
-//   bf16 weights           → cuBLAS (kernels::linear)
+//   bf16 weights           → cuBLAS (kernels::linear), but gemv_quant for one row (bench/RESULTS.md
+//                            2026-12-01: qkv 13.5 vs 18.9 µs, o_proj 14.0 vs 20.2 µs at 30B shapes)
 //   m ≤ kGemvMaxRows rows  → gemv_quant: decode is weight-bandwidth bound (each weight byte is
 //                            used by at most 8 rows), so the weights are streamed once and decoded
 //                            in registers, never written out
@@ -29,7 +30,7 @@ enum class QuantLinearPath { Cublas, Gemv, DequantCublas };
 /// The path quant_linear takes for `codec` weights and m activation rows (also what the op
 /// cases name and tolerate by).
 constexpr QuantLinearPath quant_linear_path(WeightCodec codec, int m) {
-  return codec == WeightCodec::Bf16 ? QuantLinearPath::Cublas
+  return codec == WeightCodec::Bf16 ? (m == 1 ? QuantLinearPath::Gemv : QuantLinearPath::Cublas)
          : m <= kGemvMaxRows        ? QuantLinearPath::Gemv
                                     : QuantLinearPath::DequantCublas;
 }

@@ -140,7 +140,6 @@ void CudaBackend::init(const std::filesystem::path* model_dir, uint64_t seed) {
     spec.world = world;
     spec.expert_split = o.expert_split;
     ranks_.push_back(std::make_unique<CudaRank>(cfg_, spec, devices_[r], nullptr));
-    ranks_.back()->sorted_moe_min_rows = o.moe_sorted_min_rows_per_expert;
     if (cfg_.num_experts > 0 && ranks_.back()->dims.moe_intermediate % 32 != 0)
       throw InputError(
           "cuda backend: moe_intermediate_size / tensor_parallel_size must be a "
@@ -151,6 +150,16 @@ void CudaBackend::init(const std::filesystem::path* model_dir, uint64_t seed) {
   if (model_dir) ckpt = open_model_files(*model_dir).weights;  // header errors before allocating
   // Which linear weights stay (or become) compressed; scale and shard errors before allocating.
   for (ModelPlan& wp : wplans) assign_weight_formats(wp, cfg_, ckpt.get(), o.quantization);
+  // The sorted prefill path decodes every compressed expert into bf16 before its GEMM, a cost
+  // that rows must amortize: at 160 rows per expert (Qwen3-Next-80B FP8, 64 × 128 tokens) the
+  // grouped kernel, which decodes in registers, was 1.2× faster; at 512 (30B FP8) the sorted path
+  // 1.7× (bench/RESULTS.md 2026-12-01). So compressed experts need 4× the rows.
+  for (int r = 0; r < world; ++r) {
+    bool packed = false;
+    for (const auto& L : wplans[r].layers)
+      packed |= !L.w_gate_up.empty() && L.w_gate_up.format != WeightFormat::Bf16;
+    ranks_[r]->sorted_moe_min_rows = o.moe_sorted_min_rows_per_expert * (packed ? 4 : 1);
+  }
   weight_groups_ = describe_weight_groups(wplans[0]);
 
   int count = 0;

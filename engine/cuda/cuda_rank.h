@@ -80,7 +80,7 @@ class CudaRank {
   StepBuffers buf;                  ///< activations and step inputs
   cudaStream_t stream = nullptr;    ///< every launch of the rank
   int32_t* host_offsets = nullptr;  ///< pinned [E + 1]: expert offsets of a many-token step
-  int64_t sorted_moe_min_rows = 64;  ///< CudaBackendOptions::moe_sorted_min_rows_per_expert
+  int64_t sorted_moe_min_rows = 64;  ///< moe_sorted_min_rows_per_expert (×4 for compressed experts)
   cublasHandle_t cublas = nullptr;  ///< bound to `stream`, fixed workspace
 
  private:
