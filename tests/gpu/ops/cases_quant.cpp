@@ -20,7 +20,7 @@ using kernels::QuantLinearPath;
 using std::to_string;
 
 kernels::QuantLinearPath path_of(const QuantLinearShape& s) {
-  return s.force_gemv ? QuantLinearPath::Gemv : kernels::quant_linear_path(codec_of(s.format), s.m);
+  return kernels::quant_linear_path(codec_of(s.format), s.m);
 }
 
 // {{"m", 1}, {"n", 512}} -> "m1 n512"; appends (no literal + string temporaries: GCC 12's
@@ -71,11 +71,7 @@ class QuantLinearCase final : public OpCase {
   void run(const OpEnv& env, int iter) override {
     MB_CHECK(env.cublas != nullptr, "quant_linear case: needs a cuBLAS handle in OpEnv");
     const kernels::QuantMatrix& w = views_[static_cast<size_t>(iter) % views_.size()];
-    if (s_.force_gemv && s_.fp32_out)
-      kernels::gemv_quant(out_f_.get(), x_.get(), w, s_.m, s_.n, s_.k, env.stream);
-    else if (s_.force_gemv)
-      kernels::gemv_quant(out_b_.get(), x_.get(), w, s_.m, s_.n, s_.k, env.stream);
-    else if (s_.fp32_out)
+    if (s_.fp32_out)
       kernels::quant_linear(env.cublas, env.stream, out_f_.get(), x_.get(), w, s_.m, s_.n, s_.k,
                             scratch_.get(), scratch_.size());
     else

@@ -209,7 +209,6 @@ struct QuantLinearShape {
   /// run() rotates over device copies of W covering at least this many bytes (the benchmark:
   /// more than L2 holds, so a GEMV reads HBM); 0: one copy.
   int64_t rotate_bytes = 0;
-  bool force_gemv = false;  ///< call gemv_quant whatever quant_linear would choose (m ≤ 8)
 };
 OpCaseDef quant_linear_case(const QuantLinearShape& s);
 /// The path quant_linear takes for s ("gemv", "dequant+cuBLAS", "cuBLAS"): benchmark row names.

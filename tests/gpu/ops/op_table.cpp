@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "kernels/moe_routing.cuh"
-#include "kernels/quant.cuh"
 #include "tests/gpu/ops/op_shapes.h"
 
 namespace moebatch::ops {
@@ -256,11 +255,6 @@ std::vector<OpCaseDef> op_cases_bench() {
         const QuantLinearShape s{.m = B, .n = n, .k = k, .format = f, .w_scale = 0.02f, .rotate_bytes = kRotateBytes};
         add(B, named(quant_linear_case(s), std::string(proj) + " " + weight_format_name(f) + " (" +
                                                quant_linear_path_name(s) + ")"));
-        if (f == WeightFormat::bf16 && B <= kernels::kGemvMaxRows) {  // the GEMV on bf16 rows too
-          QuantLinearShape g = s;
-          g.force_gemv = true;
-          add(B, named(quant_linear_case(g), std::string(proj) + " bf16 (gemv)"));
-        }
       }
     add(B, named(linear_case({.m = B, .n = kV, .k = kH, .fp32_out = true, .w_scale = 0.02f}), "lm_head (cuBLAS)"));
     add(B, sample_greedy_case({.batch = B, .vocab = kV}));
