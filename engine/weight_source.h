@@ -11,7 +11,7 @@
 
 namespace moebatch {
 
-class TensorView;
+struct TensorView;
 
 /// A hub tensor inside a file tensor: rows [row0, row0 + shape[0]) of `view`, whose elements
 /// are read as a row-major [rows, shape[1]] matrix (1-D tensors as [n, 1]).

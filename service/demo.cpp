@@ -159,11 +159,16 @@ double pct(std::vector<double> v, double p) {
 int run_service_demo(const DemoOptions& o, std::ostream& out) {
   if (o.jobs < 1 || o.jobs > 100000) throw InputError("--jobs must be in [1, 100000]");
   if (o.max_tokens < 1 || o.max_tokens > 512) throw InputError("--max-tokens must be in [1, 512]");
+  // $MOEBATCH_DEMO_ARCH=qwen3_next runs the hybrid model instead (the GPU end-to-end scripts
+  // get its directory this way).
+  const DemoModelSpec spec = demo_model_spec_from_env();
   out << "moebatch demo\n"
-      << "NOTE: the bundled model is a tiny qwen3_moe with RANDOM weights. Its text is gibberish;\n"
+      << fmt::format("NOTE: the bundled model is a tiny {} with RANDOM weights. ",
+                     demo_arch_name(spec.arch))
+      << "Its text is gibberish;\n"
       << "      what the demo shows is the pipeline: queue -> tokenizer -> batched MoE engine ->\n"
       << "      results with latency records.\n\n";
-  const auto model = ensure_demo_model(default_cache_dir(), find_bundled_tokenizer());
+  const auto model = ensure_demo_model(default_cache_dir(), find_bundled_tokenizer(), spec);
 
   std::filesystem::path dir;
   std::filesystem::path db_path = o.db;

@@ -5,7 +5,9 @@
 # carried .devdebs (docs/device.md of the shared docs: ZeroMQ, SQLite, PCRE2, utf8proc).
 # Results (JSON + logs) land in $OUT; a summary prints last.
 # Usage: bench/gpu/run_service_device.sh [REQUESTS_1024=1024] [REQUESTS_4096=256]
-# STREAM=0 skips the streaming clients.
+# STREAM=0 skips the streaming clients. ARCH=qwen3_next (or qwen3_moe) first runs the end-to-end
+# service check (tests/gpu/service_e2e.sh, --backend cuda, E2E_JOBS jobs, default 200) on that
+# demo model; E2E_ONLY=1 stops after it.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/svc_out}
@@ -20,6 +22,11 @@ if ! cmake -S . -B $B -G Ninja -DMOEBATCH_CUDA=ON -DMOEBATCH_BUILD_TESTS=OFF -DC
   grep -iE "error" -A3 "$OUT/build.log" | head -40; exit 1
 fi
 echo "built $(date +%T)"
+if [ -n "${ARCH:-}" ]; then
+  ARCH=$ARCH timeout 300 tests/gpu/service_e2e.sh $B cuda "${E2E_JOBS:-200}" > "$OUT/service_e2e_$ARCH.log" 2>&1
+  echo "service_e2e ARCH=$ARCH rc=$?"; tail -8 "$OUT/service_e2e_$ARCH.log"
+  [ "${E2E_ONLY:-0}" = 1 ] && exit 0
+fi
 MODEL=random:qwen3-30b-a3b
 TOK=tests/data/qwen3-tokenizer
 COMMON=(--model $MODEL --tokenizer $TOK --backend cuda --max-num-seqs 256 --max-num-batched-tokens 8192)
