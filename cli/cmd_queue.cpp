@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <charconv>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
@@ -17,6 +18,7 @@
 #include "common/paths.h"
 #include "queue/job_json.h"
 #include "queue/job_store.h"
+#include "queue/job_validate.h"
 #include "queue/openai_batch.h"
 #include "queue/zmq/client.h"
 
@@ -49,6 +51,65 @@ std::unique_ptr<JobStore> open_store(const CommonFlags& f) {
   StoreOptions o;
   o.path = path;
   return std::make_unique<JobStore>(o);
+}
+
+// Job fields come from producers: a key or an error text holding ESC [ ... could rewrite the
+// operator's terminal. Text output shows C0/C1 controls, DEL and bytes that are not UTF-8 as
+// \xNN (C1 as \u00NN) instead; everything else passes unchanged.
+std::string printable(std::string_view s) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  auto hex = [](std::string& out, const char* prefix, unsigned v) {
+    out += prefix;
+    out.push_back(kHex[(v >> 4) & 15]);
+    out.push_back(kHex[v & 15]);
+  };
+  std::string out;
+  out.reserve(s.size());
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c == 0x7f) {
+      hex(out, "\\x", c);
+      ++i;
+      continue;
+    }
+    if (c < 0x80) {
+      out.push_back(static_cast<char>(c));
+      ++i;
+      continue;
+    }
+    const size_t len = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+    if (len == 0 || i + len > s.size() || !is_valid_utf8(s.substr(i, len))) {
+      hex(out, "\\x", c);
+      ++i;
+      continue;
+    }
+    if (c == 0xC2 && static_cast<unsigned char>(s[i + 1]) < 0xA0) {
+      hex(out, "\\u00", static_cast<unsigned char>(s[i + 1]));  // C1 control, U+0080..U+009F
+    } else {
+      out.append(s.substr(i, len));
+    }
+    i += len;
+  }
+  return out;
+}
+
+// CLI11 reads integers with strtoll in base 0: "99999999999999999999" became INT64_MAX and "010"
+// octal 8. Integer flags and arguments are checked as plain decimal int64 first and handed on
+// in canonical form; a failed check is a usage error (exit 2).
+CLI::Validator decimal_int() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        int64_t v = 0;
+        const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+        if (ec == std::errc::result_out_of_range) return "'" + s + "' is out of the 64-bit range";
+        if (s.empty() || ec != std::errc() || end != s.data() + s.size()) {
+          return "'" + s + "' is not a decimal integer";
+        }
+        s = std::to_string(v);  // canonical: CLI11 would read "010" as octal
+        return "";
+      },
+      "INT");
 }
 
 // Results may hold arbitrary model bytes; never let a stray byte abort the output.
@@ -180,15 +241,17 @@ void print_status(const Job& j) {
   auto row = [](const char* k, const std::string& v) {
     std::cout << fmt::format("  {:<12} {}\n", k, v);
   };
-  if (j.spec.client_key) row("key", *j.spec.client_key);
-  if (j.spec.batch_id) row("batch", *j.spec.batch_id);
+  if (j.spec.client_key) row("key", printable(*j.spec.client_key));
+  if (j.spec.batch_id) row("batch", printable(*j.spec.batch_id));
   row("priority", std::to_string(j.spec.priority));
   row("attempts", std::to_string(j.attempts) + "/" + std::to_string(j.spec.max_attempts));
   row("enqueued", format_time(j.enqueued_at));
   if (j.started_at) row("started", format_time(j.started_at));
   if (j.finished_at) row("finished", format_time(j.finished_at));
-  if (j.lease_owner) row("lease", *j.lease_owner + " until " + format_time(j.lease_expires_at));
-  if (j.error) row("error", *j.error);
+  if (j.lease_owner) {
+    row("lease", printable(*j.lease_owner) + " until " + format_time(j.lease_expires_at));
+  }
+  if (j.error) row("error", printable(*j.error));
   if (j.result) {
     row("tokens", std::to_string(j.result->prompt_tokens) + " prompt, " +
                       std::to_string(j.result->completion_tokens) + " completion");
@@ -229,20 +292,25 @@ void register_queue_commands(CLI::App& app) {
   submit->add_option("--batch", sf->batch, "Batch id (default for --file: the file name stem)");
   submit->add_option("--key", sf->key, "Idempotency key: resubmitting it returns the same job");
   submit->add_flag("--chat", sf->chat, "Send the prompt as one user chat message");
-  submit->add_option("--priority", sf->spec.priority, "Higher runs first (default 0)");
-  submit->add_option("--max-tokens", sf->spec.sampling.max_tokens, "Token budget (default 256)");
+  submit->add_option("--priority", sf->spec.priority, "Higher runs first (default 0)")
+      ->transform(decimal_int());
+  submit->add_option("--max-tokens", sf->spec.sampling.max_tokens, "Token budget (default 256)")
+      ->transform(decimal_int());
   submit->add_option("--temperature", sf->spec.sampling.temperature, "0..2 (default 1)");
   submit->add_option("--top-p", sf->spec.sampling.top_p, "(0, 1] (default 1)");
-  submit->add_option("--top-k", sf->spec.sampling.top_k, "0 disables (default 0)");
-  submit->add_option("--seed", sf->seed, "Sampling seed");
+  submit->add_option("--top-k", sf->spec.sampling.top_k, "0 disables (default 0)")
+      ->transform(decimal_int());
+  submit->add_option("--seed", sf->seed, "Sampling seed")->transform(decimal_int());
   submit->add_option("--stop", sf->spec.sampling.stop, "Stop string (repeatable)");
-  submit->add_option("--max-attempts", sf->spec.max_attempts,
-                     "Attempts before failing (default 3)");
+  submit->add_option("--max-attempts", sf->spec.max_attempts, "Attempts before failing (default 3)")
+      ->transform(decimal_int());
   submit->add_flag("--no-progress", sf->no_progress, "Never draw the import progress bar");
   submit->add_option("--endpoint", sf->remote.endpoint,
                      "Submit through a ZeroMQ ingress (tcp://...), retrying Lazy-Pirate style");
-  submit->add_option("--timeout-ms", sf->remote.timeout_ms, "--endpoint: wait per try (3000)");
-  submit->add_option("--attempts", sf->remote.attempts, "--endpoint: tries before giving up (4)");
+  submit->add_option("--timeout-ms", sf->remote.timeout_ms, "--endpoint: wait per try (3000)")
+      ->transform(decimal_int());
+  submit->add_option("--attempts", sf->remote.attempts, "--endpoint: tries before giving up (4)")
+      ->transform(decimal_int());
   submit->add_option("--curve-server-key", sf->remote.curve_server_key,
                      "--endpoint: server public key file (enables CURVE)");
   submit->add_option("--curve-secret", sf->remote.curve_secret,
@@ -257,7 +325,7 @@ void register_queue_commands(CLI::App& app) {
   auto st = std::make_shared<IdFlags>();
   auto* status = app.add_subcommand("status", "Show one job (by ID or --key)");
   add_common(status, st->common);
-  status->add_option("id", st->id, "Job id");
+  status->add_option("id", st->id, "Job id")->transform(decimal_int());
   status->add_option("--key", st->key, "Client idempotency key");
   status->callback([st] {
     if ((st->id > 0) == !st->key.empty())
@@ -274,7 +342,7 @@ void register_queue_commands(CLI::App& app) {
   auto rs = std::make_shared<IdFlags>();
   auto* result = app.add_subcommand("result", "Print a finished job's output");
   add_common(result, rs->common);
-  result->add_option("id", rs->id, "Job id")->required();
+  result->add_option("id", rs->id, "Job id")->required()->transform(decimal_int());
   result->callback([rs] {
     auto store = open_store(rs->common);
     Job j = find_job(*store, rs->id, "");
@@ -301,8 +369,9 @@ void register_queue_commands(CLI::App& app) {
   add_common(list, lf->common);
   list->add_option("--state", lf->state, "queued|running|done|failed|cancelled");
   list->add_option("--batch", lf->batch, "Only this batch id");
-  list->add_option("--limit", lf->limit, "At most this many (default 100)");
-  list->add_option("--after", lf->after, "Only ids above this (paging)");
+  list->add_option("--limit", lf->limit, "At most this many (default 100)")
+      ->transform(decimal_int());
+  list->add_option("--after", lf->after, "Only ids above this (paging)")->transform(decimal_int());
   list->callback([lf] {
     ListFilter filter;
     if (!lf->state.empty()) {
@@ -323,17 +392,17 @@ void register_queue_commands(CLI::App& app) {
     std::cout << fmt::format("{:>8}  {:<9} {:>5} {:>4}  {:<16} {:<24} {}\n", "id", "state", "prio",
                              "try", "batch", "key", "enqueued");
     for (const Job& j : jobs) {
-      std::cout << fmt::format("{:>8}  {:<9} {:>5} {:>4}  {:<16} {:<24} {}\n", j.id,
-                               job_state_to_string(j.state), j.spec.priority, j.attempts,
-                               j.spec.batch_id.value_or("-"), j.spec.client_key.value_or("-"),
-                               format_time(j.enqueued_at));
+      std::cout << fmt::format(
+          "{:>8}  {:<9} {:>5} {:>4}  {:<16} {:<24} {}\n", j.id, job_state_to_string(j.state),
+          j.spec.priority, j.attempts, printable(j.spec.batch_id.value_or("-")),
+          printable(j.spec.client_key.value_or("-")), format_time(j.enqueued_at));
     }
   });
 
   auto cf = std::make_shared<IdFlags>();
   auto* cancel = app.add_subcommand("cancel", "Cancel a queued or running job");
   add_common(cancel, cf->common);
-  cancel->add_option("id", cf->id, "Job id")->required();
+  cancel->add_option("id", cf->id, "Job id")->required()->transform(decimal_int());
   cancel->callback([cf] {
     auto store = open_store(cf->common);
     bool ok = store->cancel(cf->id);

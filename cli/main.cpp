@@ -35,9 +35,15 @@ int main(int argc, char** argv) {
 
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    // Also covers CLI::RuntimeError(code) thrown by a command to choose its exit status.
+  } catch (const CLI::RuntimeError& e) {
+    // Thrown by a command to choose its exit status; app.exit prints nothing for it.
     return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // --help and --version end parsing with code 0. Every other parse error is a usage error,
+    // which exits 2 like an InputError, whatever CLI11's own code for it (104 for a failed
+    // conversion, 106 for a missing option, ...); app.exit prints the message.
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;
   } catch (const moebatch::InputError& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;

@@ -7,6 +7,7 @@
 
 #include "common/error.h"
 #include "queue/job_row.h"
+#include "queue/payload_hash.h"
 #include "queue/schema.h"
 #include "queue/sqlite_db.h"
 
@@ -91,31 +92,42 @@ int64_t JobStore::schema_version() { return db_->query_i64("PRAGMA user_version"
 
 int64_t JobStore::data_version() { return db_->query_i64("PRAGMA data_version"); }
 
-SubmitResult JobStore::insert_one(const JobSpec& spec) {
+SubmitResult JobStore::insert_one(const JobSpec& spec, size_t index) {
   const int64_t now = options_.clock->now_ms();
+  std::optional<std::string> hash;  // only a key can come back, so only keyed jobs need one
   if (spec.client_key) {
+    hash = job_payload_hash(spec);
     // Looked up first so a resubmission does not burn an AUTOINCREMENT id; inside the write
     // transaction nobody can insert the key between this check and the INSERT.
-    Stmt& sel = db_->prepare("SELECT id FROM jobs WHERE client_key = ?1");
+    Stmt& sel = db_->prepare("SELECT id, payload_hash FROM jobs WHERE client_key = ?1");
     sel.bind(1, spec.client_key);
     if (sel.step()) {
-      SubmitResult existing{sel.i64(0), false};
+      const int64_t id = sel.i64(0);
+      std::optional<std::string> stored = sel.opt_text(1);
       sel.reset();
-      return existing;
+      if (!stored) {
+        // Rows from before payload hashes, or from plain-SQL producers: hash the row itself.
+        std::optional<Job> existing = get(id);
+        if (existing) stored = job_payload_hash(existing->spec);
+      }
+      if (stored != hash) throw KeyConflictError(*spec.client_key, id, index);
+      return {id, false};
     }
     sel.reset();
   }
+  // id is left out: the schema refuses an INSERT that names it (jobs.id is the queue's).
   Stmt& ins = db_->prepare(
       "INSERT INTO jobs (client_key, batch_id, custom_id, model, priority, prompt_kind, prompt, "
       "max_tokens, temperature, top_p, top_k, seed, stop, max_attempts, enqueued_at, not_before, "
-      "chat_template_kwargs) "
-      "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, 0, ?16)");
+      "chat_template_kwargs, payload_hash) "
+      "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, 0, ?16, ?17)");
   const SamplingParams& p = spec.sampling;
   ins.bind(1, spec.client_key).bind(2, spec.batch_id).bind(3, spec.custom_id).bind(4, spec.model);
   ins.bind(5, spec.priority).bind(6, prompt_kind_to_string(spec.prompt_kind));
   ins.bind(7, std::string_view(spec.prompt)).bind(8, p.max_tokens).bind(9, p.temperature);
   ins.bind(10, p.top_p).bind(11, p.top_k).bind(12, p.seed).bind(13, stop_list_to_json(p.stop));
   ins.bind(14, spec.max_attempts).bind(15, now).bind(16, spec.chat_template_kwargs);
+  ins.bind(17, hash);
   ins.step();
   ins.reset();
   return {db_->last_insert_rowid(), true};
@@ -124,7 +136,7 @@ SubmitResult JobStore::insert_one(const JobSpec& spec) {
 SubmitResult JobStore::submit(const JobSpec& spec) {
   validate_job_spec(spec, options_.limits);
   Transaction tx(*db_, /*immediate=*/true);
-  SubmitResult r = insert_one(spec);
+  SubmitResult r = insert_one(spec, 0);
   tx.commit();
   return r;
 }
@@ -140,7 +152,7 @@ std::vector<SubmitResult> JobStore::submit_many(const std::vector<JobSpec>& spec
   out.reserve(specs.size());
   Transaction tx(*db_, /*immediate=*/true);
   for (size_t i = 0; i < specs.size(); ++i) {
-    out.push_back(insert_one(specs[i]));
+    out.push_back(insert_one(specs[i], i));
     if (progress && (i + 1) % 4096 == 0) progress(i + 1);
   }
   tx.commit();

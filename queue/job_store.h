@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "common/error.h"
 #include "queue/clock.h"
 #include "queue/job.h"
 #include "queue/job_validate.h"
@@ -45,6 +46,30 @@ struct StoreOptions {
   std::shared_ptr<const Clock> clock = std::make_shared<SystemClock>();  ///< time source
   JobLimits limits;                                                      ///< validation limits
   RetryPolicy retry;  ///< backoff between attempts
+};
+
+/// A client_key that already names a job with a different payload (409 Conflict in HTTP terms).
+/// An InputError: the producer reused a key for another request, retrying cannot help.
+class KeyConflictError : public InputError {
+ public:
+  /// index: position of the offending spec in the submitted list; existing_id: the key's job.
+  KeyConflictError(const std::string& key, int64_t existing_id, size_t index)
+      : InputError("client_key: '" + key + "' already names job " + std::to_string(existing_id) +
+                   " with a different payload"),
+        key_(key),
+        existing_id_(existing_id),
+        index_(index) {}
+  /// The reused key.
+  const std::string& key() const { return key_; }
+  /// The job the key already names.
+  int64_t existing_id() const { return existing_id_; }
+  /// Index of the offending spec in submit_many's list (0 for submit).
+  size_t index() const { return index_; }
+
+ private:
+  std::string key_;
+  int64_t existing_id_;
+  size_t index_;
 };
 
 /// Outcome of one submission.
@@ -103,10 +128,13 @@ class JobStore {
   JobStore(const JobStore&) = delete;
   JobStore& operator=(const JobStore&) = delete;
 
-  /// Validates (InputError on a bad spec) and inserts; an existing client_key returns that job.
+  /// Validates (InputError on a bad spec) and inserts. An existing client_key with the same
+  /// payload returns that job (created = false); with a different payload it throws
+  /// KeyConflictError and inserts nothing.
   SubmitResult submit(const JobSpec& spec);
   /// All specs in ONE transaction: all validated first (InputError naming the index), then
-  /// inserted; nothing is inserted when any is invalid. progress(done) is called periodically.
+  /// inserted; nothing is inserted when any is invalid or any key conflicts (KeyConflictError
+  /// naming the index). progress(done) is called periodically.
   std::vector<SubmitResult> submit_many(const std::vector<JobSpec>& specs,
                                         const std::function<void(size_t)>& progress = {});
 
@@ -160,7 +188,7 @@ class JobStore {
 
  private:
   void migrate();
-  SubmitResult insert_one(const JobSpec& spec);
+  SubmitResult insert_one(const JobSpec& spec, size_t index);
   bool complete_locked(const std::string& worker, const Completion& c, int64_t now);
   int64_t requeue_expired_locked(int64_t now);
   std::vector<Job> read_jobs(const std::string& sql_suffix,

@@ -1,9 +1,11 @@
 #include "queue/job_validate.h"
 
 #include <cmath>
+#include <cstdio>
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "queue/json_strict.h"
 
 namespace moebatch {
 namespace {
@@ -36,6 +38,16 @@ std::optional<std::string> check_stop_strings(const std::vector<std::string>& st
     if (!is_valid_utf8(stop[i])) return where + "not valid UTF-8";
   }
   return std::nullopt;
+}
+
+// True when v, converted to the engine's float, is a normal (not 0, not subnormal) number.
+bool float_is_normal(double v) { return std::fpclassify(static_cast<float>(v)) == FP_NORMAL; }
+
+// std::to_string prints 1e-300 as "0.000000": the message must show the value that was refused.
+std::string fmt_double(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
 }
 
 }  // namespace
@@ -79,8 +91,12 @@ bool is_valid_utf8(std::string_view s) {
 
 std::optional<std::string> find_chat_messages_error(std::string_view json,
                                                     const JobLimits& limits) {
-  nlohmann::json j = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return "prompt: chat messages are not valid JSON";
+  std::string problem;
+  nlohmann::json j = parse_json_strict(json, &problem);
+  if (j.is_discarded()) {
+    if (problem == "not valid JSON") return "prompt: chat messages are not valid JSON";
+    return "prompt: chat messages: " + problem;
+  }
   if (!j.is_array()) return "prompt: chat messages must be a JSON array";
   if (j.empty()) return "prompt: chat messages must not be empty";
   if (j.size() > limits.max_chat_messages) {
@@ -149,7 +165,9 @@ std::optional<std::string> find_job_spec_error(const JobSpec& spec, const JobLim
       return "chat_template_kwargs: " + std::to_string(kw.size()) + " bytes exceeds the limit of " +
              std::to_string(limits.max_template_kwargs_bytes);
     }
-    const nlohmann::json j = nlohmann::json::parse(kw, nullptr, /*allow_exceptions=*/false);
+    std::string problem;
+    const nlohmann::json j = parse_json_strict(kw, &problem);
+    if (!problem.empty() && problem != "not valid JSON") return "chat_template_kwargs: " + problem;
     if (j.is_discarded() || !j.is_object()) return "chat_template_kwargs: must be a JSON object";
   }
   const SamplingParams& p = spec.sampling;
@@ -161,8 +179,18 @@ std::optional<std::string> find_job_spec_error(const JobSpec& spec, const JobLim
   if (!(p.temperature >= 0.0 && p.temperature <= 2.0)) {
     return "temperature: " + std::to_string(p.temperature) + " is outside [0, 2]";
   }
+  // The engine samples in float: a value that is positive here but 0 or subnormal there would
+  // pass this check and fail (or silently turn greedy) in the engine, so the check is repeated
+  // in the engine's precision.
+  if (p.temperature > 0.0 && !float_is_normal(p.temperature)) {
+    return "temperature: " + fmt_double(p.temperature) +
+           " is too small to be represented (use 0 for greedy, or at least 1.2e-38)";
+  }
   if (!(p.top_p > 0.0 && p.top_p <= 1.0)) {
     return "top_p: " + std::to_string(p.top_p) + " is outside (0, 1]";
+  }
+  if (!float_is_normal(p.top_p)) {
+    return "top_p: " + fmt_double(p.top_p) + " is too small to be represented (at least 1.2e-38)";
   }
   if (p.top_k < 0 || p.top_k > 1000000) {
     return "top_k: " + std::to_string(p.top_k) + " is outside [0, 1000000]";

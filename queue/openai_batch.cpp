@@ -4,6 +4,7 @@
 #include <set>
 
 #include "common/error.h"
+#include "queue/json_strict.h"
 
 namespace moebatch {
 namespace {
@@ -37,6 +38,10 @@ const std::string& get_string(const json& v, size_t line_no, const std::string& 
 
 void parse_body(const json& body, bool chat, size_t line_no, JobSpec& spec) {
   if (!body.is_object()) bad(line_no, "body", "must be an object");
+  if (chat && body.contains("max_tokens") && body.contains("max_completion_tokens")) {
+    bad(line_no, "body.max_completion_tokens",
+        "give max_tokens or max_completion_tokens, not both");
+  }
   bool have_prompt = false;
   for (const auto& [key, v] : body.items()) {
     const std::string field = "body." + key;
@@ -82,10 +87,23 @@ void parse_body(const json& body, bool chat, size_t line_no, JobSpec& spec) {
 
 }  // namespace
 
+std::string batch_client_key(std::string_view batch_id, std::string_view custom_id) {
+  std::string key;
+  key.reserve(batch_id.size() + custom_id.size() + 1);
+  for (char c : batch_id) {
+    if (c == '\\' || c == '/') key.push_back('\\');
+    key.push_back(c);
+  }
+  key.push_back('/');
+  key.append(custom_id);
+  return key;
+}
+
 JobSpec parse_batch_line(std::string_view line, size_t line_no, const std::string& batch_id,
                          const JobLimits& limits) {
-  json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) bad(line_no, "line", "not valid JSON");
+  std::string problem;
+  json j = parse_json_strict(line, &problem);
+  if (j.is_discarded()) bad(line_no, "line", problem);
   if (!j.is_object()) bad(line_no, "line", "must be a JSON object");
   for (const auto& [key, v] : j.items()) {
     (void)v;
@@ -112,7 +130,7 @@ JobSpec parse_batch_line(std::string_view line, size_t line_no, const std::strin
   const bool chat = url == kChatUrl;
   spec.prompt_kind = chat ? PromptKind::Chat : PromptKind::Text;
   parse_body(j["body"], chat, line_no, spec);
-  spec.client_key = batch_id + "/" + *spec.custom_id;
+  spec.client_key = batch_client_key(batch_id, *spec.custom_id);
   if (auto e = find_job_spec_error(spec, limits)) {
     throw InputError("line " + std::to_string(line_no) + ": " + *e);
   }

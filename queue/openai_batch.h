@@ -23,8 +23,16 @@ struct BatchFileLimits {
   size_t max_errors = 50;            ///< errors collected before reading stops
 };
 
+/// The client_key of a batch request: the batch id with each backslash doubled and each '/'
+/// written as backslash-slash, then '/', then the custom_id. The first unescaped '/' ends the batch
+/// id, so batch "x/y" with custom_id "z" and batch "x" with custom_id "y/z" get different keys; a
+/// batch id without either character keeps the plain "<batch_id>/<custom_id>" of earlier releases.
+std::string batch_client_key(std::string_view batch_id, std::string_view custom_id);
+
 /// Parses one input line into a job of batch_id. Throws InputError "line N: field: reason".
-/// The job's client_key is "<batch_id>/<custom_id>", so re-importing a file is idempotent.
+/// The job's client_key is batch_client_key(batch_id, custom_id), so re-importing a file is
+/// idempotent. Duplicate keys in any object, and max_tokens given twice (as max_tokens and
+/// max_completion_tokens), are errors.
 JobSpec parse_batch_line(std::string_view line, size_t line_no, const std::string& batch_id,
                          const JobLimits& limits);
 

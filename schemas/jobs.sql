@@ -103,3 +103,43 @@ CREATE TABLE batches (
 );
 CREATE INDEX batches_open ON batches (status) WHERE status IN ('validating', 'in_progress',
   'cancelling');
+
+-- @migration 5
+-- jobs.id belongs to the service. A producer-chosen id, e.g. 9223372036854775807, would push
+-- AUTOINCREMENT's counter to its end and make every later INSERT fail (SQLITE_FULL). In a BEFORE
+-- INSERT trigger SQLite shows an id left to AUTOINCREMENT as -1 (NULL given explicitly reads the
+-- same), so any other value was chosen by the producer; the AFTER trigger catches an explicit -1
+-- or any other id below 1, which ids handed out by the service never are.
+CREATE TRIGGER jobs_id_is_assigned BEFORE INSERT ON jobs
+WHEN NEW.id IS NOT NULL AND NEW.id <> -1
+BEGIN
+  SELECT RAISE(ABORT, 'jobs.id is assigned by the queue: leave id out of the INSERT');
+END;
+CREATE TRIGGER jobs_id_is_positive AFTER INSERT ON jobs
+WHEN NEW.id < 1
+BEGIN
+  SELECT RAISE(ABORT, 'jobs.id is assigned by the queue: leave id out of the INSERT');
+END;
+CREATE TRIGGER jobs_id_is_fixed BEFORE UPDATE OF id ON jobs
+WHEN NEW.id IS NOT OLD.id
+BEGIN
+  SELECT RAISE(ABORT, 'jobs.id never changes');
+END;
+
+-- @migration 6
+-- Idempotency keys name one request. payload_hash is the SHA-256 of the submitted job (every
+-- field but the key; queue/payload_hash.h) written by the queue's own submits, so the same key
+-- with a different payload is refused as a conflict instead of returning the old job. NULL for
+-- rows inserted before this migration and by plain-SQL producers: the queue then hashes the
+-- stored row when the key comes back.
+ALTER TABLE jobs ADD COLUMN payload_hash TEXT;
+-- Batch keys were '<batch_id>/<custom_id>', ambiguous once a batch id holds '/': batch 'x/y' +
+-- custom_id 'z' and batch 'x' + custom_id 'y/z' gave the same key and the second job was lost.
+-- The batch id is now escaped ('\' -> '\\', '/' -> '\/'; queue/openai_batch.h), which leaves
+-- every key of a batch id without those two characters as it was; the others are rewritten here
+-- so a re-import still finds them. A rewritten key that some other job already holds (only an
+-- unrelated producer's key can) keeps its old spelling.
+UPDATE OR IGNORE jobs
+SET client_key = replace(replace(batch_id, '\', '\\'), '/', '\/') || '/' || custom_id
+WHERE client_key = batch_id || '/' || custom_id
+  AND (instr(batch_id, '/') > 0 OR instr(batch_id, '\') > 0);

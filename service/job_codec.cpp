@@ -2,6 +2,8 @@
 #include "service/job_codec.h"
 
 #include <cmath>
+#include <exception>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
@@ -38,7 +40,27 @@ uint64_t default_seed(int64_t job_id) {
   return x ^ (x >> 31);
 }
 
-int64_t ms_of(double s) { return static_cast<int64_t>(std::llround(s * 1000.0)); }
+// Engine timings are small and finite; the clamp keeps a corrupt one from being undefined.
+int64_t ms_of(double s) {
+  const double ms = std::round(s * 1000.0);
+  if (!(ms > 0)) return 0;
+  if (ms >= 9.2e18) return std::numeric_limits<int64_t>::max();
+  return static_cast<int64_t>(ms);
+}
+
+// Saturating arithmetic for times that come from the row: enqueued_at is producer-writable (a
+// plain-SQL INSERT may put INT64_MIN there), so a difference or sum must not overflow.
+int64_t sat_add(int64_t a, int64_t b) {
+  int64_t r = 0;
+  if (!__builtin_add_overflow(a, b, &r)) return r;
+  return b > 0 ? std::numeric_limits<int64_t>::max() : std::numeric_limits<int64_t>::min();
+}
+
+int64_t sat_sub(int64_t a, int64_t b) {
+  int64_t r = 0;
+  if (!__builtin_sub_overflow(a, b, &r)) return r;
+  return b < 0 ? std::numeric_limits<int64_t>::max() : std::numeric_limits<int64_t>::min();
+}
 
 // Generated ids decoded one by one, leniently (unknown ids become U+FFFD), exactly as the
 // engine's stop-string watcher decodes them.
@@ -49,10 +71,9 @@ std::string decode_tokens(const std::vector<int32_t>& ids, const Tokenizer& toke
   return text + dec.finish();
 }
 
-}  // namespace
-
-std::variant<WorkItem, std::string> prepare_work(const Job& job, const Tokenizer& tokenizer,
-                                                 const IntakeLimits& limits) {
+std::variant<WorkItem, std::string> prepare_work_unchecked(const Job& job,
+                                                           const Tokenizer& tokenizer,
+                                                           const IntakeLimits& limits) {
   const SamplingParams& sp = job.spec.sampling;
   WorkItem w;
   w.job_id = job.id;
@@ -73,6 +94,10 @@ std::variant<WorkItem, std::string> prepare_work(const Job& job, const Tokenizer
     }
   } catch (const InputError& e) {
     return std::string("prompt: ") + e.what();
+  } catch (const std::exception& e) {
+    // Not the producer's fault in the usual sense (e.g. the pre-tokenizer regex hit PCRE2's
+    // match limit), but only this prompt is affected: it fails alone, for good.
+    return std::string("prompt: cannot be tokenized: ") + e.what();
   }
   const auto n = static_cast<int64_t>(ids.size());
   if (n == 0) return std::string("prompt: renders to no tokens");
@@ -105,13 +130,27 @@ std::variant<WorkItem, std::string> prepare_work(const Job& job, const Tokenizer
   if (!sp.stop.empty()) {
     try {
       w.stop_strings = std::make_shared<TextStopStrings>(tokenizer, sp.stop);
-    } catch (const InputError& e) {
+    } catch (const std::exception& e) {
       return std::string("stop: ") + e.what();
     }
   }
   w.priority = job.spec.priority;
   w.claimed = std::chrono::steady_clock::now();
   return w;
+}
+
+}  // namespace
+
+std::variant<WorkItem, std::string> prepare_work(const Job& job, const Tokenizer& tokenizer,
+                                                 const IntakeLimits& limits) {
+  // The dispatcher prepares a whole claim group in one loop: an exception escaping here would
+  // abandon the group's other jobs, leased but never run. Whatever one job's input provokes
+  // becomes that job's reason.
+  try {
+    return prepare_work_unchecked(job, tokenizer, limits);
+  } catch (const std::exception& e) {
+    return std::string("job: cannot be prepared: ") + e.what();
+  }
 }
 
 Completion make_completion(const WorkResult& r, const InFlightJob& job,
@@ -141,16 +180,16 @@ Completion make_completion(const WorkResult& r, const InFlightJob& job,
 
   // Latency: queue wait on the store's clock; engine phases measured on the steady clock from
   // the moment of the claim, so total = wait + hand-off + engine time.
-  const int64_t wait_ms = std::max<int64_t>(0, job.started_at - job.enqueued_at);
+  const int64_t wait_ms = std::max<int64_t>(0, sat_sub(job.started_at, job.enqueued_at));
   const double decode_s = std::max(0.0, r.total_s - r.ttft_s);
   c.latency.queue_wait_ms = wait_ms;
   c.latency.ttft_ms = ms_of(r.handoff_s + r.ttft_s);
   c.latency.decode_ms = ms_of(decode_s);
-  c.latency.total_ms = wait_ms + ms_of(r.handoff_s + r.total_s);
+  c.latency.total_ms = sat_add(wait_ms, ms_of(r.handoff_s + r.total_s));
   // Decode throughput: tokens after the first over the time after the first.
   if (r.tokens.size() > 1 && decode_s > 0)
     c.latency.tokens_per_s = static_cast<double>(r.tokens.size() - 1) / decode_s;
-  c.result.first_token_at = job.started_at + *c.latency.ttft_ms;
+  c.result.first_token_at = sat_add(job.started_at, *c.latency.ttft_ms);
   return c;
 }
 

@@ -32,7 +32,9 @@ struct InFlightJob {
   std::optional<std::string> batch_id;    ///< for the completion notice
 };
 
-/// The WorkItem for `job`, or a reason ("field: problem") when it cannot run.
+/// The WorkItem for `job`, or a reason ("field: problem") when it cannot run. Never throws:
+/// whatever one job's input provokes (an Error from the tokenizer's regex included) becomes
+/// that job's reason, so the rest of its claim group is unaffected.
 std::variant<WorkItem, std::string> prepare_work(const Job& job, const Tokenizer& tokenizer,
                                                  const IntakeLimits& limits);
 

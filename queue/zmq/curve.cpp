@@ -1,11 +1,15 @@
 #include "queue/zmq/curve.h"
 
+#include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <zmq.h>
 
+#include <cerrno>
 #include <chrono>
-#include <fstream>
+#include <cstdio>
+#include <cstring>
 #include <sstream>
 #include <vector>
 #include <zmq_addon.hpp>
@@ -21,27 +25,77 @@ constexpr size_t kMaxAllowedKeys = 100000;
 constexpr size_t kZ85KeyChars = 40;
 constexpr size_t kBinaryKeyBytes = 32;
 
-/// Non-blank, non-comment lines with their 1-based line numbers, whitespace trimmed.
-std::vector<std::pair<size_t, std::string>> read_key_lines(const std::filesystem::path& path) {
-  std::error_code ec;
-  const auto size = std::filesystem::file_size(path, ec);
-  if (ec) throw InputError("cannot read key file '" + path.string() + "': " + ec.message());
-  if (size > kMaxKeyFileBytes) {
+/// A key file's text, read once through one descriptor so the checks and the contents are of
+/// the same file. Non-regular files and files over kMaxKeyFileBytes are refused; *mode gets the
+/// permission bits.
+std::string read_key_file(const std::filesystem::path& path, mode_t* mode) {
+  // O_NONBLOCK: opening a FIFO must not hang; it is refused below as not a regular file.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  if (fd < 0) {
+    throw InputError("cannot read key file '" + path.string() + "': " + std::strerror(errno));
+  }
+  struct FdCloser {
+    int fd;
+    ~FdCloser() { ::close(fd); }
+  } closer{fd};
+  struct stat st{};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    throw InputError("key file '" + path.string() + "' is not a regular file");
+  }
+  if (static_cast<std::uintmax_t>(st.st_size) > kMaxKeyFileBytes) {
     throw InputError("key file '" + path.string() + "' is larger than 1 MiB");
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError("cannot open key file '" + path.string() + "'");
-  std::vector<std::pair<size_t, std::string>> out;
+  *mode = st.st_mode & 07777;
+  std::string text;
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      throw InputError("cannot read key file '" + path.string() + "': " + std::strerror(errno));
+    }
+    if (n == 0) break;
+    text.append(buf, static_cast<size_t>(n));
+    if (text.size() > kMaxKeyFileBytes) {
+      throw InputError("key file '" + path.string() + "' is larger than 1 MiB");
+    }
+  }
+  return text;
+}
+
+/// A key file's lines.
+struct KeyLines {
+  std::vector<std::pair<size_t, std::string>> keys;  ///< non-blank, non-comment, trimmed
+  std::vector<std::string> comments;                 ///< '#' lines, as written
+  mode_t mode = 0;                                   ///< permission bits of the file
+};
+
+KeyLines read_key_lines(const std::filesystem::path& path) {
+  KeyLines out;
+  std::istringstream in(read_key_file(path, &out.mode));
   std::string line;
   size_t n = 0;
   while (std::getline(in, line)) {
     ++n;
     const auto b = line.find_first_not_of(" \t\r");
-    if (b == std::string::npos || line[b] == '#') continue;
+    if (b == std::string::npos) continue;
+    if (line[b] == '#') {
+      out.comments.push_back(line.substr(b));
+      continue;
+    }
     const auto e = line.find_last_not_of(" \t\r");
-    out.emplace_back(n, line.substr(b, e - b + 1));
+    out.keys.emplace_back(n, line.substr(b, e - b + 1));
   }
   return out;
+}
+
+// keygen labels its files ("# moebatch CURVE secret key (Z85)" / "... public key ..."): a file
+// labelled as the other half is the wrong file, whatever its name.
+bool labelled(const KeyLines& lines, std::string_view what) {
+  for (const std::string& c : lines.comments) {
+    if (c.find(what) != std::string::npos) return true;
+  }
+  return false;
 }
 
 /// Decodes a Z85 key to 32 bytes; throws InputError naming where it came from.
@@ -56,24 +110,39 @@ std::string decode_key(const std::string& z85, const std::string& where) {
   return std::string(reinterpret_cast<const char*>(bin), kBinaryKeyBytes);
 }
 
-std::string single_key(const std::filesystem::path& path) {
-  auto lines = read_key_lines(path);
-  if (lines.size() != 1) {
+std::string single_key(const std::filesystem::path& path, const KeyLines& lines) {
+  if (lines.keys.size() != 1) {
     throw InputError("key file '" + path.string() + "' must hold exactly one key, found " +
-                     std::to_string(lines.size()));
+                     std::to_string(lines.keys.size()));
   }
-  decode_key(lines[0].second, path.string() + ":" + std::to_string(lines[0].first));
-  return lines[0].second;
+  decode_key(lines.keys[0].second, path.string() + ":" + std::to_string(lines.keys[0].first));
+  return lines.keys[0].second;
 }
 
+// O_CREAT|O_EXCL creates the file with its final mode in one step: it never exists with looser
+// permissions, and neither an existing file nor a symlink (dangling or not) at path is followed.
 void write_new_file(const std::string& path, const std::string& text, mode_t mode) {
-  if (std::filesystem::exists(path)) throw InputError("'" + path + "' exists; not overwriting");
-  std::ofstream out(path, std::ios::binary);
-  if (!out) throw InputError("cannot write '" + path + "'");
-  out << text;
-  out.close();
-  if (!out) throw Error("writing '" + path + "' failed");
-  std::filesystem::permissions(path, static_cast<std::filesystem::perms>(mode));
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+  if (fd < 0) {
+    if (errno == EEXIST) throw InputError("'" + path + "' exists; not overwriting");
+    throw InputError("cannot create '" + path + "': " + std::strerror(errno));
+  }
+  // The umask may have taken bits away from mode; a public file is readable by design, a secret
+  // one must not gain any, so set exactly mode on the descriptor.
+  bool ok = ::fchmod(fd, mode) == 0;
+  size_t done = 0;
+  while (ok && done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    ok = n > 0;
+    if (ok) done += static_cast<size_t>(n);
+  }
+  ok = ::fsync(fd) == 0 && ok;
+  ok = ::close(fd) == 0 && ok;
+  if (!ok) {
+    ::unlink(path.c_str());
+    throw Error("writing '" + path + "' failed: " + std::strerror(errno));
+  }
 }
 
 }  // namespace
@@ -88,12 +157,20 @@ CurveKeyPair curve_generate_key_pair() {
 }
 
 CurveKeyPair load_secret_key_file(const std::filesystem::path& path) {
-  CurveKeyPair kp;
-  kp.secret_z85 = single_key(path);
-  struct stat st{};
-  if (::stat(path.c_str(), &st) == 0 && (st.st_mode & 077) != 0) {
-    spdlog::warn("secret key file '{}' is readable by other users (chmod 600 it)", path.string());
+  const KeyLines lines = read_key_lines(path);
+  // As ssh does with private keys: a secret others can read (or write) is not used.
+  if ((lines.mode & 077) != 0) {
+    char mode[16];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(lines.mode));
+    throw InputError("secret key file '" + path.string() + "' has mode " + mode +
+                     ": other users may read it; chmod 600 it");
   }
+  if (labelled(lines, "public key") || path.extension() == ".pub") {
+    throw InputError("key file '" + path.string() +
+                     "' holds a public key; give the secret key file (PREFIX.key) here");
+  }
+  CurveKeyPair kp;
+  kp.secret_z85 = single_key(path, lines);
   char pub[kZ85KeyChars + 1];
   MB_CHECK(curve_available(), "libzmq was built without CURVE");
   if (zmq_curve_public(pub, kp.secret_z85.c_str()) != 0) {
@@ -103,11 +180,22 @@ CurveKeyPair load_secret_key_file(const std::filesystem::path& path) {
   return kp;
 }
 
-std::string load_public_key_file(const std::filesystem::path& path) { return single_key(path); }
+std::string load_public_key_file(const std::filesystem::path& path) {
+  const KeyLines lines = read_key_lines(path);
+  if (labelled(lines, "secret key")) {
+    throw InputError("key file '" + path.string() +
+                     "' holds a secret key; give the public key file (PREFIX.pub) here");
+  }
+  return single_key(path, lines);
+}
 
 std::set<std::string> load_allowed_keys_file(const std::filesystem::path& path) {
   std::set<std::string> keys;
-  for (const auto& [line_no, text] : read_key_lines(path)) {
+  const KeyLines lines = read_key_lines(path);
+  if (labelled(lines, "secret key")) {
+    throw InputError("allow list '" + path.string() + "' holds a secret key; list public keys");
+  }
+  for (const auto& [line_no, text] : lines.keys) {
     if (keys.size() >= kMaxAllowedKeys) {
       throw InputError("'" + path.string() + "' holds more than 100000 keys");
     }
@@ -121,8 +209,14 @@ CurveKeyPair write_key_pair_files(const std::string& prefix) {
   CurveKeyPair kp = curve_generate_key_pair();
   write_new_file(prefix + ".key", "# moebatch CURVE secret key (Z85)\n" + kp.secret_z85 + "\n",
                  0600);
-  write_new_file(prefix + ".pub", "# moebatch CURVE public key (Z85)\n" + kp.public_z85 + "\n",
-                 0644);
+  try {
+    write_new_file(prefix + ".pub", "# moebatch CURVE public key (Z85)\n" + kp.public_z85 + "\n",
+                   0644);
+  } catch (const Error&) {
+    // A secret whose public half was never written is of no use: leave no half pair behind.
+    ::unlink((prefix + ".key").c_str());
+    throw;
+  }
   return kp;
 }
 

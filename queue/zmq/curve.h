@@ -31,14 +31,19 @@ bool curve_available();
 
 /// A fresh random key pair. Throws Error when CURVE is not available.
 CurveKeyPair curve_generate_key_pair();
-/// Reads a secret key file and derives the public half. Throws InputError naming the file.
+/// Reads a secret key file and derives the public half. Throws InputError naming the file, also
+/// when group or others have any permission on it (mode & 077, as ssh does) and when it is a
+/// public key file (labelled so by keygen, or named *.pub).
 CurveKeyPair load_secret_key_file(const std::filesystem::path& path);
-/// Reads a file holding one public key (Z85). Throws InputError naming the file.
+/// Reads a file holding one public key (Z85). Throws InputError naming the file, also for a file
+/// keygen labelled as a secret key.
 std::string load_public_key_file(const std::filesystem::path& path);
 /// Reads an allow list: one Z85 public key per line. Returns the keys as 32-byte binary strings,
 /// as ZAP delivers them. Throws InputError naming file and line; an empty list is an error.
 std::set<std::string> load_allowed_keys_file(const std::filesystem::path& path);
-/// Writes prefix.key (secret, mode 0600) and prefix.pub. Refuses to overwrite existing files.
+/// Writes prefix.key (secret, mode 0600) and prefix.pub (0644), each created with
+/// O_CREAT|O_EXCL|O_NOFOLLOW at its final mode. Refuses existing files and symlinks, dangling
+/// ones included.
 CurveKeyPair write_key_pair_files(const std::string& prefix);
 
 /// ZAP (RFC 27) handler on inproc://zeromq.zap.01 of one context: allows CURVE clients whose

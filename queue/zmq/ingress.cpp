@@ -17,6 +17,9 @@ constexpr int kMaxPerRound = 256;
 // Frames kept from one ROUTER message: routing id, optional empty delimiter, body. Further
 // frames are still received (ZeroMQ delivers whole messages) but only counted.
 constexpr size_t kMaxFrames = 3;
+// Bytes a message may carry beyond its body: the routing id (libzmq caps it at 255 bytes) and
+// the empty delimiter.
+constexpr size_t kMaxEnvelopeBytes = 256;
 
 constexpr const char* kRepliesEndpoint = "inproc://moebatch-ingress-replies";
 constexpr const char* kNoticesEndpoint = "inproc://moebatch-ingress-notices";
@@ -192,20 +195,46 @@ void Ingress::run() {
 }
 
 void Ingress::handle_request() {
+  // Frames and bytes are counted as they come off the socket; past kMaxFrames frames or the
+  // byte budget nothing more is kept (the body frames already kept are dropped too), and the
+  // message is answered without being parsed. libzmq itself assembles a multipart message in
+  // full before the first frame is readable, so what bounds the bytes a peer can make it hold
+  // is ZMQ_MAXMSGSIZE per frame, and CURVE for who may send at all (docs/zmq.md, Limits).
+  const size_t budget = options_.limits.max_request_bytes + kMaxEnvelopeBytes;
   std::vector<zmq::message_t> frames;
-  size_t total = 0;
+  size_t total = 0, bytes = 0;
+  bool oversize = false;
   for (bool more = true; more;) {
     zmq::message_t part;
     if (!router_.recv(part, zmq::recv_flags::dontwait)) return;
     more = part.more();
     ++total;
-    if (frames.size() < kMaxFrames) frames.push_back(std::move(part));
+    bytes += part.size();
+    if (!oversize && bytes > budget) {
+      oversize = true;
+      // Keep the routing id and an empty delimiter: they address the reply.
+      while (frames.size() > 1 && frames.back().size() > 0) frames.pop_back();
+    }
+    if (frames.empty() || (!oversize && frames.size() < kMaxFrames)) {
+      frames.push_back(std::move(part));
+    }
   }
   // The envelope decides how to answer: REQ peers put an empty delimiter before the body.
   std::vector<std::string> envelope = {frames[0].to_string()};
   const bool req_style = frames.size() >= 2 && frames[1].size() == 0;
   if (req_style) envelope.emplace_back();
   const size_t expected = req_style ? 3 : 2;
+  if (oversize) {
+    send_error(envelope, nullptr,
+               ProtocolError{std::string(error_code::kTooLarge),
+                             // Counted as the peer sent it: without the ROUTER's routing id.
+                             "message of " + std::to_string(total - 1) + " frame(s) and " +
+                                 std::to_string(bytes - frames[0].size()) +
+                                 " bytes exceeds the limit of " +
+                                 std::to_string(budget - kMaxEnvelopeBytes) + " bytes",
+                             std::nullopt, false});
+    return;
+  }
   if (total != expected) {
     send_error(envelope, nullptr,
                ProtocolError{std::string(error_code::kBadFrames),

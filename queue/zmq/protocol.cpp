@@ -2,6 +2,8 @@
 
 #include <limits>
 
+#include "queue/json_strict.h"
+
 namespace moebatch::zmq_ingress {
 namespace {
 
@@ -221,8 +223,12 @@ Request parse_request(std::string_view body, const ProtocolLimits& limits, json*
   if (nests_deeper_than(body, kMaxJsonDepth)) {
     fail(error_code::kBadJson, "JSON nests deeper than " + std::to_string(kMaxJsonDepth));
   }
-  json doc = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded()) fail(error_code::kBadJson, "request is not valid JSON");
+  std::string problem;
+  json doc = parse_json_strict(body, &problem);
+  if (doc.is_discarded()) {
+    if (problem == "not valid JSON") fail(error_code::kBadJson, "request is not valid JSON");
+    fail(error_code::kBadJson, "request JSON: " + problem);
+  }
   if (!doc.is_object()) fail(error_code::kBadJson, "request must be a JSON object");
   Request r;
   r.id = parse_id(doc, limits);
@@ -250,6 +256,7 @@ Request parse_request(std::string_view body, const ProtocolLimits& limits, json*
       invalid("jobs", "exactly one of jobs (array) or job (object) is required");
     }
     if (one != nullptr) {
+      r.single_job = true;
       r.jobs.push_back(job_spec_from_json(*one, "job", batch, limits.jobs));
     } else {
       if (!jobs->is_array()) invalid("jobs", "must be an array");

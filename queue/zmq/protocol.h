@@ -35,6 +35,7 @@ inline constexpr std::string_view kUnknownCommand = "unknown_command";  ///< "cm
 inline constexpr std::string_view kInvalid = "invalid";               ///< a field breaks a rule
 inline constexpr std::string_view kTooManyJobs = "too_many_jobs";     ///< over max_jobs_per_message
 inline constexpr std::string_view kNotFound = "not_found";            ///< no such job
+inline constexpr std::string_view kKeyConflict = "key_conflict";      ///< key names another payload
 inline constexpr std::string_view kBusy = "busy";                     ///< saturated: retry later
 inline constexpr std::string_view kInternal = "internal";             ///< our fault; retry later
 }  // namespace error_code
@@ -76,6 +77,7 @@ struct Request {
   nlohmann::json id;           ///< request id, echoed (string or integer)
   Command cmd = Command::Stats;
   std::vector<JobSpec> jobs;   ///< submit: validated jobs, in order
+  bool single_job = false;     ///< submit: sent as "job" (object), not "jobs" (array)
   std::optional<int64_t> job_id;           ///< status/result/cancel by id
   std::optional<std::string> client_key;   ///< status/result/cancel by key
 };

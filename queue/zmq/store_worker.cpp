@@ -126,6 +126,26 @@ void StoreWorker::commit_submits(std::vector<RoutedRequest>& items, size_t begin
   try {
     crash_if(CrashPoint::BeforeCommit);
     results = store_->submit_many(specs);
+  } catch (const KeyConflictError& e) {
+    if (end - begin > 1) {
+      // One producer's reused key must not fail the requests grouped with it: give the specs
+      // back (submit_many left them intact) and commit each request on its own.
+      size_t offset = 0;
+      for (size_t k = begin; k < end; ++k) {
+        for (JobSpec& s : items[k].request.jobs) s = std::move(specs[offset++]);
+      }
+      for (size_t k = begin; k < end; ++k) commit_submits(items, k, k + 1);
+      return;
+    }
+    const Request& r = items[begin].request;
+    const std::string field =
+        (r.single_job ? std::string("job") : "jobs[" + std::to_string(e.index()) + "]") + ".key";
+    reply_error(items[begin],
+                ProtocolError{std::string(error_code::kKeyConflict),
+                              field + ": '" + e.key() + "' already names job " +
+                                  std::to_string(e.existing_id()) + " with a different payload",
+                              field, false});
+    return;
   } catch (const InputError& e) {
     // The socket thread validated every job with the store's own limits, so this means the two
     // disagree; answer each request alone so one bad message cannot fail its neighbours.

@@ -8,7 +8,9 @@
 //   thread forwards them to the ROUTER. A submit's reply is produced only after
 //   JobStore::submit_many has committed, so an ack always means the jobs are durable.
 // - Consecutive submits waiting in the queue are committed in ONE transaction (group commit):
-//   one fsync/lock round for many producers, the main lever for acked jobs per second.
+//   one fsync/lock round for many producers, the main lever for acked jobs per second. When a
+//   reused key (KeyConflictError) fails the group, each request is committed alone, so only
+//   the one with the conflict gets the key_conflict reply.
 // - close() stops intake; the thread answers everything already accepted, then sends an empty
 //   one-frame "end" message on the reply socket and exits.
 #pragma once

@@ -1,6 +1,6 @@
 // Rows inserted with plain SQL by an external producer (schemas/README.md): the documented
 // example works verbatim, invalid rows become failed with a reason naming the column, and the
-// database constraints reject what the contract says they reject.
+// database constraints reject what the contract says they reject (producer-chosen ids included).
 #include <gtest/gtest.h>
 
 #include "queue/job_store.h"
@@ -104,6 +104,26 @@ TEST_F(ExternalRowsTest, ConstraintsRejectWhatTheContractSays) {
             std::string::npos);
   EXPECT_EQ(producer.exec("INSERT OR IGNORE INTO jobs (client_key, prompt) VALUES ('k', 'p')"), "");
   EXPECT_EQ(store.list({}).size(), 1u);
+}
+
+TEST_F(ExternalRowsTest, ProducerChosenIdsAreRefusedAndSubmitsGoOn) {
+  // The last id AUTOINCREMENT can hand out: taking it made every later INSERT fail.
+  const std::string err =
+      producer.exec("INSERT INTO jobs (id, prompt) VALUES (9223372036854775807, 'p')");
+  EXPECT_NE(err.find("jobs.id is assigned by the queue"), std::string::npos) << err;
+  EXPECT_NE(producer.exec("INSERT OR IGNORE INTO jobs (id, prompt) VALUES (5, 'p')"), "");
+  EXPECT_NE(producer.exec("INSERT OR REPLACE INTO jobs (id, prompt) VALUES (5, 'p')"), "");
+  EXPECT_NE(producer.exec("INSERT INTO jobs (rowid, prompt) VALUES (5, 'p')"), "");
+  EXPECT_NE(producer.exec("INSERT INTO jobs (id, prompt) VALUES (-1, 'p')"), "");
+  EXPECT_NE(producer.exec("INSERT INTO jobs (id, prompt) VALUES (0, 'p')"), "");
+  EXPECT_EQ(store.list({}).size(), 0u);
+  // Leaving id out (or NULL) is the contract; the queue's own submits go on too.
+  ASSERT_EQ(producer.exec("INSERT INTO jobs (prompt) VALUES ('p')"), "");
+  ASSERT_EQ(producer.exec("INSERT INTO jobs (id, prompt) VALUES (NULL, 'p')"), "");
+  EXPECT_EQ(store.submit(test::text_job("after")).id, 3);
+  EXPECT_NE(producer.exec("UPDATE jobs SET id = 9223372036854775807 WHERE id = 1"), "");
+  EXPECT_EQ(store.submit(test::text_job("and after")).id, 4);
+  EXPECT_EQ(producer.query_i64("SELECT max(id) FROM jobs"), 4);
 }
 
 TEST_F(ExternalRowsTest, DataVersionRevealsExternalInserts) {

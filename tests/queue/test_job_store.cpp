@@ -73,14 +73,16 @@ TEST_F(JobStoreTest, SubmitStoresEveryField) {
 
 TEST_F(JobStoreTest, ResubmitWithSameKeyReturnsExistingJob) {
   SubmitResult a = store.submit(text_job("first", "same"));
-  SubmitResult b = store.submit(text_job("second", "same"));
+  SubmitResult b = store.submit(text_job("first", "same"));
   EXPECT_TRUE(a.created);
   EXPECT_FALSE(b.created);
   EXPECT_EQ(a.id, b.id);
+  // Another payload under the key is a conflict (test_idempotency.cpp), never the old job.
+  EXPECT_THROW(store.submit(text_job("second", "same")), KeyConflictError);
   EXPECT_EQ(store.get_by_key("same")->spec.prompt, "first");
   // Jobs without a key are never merged.
   EXPECT_NE(store.submit(text_job("x")).id, store.submit(text_job("x")).id);
-  auto many = store.submit_many({text_job("y", "same"), text_job("z", "new")});
+  auto many = store.submit_many({text_job("first", "same"), text_job("z", "new")});
   EXPECT_EQ(many[0].id, a.id);
   EXPECT_FALSE(many[0].created);
   EXPECT_TRUE(many[1].created);

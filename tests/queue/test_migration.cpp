@@ -5,6 +5,7 @@
 
 #include "common/error.h"
 #include "queue/job_store.h"
+#include "queue/openai_batch.h"
 #include "queue/schema.h"
 #include "tests/common/files.h"
 #include "tests/common/sqlite.h"
@@ -71,6 +72,42 @@ TEST(Migration, VersionOneDatabaseIsUpgradedWithDataIntact) {
   // Reopening an up-to-date file is a no-op.
   JobStore again(store_options(db, clock));
   EXPECT_EQ(again.list({}).size(), 2u);
+}
+
+// A database at schema version 4 (the last release before the id guard and payload hashes)
+// with a batch job under the old, ambiguous key spelling.
+TEST(Migration, VersionFourGetsTheIdGuardAndUnambiguousBatchKeys) {
+  TempDir dir;
+  auto db = dir.path() / "v4.db";
+  std::string v4;
+  for (const Migration& m : parse_migrations(jobs_schema_sql())) {
+    if (m.version <= 4) v4 += m.sql;
+  }
+  v4 += R"sql(
+INSERT INTO jobs (client_key, batch_id, custom_id, prompt, max_tokens)
+  VALUES ('x/y/z', 'x/y', 'z', 'old batch job', 5);
+INSERT INTO jobs (client_key, batch_id, custom_id, prompt) VALUES ('plain/c', 'plain', 'c', 'p');
+PRAGMA user_version = 4;
+)sql";
+  ASSERT_EQ(test::exec_sql(db, v4), "");
+  JobStore store(store_options(db, std::make_shared<SystemClock>()));
+  EXPECT_EQ(store.schema_version(), JobStore::schema_version_latest());
+  // Keys of batch ids with '/' are respelled; the others stay as they were.
+  EXPECT_FALSE(store.get_by_key("x/y/z"));
+  ASSERT_TRUE(store.get_by_key(batch_client_key("x/y", "z")));
+  EXPECT_TRUE(store.get_by_key("plain/c"));
+  // Re-importing the old line finds its job; batch "x" with custom_id "y/z" is a job of its own.
+  const JobLimits limits;
+  const std::string old_line = R"({"custom_id":"z","method":"POST","url":"/v1/completions",)"
+                               R"("body":{"prompt":"old batch job","max_tokens":5}})";
+  EXPECT_FALSE(store.submit(parse_batch_line(old_line, 1, "x/y", limits)).created);
+  const std::string other =
+      R"({"custom_id":"y/z","method":"POST","url":"/v1/completions","body":{"prompt":"new"}})";
+  EXPECT_TRUE(store.submit(parse_batch_line(other, 1, "x", limits)).created);
+  // The id guard is in place for producers.
+  test::SqlConnection producer(db);
+  EXPECT_NE(producer.exec("INSERT INTO jobs (id, prompt) VALUES (9223372036854775807, 'p')"), "");
+  EXPECT_EQ(store.list({}).size(), 3u);
 }
 
 TEST(Migration, NewerSchemaIsRefused) {

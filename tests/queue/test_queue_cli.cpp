@@ -50,7 +50,8 @@ TEST_F(QueueCli, SubmitPromptThenStatusResultCancel) {
   json j = json::parse(r.out);
   const int64_t id = j["id"];
   EXPECT_TRUE(j["created"].get<bool>());
-  r = mb({"submit", "tell me a joke", "--key", "joke", "--json"});
+  r = mb({"submit", "tell me a joke", "--key", "joke", "--max-tokens", "9", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(json::parse(r.out)["id"], id);
   EXPECT_FALSE(json::parse(r.out)["created"].get<bool>());
 
@@ -182,6 +183,72 @@ TEST_F(QueueCli, ImportRunExportRoundTrip) {
   EXPECT_EQ(json::parse(r.out).size(), 2u);
   r = mb({"export", "--batch", "nope"});
   EXPECT_EQ(r.exit_code, 2);
+}
+
+TEST_F(QueueCli, UsageErrorsExitTwoWithAMessage) {
+  ASSERT_EQ(mb({"submit", "p"}).exit_code, 0);
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{"status", "abc"}, "'abc' is not a decimal integer"},  // CLI11's own code was 104
+      // Was clamped to INT64_MAX and looked up.
+      {{"status", "99999999999999999999"}, "'99999999999999999999' is out of the 64-bit range"},
+      {{"cancel", "0x1"}, "not a decimal integer"},
+      {{"list", "--limit", "ten"}, "not a decimal integer"},
+      {{"submit", "p", "--seed", "99999999999999999999"}, "out of the 64-bit range"},
+      {{"result"}, "id is required"},
+      {{"status", "1", "--no-such-flag"}, "no-such-flag"},
+  };
+  for (const Case& c : cases) {
+    RunResult r = mb(c.args);
+    EXPECT_EQ(r.exit_code, 2) << c.args[0] << " " << c.args.back() << ": " << r.err;
+    EXPECT_NE(r.err.find(c.message), std::string::npos) << r.err;
+  }
+  // Leading zeros are decimal, not octal: job 010 is job 10.
+  RunResult r = mb({"status", "010"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("no job with id 10"), std::string::npos) << r.err;
+  EXPECT_EQ(mb({"status", "01", "--json"}).exit_code, 0);
+  EXPECT_EQ(run_cli({"--help"}).exit_code, 0);
+  EXPECT_EQ(run_cli({"no-such-command"}).exit_code, 2);
+}
+
+TEST_F(QueueCli, ListAndStatusShowControlCharactersEscaped) {
+  const std::string key = "k\x1b]0;owned\x07\x1b[2J";
+  const std::string batch = std::string("b\r\xc2\x9b") + "31m";  // CR, then C1 CSI
+  ASSERT_EQ(mb({"submit", "p", "--key", key, "--batch", batch}).exit_code, 0);
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"list"}, std::vector<std::string>{"status", "1"}}) {
+    RunResult r = mb(args);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out.find('\x1b'), std::string::npos) << args[0];
+    EXPECT_EQ(r.out.find('\r'), std::string::npos) << args[0];
+    EXPECT_EQ(r.out.find("\xc2\x9b"), std::string::npos) << args[0];
+    EXPECT_NE(r.out.find("k\\x1b]0;owned\\x07\\x1b[2J"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("b\\x0d\\u009b31m"), std::string::npos) << r.out;
+  }
+  // JSON output escapes by itself and keeps the exact value.
+  RunResult r = mb({"status", "1", "--json"});
+  EXPECT_EQ(json::parse(r.out)["client_key"], key);
+}
+
+TEST_F(QueueCli, KeyReusedWithAnotherPayloadExitsTwo) {
+  RunResult r = mb({"submit", "first prompt", "--key", "k", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const int64_t id = json::parse(r.out)["id"];
+  r = mb({"submit", "another prompt", "--key", "k"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("already names job " + std::to_string(id) + " with a different payload"),
+            std::string::npos)
+      << r.err;
+  r = mb({"submit", "first prompt", "--key", "k", "--max-tokens", "7"});
+  EXPECT_EQ(r.exit_code, 2) << "max_tokens is part of the payload";
+  r = mb({"submit", "first prompt", "--key", "k", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(json::parse(r.out)["created"], false);
+  EXPECT_EQ(store().list({}).size(), 1u);
 }
 
 TEST(QueueCliDemo, RunsToCompletionWithoutInventingOutput) {

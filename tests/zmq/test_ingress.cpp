@@ -45,8 +45,10 @@ TEST(Ingress, DuplicateKeyReturnsTheExistingJob) {
   zmq::context_t ctx;
   Peer peer(ctx, ingress.router_endpoint());
   json a = peer.call(submit_request(1, json::array({{{"prompt", "p"}, {"key", "dup"}}})));
+  // The same key with the same payload, twice in one request (a different payload is a
+  // key_conflict: tests/queue/test_queue_zmq.cpp).
   json b = peer.call(submit_request(2, json::array({{{"prompt", "p"}, {"key", "dup"}},
-                                                    {{"prompt", "q"}, {"key", "dup"}}})));
+                                                    {{"prompt", "p"}, {"key", "dup"}}})));
   ASSERT_EQ(a["ok"], true);
   ASSERT_EQ(b["ok"], true);
   EXPECT_EQ(b["jobs"][0]["id"], a["jobs"][0]["id"]);
