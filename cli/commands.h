@@ -13,6 +13,7 @@ namespace moebatch::cli {
 void register_queue_commands(CLI::App& app);      // submit, status, result, list, cancel, stats, export
 void register_engine_commands(CLI::App& app);     // logits, generate
 void register_tokenizer_commands(CLI::App& app);  // tokenize, detokenize
+void register_chat_commands(CLI::App& app);       // render-chat
 void register_service_commands(CLI::App& app);    // demo, queue-demo, maintenance
 void register_serve_commands(CLI::App& app);      // serve (service + ZeroMQ ingress)
 

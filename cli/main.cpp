@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
   moebatch::cli::register_queue_commands(app);
   moebatch::cli::register_engine_commands(app);
   moebatch::cli::register_tokenizer_commands(app);
+  moebatch::cli::register_chat_commands(app);
   moebatch::cli::register_service_commands(app);
   moebatch::cli::register_serve_commands(app);
 

@@ -9,6 +9,7 @@ PKGS=(
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
   libpcre2-dev libutf8proc-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  python3-jinja2  # the reference the chat template tests compare with (tests/engine)
 )
 missing=()
 for p in "${PKGS[@]}"; do

@@ -86,6 +86,7 @@ std::optional<TokenId> Tokenizer::token_to_id(std::string_view text) const {
 std::string Tokenizer::render_chat(const std::vector<ChatMessage>& messages,
                                    const ChatOptions& options) const {
   if (!impl_->chat) throw InputError(impl_->chat_error);
+  if (messages.empty()) throw InputError("chat: messages must not be empty");
   for (const ChatMessage& m : messages) {
     tok::utf8_require_valid(m.role, "chat message role");
     tok::utf8_require_valid(m.content, "chat message content");

@@ -74,8 +74,8 @@ class Tokenizer {
   /// Id of an added token's content or of a vocabulary entry given as raw text.
   std::optional<TokenId> token_to_id(std::string_view text) const;
 
-  /// Renders a chat with the directory's chat template (InputError when there is none or it
-  /// is not a supported template).
+  /// Renders a chat with the model's chat template (InputError when there is none, the list
+  /// is empty, or the template fails on it: docs/chat_templates.md).
   std::string render_chat(const std::vector<ChatMessage>& messages,
                           const ChatOptions& options = {}) const;
 

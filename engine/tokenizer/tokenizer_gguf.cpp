@@ -100,6 +100,12 @@ Tokenizer Tokenizer::from_gguf(const std::filesystem::path& path, const Tokenize
       throw InputError(m.path() + ": tokenizer.ggml.eos_token_id is not a token id");
     cfg["eos_token"] = tokens[eos->get<size_t>()];
   }
+  // The template may print the BOS token (Llama's do); llama.cpp passes it the same way.
+  if (auto bos = m.metadata().find("tokenizer.ggml.bos_token_id"); bos != m.metadata().end()) {
+    if (!bos->is_number_unsigned() || bos->get<uint64_t>() >= tokens.size())
+      throw InputError(m.path() + ": tokenizer.ggml.bos_token_id is not a token id");
+    cfg["bos_token"] = tokens[bos->get<size_t>()];
+  }
   if (auto t = m.metadata().find("tokenizer.chat_template");
       t != m.metadata().end() && t->is_string())
     cfg["chat_template"] = *t;

@@ -30,6 +30,7 @@ struct Tokenizer::Impl {
   std::vector<std::string> id_bytes;  // [vocab_size] raw bytes per id
   std::vector<TokenKind> id_kind;     // [vocab_size]
   std::unordered_map<std::string, TokenId> bytes_to_id;  // vocab entries by raw bytes
+  ChatSpecialTokens chat_tokens;  // bos/eos text from tokenizer_config.json, for the template
   std::optional<ChatTemplate> chat;
   std::string chat_error;  // why `chat` is absent
   std::vector<TokenId> eos;

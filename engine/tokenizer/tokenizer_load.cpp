@@ -293,6 +293,16 @@ std::optional<std::string> token_text(const json* v) {
   throw InputError("tokenizer_config.json: a token must be a string or {\"content\": ...}");
 }
 
+/// Parses a chat template at load: a template that is not valid Jinja fails the load.
+ChatTemplate load_chat_template(std::string_view source, const Tokenizer::Impl& t,
+                                std::string_view origin) {
+  try {
+    return ChatTemplate::from_source(source, t.chat_tokens);
+  } catch (const InputError& e) {
+    bad(origin, e.what());
+  }
+}
+
 void load_config(std::string_view config_json, const Tokenizer& tk, Tokenizer::Impl& t) {
   t.chat_error = "no chat_template: tokenizer_config.json is missing or has none";
   if (config_json.empty()) return;
@@ -302,7 +312,9 @@ void load_config(std::string_view config_json, const Tokenizer& tk, Tokenizer::I
     const auto id = tk.token_to_id(*eos);
     if (!id) bad("tokenizer_config.json", "eos_token " + *eos + " is not a known token");
     t.eos.push_back(*id);
+    t.chat_tokens.eos_token = *eos;
   }
+  t.chat_tokens.bos_token = token_text(field(cfg, "bos_token"));
   const json* tmpl = field(cfg, "chat_template");
   if (tmpl == nullptr) return;
   std::optional<std::string> source;
@@ -318,11 +330,7 @@ void load_config(std::string_view config_json, const Tokenizer& tk, Tokenizer::I
     }
   }
   if (!source) bad("tokenizer_config.json", "chat_template must be a string or named list");
-  try {
-    t.chat = ChatTemplate::from_source(*source);
-  } catch (const InputError& e) {
-    t.chat_error = e.what();
-  }
+  t.chat = load_chat_template(*source, t, "tokenizer_config.json");
 }
 
 void load_generation_config(const std::filesystem::path& path, Tokenizer::Impl& t) {
@@ -367,9 +375,22 @@ Tokenizer Tokenizer::from_dir(const std::filesystem::path& dir, const TokenizerL
   }
   const std::string tok_json = read_file(tok_path, limits.max_json_bytes);
   const auto cfg_path = dir / "tokenizer_config.json";
-  const std::string cfg_json =
+  std::string cfg_json =
       std::filesystem::exists(cfg_path) ? read_file(cfg_path, limits.max_json_bytes) : "";
+  // A chat_template.jinja beside the config takes precedence over its chat_template, as in
+  // transformers; the config's then is not parsed at all.
+  const auto jinja_path = dir / "chat_template.jinja";
+  const bool has_jinja = std::filesystem::exists(jinja_path);
+  if (has_jinja && !cfg_json.empty()) {
+    json cfg = parse_json(cfg_json, "tokenizer_config.json");
+    if (cfg.is_object()) cfg.erase("chat_template");
+    cfg_json = cfg.dump();
+  }
   Tokenizer tk = from_json(tok_json, cfg_json, limits);
+  if (has_jinja) {
+    tk.impl_->chat = load_chat_template(read_file(jinja_path, limits.max_json_bytes), *tk.impl_,
+                                        jinja_path.string());
+  }
   const auto gen_path = dir / "generation_config.json";
   if (std::filesystem::exists(gen_path)) load_generation_config(gen_path, *tk.impl_);
   return tk;

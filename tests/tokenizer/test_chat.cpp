@@ -1,5 +1,6 @@
 // The Qwen3 chat template's branches beyond the four reference renderings: reasoning kept
-// only after the last real user query, tool responses, and refusal of unknown templates.
+// only after the last real user query, tool responses, and a chat_template.jinja beside the
+// config taking precedence (the engine itself: tests/engine/test_jinja.cpp).
 #include <gtest/gtest.h>
 
 #include "tests/tokenizer/fixture.h"
@@ -7,11 +8,38 @@
 namespace moebatch::test {
 namespace {
 
-TEST(ChatTemplate, RecognisesQwen3TemplateByHash) {
+/// The fixture's Qwen3 template, rendered as the tokenizer renders it.
+std::string render_qwen3_chat(const std::vector<ChatMessage>& m, const ChatOptions& opt) {
   const std::string cfg = read_file(qwen3_dir() / "tokenizer_config.json");
   const auto source = nlohmann::json::parse(cfg).at("chat_template").get<std::string>();
-  EXPECT_EQ(ChatTemplate::from_source(source).kind(), ChatTemplateKind::kQwen3);
-  EXPECT_THROW(ChatTemplate::from_source(source + " "), InputError);  // any edit: refused
+  return ChatTemplate::from_source(source).render(m, opt);
+}
+
+TEST(ChatTemplate, AnyValidTemplateLoadsAndABrokenOneFailsTheLoad) {
+  const std::string tj = tiny_tokenizer_json().dump();
+  const Tokenizer tk = Tokenizer::from_json(
+      tj, R"({"chat_template": "{% for m in messages %}[{{ m.role }}]{% endfor %}"})");
+  EXPECT_EQ(tk.render_chat({{"user", "hi", {}}}), "[user]");
+  try {
+    Tokenizer::from_json(tj, R"({"chat_template": "{% for m in messages %}"})");
+    ADD_FAILURE();
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("tokenizer_config.json: chat template: line 1:"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(ChatTemplate, ChatTemplateJinjaFileTakesPrecedence) {
+  TempDir dir;
+  std::filesystem::copy_file(qwen3_dir() / "tokenizer.json", dir.path() / "tokenizer.json");
+  // The config's own template is broken: with the .jinja file beside it, it is never parsed.
+  auto cfg = nlohmann::json::parse(read_file(qwen3_dir() / "tokenizer_config.json"));
+  cfg["chat_template"] = "{% if %}";
+  write_file(dir.path() / "tokenizer_config.json", cfg.dump());
+  write_file(dir.path() / "chat_template.jinja", "{{ eos_token }}{{ messages[0].content }}\n");
+  const Tokenizer tk = Tokenizer::from_dir(dir.path());
+  EXPECT_EQ(tk.render_chat({{"user", "hi", {}}}), "<|im_end|>hi");
 }
 
 TEST(ChatTemplate, AssistantThinkingKeptOnlyAfterLastQuery) {

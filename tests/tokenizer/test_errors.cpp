@@ -110,13 +110,15 @@ TEST(TokenizerErrors, ConfigProblemsAreReported) {
   const std::string tj = tiny_tokenizer_json().dump();
   EXPECT_THROW(Tokenizer::from_json(tj, "{\"eos_token\": \"<|nope|>\"}"), InputError);
   EXPECT_THROW(Tokenizer::from_json(tj, "[1"), InputError);
-  // An unknown chat template loads (tokenizing still works) but refuses to render.
-  const Tokenizer tk = Tokenizer::from_json(tj, R"({"chat_template": "{{ messages }}"})");
+  // A chat template that is not valid Jinja fails the load; one that fails on a conversation
+  // fails that rendering only.
+  EXPECT_THROW(Tokenizer::from_json(tj, R"({"chat_template": "{{ messages"})"), InputError);
+  const Tokenizer tk = Tokenizer::from_json(tj, R"({"chat_template": "{{ messages[0].x.y }}"})");
   try {
     tk.render_chat({{"user", "hi", {}}});
     ADD_FAILURE();
   } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("not a supported template"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("has no attribute 'x'"), std::string::npos) << e.what();
   }
   const Tokenizer none = Tokenizer::from_json(tj, "");
   EXPECT_THROW(none.render_chat({{"user", "hi", {}}}), InputError);
