@@ -8,11 +8,13 @@
 // alone (queue-only daemon). When ready it prints one line on stdout:
 // {"router": "<endpoint>", "pub": "<endpoint>"} (plus "http_port" with the engine).
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 
+#include <algorithm>
+#include <atomic>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <iostream>
-#include <atomic>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -75,6 +77,20 @@ zi::IngressOptions ingress_options(const ServeFlags& f) {
   return o;
 }
 
+// Every connection (HTTP, ZeroMQ) holds a descriptor, and distributions still default the soft
+// limit to 1024 while allowing far more: take what the hard limit (systemd's LimitNOFILE)
+// allows, as nginx and Go programs do, so a connection flood meets the per-listener caps before
+// the process runs out of descriptors.
+void raise_descriptor_limit() {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max) return;
+  const rlim_t before = rl.rlim_cur;
+  rl.rlim_cur = std::min<rlim_t>(rl.rlim_max, rlim_t{1} << 20);  // the kernel's default nr_open
+  if (rl.rlim_cur > before && setrlimit(RLIMIT_NOFILE, &rl) == 0) {
+    spdlog::info("serve: descriptor limit raised from {} to {}", before, rl.rlim_cur);
+  }
+}
+
 // The full service. The Service owns its signal handling; the ingress is stopped after the
 // service has drained, so producers get acks until the very end.
 void run_full_service(const ServeFlags& f, const ServiceFlags& sf, CLI::App& cmd) {
@@ -121,6 +137,7 @@ void run_full_service(const ServeFlags& f, const ServiceFlags& sf, CLI::App& cmd
 }
 
 void run_serve(const ServeFlags& f, const ServiceFlags& sf, CLI::App& cmd) {
+  raise_descriptor_limit();
   if (!f.no_engine) {
     run_full_service(f, sf, cmd);
     return;
@@ -133,8 +150,8 @@ void run_serve(const ServeFlags& f, const ServiceFlags& sf, CLI::App& cmd) {
     spdlog::info("serve: signal {}; stopping", sig);
     ingress.stop();
   });
-  std::cout << nlohmann::json({{"router", ingress.router_endpoint()},
-                               {"pub", ingress.pub_endpoint()}})
+  std::cout << nlohmann::json(
+                   {{"router", ingress.router_endpoint()}, {"pub", ingress.pub_endpoint()}})
                    .dump()
             << std::endl;
   spdlog::info("serve: ingress on {} (notices on {}), queue-only", ingress.router_endpoint(),
@@ -180,8 +197,8 @@ void register_serve_commands(CLI::App& app) {
   keygen->add_option("prefix", *prefix, "Path prefix of the two files")->required();
   keygen->callback([prefix] {
     zi::CurveKeyPair kp = zi::write_key_pair_files(*prefix);
-    std::cout << "wrote " << *prefix << ".key (secret) and " << *prefix << ".pub: "
-              << kp.public_z85 << "\n";
+    std::cout << "wrote " << *prefix << ".key (secret) and " << *prefix << ".pub: " << kp.public_z85
+              << "\n";
   });
 }
 

@@ -67,6 +67,9 @@ const IntKey kIntKeys[] = {
      "Queue priority of OpenAI API requests; batch jobs default to 0 (default 1000)"},
     {"api_max_pending", &ServiceConfig::api_max_pending, 1, 1000000,
      "OpenAI API requests open at once; beyond: 429 (default 256)"},
+    {"store_busy_timeout_ms", &ServiceConfig::store_busy_timeout_ms, 100, 600000,
+     "Job store locked by another writer this long: /health reports it unwritable (results "
+     "are kept and retried meanwhile; the io thread waits at most 200 ms a try) (default 5000)"},
     {"collective_timeout_s", &ServiceConfig::collective_timeout_s, 1, 86400,
      "cuda, --tp > 1: a step stuck this long in a collective fails the engine, which the "
      "service rebuilds (default 120)"},

@@ -58,6 +58,9 @@ struct ServiceConfig {
   int64_t health_stall_s = 60;          ///< /health fails when busy and no step for this long
   std::string ready_file;               ///< written (JSON: pid, worker, http_port) once serving
   std::string synchronous = "normal";   ///< SQLite durability: normal | full
+
+  /// Writes refused for a lock held this long (ms): /health reports the store unwritable.
+  int64_t store_busy_timeout_ms = 5000;
 };
 
 /// Reads a JSON object of ServiceConfig keys onto `cfg` (unknown keys are errors). InputError

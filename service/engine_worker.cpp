@@ -12,6 +12,7 @@
 #include "engine/device_query.h"
 #include "engine/engine.h"
 #include "engine/factory.h"
+#include "engine/model_files.h"
 
 namespace moebatch {
 namespace {
@@ -40,6 +41,28 @@ EngineSpec engine_spec(const ServiceConfig& cfg) {
   spec.scheduler.max_num_seqs = cfg.max_num_seqs;
   spec.scheduler.max_num_batched_tokens = cfg.max_num_batched_tokens;
   return spec;
+}
+
+// Opens the model the rebuild will read, headers and extents only (config.json, every tensor's
+// dtype, shape and offsets inside its file): a truncated or missing file, or a broken config,
+// is found while the old engine still serves. Random-weight models have no files.
+void check_model_files(const std::string& model) {
+  if (model.rfind("random:", 0) == 0) return;
+  open_model_files(model);
+}
+
+// MemAvailable from /proc/meminfo: what the kernel could give without swapping (0 if unknown).
+int64_t available_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("MemAvailable:", 0) != 0) continue;
+    std::istringstream ss(line.substr(13));
+    int64_t kb = 0;
+    ss >> kb;
+    return kb * 1024;
+  }
+  return 0;
 }
 
 }  // namespace
@@ -76,7 +99,7 @@ int64_t process_rss_bytes() {
 EngineWorker::EngineWorker(const ServiceConfig& cfg, std::function<void()> notify)
     : cfg_(cfg), notify_(std::move(notify)), input_(static_cast<size_t>(cfg.max_num_seqs)) {
   build_engine();
-  warmup();
+  warmup(*engine_);
   counters_.last_progress_ms = steady_now_ms();
 }
 
@@ -105,18 +128,18 @@ void EngineWorker::build_engine() {
 // A short batch through every code path (prefill, decode, sampling) so the first real jobs do
 // not pay for first-touch allocations; on a GPU backend this is where kernels get tuned and
 // graphs captured.
-void EngineWorker::warmup() {
+void EngineWorker::warmup(Engine& engine) {
   if (cfg_.warmup_seqs <= 0) return;
-  const int64_t vocab = engine_->config().vocab_size;
+  const int64_t vocab = engine.config().vocab_size;
   for (int64_t i = 0; i < cfg_.warmup_seqs; ++i) {
     Request r;
     r.id = static_cast<uint64_t>(i);
     for (int64_t t = 0; t < 8; ++t) r.prompt.push_back(static_cast<int32_t>((i * 8 + t) % vocab));
     r.sampling.temperature = 0.0f;
     r.sampling.max_tokens = 4;
-    engine_->add(std::move(r));
+    engine.add(std::move(r));
   }
-  run_to_completion(*engine_);
+  run_to_completion(engine);
 }
 
 std::vector<WorkResult> EngineWorker::take_results(std::vector<WorkProgress>* progress) {
@@ -351,16 +374,54 @@ int64_t EngineWorker::memory_in_use() const {
   return used;
 }
 
+// A second engine beside the running one: CPU only (a GPU's memory plan gives one engine
+// gpu_memory_utilization of the device, so two never fit), and only when the memory the kernel
+// reports available holds another copy of everything this engine holds, with a quarter spare.
+bool EngineWorker::fits_beside() const {
+  if (cfg_.backend != "cpu") return false;
+  int64_t need = 0;
+  for (const DeviceUsage& d : info().backend.devices)
+    need += d.weight_bytes + d.kv_bytes + d.state_bytes + d.activation_bytes;
+  return need > 0 && available_memory_bytes() > need + need / 4;
+}
+
+// Returns with report.ok = false, the old engine untouched, when the model files are broken or
+// the side-by-side build fails; throws (the engine is gone) only when the rebuild after the
+// teardown fails.
 void EngineWorker::rebuild(CycleReport& report) {
   report.mem_before = memory_in_use();
   const auto t0 = SteadyClock::now();
-  // Destroy first: the old engine's memory (device memory, communicators on a GPU) must be
-  // gone before the new one allocates, or a full device could not hold both.
-  engine_.reset();
-  build_engine();
-  const auto t1 = SteadyClock::now();
-  warmup();
-  const auto t2 = SteadyClock::now();
+  try {
+    check_model_files(cfg_.model);
+  } catch (const std::exception& e) {
+    report.error = std::string("model check failed; the old engine keeps serving: ") + e.what();
+    report.mem_after = memory_in_use();
+    return;
+  }
+  SteadyClock::time_point t1, t2;
+  if (fits_beside()) {
+    try {
+      BuiltEngine built = make_engine(engine_spec(cfg_));
+      t1 = SteadyClock::now();
+      warmup(*built.engine);
+      t2 = SteadyClock::now();
+      engine_ = std::move(built.engine);  // the old engine goes only now
+      std::lock_guard lock(mu_);
+      info_ = std::move(built.info);
+    } catch (const std::exception& e) {
+      report.error = std::string("rebuild failed; the old engine keeps serving: ") + e.what();
+      report.mem_after = memory_in_use();
+      return;
+    }
+  } else {
+    // Destroy first: the old engine's memory (device memory, communicators on a GPU) must be
+    // gone before the new one allocates, or a full device could not hold both.
+    engine_.reset();
+    build_engine();
+    t1 = SteadyClock::now();
+    warmup(*engine_);
+    t2 = SteadyClock::now();
+  }
   report.rebuild_s = seconds_between(t0, t1);
   report.warmup_s = seconds_between(t1, t2);
   report.mem_after = memory_in_use();

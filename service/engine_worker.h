@@ -1,6 +1,10 @@
 // The engine thread. It owns the Engine (built from the configured backend), takes WorkItems
 // from a bounded hand-off in claim order, steps the engine, and reports WorkResults. It also
-// runs the engine side of a maintenance cycle (drain, destroy, rebuild, warmup) and of shutdown.
+// runs the engine side of a maintenance cycle (drain, check the model files, rebuild, warmup)
+// and of shutdown. A cycle never trades a working engine for a broken one: the model files are
+// checked before anything is torn down, and where memory allows (CPU backend, enough available
+// RAM) the new engine is built and warmed up beside the old one; a failure there leaves the old
+// engine serving and the cycle reported as failed.
 //
 // Thread-safety: every public member may be called from any thread. The Engine itself is only
 // touched by the engine thread after start(). `notify` is called on the engine thread whenever
@@ -32,7 +36,7 @@ class TokenTap;
 /// What the engine side of one maintenance cycle did.
 struct CycleReport {
   bool ok = false;         ///< rebuilt and warmed up
-  std::string error;       ///< why not, when !ok
+  std::string error;       ///< why not, when !ok (the old engine still serves)
   int64_t drained = 0;     ///< sequences that finished during the drain
   int64_t aborted = 0;     ///< sequences dropped at the drain deadline (to be requeued)
   int64_t mem_before = 0;  ///< memory_in_use() before destroying the engine, bytes
@@ -82,7 +86,8 @@ class EngineWorker {
   /// no later than that run's result, so a rerun never sees its previous run's tokens.
   std::vector<WorkResult> take_results(std::vector<WorkProgress>* progress = nullptr);
   /// Starts a maintenance cycle: stop taking input, finish in-flight sequences until
-  /// `drain_timeout`, abort the rest, destroy and rebuild the engine, warm up, resume.
+  /// `drain_timeout`, abort the rest, check the model files, rebuild the engine (beside the
+  /// old one where memory allows), warm up, resume; see the file comment.
   void request_maintenance(std::chrono::milliseconds drain_timeout);
   /// The report of a finished maintenance cycle, once.
   std::optional<CycleReport> take_cycle_report();
@@ -93,7 +98,8 @@ class EngineWorker {
   bool finished() const { return finished_.load(); }
   /// Waits for the thread to end.
   void join();
-  /// True when the engine failed (exception in a step or a rebuild): the service must exit.
+  /// True when the engine failed (exception in a step, or a rebuild after the old engine was
+  /// gone): the service must exit.
   bool dead() const { return dead_.load(); }
   /// Why the engine died.
   std::string death_reason() const;
@@ -117,7 +123,8 @@ class EngineWorker {
 
   void run();
   void build_engine();
-  void warmup();
+  void warmup(Engine& engine);
+  bool fits_beside() const;
   bool admit(std::chrono::milliseconds wait);
   void add(WorkItem item);
   void apply_cancellations();

@@ -27,6 +27,12 @@ struct HttpServer::State {
   std::vector<std::string> api_keys;
   HttpLimits limits;
   HttpCounters counters;
+  // Accept failures: whether the last accept failed, those not logged yet, and when the last
+  // line about them went out (one window for failure and recovery lines alike, so a listener
+  // at the edge of its descriptor limit cannot flood the log either way).
+  bool accept_failing = false;
+  int64_t accept_unlogged = 0;
+  std::optional<std::chrono::steady_clock::time_point> accept_logged_at;
 };
 
 namespace {
@@ -453,7 +459,7 @@ void HttpExchange::disconnected() {
 }
 
 HttpServer::HttpServer(net::io_context& io, const std::string& host, int port, HttpLimits limits)
-    : acceptor_(io), state_(std::make_shared<State>()) {
+    : acceptor_(io), accept_timer_(io), state_(std::make_shared<State>()) {
   MB_CHECK(port >= 0 && port <= 65535, "http port out of range");
   state_->limits = limits;
   beast::error_code ec;
@@ -484,21 +490,64 @@ void HttpServer::start() { do_accept(); }
 void HttpServer::stop() {
   beast::error_code ignored;
   acceptor_.close(ignored);
+  accept_timer_.cancel();
 }
 
 void HttpServer::do_accept() {
   acceptor_.async_accept([this](beast::error_code ec, tcp::socket socket) {
     if (ec == net::error::operation_aborted) return;  // stop(): the normal end
-    if (!ec) {
-      auto session = std::make_shared<HttpSession>(std::move(socket), state_);
-      if (state_->counters.open > state_->limits.max_connections) {
-        session->reject();
-      } else {
-        session->start();
-      }
-    } else {
-      spdlog::warn("http server: accept failed: {}", ec.message());
+    if (ec) {
+      accept_failed(ec);
+      return;
     }
+    State& st = *state_;
+    if (st.accept_failing) {
+      st.accept_failing = false;
+      const auto now = std::chrono::steady_clock::now();
+      if (!st.accept_logged_at || now - *st.accept_logged_at >= st.limits.accept_log_every) {
+        spdlog::info("http server: accepting again ({} failed accepts in all)",
+                     st.counters.accept_failures);
+        st.accept_logged_at = now;
+      }
+    }
+    auto session = std::make_shared<HttpSession>(std::move(socket), state_);
+    if (st.counters.open > st.limits.max_connections) {
+      session->reject();
+    } else {
+      session->start();
+    }
+    if (acceptor_.is_open()) do_accept();
+  });
+}
+
+void HttpServer::accept_failed(const boost::system::error_code& ec) {
+  State& st = *state_;
+  ++st.counters.accept_failures;
+  st.accept_failing = true;
+  const auto now = std::chrono::steady_clock::now();
+  if (!st.accept_logged_at || now - *st.accept_logged_at >= st.limits.accept_log_every) {
+    spdlog::warn("http server: accept failed: {}{}", ec.message(),
+                 st.accept_unlogged > 0
+                     ? fmt::format(" ({} more since the last report)", st.accept_unlogged)
+                     : std::string());
+    st.accept_logged_at = now;
+    st.accept_unlogged = 0;
+  } else {
+    ++st.accept_unlogged;
+  }
+  if (!acceptor_.is_open()) return;
+  // A connection that went away before it was accepted is that connection's problem: accept
+  // the next one now. Anything else (out of descriptors, or of kernel memory) stays true until
+  // something is freed, and the pending connection keeps the listener readable: accepting again
+  // at once would spin a core and starve every other handler. Wait instead.
+  namespace errc = boost::system::errc;
+  if (ec == errc::connection_aborted || ec == errc::protocol_error) {
+    do_accept();
+    return;
+  }
+  accept_timer_.expires_after(st.limits.accept_backoff);
+  accept_timer_.async_wait([this](const boost::system::error_code& tec) {
+    if (tec) return;  // operation_aborted: stop()
     if (acceptor_.is_open()) do_accept();
   });
 }

@@ -13,6 +13,10 @@
 //   cancels the job).
 // - Limits: at most `max_connections` open connections (beyond: 503 and close); header size;
 //   read, idle and write timeouts, so a slow or silent client cannot hold a connection forever.
+// - Out of descriptors (EMFILE/ENFILE, or kernel buffers): the connection stays in the listen
+//   backlog and accept would fail again at once, so the listener waits `accept_backoff` before
+//   the next try instead of spinning, and logs the failure once per `accept_log_every` with a
+//   count of the ones it did not print.
 // - Auth: with API keys set, routes marked `auth` need `Authorization: Bearer <key>`; keys are
 //   compared in constant time. /health and /metrics stay open, as in vLLM.
 // Errors the server itself produces (404, 405, 401, 413, 503) use OpenAI's error shape.
@@ -23,6 +27,7 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <chrono>
 #include <cstddef>
 #include <functional>
@@ -122,19 +127,22 @@ struct HttpRoute {
 
 /// Connection limits and timeouts.
 struct HttpLimits {
-  size_t max_connections = 256;            ///< open connections; beyond: 503 and close
-  size_t max_header_bytes = 16 << 10;      ///< request line + headers
-  std::chrono::seconds read_timeout{30};   ///< to read one request once it started
-  std::chrono::seconds idle_timeout{60};   ///< keep-alive wait for the next request
-  std::chrono::seconds write_timeout{60};  ///< to write one reply or stream chunk
+  size_t max_connections = 256;                   ///< open connections; beyond: 503 and close
+  size_t max_header_bytes = 16 << 10;             ///< request line + headers
+  std::chrono::seconds read_timeout{30};          ///< to read one request once it started
+  std::chrono::seconds idle_timeout{60};          ///< keep-alive wait for the next request
+  std::chrono::seconds write_timeout{60};         ///< to write one reply or stream chunk
+  std::chrono::milliseconds accept_backoff{100};  ///< wait after accept ran out of descriptors
+  std::chrono::seconds accept_log_every{10};      ///< at most one accept-failure line this often
 };
 
 /// Live connection counts, for /metrics and tests.
 struct HttpCounters {
-  size_t open = 0;       ///< connections open now
-  int64_t accepted = 0;  ///< connections accepted
-  int64_t rejected = 0;  ///< refused at the connection cap
-  int64_t requests = 0;  ///< requests read
+  size_t open = 0;              ///< connections open now
+  int64_t accepted = 0;         ///< connections accepted
+  int64_t rejected = 0;         ///< refused at the connection cap
+  int64_t requests = 0;         ///< requests read
+  int64_t accept_failures = 0;  ///< accept calls that failed (EMFILE, ...)
 };
 
 /// Accepts connections on host:port and routes requests; see the file comment.
@@ -161,8 +169,10 @@ class HttpServer {
 
  private:
   void do_accept();
+  void accept_failed(const boost::system::error_code& ec);
 
   boost::asio::ip::tcp::acceptor acceptor_;
+  boost::asio::steady_timer accept_timer_;  // the backoff after a failed accept
   std::shared_ptr<State> state_;
   int port_ = 0;
 };

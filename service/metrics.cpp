@@ -109,6 +109,18 @@ std::string ServiceMetrics::render(const MetricsInputs& in) {
   gauge(out, "moebatch_api_open_requests",
         "OpenAI API requests waiting for or streaming their result.",
         static_cast<double>(in.api_open_requests));
+  counter(out, "moebatch_http_accept_failures_total",
+          "HTTP accepts that failed (out of descriptors, ...); the listener backs off.",
+          in.http_accept_failures);
+  gauge(out, "moebatch_store_writable",
+        "1 while the job store takes writes; 0 when it has refused them (locked past "
+        "store_busy_timeout_ms, disk full): intake paused, results kept.",
+        in.store_writable ? 1 : 0);
+  counter(out, "moebatch_store_write_failures_total",
+          "Job store writes that failed (each is retried).", in.store_write_failures);
+  gauge(out, "moebatch_results_pending",
+        "Finished results kept in memory until the job store takes them.",
+        static_cast<double>(in.results_pending));
   // Only with the CUDA backend: a CPU service has no device memory, and a zero would read as
   // an empty GPU on a dashboard.
   if (!in.gpus.empty()) {

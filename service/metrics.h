@@ -43,6 +43,10 @@ struct MetricsInputs {
   bool engine_alive = true;                    ///< engine thread healthy
   int64_t http_open_connections = 0;           ///< HTTP connections open now
   int64_t api_open_requests = 0;               ///< OpenAI API requests not answered yet
+  int64_t http_accept_failures = 0;            ///< HTTP accepts that failed (EMFILE, ...)
+  bool store_writable = true;                  ///< the job store takes writes (StoreHealth)
+  int64_t store_write_failures = 0;            ///< store writes that failed so far
+  int64_t results_pending = 0;                 ///< results kept until the store takes them
   int64_t now_ms = 0;                          ///< steady-clock ms, for rates
   /// Memory of one GPU the engine runs on.
   struct Gpu {

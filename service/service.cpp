@@ -3,6 +3,7 @@
 #include "service/service.h"
 
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <boost/asio/post.hpp>
@@ -32,6 +33,28 @@ std::string make_worker_id(int64_t now_ms) {
 
 double mib(int64_t bytes) { return static_cast<double>(bytes) / 1048576.0; }
 
+// The longest the io thread waits for another writer's lock in one store call. The same thread
+// serves HTTP, so a long wait would stall /health and every stream; a refused write is kept and
+// tried again instead (StoreHealth), and store_busy_timeout_ms decides when the store counts
+// as unwritable.
+constexpr int64_t kStoreLockWaitMs = 200;
+
+// Every connection holds a descriptor, and so do the store, the ZeroMQ sockets and the
+// engine's files: HTTP connections get at most half the process's limit, so a flood of them is
+// refused with 503 while the rest of the daemon still has descriptors to work with.
+size_t http_connection_cap(int64_t configured) {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY)
+    return static_cast<size_t>(configured);
+  const auto half = std::max<int64_t>(8, static_cast<int64_t>(rl.rlim_cur / 2));
+  if (configured <= half) return static_cast<size_t>(configured);
+  spdlog::warn(
+      "http_max_connections {} is more than half the descriptor limit ({}): capped at {} (raise "
+      "the limit, e.g. LimitNOFILE in the systemd unit)",
+      configured, static_cast<int64_t>(rl.rlim_cur), half);
+  return static_cast<size_t>(half);
+}
+
 }  // namespace
 
 Service::Service(ServiceConfig cfg, ServiceHooks hooks)
@@ -40,7 +63,8 @@ Service::Service(ServiceConfig cfg, ServiceHooks hooks)
       worker_(make_worker_id(hooks_.clock->now_ms())),
       poll_timer_(io_),
       renew_timer_(io_),
-      schedule_(RestartSchedule::parse(cfg_.restart_at)) {
+      schedule_(RestartSchedule::parse(cfg_.restart_at)),
+      store_health_(cfg_.store_busy_timeout_ms) {
   validate_config(cfg_);
   const std::string tok_dir = cfg_.tokenizer.empty() ? cfg_.model : cfg_.tokenizer;
   // Parsing tokenizer.json and building the engine are independent and each takes a good part
@@ -56,8 +80,15 @@ Service::Service(ServiceConfig cfg, ServiceHooks hooks)
   so.path = db_path;
   so.synchronous = cfg_.synchronous == "full" ? Synchronous::Full : Synchronous::Normal;
   so.clock = hooks_.clock;
+  // Opened first with the usual lock wait, for a migration that may queue behind another
+  // process; then for good with the io thread's short one.
+  { JobStore migrated(so); }
+  const auto lock_wait =
+      std::chrono::milliseconds(std::min(kStoreLockWaitMs, cfg_.store_busy_timeout_ms));
+  so.busy_timeout = lock_wait;
   store_ = std::make_unique<JobStore>(so);
-  service_db_ = std::make_unique<ServiceDb>(db_path);
+  service_db_ = std::make_unique<ServiceDb>(db_path, lock_wait, /*final_log=*/true);
+  final_seq_ = service_db_->last_final_event();
   batches_ = std::make_unique<BatchStore>(db_path);
 
   // The engine thread reports through the io_context, never by touching io-thread state.
@@ -92,7 +123,7 @@ Service::Service(ServiceConfig cfg, ServiceHooks hooks)
                      cfg_.api_key_file);
     }
     HttpLimits hl;
-    hl.max_connections = static_cast<size_t>(cfg_.http_max_connections);
+    hl.max_connections = http_connection_cap(cfg_.http_max_connections);
     http_ = std::make_unique<HttpServer>(io_, cfg_.http_host, cfg_.http_port, hl);
     http_->set_api_keys(std::move(keys));
     add_routes();
@@ -157,6 +188,7 @@ int Service::run() {
     signals_.emplace(io_, SIGINT, SIGTERM);
     arm_signals();
   }
+  last_prune_ms_ = steady_now_ms();  // the first prune a minute in, not during start-up
   next_restart_ms_ = schedule_.next_after(hooks_.clock->now_ms());
   if (next_restart_ms_) {
     spdlog::info("next maintenance cycle in {:.1f} s ({})",
@@ -203,23 +235,25 @@ void Service::arm_signals() {
 void Service::begin_stop(bool hurry) {
   if (done_) return;
   if (stopping_) {
-    if (hurry) worker_engine_->request_stop(std::chrono::milliseconds(0));
+    if (hurry) {
+      worker_engine_->request_stop(std::chrono::milliseconds(0));
+      give_up_results_ms_ = steady_now_ms();
+    }
     return;
   }
   stopping_ = true;
   admitting_ = false;
+  // Results the store refuses are retried until the drain time is over, and a little longer
+  // for those that finish at its very end.
+  give_up_results_ms_ = steady_now_ms() + cfg_.shutdown_timeout_s * 1000 + 2000;
   release_handoff();
   // API requests whose job has not started will not run here any more: answer them now. Those
   // in the engine get the drain time like every job.
   std::vector<int64_t> waiting;
   for (const auto& [id, call] : api_calls_)
-    if (!in_flight_.count(id)) waiting.push_back(id);
+    if (!in_flight_.count(id) && !result_pending(id)) waiting.push_back(id);
   for (int64_t id : waiting) {
-    try {
-      store_->cancel(id);
-    } catch (const std::exception& e) {
-      spdlog::error("api: cancelling job {}: {}", id, e.what());
-    }
+    store_write("cancelling an API job", [&] { store_->cancel(id); });
     api_failed(id, {503, "the server is shutting down", "", "shutting_down", "server_error"});
   }
   worker_engine_->request_stop(std::chrono::seconds(cfg_.shutdown_timeout_s));
@@ -242,6 +276,12 @@ void Service::on_engine_dead() {
                 worker_engine_->death_reason(), kExitEngineDead);
   drain_results();
   release_handoff();
+  if (!pending_.empty()) {
+    spdlog::error(
+        "{} result(s) the store did not take ({}); those jobs run again once their "
+        "leases expire",
+        pending_.size(), store_health_.last_error());
+  }
   finish_run(kExitEngineDead);
 }
 
@@ -270,11 +310,8 @@ void Service::finish_maintenance() {
   rec.warmup_ms = static_cast<int64_t>(report->warmup_s * 1000.0);
   rec.result = report->ok ? "ok" : "failed";
   rec.error = report->error;
-  try {
-    service_db_->record_cycle(rec);
-  } catch (const std::exception& e) {
-    spdlog::error("maintenance: cannot record the cycle: {}", e.what());
-  }
+  if (!store_write("recording the maintenance cycle", [&] { service_db_->record_cycle(rec); }))
+    spdlog::error("maintenance: the cycle was not recorded (the store refuses writes)");
   metrics_.restart(report->ok, rec.downtime_ms / 1000.0);
   spdlog::info(
       "maintenance {}: downtime {} ms, drained {}, requeued {}, {} {:.1f} -> {:.1f} MiB, warmup "
@@ -295,9 +332,12 @@ void Service::check_schedule() {
   start_maintenance("schedule");
 }
 
+// Answers from memory only: the engine's counters and StoreHealth, never the store, so it is
+// as fast with the store locked or the disk full as at any other time.
 HttpReply Service::health() {
   nlohmann::json j{{"worker", worker_},
                    {"in_flight", in_flight_.size()},
+                   {"pending_results", pending_.size()},
                    {"active", worker_engine_->counters().active.load()}};
   if (worker_engine_->dead() || done_) {
     j["status"] = "dead";
@@ -308,6 +348,13 @@ HttpReply Service::health() {
   if (idle_ms > cfg_.health_stall_s * 1000) {
     j["status"] = "stalled";
     j["reason"] = "engine thread made no progress for " + std::to_string(idle_ms) + " ms";
+    return {503, "application/json", j.dump() + "\n"};
+  }
+  if (store_health_.unwritable(steady_now_ms())) {
+    j["status"] = "store_unwritable";
+    j["reason"] = "the job store refuses writes (" +
+                  std::to_string(store_health_.failures_in_a_row()) +
+                  " failed in a row; intake paused, results kept): " + store_health_.last_error();
     return {503, "application/json", j.dump() + "\n"};
   }
   if (stopping_) {
@@ -366,6 +413,10 @@ HttpReply Service::metrics() {
   for (const auto& [device, g] : worker_engine_->gpu_memory())
     in.gpus.push_back({device, g.used, g.total});
   in.http_open_connections = http_ ? static_cast<int64_t>(http_->counters().open) : 0;
+  in.http_accept_failures = http_ ? http_->counters().accept_failures : 0;
+  in.store_writable = !store_health_.unwritable(steady_now_ms());
+  in.store_write_failures = store_health_.failures();
+  in.results_pending = static_cast<int64_t>(pending_.size());
   in.api_open_requests = static_cast<int64_t>(api_calls_.size());
   return {200, "text/plain; version=0.0.4", metrics_.render(in)};
 }

@@ -9,6 +9,16 @@
 // (retry backoffs elapse without any commit). It claims only as many jobs as there is room for
 // in the engine's slots plus the hand-off, so no job sits leased behind a full queue.
 //
+// Results: a finished job's result is kept in memory until the store takes it. When a write
+// fails (another connection holds the lock past the short wait the io thread allows itself, or
+// the disk is full) it is retried with backoff, intake pauses until every pending result is
+// written (so the pending set is bounded by the slots plus the hand-off), and /health reports
+// the store unwritable (StoreHealth) without touching it.
+//
+// Final notices: every job that reaches done, failed or cancelled, whoever made the transition,
+// is announced through ServiceHooks::on_final, read from the store's final-transition log
+// (ServiceDb::final_events_after) after it committed.
+//
 // Exit codes of run(): 0 after a graceful stop (SIGTERM/SIGINT/stop()); 3 when the engine thread
 // died (the jobs it held are failed as retryable so another run picks them up).
 //
@@ -32,13 +42,13 @@
 #include "service/job_codec.h"
 #include "service/metrics.h"
 #include "service/restart_schedule.h"
+#include "service/service_db.h"
 #include "service/work.h"
 
 namespace moebatch {
 
 class EngineWorker;
 class JobStore;
-class ServiceDb;
 class Tokenizer;
 struct ApiCall;
 struct ApiError;
@@ -49,7 +59,7 @@ enum class ApiKind;
 /// A job that reached a final state, for the completion notice.
 struct FinalNotice {
   int64_t job_id = 0;                     ///< jobs.id
-  JobState state = JobState::Done;        ///< Done or Failed
+  JobState state = JobState::Done;        ///< Done, Failed or Cancelled
   std::optional<std::string> client_key;  ///< the job's client key
   std::optional<std::string> batch_id;    ///< the job's batch
   std::optional<std::string> error;       ///< failure reason
@@ -59,7 +69,8 @@ struct FinalNotice {
 struct ServiceHooks {
   /// Time for the store (leases, timestamps) and the restart schedule.
   std::shared_ptr<const Clock> clock = std::make_shared<SystemClock>();
-  /// Called on the io thread when a job reaches done or failed (the ingress publishes it).
+  /// Called on the io thread, once per job and soon after the commit, when a job reaches done,
+  /// failed or cancelled, by this service or anyone else (the ingress publishes it).
   std::function<void(const FinalNotice&)> on_final;
   /// Handle SIGINT/SIGTERM (off when the service is embedded, e.g. in tests or the demo).
   bool handle_signals = true;
@@ -99,6 +110,15 @@ class Service {
     std::string trigger;
     int64_t started_at = 0;
   };
+  // A result the engine reported that the store has not taken yet.
+  struct PendingResult {
+    int64_t job_id = 0;
+    WorkOutcome outcome = WorkOutcome::Finished;
+    Completion completion;       // Finished
+    std::string error;           // Rejected, Aborted
+    std::string param;           // Rejected at intake: the field at fault, for the API's error
+    bool count_attempt = false;  // Aborted: fail as retryable (engine died) instead of release
+  };
 
   // service.cpp: lifecycle, signals, health, maintenance.
   void log_start() const;
@@ -120,6 +140,13 @@ class Service {
   void claim();
   void on_notify();
   void drain_results();
+  bool flush_results();
+  bool store_write(const char* what, const std::function<void()>& write);
+  void store_failed(const char* what, const std::string& error);
+  bool result_pending(int64_t job_id) const;
+  void publish_finals();
+  void prune_finals();
+  bool store_refuses(const std::shared_ptr<HttpExchange>& ex);
   void stop_lost_jobs();
   void arm_renew();
   void release_handoff();
@@ -169,6 +196,12 @@ class Service {
 
   // io-thread state.
   std::map<int64_t, InFlightJob> in_flight_;  // claimed and not yet reported
+  std::vector<PendingResult> pending_;        // reported, not yet in the store
+  StoreHealth store_health_;
+  int64_t final_seq_ = 0;  // the last final event announced
+  int64_t last_prune_ms_ = 0;
+  int64_t last_finals_warn_ms_ = 0;
+  int64_t give_up_results_ms_ = -1;  // stopping: pending results are dropped after this
   bool admitting_ = true;
   bool stopping_ = false;
   bool claim_now_ = true;

@@ -48,6 +48,16 @@ void Service::api_models(const std::shared_ptr<HttpExchange>& ex) {
   }
 }
 
+// While the store refuses writes, a request that needs one is answered 503 at once rather than
+// waiting on the lock (or the full disk) with everything else on this thread.
+bool Service::store_refuses(const std::shared_ptr<HttpExchange>& ex) {
+  if (!store_health_.unwritable(steady_now_ms())) return false;
+  ex->reply(error_reply({503, "the job queue is not taking writes right now; retry later", "",
+                         "queue_unavailable", "server_error"},
+                        {{"Retry-After", "5"}}));
+  return true;
+}
+
 void Service::api_generate(ApiKind kind, const std::shared_ptr<HttpExchange>& ex) {
   // Admission: the daemon must be able to run the job soon, and the open requests are bounded.
   if (done_ || stopping_ || worker_engine_->dead()) {
@@ -62,6 +72,7 @@ void Service::api_generate(ApiKind kind, const std::shared_ptr<HttpExchange>& ex
                     {{"Retry-After", std::to_string(std::max<int64_t>(1, cfg_.drain_timeout_s))}}));
     return;
   }
+  if (store_refuses(ex)) return;
   if (static_cast<int64_t>(api_calls_.size()) >= cfg_.api_max_pending) {
     ex->reply(error_reply(
         {429,
@@ -115,7 +126,7 @@ void Service::api_generate(ApiKind kind, const std::shared_ptr<HttpExchange>& ex
     ex->reply(error_reply(invalid_request(e.what())));
     return;
   } catch (const std::exception& e) {
-    spdlog::error("api: cannot queue the request: {}", e.what());
+    store_failed("queueing an API request", e.what());
     ex->reply(error_reply(
         {503, "the job queue is unavailable; retry later", "", "queue_unavailable", "server_error"},
         {{"Retry-After", "1"}}));
@@ -277,11 +288,9 @@ void Service::api_close_all(const std::string& why) {
   std::vector<int64_t> ids;
   for (const auto& [id, call] : api_calls_) ids.push_back(id);
   for (int64_t id : ids) {
-    try {
-      store_->cancel(id);
-    } catch (const std::exception& e) {
-      spdlog::error("api: cancelling job {}: {}", id, e.what());
-    }
+    // Skipped while the store refuses writes: the job then runs for no one, which is better
+    // than holding the stop for the lock wait of every open request.
+    store_write("cancelling an API job", [&] { store_->cancel(id); });
     api_failed(id, {503, why, "", "shutting_down", "server_error"});
   }
 }

@@ -132,6 +132,7 @@ bool list_limit(const std::shared_ptr<HttpExchange>& ex, int64_t& limit) {
 }  // namespace
 
 void Service::files_upload(const std::shared_ptr<HttpExchange>& ex) {
+  if (store_refuses(ex)) return;
   const HttpRequest& req = ex->request();
   auto parsed = parse_multipart(req.header("content-type"), req.body);
   if (auto* e = std::get_if<std::string>(&parsed)) {
@@ -196,6 +197,7 @@ void Service::files_content(const std::shared_ptr<HttpExchange>& ex) {
 }
 
 void Service::files_delete(const std::shared_ptr<HttpExchange>& ex) {
+  if (store_refuses(ex)) return;
   const std::string& id = ex->request().params.at(0);
   if (batches_->delete_file(id)) {
     ex->reply(json_reply({{"id", id}, {"object", "file"}, {"deleted", true}}));
@@ -205,6 +207,7 @@ void Service::files_delete(const std::shared_ptr<HttpExchange>& ex) {
 }
 
 void Service::batches_create(const std::shared_ptr<HttpExchange>& ex) {
+  if (store_refuses(ex)) return;
   if (stopping_ || done_) {
     ex->reply(json_error(503, "the server is shutting down", "server_error", {}, "shutting_down"));
     return;
@@ -362,6 +365,7 @@ void Service::batches_list(const std::shared_ptr<HttpExchange>& ex) {
 }
 
 void Service::batches_cancel(const std::shared_ptr<HttpExchange>& ex) {
+  if (store_refuses(ex)) return;
   const std::string& id = ex->request().params.at(0);
   auto b = batches_->batch(id);
   if (!b) {

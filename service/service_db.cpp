@@ -1,5 +1,7 @@
 #include "service/service_db.h"
 
+#include <algorithm>
+
 #include "common/error.h"
 #include "queue/sqlite_db.h"
 
@@ -31,14 +33,47 @@ CREATE TABLE IF NOT EXISTS service_requests (
 );
 )sql";
 
+// The final-transition log. The trigger runs inside whichever transaction finishes the job
+// (the store's, the ingress's, an operator's SQL), so the log has a row exactly when the job's
+// final state committed. AUTOINCREMENT: ids are never reused, even after pruning empties the
+// table, so a reader's "after seq" cursor cannot skip new rows.
+constexpr const char* kFinalLog = R"sql(
+CREATE TABLE IF NOT EXISTS service_final_events (
+  id      INTEGER PRIMARY KEY AUTOINCREMENT,
+  job_id  INTEGER NOT NULL,
+  state   TEXT NOT NULL,
+  at      INTEGER NOT NULL
+);
+CREATE TRIGGER IF NOT EXISTS service_final_event AFTER UPDATE OF state ON jobs
+WHEN NEW.state IN ('done', 'failed', 'cancelled')
+  AND OLD.state NOT IN ('done', 'failed', 'cancelled')
+BEGIN
+  INSERT INTO service_final_events (job_id, state, at)
+  VALUES (NEW.id, NEW.state, CAST(strftime('%s', 'now') AS INTEGER));
+END;
+)sql";
+
+// Backoff between writes while the store refuses them.
+constexpr int64_t kRetryFirstMs = 50;
+constexpr int64_t kRetryMaxMs = 1000;
+constexpr int64_t kLogEveryMs = 10000;
+
 }  // namespace
 
-ServiceDb::ServiceDb(const std::filesystem::path& path) : db_(std::make_unique<Db>(path)) {
+ServiceDb::ServiceDb(const std::filesystem::path& path, std::chrono::milliseconds busy_timeout,
+                     bool final_log)
+    : db_(std::make_unique<Db>(path)) {
+  // Creating the tables may wait for another writer as long as any start-up step; only the
+  // running daemon's writes get the caller's (short) wait.
   SQLITE_CHECK(db_->get(), sqlite3_busy_timeout(db_->get(), 5000));
   db_->exec("PRAGMA journal_mode=WAL");
   Transaction tx(*db_, true);
   db_->exec(kSchema);
+  // The final-transition log watches the queue's table, which exists by now.
+  if (final_log) db_->exec(kFinalLog);
   tx.commit();
+  SQLITE_CHECK(db_->get(),
+               sqlite3_busy_timeout(db_->get(), static_cast<int>(busy_timeout.count())));
 }
 
 ServiceDb::~ServiceDb() = default;
@@ -125,6 +160,69 @@ std::map<std::string, int64_t> ServiceDb::job_counts() {
   while (s.step()) out[s.text(0)] = s.i64(1);
   s.reset();
   return out;
+}
+
+int64_t ServiceDb::last_final_event() {
+  return db_->query_i64("SELECT coalesce(max(id), 0) FROM service_final_events");
+}
+
+std::vector<FinalEvent> ServiceDb::final_events_after(int64_t seq, int64_t limit) {
+  Stmt& s = db_->prepare(
+      "SELECT e.id, e.job_id, e.state, j.client_key, j.batch_id, j.error "
+      "FROM service_final_events e LEFT JOIN jobs j ON j.id = e.job_id "
+      "WHERE e.id > ?1 ORDER BY e.id LIMIT ?2");
+  s.bind(1, seq).bind(2, limit);
+  std::vector<FinalEvent> out;
+  while (s.step()) {
+    FinalEvent e;
+    e.seq = s.i64(0);
+    e.job_id = s.i64(1);
+    e.state = s.text(2);
+    e.client_key = s.opt_text(3);
+    e.batch_id = s.opt_text(4);
+    e.error = s.opt_text(5);
+    out.push_back(std::move(e));
+  }
+  s.reset();
+  return out;
+}
+
+int64_t ServiceDb::prune_final_events(int64_t max_age_s) {
+  Stmt& s = db_->prepare(
+      "DELETE FROM service_final_events WHERE at < CAST(strftime('%s', 'now') AS INTEGER) - ?1");
+  s.bind(1, max_age_s);
+  s.step();
+  s.reset();
+  return db_->changes();
+}
+
+void StoreHealth::write_ok() {
+  failing_since_ms_ = -1;
+  in_a_row_ = 0;
+  lock_only_ = true;
+}
+
+void StoreHealth::write_failed(const std::string& error, int64_t now_ms) {
+  ++failures_;
+  ++in_a_row_;
+  if (failing_since_ms_ < 0) failing_since_ms_ = now_ms;
+  // SQLite's text for SQLITE_BUSY / SQLITE_LOCKED: another connection holds the lock.
+  lock_only_ = lock_only_ && error.find("is locked") != std::string::npos;
+  last_error_ = error;
+  int64_t delay = kRetryFirstMs;
+  for (int64_t i = 1; i < in_a_row_ && delay < kRetryMaxMs; ++i) delay *= 2;
+  next_try_ms_ = now_ms + std::min(delay, kRetryMaxMs);
+}
+
+bool StoreHealth::unwritable(int64_t now_ms) const {
+  if (!failing()) return false;
+  return !lock_only_ || now_ms - failing_since_ms_ >= lock_grace_ms_;
+}
+
+bool StoreHealth::log_due(int64_t now_ms) {
+  if (last_log_ms_ >= 0 && now_ms - last_log_ms_ < kLogEveryMs) return false;
+  last_log_ms_ = now_ms;
+  return true;
 }
 
 }  // namespace moebatch

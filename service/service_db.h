@@ -5,10 +5,19 @@
 //   service_cycles    one row per maintenance cycle (start, end, downtime, memory, result)
 //   service_requests  operator requests the daemon polls for ("maintenance", from
 //                     `moebatch maintenance --now`); one daemon takes each request
+//   service_final_events  one row per job that reached done, failed or cancelled, written by
+//                     a trigger on jobs (created by the daemon), so the daemon sees every final
+//                     transition whoever made it: its own results, a cancel from the CLI or the
+//                     ingress, a row the store failed inside claim (invalid, or lease attempts
+//                     exhausted). A running daemon prunes rows older than an hour.
+//
+// Also here: StoreHealth, the io thread's record of whether the store takes writes, which
+// /health and /metrics read instead of touching the store.
 //
 // Thread-safety: one ServiceDb = one SQLite connection = one thread, like JobStore.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -38,11 +47,26 @@ struct CycleRecord {
   std::string error;        ///< failure reason, empty when ok
 };
 
+/// One final transition from service_final_events, with the job's notice fields.
+struct FinalEvent {
+  int64_t seq = 0;                        ///< service_final_events.id (increasing)
+  int64_t job_id = 0;                     ///< jobs.id
+  std::string state;                      ///< "done" | "failed" | "cancelled"
+  std::optional<std::string> client_key;  ///< the job's client key
+  std::optional<std::string> batch_id;    ///< the job's batch
+  std::optional<std::string> error;       ///< the job's error
+};
+
 /// The service tables over one connection.
 class ServiceDb {
  public:
-  /// Opens `path` (WAL, busy timeout 5 s) and creates the service tables if missing.
-  explicit ServiceDb(const std::filesystem::path& path);
+  /// Opens `path` (WAL) and creates the service tables if missing, waiting up to 5 s for
+  /// another writer; afterwards writes wait `busy_timeout` for another writer's lock. With
+  /// `final_log` (the daemon; the jobs table must exist) also the final-transition log and its
+  /// trigger; others leave it alone, so no rows pile up where no daemon reads and prunes them.
+  explicit ServiceDb(const std::filesystem::path& path,
+                     std::chrono::milliseconds busy_timeout = std::chrono::seconds(5),
+                     bool final_log = false);
   ~ServiceDb();
   ServiceDb(const ServiceDb&) = delete;
   ServiceDb& operator=(const ServiceDb&) = delete;
@@ -59,8 +83,54 @@ class ServiceDb {
   /// Jobs per state ("queued" → n, ...), every state present.
   std::map<std::string, int64_t> job_counts();
 
+  /// The newest final event's seq (0 when none): where a new reader starts.
+  int64_t last_final_event();
+  /// Final events after `seq`, oldest first, at most `limit`.
+  std::vector<FinalEvent> final_events_after(int64_t seq, int64_t limit);
+  /// Deletes final events older than `max_age_s`; returns how many.
+  int64_t prune_final_events(int64_t max_age_s);
+
  private:
   std::unique_ptr<Db> db_;
+};
+
+/// Whether the job store takes writes, as the io thread's own writes found it. Every store
+/// write of the io thread reports here; /health and /metrics read it and never wait on the
+/// store. A write refused because another connection holds the lock is normal for a moment
+/// (the ingress commits, a bulk import): the store counts as unwritable only once writes have
+/// failed for `lock_grace_ms`. Any other failure (a full disk, an I/O error) counts at once.
+/// While writes fail, the next one waits for a backoff (50 ms doubling to 1 s). io thread only.
+class StoreHealth {
+ public:
+  /// `lock_grace_ms`: how long lock failures may last before the store is unwritable.
+  explicit StoreHealth(int64_t lock_grace_ms) : lock_grace_ms_(lock_grace_ms) {}
+  /// A write committed.
+  void write_ok();
+  /// A write failed at `now_ms` with `error` (the exception's text).
+  void write_failed(const std::string& error, int64_t now_ms);
+  /// True since a write failed and until one commits.
+  bool failing() const { return failing_since_ms_ >= 0; }
+  /// Failing for longer than the grace, or with something other than a held lock.
+  bool unwritable(int64_t now_ms) const;
+  /// Whether a write may be tried now (always, unless failing and within the backoff).
+  bool may_try(int64_t now_ms) const { return !failing() || now_ms >= next_try_ms_; }
+  /// Whether a failure at `now_ms` should be logged: at most one line every 10 s.
+  bool log_due(int64_t now_ms);
+  /// The last failure's text.
+  const std::string& last_error() const { return last_error_; }
+  /// Writes failed since start.
+  int64_t failures() const { return failures_; }
+  /// Failed writes in the current run, none once one committed.
+  int64_t failures_in_a_row() const { return in_a_row_; }
+
+ private:
+  int64_t lock_grace_ms_;
+  int64_t failing_since_ms_ = -1;
+  int64_t next_try_ms_ = 0;
+  int64_t last_log_ms_ = -1;
+  int64_t failures_ = 0, in_a_row_ = 0;
+  bool lock_only_ = true;  // every failure of this run was a held lock
+  std::string last_error_;
 };
 
 }  // namespace moebatch

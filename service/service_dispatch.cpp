@@ -4,6 +4,7 @@
 // throws: a transient database error is logged and retried at the next tick, never fatal.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <boost/asio/post.hpp>
 
 #include "common/error.h"
@@ -39,9 +40,12 @@ void Service::poll() {
   if (done_) return;
   try {
     check_schedule();
+    flush_results();
     claim();
+    publish_finals();
+    prune_finals();
     api_resolve(/*force=*/false);
-    batches_tick(/*force=*/false);
+    if (!store_health_.failing()) batches_tick(/*force=*/false);
   } catch (const std::exception& e) {
     spdlog::error("intake: {} (retrying at the next poll)", e.what());
   }
@@ -61,6 +65,15 @@ void Service::on_notify() {
     worker_engine_->join();
     drain_results();
     release_handoff();
+    if (!pending_.empty()) {
+      // The store refuses writes: the poll timer keeps trying until the stop deadline.
+      if (steady_now_ms() < give_up_results_ms_) return;
+      spdlog::error(
+          "stopping with {} result(s) the store did not take ({}); those jobs run again once "
+          "their leases expire",
+          pending_.size(), store_health_.last_error());
+      pending_.clear();
+    }
     finish_run(0);
   }
 }
@@ -69,17 +82,27 @@ void Service::claim() {
   if (done_) return;
   const int64_t version = store_->data_version();
   const bool changed = version != last_data_version_;
-  last_data_version_ = version;
   if (changed) {
     // Operator requests arrive as rows from another connection, so they move data_version too.
-    if (auto req = service_db_->take_request("maintenance", worker_, hooks_.clock->now_ms())) {
-      spdlog::info("maintenance requested (request {})", *req);
-      start_maintenance("request");
+    // Taking one is a write (only when there is one, so a success here says nothing about the
+    // store): when it is refused, the version is not marked seen and the request is looked at
+    // again at the next poll.
+    try {
+      if (auto req = service_db_->take_request("maintenance", worker_, hooks_.clock->now_ms())) {
+        spdlog::info("maintenance requested (request {})", *req);
+        start_maintenance("request");
+      }
+      last_data_version_ = version;
+    } catch (const std::exception& e) {
+      store_failed("taking an operator request", e.what());
     }
     // A cancel is a commit from another connection too: stop the engine's work on it now.
     stop_lost_jobs();
   }
   if (!admitting_) return;
+  // Results first: no new work while finished work waits for the store. This is also what
+  // bounds the results held in memory to the slots plus the hand-off.
+  if (!pending_.empty()) return;
   const int64_t now = steady_now_ms();
   if (!changed && !claim_now_ && now - last_forced_claim_ms_ < kForcedClaimMs) return;
   // Room: every engine slot plus the hand-off, so a freed slot is refilled at the next step
@@ -90,21 +113,25 @@ void Service::claim() {
   const int64_t by_handoff = static_cast<int64_t>(handoff.capacity() - handoff.size());
   const int64_t room = std::min(by_slots, by_handoff);
   if (room <= 0) return;
+  std::vector<Job> jobs;
+  if (!store_write("claiming jobs", [&] {
+        jobs = store_->claim(worker_, room, std::chrono::seconds(cfg_.lease_s));
+      }))
+    return;  // claim_now_ stays set: tried again after the backoff
   last_forced_claim_ms_ = now;
   claim_now_ = false;
-  std::vector<Job> jobs = store_->claim(worker_, room, std::chrono::seconds(cfg_.lease_s));
   std::vector<int64_t> unplaced;
   for (const Job& job : jobs) {
     auto prepared = prepare_work(job, *tokenizer_, limits_);
     if (auto* reason = std::get_if<std::string>(&prepared)) {
       // A bad job fails alone, for good: retrying cannot fix its input.
-      store_->fail(worker_, job.id, *reason, /*retryable=*/false);
-      metrics_.job_failed();
       spdlog::info("job {} failed: {}", job.id, *reason);
-      api_failed(job.id, invalid_request(*reason, reason->substr(0, reason->find(':'))));
-      if (hooks_.on_final)
-        hooks_.on_final(
-            {job.id, JobState::Failed, job.spec.client_key, job.spec.batch_id, *reason});
+      PendingResult p;
+      p.job_id = job.id;
+      p.outcome = WorkOutcome::Rejected;
+      p.error = *reason;
+      p.param = reason->substr(0, reason->find(':'));
+      pending_.push_back(std::move(p));
       continue;
     }
     InFlightJob f;
@@ -127,8 +154,9 @@ void Service::claim() {
     // handled anyway by giving the jobs back.
     spdlog::warn("hand-off full: giving back {} jobs", unplaced.size());
     for (int64_t id : unplaced) in_flight_.erase(id);
-    store_->release(worker_, unplaced);
+    store_write("giving back jobs", [&] { store_->release(worker_, unplaced); });
   }
+  flush_results();
   if (static_cast<int64_t>(jobs.size()) == room) claim_now_ = true;  // more may be waiting
 }
 
@@ -137,74 +165,172 @@ void Service::drain_results() {
   std::vector<WorkResult> results = worker_engine_->take_results(&progress);
   api_progress(progress);
   if (results.empty()) return;
-  std::vector<Completion> completions;
-  std::vector<std::pair<std::optional<std::string>, std::optional<std::string>>> notice_ids;
-  std::vector<int64_t> released;
   const bool dead = worker_engine_->dead();
-  try {
-    for (WorkResult& r : results) {
-      auto it = in_flight_.find(r.job_id);
-      if (it == in_flight_.end()) {
-        spdlog::warn("result for job {} that is not in flight; ignored", r.job_id);
-        continue;
-      }
-      const InFlightJob job = std::move(it->second);
-      // Forget the job before writing: if the write fails, its lease runs out and it runs again
-      // (at-least-once), rather than being renewed forever.
-      in_flight_.erase(it);
-      switch (r.outcome) {
-        case WorkOutcome::Finished:
-          completions.push_back(make_completion(r, job, *tokenizer_));
-          notice_ids.emplace_back(job.client_key, job.batch_id);
-          break;
-        case WorkOutcome::Rejected:
-          store_->fail(worker_, r.job_id, "engine: " + r.error, /*retryable=*/false);
-          metrics_.job_failed();
-          api_failed(r.job_id, invalid_request("engine: " + r.error));
-          if (hooks_.on_final)
-            hooks_.on_final(
-                {r.job_id, JobState::Failed, job.client_key, job.batch_id, "engine: " + r.error});
-          break;
-        case WorkOutcome::Aborted:
-          if (dead) {
-            // Counted as an attempt: a job that kills the engine every time must end failed.
-            const FailOutcome o = store_->fail(worker_, r.job_id, r.error, /*retryable=*/true);
-            if (o == FailOutcome::Failed && hooks_.on_final)
-              hooks_.on_final({r.job_id, JobState::Failed, job.client_key, job.batch_id, r.error});
-            metrics_.jobs_requeued(1);
-            api_failed(r.job_id,
-                       {503, "the engine failed: " + r.error, "", "engine_failed", "server_error"});
-          } else {
-            released.push_back(r.job_id);
-          }
-          break;
-      }
+  for (WorkResult& r : results) {
+    auto it = in_flight_.find(r.job_id);
+    if (it == in_flight_.end()) {
+      spdlog::warn("result for job {} that is not in flight; ignored", r.job_id);
+      continue;
     }
-    if (!released.empty()) {
-      metrics_.jobs_requeued(store_->release(worker_, released));
-      for (int64_t id : released) api_aborted(id);
-    }
-    if (!completions.empty()) {
-      // One transaction for the whole group: result rows and latency records together.
-      const std::vector<bool> landed = store_->complete_many(worker_, completions);
-      for (size_t i = 0; i < completions.size(); ++i) {
-        const Completion& c = completions[i];
-        if (!landed[i]) {
-          spdlog::warn("job {}: result not recorded (lease lost or job cancelled)", c.id);
+    const InFlightJob job = std::move(it->second);
+    in_flight_.erase(it);
+    PendingResult p;
+    p.job_id = r.job_id;
+    p.outcome = r.outcome;
+    switch (r.outcome) {
+      case WorkOutcome::Finished:
+        try {
+          p.completion = make_completion(r, job, *tokenizer_);
+        } catch (const std::exception& e) {
+          spdlog::error("job {}: result not recorded: {} (it runs again when its lease ends)",
+                        r.job_id, e.what());
           continue;
         }
-        metrics_.job_done(c.latency.queue_wait_ms / 1000.0, c.latency.ttft_ms.value_or(0) / 1000.0,
-                          c.latency.total_ms / 1000.0, c.result.completion_tokens);
-        api_finished(c);
-        if (hooks_.on_final)
-          hooks_.on_final(
-              {c.id, JobState::Done, notice_ids[i].first, notice_ids[i].second, std::nullopt});
-      }
+        break;
+      case WorkOutcome::Rejected:
+        p.error = "engine: " + r.error;
+        break;
+      case WorkOutcome::Aborted:
+        // Counted as an attempt when the engine died: a job that kills the engine every time
+        // must end failed. Otherwise (drain deadline) it is given back as if never started.
+        p.error = r.error;
+        p.count_attempt = dead;
+        break;
     }
-  } catch (const std::exception& e) {
-    spdlog::error("result writer: {} (affected jobs run again when their lease ends)", e.what());
+    pending_.push_back(std::move(p));
   }
   claim_now_ = true;
+  flush_results();
+}
+
+// Writes the pending results: give-backs, then failures one by one, then the completions in
+// one transaction (result rows and latency records together). A write the store refuses keeps
+// what is left for the next try, after StoreHealth's backoff; what committed leaves the list
+// at once, so a retry never repeats it (a repeated retryable failure would count an attempt
+// twice). API replies go out after the store has the result.
+bool Service::flush_results() {
+  if (pending_.empty()) return true;
+  std::vector<std::function<void()>> replies;
+  const bool ok = store_write("writing results", [&] {
+    std::vector<int64_t> released;
+    for (const PendingResult& p : pending_)
+      if (p.outcome == WorkOutcome::Aborted && !p.count_attempt) released.push_back(p.job_id);
+    if (!released.empty()) {
+      metrics_.jobs_requeued(store_->release(worker_, released));
+      std::erase_if(pending_, [](const PendingResult& p) {
+        return p.outcome == WorkOutcome::Aborted && !p.count_attempt;
+      });
+      for (int64_t id : released) replies.emplace_back([this, id] { api_aborted(id); });
+    }
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (it->outcome == WorkOutcome::Finished) {
+        ++it;
+        continue;
+      }
+      const int64_t id = it->job_id;
+      const std::string error = it->error;
+      if (it->outcome == WorkOutcome::Rejected) {
+        store_->fail(worker_, id, error, /*retryable=*/false);
+        metrics_.job_failed();
+        const std::string param = it->param;
+        replies.emplace_back([this, id, error, param] {
+          api_failed(id, param.empty() ? invalid_request(error) : invalid_request(error, param));
+        });
+      } else {
+        store_->fail(worker_, id, error, /*retryable=*/true);
+        metrics_.jobs_requeued(1);
+        replies.emplace_back([this, id, error] {
+          api_failed(id, {503, "the engine failed: " + error, "", "engine_failed", "server_error"});
+        });
+      }
+      it = pending_.erase(it);
+    }
+    if (pending_.empty()) return;
+    std::vector<Completion> completions;
+    for (const PendingResult& p : pending_) completions.push_back(p.completion);
+    const std::vector<bool> landed = store_->complete_many(worker_, completions);
+    pending_.clear();
+    for (size_t i = 0; i < completions.size(); ++i) {
+      const Completion& c = completions[i];
+      if (!landed[i]) {
+        spdlog::warn("job {}: result not recorded (lease lost or job cancelled)", c.id);
+        continue;
+      }
+      metrics_.job_done(c.latency.queue_wait_ms / 1000.0, c.latency.ttft_ms.value_or(0) / 1000.0,
+                        c.latency.total_ms / 1000.0, c.result.completion_tokens);
+      replies.emplace_back([this, c] { api_finished(c); });
+    }
+  });
+  for (auto& reply : replies) reply();
+  if (ok) claim_now_ = true;
+  publish_finals();
+  return ok;
+}
+
+// One store write on the io thread: skipped while StoreHealth's backoff runs, its outcome
+// recorded (store_failed logs a failure at most every 10 s). False when it did not commit.
+bool Service::store_write(const char* what, const std::function<void()>& write) {
+  if (!store_health_.may_try(steady_now_ms())) return false;
+  const size_t pending = pending_.size();
+  try {
+    write();
+  } catch (const std::exception& e) {
+    store_failed(what, e.what());
+    return false;
+  }
+  if (store_health_.failing()) {
+    spdlog::info("store: writable again after {} failed writes ({} results were pending)",
+                 store_health_.failures_in_a_row(), pending);
+  }
+  store_health_.write_ok();
+  return true;
+}
+
+bool Service::result_pending(int64_t job_id) const {
+  return std::any_of(pending_.begin(), pending_.end(),
+                     [&](const PendingResult& p) { return p.job_id == job_id; });
+}
+
+void Service::store_failed(const char* what, const std::string& error) {
+  const int64_t now = steady_now_ms();
+  store_health_.write_failed(error, now);
+  if (!store_health_.log_due(now)) return;
+  spdlog::error("store: {} failed ({} failed writes in a row; results are kept{}): {}", what,
+                store_health_.failures_in_a_row(),
+                pending_.empty() ? "" : fmt::format(", {} pending", pending_.size()), error);
+}
+
+// Announces every final transition committed since the last call, in commit order, whoever
+// made it (ServiceDb's final-transition log).
+void Service::publish_finals() {
+  if (!hooks_.on_final || done_) return;
+  constexpr int64_t kBatch = 256;
+  try {
+    while (true) {
+      const std::vector<FinalEvent> events = service_db_->final_events_after(final_seq_, kBatch);
+      for (const FinalEvent& e : events) {
+        final_seq_ = e.seq;
+        const auto state = job_state_from_string(e.state);
+        if (!state) continue;
+        hooks_.on_final({e.job_id, *state, e.client_key, e.batch_id, e.error});
+      }
+      if (static_cast<int64_t>(events.size()) < kBatch) break;
+    }
+  } catch (const std::exception& e) {
+    const int64_t now = steady_now_ms();
+    if (now - last_finals_warn_ms_ >= 10000) {
+      last_finals_warn_ms_ = now;
+      spdlog::warn("final notices: reading the log: {} (retrying at the next poll)", e.what());
+    }
+  }
+}
+
+// The log only needs to outlive the slowest reader's poll: an hour is plenty.
+void Service::prune_finals() {
+  const int64_t now = steady_now_ms();
+  if (now - last_prune_ms_ < 60000 || store_health_.failing()) return;
+  last_prune_ms_ = now;
+  store_write("pruning the final-event log", [&] { service_db_->prune_final_events(3600); });
 }
 
 // Jobs in flight whose lease this worker no longer holds (cancelled, or expired and taken over)
@@ -230,19 +356,19 @@ void Service::arm_renew() {
   renew_timer_.expires_after(std::chrono::milliseconds(std::max<int64_t>(200, cfg_.lease_s * 333)));
   renew_timer_.async_wait([this](const boost::system::error_code& ec) {
     if (ec) return;
-    if (!in_flight_.empty()) {
-      std::vector<int64_t> ids;
-      for (const auto& [id, job] : in_flight_) ids.push_back(id);
-      try {
-        const int64_t n = store_->renew(worker_, ids, std::chrono::seconds(cfg_.lease_s));
-        if (n < static_cast<int64_t>(ids.size())) {
-          spdlog::warn("lease renewal: {} of {} leases were no longer ours", ids.size() - n,
-                       ids.size());
-          stop_lost_jobs();
-        }
-      } catch (const std::exception& e) {
-        spdlog::error("lease renewal: {}", e.what());
-      }
+    // Jobs whose result waits for the store keep their lease too: the result is still ours
+    // to write, and no other worker should run them meanwhile.
+    std::vector<int64_t> ids;
+    for (const auto& [id, job] : in_flight_) ids.push_back(id);
+    for (const PendingResult& p : pending_) ids.push_back(p.job_id);
+    int64_t n = 0;
+    if (!ids.empty() &&
+        store_write("renewing leases",
+                    [&] { n = store_->renew(worker_, ids, std::chrono::seconds(cfg_.lease_s)); }) &&
+        n < static_cast<int64_t>(ids.size())) {
+      spdlog::warn("lease renewal: {} of {} leases were no longer ours", ids.size() - n,
+                   ids.size());
+      stop_lost_jobs();
     }
     arm_renew();
   });
@@ -256,11 +382,9 @@ void Service::release_handoff() {
     ids.push_back(w.job_id);
     in_flight_.erase(w.job_id);
   }
-  try {
-    metrics_.jobs_requeued(store_->release(worker_, ids));
-  } catch (const std::exception& e) {
-    spdlog::error("giving back {} jobs: {} (their leases will expire)", ids.size(), e.what());
-  }
+  if (!store_write("giving back jobs",
+                   [&] { metrics_.jobs_requeued(store_->release(worker_, ids)); }))
+    spdlog::warn("{} job(s) not given back; they run again once their leases expire", ids.size());
 }
 
 }  // namespace moebatch

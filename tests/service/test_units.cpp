@@ -16,6 +16,7 @@
 #include "service/handoff.h"
 #include "service/metrics.h"
 #include "service/restart_schedule.h"
+#include "service/service_db.h"
 #include "tests/common/files.h"
 
 namespace moebatch {
@@ -208,6 +209,39 @@ TEST(Handoff, OrderedPushLetsHigherPriorityOvertakeAndKeepsFifoWithinOne) {
   EXPECT_TRUE(h.try_push_ordered({5, 5}, before));
   EXPECT_FALSE(h.try_push_ordered({99, 6}, before));  // full
   EXPECT_EQ(h.take_all(), (std::vector<Item>{{9, 3}, {9, 4}, {5, 5}, {0, 1}, {0, 2}}));
+}
+
+// A held lock is tolerated for the grace period, any other failure is at once; writes back off
+// while failing, logs are rate-limited, and one commit clears it all.
+TEST(StoreHealth, LockGraceBackoffAndRecovery) {
+  StoreHealth h(300);
+  EXPECT_FALSE(h.failing());
+  EXPECT_TRUE(h.may_try(0));
+  const std::string locked = "SQLite call failed (BEGIN IMMEDIATE): database is locked [code 5]";
+  h.write_failed(locked, 1000);
+  EXPECT_TRUE(h.failing());
+  EXPECT_FALSE(h.unwritable(1200));
+  EXPECT_TRUE(h.unwritable(1300));
+  EXPECT_FALSE(h.may_try(1010));  // 50 ms backoff after the first failure
+  EXPECT_TRUE(h.may_try(1050));
+  EXPECT_TRUE(h.log_due(1000));
+  h.write_failed(locked, 1050);
+  EXPECT_FALSE(h.may_try(1140));  // then 100 ms
+  EXPECT_TRUE(h.may_try(1150));
+  EXPECT_FALSE(h.log_due(1050));
+  EXPECT_TRUE(h.log_due(11000));
+  for (int i = 0; i < 10; ++i) h.write_failed(locked, 2000);
+  EXPECT_FALSE(h.may_try(2999));  // capped at 1 s
+  EXPECT_TRUE(h.may_try(3000));
+  EXPECT_EQ(h.failures(), 12);
+  h.write_ok();
+  EXPECT_FALSE(h.failing());
+  EXPECT_FALSE(h.unwritable(5000));
+  EXPECT_TRUE(h.may_try(0));
+  h.write_failed("SQL failed (COMMIT): database or disk is full [code 13]", 6000);
+  EXPECT_TRUE(h.unwritable(6000));  // a full disk needs no grace
+  EXPECT_EQ(h.failures_in_a_row(), 1);
+  EXPECT_EQ(h.failures(), 13);
 }
 
 TEST(Metrics, PrometheusTextHasCountsHistogramsAndRates) {
