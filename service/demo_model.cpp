@@ -70,33 +70,57 @@ struct DemoCheckpoint {
   std::vector<Tensor> tensors;
 };
 
+constexpr int64_t kHeads = 4, kKvHeads = 2;  // attention heads of both architectures
+
+// config.json fields both architectures share (kHeads q / kKvHeads kv heads of `hd`; experts of width
+// hidden, dense width 2·hidden). json objects keep their keys sorted, so the bytes do not depend
+// on where a field is set.
+json shared_config(const DemoModelSpec& spec, int64_t vocab, int64_t hd) {
+  return {{"vocab_size", vocab},
+          {"hidden_size", spec.hidden},
+          {"intermediate_size", 2 * spec.hidden},
+          {"moe_intermediate_size", spec.hidden},
+          {"num_hidden_layers", spec.layers},
+          {"num_attention_heads", kHeads},
+          {"num_key_value_heads", kKvHeads},
+          {"head_dim", hd},
+          {"num_experts", spec.experts},
+          {"num_experts_per_tok", spec.top_k},
+          {"norm_topk_prob", true},
+          {"decoder_sparse_step", 1},
+          {"mlp_only_layers", json::array()},
+          {"hidden_act", "silu"},
+          {"max_position_embeddings", 4096},
+          {"rms_norm_eps", 1e-6},
+          {"attention_bias", false},
+          {"torch_dtype", "float32"},
+          {"moebatch_note", "RANDOM WEIGHTS: a demo model; its text is gibberish"}};
+}
+
+// The router and the routed experts of one layer under `mlp` ("model.layers.N.mlp."), each
+// matrix made by make(name, rows, cols) in this order (the order fixes the random bytes).
+template <class Make>
+void add_routed_experts(std::vector<Tensor>& ts, const std::string& mlp, const DemoModelSpec& spec,
+                        Make&& make) {
+  const int64_t H = spec.hidden, I = spec.hidden;
+  ts.push_back(make(mlp + "gate.weight", spec.experts, H));
+  for (int64_t e = 0; e < spec.experts; ++e) {
+    const std::string ep = mlp + "experts." + std::to_string(e) + ".";
+    ts.push_back(make(ep + "gate_proj.weight", I, H));
+    ts.push_back(make(ep + "up_proj.weight", I, H));
+    ts.push_back(make(ep + "down_proj.weight", H, I));
+  }
+}
+
 // The qwen3_moe demo, unchanged since v1: a given seed keeps giving the same bytes (and text).
 DemoCheckpoint qwen3_moe_checkpoint(const DemoModelSpec& spec, int64_t vocab) {
-  const int64_t H = spec.hidden, heads = 4, kv_heads = 2, hd = 16, I = spec.hidden;
+  const int64_t H = spec.hidden, heads = kHeads, kv_heads = kKvHeads, hd = 16;
   DemoCheckpoint ck;
-  ck.config = {{"architectures", {"Qwen3MoeForCausalLM"}},
-               {"model_type", "qwen3_moe"},
-               {"vocab_size", vocab},
-               {"hidden_size", H},
-               {"intermediate_size", 2 * H},
-               {"moe_intermediate_size", I},
-               {"num_hidden_layers", spec.layers},
-               {"num_attention_heads", heads},
-               {"num_key_value_heads", kv_heads},
-               {"head_dim", hd},
-               {"num_experts", spec.experts},
-               {"num_experts_per_tok", spec.top_k},
-               {"norm_topk_prob", true},
-               {"decoder_sparse_step", 1},
-               {"mlp_only_layers", json::array()},
-               {"hidden_act", "silu"},
-               {"max_position_embeddings", 4096},
-               {"rms_norm_eps", 1e-6},
-               {"rope_theta", 1000000.0},
-               {"tie_word_embeddings", true},
-               {"attention_bias", false},
-               {"torch_dtype", "float32"},
-               {"moebatch_note", "RANDOM WEIGHTS: a demo model; its text is gibberish"}};
+  ck.config = shared_config(spec, vocab, hd);
+  ck.config["architectures"] = json::array({"Qwen3MoeForCausalLM"});
+  ck.config["model_type"] = "qwen3_moe";
+  ck.config["rope_theta"] = 1000000.0;
+  ck.config["tie_word_embeddings"] = true;
 
   SplitMix rng{spec.seed};
   std::vector<Tensor>& ts = ck.tensors;
@@ -114,13 +138,9 @@ DemoCheckpoint qwen3_moe_checkpoint(const DemoModelSpec& spec, int64_t vocab) {
     ts.push_back(random_tensor(rng, p + "self_attn.o_proj.weight", {H, heads * hd}, w));
     ts.push_back(ones(p + "self_attn.q_norm.weight", hd));
     ts.push_back(ones(p + "self_attn.k_norm.weight", hd));
-    ts.push_back(random_tensor(rng, p + "mlp.gate.weight", {spec.experts, H}, w));
-    for (int64_t e = 0; e < spec.experts; ++e) {
-      const std::string ep = p + "mlp.experts." + std::to_string(e) + ".";
-      ts.push_back(random_tensor(rng, ep + "gate_proj.weight", {I, H}, w));
-      ts.push_back(random_tensor(rng, ep + "up_proj.weight", {I, H}, w));
-      ts.push_back(random_tensor(rng, ep + "down_proj.weight", {H, I}, w));
-    }
+    add_routed_experts(ts, p + "mlp.", spec, [&](std::string name, int64_t rows, int64_t cols) {
+      return random_tensor(rng, std::move(name), {rows, cols}, w);
+    });
   }
   return ck;
 }
@@ -132,7 +152,7 @@ DemoCheckpoint qwen3_moe_checkpoint(const DemoModelSpec& spec, int64_t vocab) {
 // experts plus a gated shared expert; zero-centred norms; an lm_head of its own, as in the
 // published checkpoints.
 DemoCheckpoint qwen3_next_checkpoint(const DemoModelSpec& spec, int64_t vocab) {
-  const int64_t H = spec.hidden, heads = 4, kv_heads = 2, hd = 32, I = spec.hidden;
+  const int64_t H = spec.hidden, heads = kHeads, kv_heads = kKvHeads, hd = 32;
   const int64_t shared_I = 2 * spec.hidden;
   const int64_t nk = 2, nv = 4, dk = 32, dv = 32, conv_k = 4;
   const int64_t r = nv / nk, grp = 2 * dk + 2 * r * dv;  // in_proj_qkvz rows per key head
@@ -141,37 +161,19 @@ DemoCheckpoint qwen3_next_checkpoint(const DemoModelSpec& spec, int64_t vocab) {
   for (int64_t l = 0; l < spec.layers; ++l)
     layer_types.push_back((l + 1) % 4 == 0 ? "full_attention" : "linear_attention");
   DemoCheckpoint ck;
-  ck.config = {{"architectures", {"Qwen3NextForCausalLM"}},
-               {"model_type", "qwen3_next"},
-               {"vocab_size", vocab},
-               {"hidden_size", H},
-               {"intermediate_size", 2 * H},
-               {"moe_intermediate_size", I},
-               {"shared_expert_intermediate_size", shared_I},
-               {"num_hidden_layers", spec.layers},
-               {"layer_types", layer_types},
-               {"num_attention_heads", heads},
-               {"num_key_value_heads", kv_heads},
-               {"head_dim", hd},
-               {"partial_rotary_factor", 0.25},
-               {"linear_num_key_heads", nk},
-               {"linear_num_value_heads", nv},
-               {"linear_key_head_dim", dk},
-               {"linear_value_head_dim", dv},
-               {"linear_conv_kernel_dim", conv_k},
-               {"num_experts", spec.experts},
-               {"num_experts_per_tok", spec.top_k},
-               {"norm_topk_prob", true},
-               {"decoder_sparse_step", 1},
-               {"mlp_only_layers", json::array()},
-               {"hidden_act", "silu"},
-               {"max_position_embeddings", 4096},
-               {"rms_norm_eps", 1e-6},
-               {"rope_theta", 10000000.0},
-               {"tie_word_embeddings", false},
-               {"attention_bias", false},
-               {"torch_dtype", "float32"},
-               {"moebatch_note", "RANDOM WEIGHTS: a demo model; its text is gibberish"}};
+  ck.config = shared_config(spec, vocab, hd);
+  ck.config.update(json{{"architectures", {"Qwen3NextForCausalLM"}},
+                        {"model_type", "qwen3_next"},
+                        {"shared_expert_intermediate_size", shared_I},
+                        {"layer_types", layer_types},
+                        {"partial_rotary_factor", 0.25},
+                        {"linear_num_key_heads", nk},
+                        {"linear_num_value_heads", nv},
+                        {"linear_key_head_dim", dk},
+                        {"linear_value_head_dim", dv},
+                        {"linear_conv_kernel_dim", conv_k},
+                        {"rope_theta", 10000000.0},
+                        {"tie_word_embeddings", false}});
 
   SplitMix rng{spec.seed};
   std::vector<Tensor>& ts = ck.tensors;
@@ -220,13 +222,7 @@ DemoCheckpoint qwen3_next_checkpoint(const DemoModelSpec& spec, int64_t vocab) {
       ts.push_back(proj(a + "out_proj.weight", H, nv * dv));
     }
     const std::string m = p + "mlp.";
-    ts.push_back(proj(m + "gate.weight", spec.experts, H));
-    for (int64_t e = 0; e < spec.experts; ++e) {
-      const std::string ep = m + "experts." + std::to_string(e) + ".";
-      ts.push_back(proj(ep + "gate_proj.weight", I, H));
-      ts.push_back(proj(ep + "up_proj.weight", I, H));
-      ts.push_back(proj(ep + "down_proj.weight", H, I));
-    }
+    add_routed_experts(ts, m, spec, proj);
     ts.push_back(proj(m + "shared_expert.gate_proj.weight", shared_I, H));
     ts.push_back(proj(m + "shared_expert.up_proj.weight", shared_I, H));
     ts.push_back(proj(m + "shared_expert.down_proj.weight", H, shared_I));

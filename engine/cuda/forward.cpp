@@ -46,7 +46,6 @@ struct Step {
   int gate_offset = -1;            // column of the output gate in B.qkv rows (−1: no gate)
   k::GdnSeqs gdn_seqs;             // Gated DeltaNet: the call's sequences and state slots
   k::GdnDims gdn;                  // its local sizes
-  int64_t lin_proj_width = 0;      // lin_in rows: B.lin_proj's row width
   k::RouteSmallParams route;       // router + top-k + align (≤ 8 tokens); weight per layer
   k::MoeGemmParams gate_up, down;  // expert GEMM operands; weights per layer
   k::MoeCombineParams combine;     // weighted sum over top-k (this rank's experts only with EP)
@@ -91,9 +90,6 @@ struct Step {
       gdn = {.nk = static_cast<int>(d.lin_k_heads), .nv = static_cast<int>(d.lin_v_heads),
              .dk = static_cast<int>(la.k_head_dim), .dv = static_cast<int>(la.v_head_dim),
              .conv_kernel = static_cast<int>(la.conv_kernel)};
-      const int64_t r_heads = la.num_v_heads / la.num_k_heads;  // value heads per key head
-      lin_proj_width = d.lin_k_heads * (2 * la.k_head_dim + 2 * r_heads * la.v_head_dim) +
-                       2 * d.lin_v_heads;
     }
 
     // router: fp32 logits, softmax over all experts, top-k (+ renormalize); align: (token, j)
@@ -215,13 +211,15 @@ void attention(const Step& s, const DeviceLayerWeights& L, const DeviceKvCache& 
 void linear_attention(const Step& s, const DeviceLayerWeights& L, const DeviceLinearState& st,
                       int64_t lin_layer) {
   const StepBuffers& B = s.B;
-  // in_proj: per key head q, k, v, z, then b and a per value head, in one GEMM
+  // in_proj: per key head q, k, v, z, then b and a per value head, in one GEMM; its rows are
+  // B.lin_proj's row width
+  const int64_t proj_width = L.lin_in.rows();
   linear(s.gemm, B.lin_proj, B.h, L.lin_in, s.n);
   s.mark("lin_in_proj");
 
   // causal depthwise conv + SiLU over the q | k | v channels
   const k::CausalConvParams cp = {.out = B.lin_mixed, .proj = B.lin_proj,
-                                  .proj_stride = s.lin_proj_width, .weight = L.lin_conv.as_bf16(),
+                                  .proj_stride = proj_width, .weight = L.lin_conv.as_bf16(),
                                   .conv_state = st.conv(lin_layer), .seqs = s.gdn_seqs,
                                   .dims = s.gdn};
   if (s.decode) {
@@ -233,7 +231,7 @@ void linear_attention(const Step& s, const DeviceLayerWeights& L, const DeviceLi
 
   // gated delta rule → B.attn [n, nv·dv]
   const k::GatedDeltaRuleParams dp = {.out = B.attn, .mixed = B.lin_mixed, .proj = B.lin_proj,
-                                      .proj_stride = s.lin_proj_width,
+                                      .proj_stride = proj_width,
                                       .a_log = L.lin_a_log.as_bf16(),
                                       .dt_bias = L.lin_dt_bias.as_bf16(),
                                       .ssm_state = st.ssm(lin_layer), .seqs = s.gdn_seqs,
@@ -247,7 +245,7 @@ void linear_attention(const Step& s, const DeviceLayerWeights& L, const DeviceLi
 
   // norm(o) · w · silu(z) per value head, in place, then the row-parallel out_proj
   k::gated_rmsnorm({.out = B.attn, .o = B.attn, .proj = B.lin_proj,
-                    .proj_stride = s.lin_proj_width, .weight = L.lin_norm.as_bf16(),
+                    .proj_stride = proj_width, .weight = L.lin_norm.as_bf16(),
                     .num_tokens = s.n, .dims = s.gdn, .eps = s.norm.eps},
                    s.st);
   linear(s.gemm, B.o, B.attn, L.lin_out, s.n);
