@@ -23,6 +23,7 @@ struct ModelFlags {
   EngineSpec spec;
   std::string tokens;
   bool expert_parallel = false;
+  bool disable_custom_all_reduce = false;
   std::string quantization = "auto";
 };
 
@@ -38,6 +39,9 @@ void add_model_flags(CLI::App* cmd, ModelFlags& f) {
                   "Tensor-parallel ranks (default 1)");
   cmd->add_flag("--enable-expert-parallel", f.expert_parallel,
                 "Whole experts per rank instead of splitting each expert's width");
+  cmd->add_flag("--disable-custom-all-reduce", f.disable_custom_all_reduce,
+                "cuda, tp > 1: NCCL for every all-reduce (default: small ones peer-to-peer, "
+                "fused with the residual add + RMSNorm)");
   cmd->add_option("--threads", f.spec.threads, "CPU compute threads (default: all cores)");
   cmd->add_option("--gpu-memory-utilization", f.spec.gpu_memory_utilization,
                   "cuda: share of GPU memory for weights, activations and KV cache (default 0.90)");
@@ -48,6 +52,7 @@ void add_model_flags(CLI::App* cmd, ModelFlags& f) {
 
 std::unique_ptr<Engine> build(ModelFlags& f) {
   f.spec.expert_split = f.expert_parallel ? ExpertSplit::Expert : ExpertSplit::Intermediate;
+  f.spec.custom_all_reduce = !f.disable_custom_all_reduce;
   f.spec.quantization = parse_quantization(f.quantization);
   // One sequence at a time: 64 MiB of host KV holds tens of thousands of tokens of the tiny
   // models (a GPU's KV pool is sized by its memory plan).

@@ -73,6 +73,7 @@ std::unique_ptr<Backend> make_cuda(const EngineSpec& s) {
   o.max_kv_cache_bytes = s.kv_cache_bytes;
   o.cuda_graphs = s.cuda_graphs;
   o.collective_timeout_s = s.collective_timeout_s;
+  if (!s.custom_all_reduce) o.custom_all_reduce_max_bytes = 0;
   o.quantization = s.quantization;
   // The backend's buffers follow the scheduler: every slot samples a row each step, and a step
   // never holds more tokens than the scheduler's budget.

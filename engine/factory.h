@@ -31,6 +31,10 @@ struct EngineSpec {
   /// cuda, tensor_parallel_size > 1: a step longer than this (or an NCCL error) aborts the
   /// communicators and fails the engine (the service requeues and rebuilds) instead of hanging.
   double collective_timeout_s = 120.0;
+  /// cuda, tensor_parallel_size > 1: small all-reduces through the in-process peer-to-peer
+  /// all-reduce fused with the add + RMSNorm after them; false: NCCL for all (vLLM's
+  /// --disable-custom-all-reduce).
+  bool custom_all_reduce = true;
   uint64_t random_seed = 0;   ///< seed of "random:" weights
   /// cuda: compressed linear weights (auto keeps a checkpoint's FP8 / NVFP4 compressed; fp8 /
   /// nvfp4 also quantize bf16 ones on load, the way to get compressed random models). cpu:

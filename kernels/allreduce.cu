@@ -13,8 +13,9 @@
 //      every peer q's recv[parity][rank] (plain stores over NVLink).
 //   3. Barrier: __syncthreads(); thread q (q != rank) stores E into flags_q[b][rank] with
 //      st.release.sys; the block writes E into the epoch slots it owns (b, b+G, b+2G, ...);
-//      thread q spins with ld.acquire.sys on its own flags[b][q] until it reads >= E;
-//      __syncthreads().
+//      thread q spins with ld.acquire.sys on its own flags[b][q] until it reads >= E (or, every
+//      kAbortPollSpins spins, finds the workspace's host abort word set: a peer that never
+//      comes must not hold this GPU forever); __syncthreads().
 //   4. Reduce: each thread loads, for q = 0..world-1, rank q's vector (its own from the partial,
 //      the others from its receive slots with ld.global.cg), sums in fp32 in that order and
 //      writes the result (fused: the residual add and the norm).
@@ -47,6 +48,7 @@
 //       peer waits for from running (unless other kernels occupy the GPU: run nothing else
 //       that waits on a peer concurrently, e.g. NCCL on another stream).
 #include <algorithm>
+#include <atomic>
 
 #include "kernels/allreduce.cuh"
 #include "kernels/cuda_check.cuh"
@@ -61,6 +63,9 @@ constexpr size_t kFlagBytes = sizeof(uint64_t) * kMaxBlocks * kMaxWorld;
 constexpr size_t kEpochBytes = sizeof(uint64_t) * kMaxBlocks;
 constexpr size_t kRecvOffset = CEIL_DIV(kFlagBytes + kEpochBytes, 256) * 256;
 constexpr int kNormMaxThreads = 512, kNormMaxVecs = 4;
+// Spins between two reads of the abort word: it lives in host memory (a PCIe round trip), and a
+// healthy wait ends within a few hundred spins.
+constexpr uint32_t kAbortPollSpins = 1024;
 static_assert(kAllReduceMaxCols == kNormMaxThreads * kNormMaxVecs * 8);
 
 // ---- system-scope flags (the peer runs on another GPU: .sys, not .gpu) ----
@@ -136,9 +141,12 @@ __device__ __forceinline__ void exchange_barrier(const AllReduceRankView& v, uin
   if (peer) flag_store_release(v.flags[t] + blockIdx.x * kMaxWorld + v.rank, epoch);
   for (int s = blockIdx.x + gridDim.x * t; s < kMaxBlocks; s += gridDim.x * blockDim.x)
     v.epochs[s] = epoch;
-  if (peer)
+  if (peer) {
+    uint32_t spins = 0;
     while (flag_load_acquire(v.flags[v.rank] + blockIdx.x * kMaxWorld + t) < epoch) {
+      if (++spins % kAbortPollSpins == 0 && *v.abort) break;
     }
+  }
   __syncthreads();
 }
 
@@ -244,6 +252,7 @@ const AllReduceRankView& rank_view(const AllReduceWorkspace& ws, int rank, const
   int device = -1;
   CUDA_CHECK(cudaGetDevice(&device));
   MB_CHECK(device == ws.device(rank), std::string(op) + ": the rank's device must be current");
+  if (ws.aborted()) throw Error(std::string(op) + ": the all-reduce workspace was aborted");
   return ws.view(rank);
 }
 
@@ -274,6 +283,10 @@ AllReduceWorkspace::AllReduceWorkspace(const std::vector<int>& devices, size_t m
   const size_t bytes = bytes_per_device(world, max_bytes);
   int max_blocks = kMaxBlocks;
   try {
+    void* word = nullptr;
+    CUDA_CHECK(cudaHostAlloc(&word, sizeof(uint32_t), cudaHostAllocMapped | cudaHostAllocPortable));
+    abort_ = static_cast<volatile uint32_t*>(word);
+    *abort_ = 0;
     for (int r = 0; r < world; ++r) {
       CUDA_CHECK(cudaSetDevice(devices[r]));
       int sms = 0;
@@ -314,6 +327,9 @@ AllReduceWorkspace::AllReduceWorkspace(const std::vector<int>& devices, size_t m
       v.recv[q] = reinterpret_cast<bf16*>(base + kRecvOffset);
     }
     v.epochs = reinterpret_cast<uint64_t*>(static_cast<char*>(allocs_[r]) + kFlagBytes);
+    void* abort_dev = nullptr;  // the same address under unified addressing, asked for anyway
+    CUDA_CHECK(cudaHostGetDevicePointer(&abort_dev, const_cast<uint32_t*>(abort_), 0));
+    v.abort = static_cast<const volatile uint32_t*>(abort_dev);
     v.slot_elems = slot_elems;
     v.rank = r;
     v.world = world;
@@ -330,7 +346,14 @@ void AllReduceWorkspace::release() noexcept {
     if (cudaSetDevice(devices_[r]) == cudaSuccess) cudaFree(allocs_[r]);
   }
   allocs_.clear();
+  if (abort_) cudaFreeHost(const_cast<uint32_t*>(abort_));
+  abort_ = nullptr;
   if (prev >= 0) cudaSetDevice(prev);
+}
+
+void AllReduceWorkspace::abort() noexcept {
+  *abort_ = 1;
+  std::atomic_thread_fence(std::memory_order_seq_cst);
 }
 
 // ---- ops ----

@@ -9,7 +9,8 @@
 //
 // Contract for every call on one workspace: all ranks make the same calls (same op, same shape)
 // in the same order, each on its own device (current when calling) and stream-ordered per rank
-// (one stream, or a captured graph of it). A rank whose peers never arrive waits forever.
+// (one stream, or a captured graph of it). A rank whose peers never arrive waits until abort():
+// the waiting kernels then return with undefined results and the workspace is spent.
 #pragma once
 
 #include <cstddef>
@@ -32,6 +33,7 @@ struct AllReduceRankView {
   bf16* recv[kAllReduceMaxWorld] = {};       ///< rank q's slots [2 parities][world][slot_elems]
   uint64_t* flags[kAllReduceMaxWorld] = {};  ///< rank q's flags [max blocks][max world]
   uint64_t* epochs = nullptr;  ///< this rank's launch counters [max blocks], all equal
+  const volatile uint32_t* abort = nullptr;  ///< pinned host word, mapped: nonzero = give up
   size_t slot_elems = 0;       ///< bf16 elements per slot (>= max_bytes / 2)
   int rank = 0;
   int world = 0;
@@ -58,6 +60,11 @@ class AllReduceWorkspace {
   /// Whether a message of `bytes` goes through this workspace (else the caller uses NCCL).
   bool fits(size_t bytes) const { return bytes <= max_bytes_; }
   const AllReduceRankView& view(int rank) const { return views_.at(rank); }
+  /// Makes every launch waiting for a peer return (results undefined) and every later call
+  /// throw: the ranks' epochs no longer agree, so the workspace cannot be used again. For a
+  /// watchdog thread, concurrently with the ranks' calls.
+  void abort() noexcept;
+  bool aborted() const noexcept { return *abort_ != 0; }
   /// Device memory one rank's share takes (for the engine's per-device memory plan).
   static size_t bytes_per_device(int world, size_t max_bytes);
 
@@ -66,6 +73,7 @@ class AllReduceWorkspace {
 
   std::vector<int> devices_;
   std::vector<void*> allocs_;  ///< one allocation per rank, on its device
+  volatile uint32_t* abort_ = nullptr;  ///< pinned, mapped into every device (portable)
   std::vector<AllReduceRankView> views_;
   size_t max_bytes_ = 0;
 };

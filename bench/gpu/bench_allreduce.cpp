@@ -1,8 +1,8 @@
 // All-reduce between 2 GPUs of one process, replayed from CUDA graphs (200 collectives per graph,
 // as the measurement in docs/performance.md): NCCL against the in-process one-shot all-reduce
 // (kernels/allreduce.cuh), alone and fused with the residual add + RMSNorm that follows it in the
-// model, by message size 4 KB … 1 MB of bf16 (hidden 2048: rows = bytes / 4096; 4 KB is decode
-// batch 1, 1 MB batch 256). Variants per size:
+// model, by message size 4 KB … 16 MB of bf16 (hidden 2048: rows = bytes / 4096; 4 KB is decode
+// batch 1, 1 MB batch 256, 16 MB a 4096-token prefill chunk: where NCCL takes over). Variants per size:
 //   nccl             ncclAllReduce (ncclCommInitAll, one thread per rank captures its graph)
 //   nccl+add_rmsnorm ncclAllReduce, then kernels::add_rmsnorm
 //   sum              kernels::allreduce_sum
@@ -42,7 +42,7 @@ using Bits = std::vector<uint16_t>;
 constexpr int kWorld = 2;
 constexpr int kHidden = 2048;
 constexpr int kCallsPerGraph = 200;
-constexpr size_t kMaxBytes = size_t{1} << 20;
+constexpr size_t kMaxBytes = size_t{16} << 20;
 constexpr float kEps = 1e-6f;
 
 enum class Variant { nccl, nccl_norm, sum, fused };

@@ -6,16 +6,19 @@
 // measured copy bandwidth; prefill also FLOPs / the cuBLAS peak), and a per-stage breakdown of one
 // eager decode step from CUDA events. An optional HF peer JSON (bench/gpu/hf_peer_engine.py, run
 // first in the same call) adds the ratio.
-// Tensor parallel: --tp N runs the model over N GPUs (NCCL), --ep with whole experts per rank
+// Tensor parallel: --tp N runs the model over N GPUs, --ep with whole experts per rank
 // (expert parallel) instead of every expert's intermediate dim split; the stage breakdown then
 // shows the all-reduces (2 per layer, rank 0's stream: the collective plus any wait for the
-// peers) and the lm_head all-gather, and the table their time per step. The roofline divides the
-// bytes evenly over the GPUs (ideal split).
+// peers; with the peer-to-peer all-reduce fused with the add + RMSNorm after it, stage
+// all_reduce_add_norm, else NCCL's all_reduce and a separate norm) and the lm_head all-gather,
+// and the table their time per step. --disable-custom-all-reduce: NCCL for every all-reduce.
+// The roofline divides the bytes evenly over the GPUs (ideal split).
 // --quantization fp8|nvfp4 quantizes the linear weights on the GPU (router, embeddings and
 // lm_head stay bf16); the rooflines count the bytes each format holds.
 // --moe-sorted-min-rows N sets when prefill experts take the sorted cuBLAS path (0: never).
-// Usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--quantization Q]
-//                                   [--moe-sorted-min-rows N] [out.json] [peer.json]
+// Usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--disable-custom-all-reduce]
+//                                   [--quantization Q] [--moe-sorted-min-rows N] [out.json]
+//                                   [peer.json]
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
@@ -174,6 +177,7 @@ struct Args {
   int64_t sorted_min_rows = -1;          ///< moe_sorted_min_rows_per_expert (−1: the default)
   int tp = 1;
   bool ep = false;
+  bool custom_all_reduce = true;
   Quantization quant = Quantization::None;
 };
 
@@ -186,6 +190,8 @@ Args parse_args(int argc, char** argv) {
       a.tp = std::stoi(argv[++i]);
     } else if (arg == "--ep") {
       a.ep = true;
+    } else if (arg == "--disable-custom-all-reduce") {
+      a.custom_all_reduce = false;
     } else if (arg == "--shape" && i + 1 < argc) {
       a.shape = argv[++i];
     } else if (arg == "--moe-sorted-min-rows" && i + 1 < argc) {
@@ -193,7 +199,7 @@ Args parse_args(int argc, char** argv) {
     } else if (arg == "--quantization" && i + 1 < argc) {
       a.quant = parse_quantization(argv[++i]);
     } else if (arg.rfind("--", 0) == 0) {
-      std::fprintf(stderr, "usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--quantization Q] [--moe-sorted-min-rows N] [out.json] [peer.json]\n");
+      std::fprintf(stderr, "usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--disable-custom-all-reduce] [--quantization Q] [--moe-sorted-min-rows N] [out.json] [peer.json]\n");
       std::exit(2);
     } else if (positional++ == 0) {
       a.out_path = arg;
@@ -233,6 +239,7 @@ int main(int argc, char** argv) {
   o.max_model_len = 1024;
   o.tensor_parallel_size = args.tp;
   o.expert_split = args.ep ? ExpertSplit::Expert : ExpertSplit::Intermediate;
+  if (!args.custom_all_reduce) o.custom_all_reduce_max_bytes = 0;
   o.quantization = args.quant;
   if (args.sorted_min_rows >= 0) o.moe_sorted_min_rows_per_expert = args.sorted_min_rows;
   const double lin = linear_bytes_per_param(args.quant);
@@ -256,6 +263,7 @@ int main(int argc, char** argv) {
   J["backend"] = be.info().description;
   J["tensor_parallel_size"] = args.tp;
   J["expert_parallel"] = args.ep;
+  J["custom_all_reduce"] = args.custom_all_reduce;
   J["quantization"] = quantization_name(args.quant);
   J["moe_sorted_min_rows_per_expert"] = o.moe_sorted_min_rows_per_expert;
   J["memory_plan"] = {{"weights", be.memory_plan().weights},
@@ -338,7 +346,9 @@ int main(int argc, char** argv) {
       st[name] = t;
       total += t;
     }
-    const double ar_ms = stage_ms(stages, "all_reduce"), gather_ms = stage_ms(stages, "lm_head_gather");
+    // the fused stage includes the add + norm the NCCL path runs as its own stage
+    const double ar_ms = stage_ms(stages, "all_reduce") + stage_ms(stages, "all_reduce_add_norm");
+    const double gather_ms = stage_ms(stages, "lm_head_gather");
     rows.push_back({batch, ptoks / prefill_s, ptoks / proof_s, step_ms, roof_ms,
                     batch / (step_ms * 1e-3), peer_ms, total, ar_ms, gather_ms});
     J["batches"][key] = {{"prefill_s", prefill_s},
@@ -380,7 +390,8 @@ int main(int argc, char** argv) {
   }
   if (args.tp > 1)
     std::printf("AR ms: the %lld all-reduces of one eager decode step on cuda:%d's stream (incl. "
-                "waiting for the peers); gather ms: the vocab-parallel lm_head all-gather\n",
+                "waiting for the peers; peer-to-peer ones include the add + RMSNorm fused into "
+                "them); gather ms: the vocab-parallel lm_head all-gather\n",
                 static_cast<long long>(2 * cfg.num_layers), o.device_list()[0]);
   return 0;
 }

@@ -23,8 +23,9 @@
 #include "engine/cuda/stage_timer.h"
 #include "engine/cuda/step_chunk.h"
 #include "kernels/cuda_check.cuh"
+#include "kernels/allreduce.cuh"
 #ifdef MOEBATCH_HAVE_NCCL
-#include "engine/cuda/nccl_comm.h"
+#include "engine/cuda/tp_comm.h"
 #endif
 
 namespace moebatch {
@@ -179,6 +180,15 @@ void CudaBackend::init(const std::filesystem::path* model_dir, uint64_t seed) {
   cap.logits_rows = o.max_num_seqs;
   cap.table_width = (max_model_len_ + o.block_size - 1) / o.block_size;
   cap.attn_splits = kMaxAttnSplits;
+  // The peer-to-peer all-reduce (backend's own communicator only): messages up to the cap, or
+  // up to a whole step's [tokens, hidden] when that is smaller.
+  const size_t step_bytes = static_cast<size_t>(cap.tokens) * cfg_.hidden_size * sizeof(bf16);
+  p2p_max_bytes_ = world > 1 && !o.comm && cfg_.hidden_size <= kernels::kAllReduceMaxCols &&
+                           world <= kernels::kAllReduceMaxWorld
+                       ? std::min(o.custom_all_reduce_max_bytes, step_bytes)
+                       : 0;
+  const size_t p2p_bytes =
+      p2p_max_bytes_ ? kernels::AllReduceWorkspace::bytes_per_device(world, p2p_max_bytes_) : 0;
   std::vector<DeviceNeeds> needs(world);
   std::string names;
   for (int r = 0; r < world; ++r) {
@@ -192,7 +202,7 @@ void CudaBackend::init(const std::filesystem::path* model_dir, uint64_t seed) {
     n.weight_formats = arena.formats;
     n.activations = step_buffer_bytes(cfg_, d, cap) + dequant_scratch_elems(wplans[r]) * sizeof(bf16);
     n.state = DeviceLinearState::bytes(cfg_, d, o.max_num_seqs);
-    n.reserve = kReserve + kCublasWorkspace + (world > 1 ? kCommReserve : 0);
+    n.reserve = kReserve + kCublasWorkspace + (world > 1 ? kCommReserve + p2p_bytes : 0);
     n.kv_block_bytes = static_cast<size_t>(cfg_.num_kv_layers()) * 2 * o.block_size *
                        d.num_kv_heads * cfg_.head_dim * sizeof(bf16);
     names += (r ? "," : "") + n.device;
@@ -210,9 +220,13 @@ void CudaBackend::init(const std::filesystem::path* model_dir, uint64_t seed) {
     if (o.comm) {
       comm_ = o.comm;
     } else {
-      make_communicator();  // NCCL's buffers come out of the plan's communicator reserve
+      make_communicator();  // its buffers come out of the plan's communicator reserve
     }
     for (auto& r : ranks_) r->comm = comm_;
+#ifdef MOEBATCH_HAVE_NCCL
+    if (own_comm_)
+      for (auto& r : ranks_) r->p2p = static_cast<TpComm&>(*own_comm_).p2p();
+#endif
   }
   threads_->run_all([&](int r) {
     ranks_[r]->build(cfg_, wplans[r], plans[r], cap, o.block_size, ckpt.get(), seed);
@@ -223,10 +237,10 @@ void CudaBackend::init(const std::filesystem::path* model_dir, uint64_t seed) {
 
 void CudaBackend::make_communicator() {
 #ifdef MOEBATCH_HAVE_NCCL
-  auto nccl = std::make_unique<NcclComm>(devices_);
-  NcclComm& c = *nccl;
-  comm_ = nccl.get();
-  own_comm_ = std::move(nccl);
+  auto tp = std::make_unique<TpComm>(devices_, p2p_max_bytes_);
+  TpComm& c = *tp;
+  comm_ = tp.get();
+  own_comm_ = std::move(tp);
   watchdog_ = std::make_unique<CommWatchdog>(c, static_cast<int>(devices_.size()),
                                              opts_.collective_timeout_s);
 #else
@@ -239,7 +253,7 @@ void CudaBackend::make_communicator() {
 // a stalled peer would hold a rank inside NCCL's host code) and out of graph capture, and a peer
 // that cannot be reached fails start-up with a timeout instead of hanging it. Every row count
 // 1, 8, 64, ... up to the capacity, so whatever NCCL picks for decode and prefill sizes is
-// connected. Contents are zeros.
+// connected (the small ones exercise the peer-to-peer path instead). Contents are zeros.
 void CudaBackend::warm_up_communicator() {
   auto row_counts = [](size_t cap) {
     std::vector<size_t> rows;

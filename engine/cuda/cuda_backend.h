@@ -29,6 +29,11 @@ class StageTimer;
 /// This build can join several GPUs (it was built with NCCL).
 bool cuda_backend_has_nccl();
 
+/// The largest all-reduce the peer-to-peer path carries (every decode batch of the shapes we
+/// run and prefill chunks up to ~1k tokens at hidden 4096); larger ones go to NCCL. Its
+/// workspace takes 2 × world × this per GPU. Measured against NCCL by size: bench/RESULTS.md.
+constexpr size_t kCustomAllReduceMaxBytes = size_t{8} << 20;
+
 /// Options of the CUDA backend.
 struct CudaBackendOptions {
   /// CUDA ordinal of each tensor-parallel rank; empty: tensor_parallel_size consecutive devices
@@ -40,8 +45,14 @@ struct CudaBackendOptions {
   ExpertSplit expert_split = ExpertSplit::Intermediate;
   /// Collectives among the ranks supplied by the caller (tests, a custom communicator; not
   /// owned, must outlive the backend; no watchdog). Null with more than one rank: the backend
-  /// creates and owns an NCCL communicator (InputError in a build without NCCL). Ignored with one.
+  /// creates and owns a TpComm (NCCL + the peer-to-peer all-reduce; InputError in a build
+  /// without NCCL). Ignored with one.
   Communicator* comm = nullptr;
+  /// With the backend's own communicator: all-reduces up to this many bytes go through the
+  /// in-process peer-to-peer all-reduce, fused with the residual add + RMSNorm after them
+  /// (kernels/allreduce.cuh), larger ones through NCCL; 0: NCCL for every message (vLLM's
+  /// --disable-custom-all-reduce).
+  size_t custom_all_reduce_max_bytes = kCustomAllReduceMaxBytes;
   /// With the backend's own communicator: a step (or the start-up warm-up) running longer than
   /// this, or an asynchronous NCCL error, makes the watchdog abort the communicators; the step
   /// throws Error ("collective timeout after N s on rank R ...") and the backend stays failed
@@ -109,7 +120,7 @@ class CudaBackend final : public Backend {
   void init(const std::filesystem::path* model_dir, uint64_t seed);
   void check_options() const;
   void fill_info();
-  // Creates and owns the NCCL communicator and its watchdog (world > 1 without options.comm).
+  // Creates and owns the TpComm and its watchdog (world > 1 without options.comm).
   void make_communicator();
   // All-reduces and all-gathers of 1, 8, 64, ... rows on every rank, under the watchdog, so NCCL
   // connects its channels at start-up (see the .cpp).
@@ -133,6 +144,7 @@ class CudaBackend final : public Backend {
   std::vector<int> devices_;
   int64_t max_model_len_ = 0;
   int64_t kv_blocks_ = 0;
+  size_t p2p_max_bytes_ = 0;  // the peer-to-peer all-reduce's capacity (0: NCCL only)
   std::string weight_groups_;  // "attention fp8, experts fp8" (describe_weight_groups)
   BackendInfo info_;
   StateSlotTracker state_slots_;  // where each recurrent-state slot's sequence ended
@@ -140,7 +152,7 @@ class CudaBackend final : public Backend {
   // and memory, then the watchdog joins, then the communicator goes. NCCL releases a communicator
   // only after every graph that captured its collectives is destroyed (an abort in progress on
   // the watchdog's thread finishes when the ranks go), so this order is required.
-  std::unique_ptr<Communicator> own_comm_;  // the NCCL communicator this backend created
+  std::unique_ptr<Communicator> own_comm_;  // the TpComm this backend created
   Communicator* comm_ = nullptr;            // the ranks' communicator: own_comm_ or options.comm
   std::unique_ptr<CommWatchdog> watchdog_;  // watches own_comm_ (none with options.comm)
   std::vector<std::unique_ptr<CudaRank>> ranks_;

@@ -20,6 +20,7 @@
 #include "engine/cuda/step_chunk.h"
 #include "engine/safetensors.h"
 #include "engine/weights.h"
+#include "kernels/allreduce.cuh"
 
 namespace moebatch {
 
@@ -71,6 +72,9 @@ class CudaRank {
   const int device;                 ///< CUDA ordinal
   Communicator* comm;               ///< collectives among ranks; null when world is 1 (set
                                     ///< by the backend before build)
+  /// The peer-to-peer all-reduce of the backend's communicator (null: every all-reduce goes to
+  /// `comm`); the forward fuses it with the add + RMSNorm after it for messages that fit.
+  const kernels::AllReduceWorkspace* p2p = nullptr;
   const ShardDims dims;             ///< local sizes
   int num_sms = 0;                  ///< SMs of the device
   MemoryPlan plan;                  ///< this device's memory plan

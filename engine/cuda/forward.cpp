@@ -1,9 +1,10 @@
 // The CUDA forward of Qwen3-MoE / Qwen2-MoE / Qwen3 / Qwen3-Next for one rank, read top to
 // bottom, mirroring engine/cpu/forward.cpp: embed → per layer [norm → token mixer: full attention
 // (qkv (+bias) → q/k norm + rope + kv write → attention (→ output gate) → o_proj) or Gated
-// DeltaNet (in_proj → conv + SiLU → delta rule → gated norm → out_proj) (+all-reduce) → residual
-// + norm → MLP (router + experts (+shared expert) or dense) (+all-reduce)] → residual + final
-// norm; then lm_head on the rows that need logits (+gather). bf16 storage, fp32 math inside every kernel; the residual stream is bf16
+// DeltaNet (in_proj → conv + SiLU → delta rule → gated norm → out_proj) → (all-reduce +)
+// residual + norm → MLP (router + experts (+shared expert) or dense)] → (all-reduce +) residual
+// + final norm; then lm_head on the rows that need logits (+gather). bf16 storage, fp32 math
+// inside every kernel; the residual stream is bf16
 // (rounded after each add, as in HF bf16). Every launch goes to the rank's stream and reads
 // fixed buffer addresses, so a decode step can be captured into a CUDA graph as is.
 #include "engine/cuda/forward.h"
@@ -13,6 +14,7 @@
 
 #include "common/error.h"
 #include "engine/cuda/linear.h"
+#include "kernels/allreduce.cuh"
 #include "kernels/attention.cuh"
 #include "kernels/cuda_check.cuh"
 #include "kernels/embedding.cuh"
@@ -138,25 +140,32 @@ struct Step {
 };
 
 // h = rmsnorm(x) · w, or with a branch output: x += branch (bf16), then h = rmsnorm(x) · w.
-void norm(const Step& s, const bf16* branch, const DeviceTensor& w) {
+// With world > 1 the branch is this rank's partial (row-parallel o_proj, split MLP), summed over
+// the ranks first: in the same launch as the add and the norm through the peer-to-peer
+// all-reduce when the message fits its workspace, else NCCL in place before the add + norm.
+void norm(const Step& s, bf16* branch, const DeviceTensor& w) {
   k::RmsNormParams p = s.norm;
   p.weight = w.as_bf16();
   if (!branch) {
     p.in = s.B.x;
     k::rmsnorm(p, s.st);
-  } else {
-    p.in = branch;
-    p.residual = s.B.x;
-    k::add_rmsnorm(p, s.st);
+    s.mark("norm");
+    return;
   }
+  p.in = branch;
+  p.residual = s.B.x;
+  if (s.r.world > 1) {
+    const size_t count = static_cast<size_t>(s.n) * s.H;
+    if (s.r.p2p && s.r.p2p->fits(count * sizeof(bf16))) {
+      k::allreduce_add_rmsnorm(*s.r.p2p, s.r.rank, p, s.st);
+      s.mark("all_reduce_add_norm");
+      return;
+    }
+    s.r.comm->all_reduce_sum(s.r.rank, branch, count, CommDType::Bf16, s.st);
+    s.mark("all_reduce");
+  }
+  k::add_rmsnorm(p, s.st);
   s.mark("norm");
-}
-
-// Sums a branch output [n, H] over the ranks (row-parallel o_proj, split MLP); no-op on one.
-void all_reduce(const Step& s, bf16* x) {
-  if (s.r.world == 1) return;
-  s.r.comm->all_reduce_sum(s.r.rank, x, static_cast<size_t>(s.n) * s.H, CommDType::Bf16, s.st);
-  s.mark("all_reduce");
 }
 
 // Full attention of this rank's heads: B.o = o_proj(attention(qkv(B.h))), a partial sum over
@@ -349,10 +358,11 @@ void cuda_forward(const ModelConfig& cfg, CudaRank& r, const StepShape& shape, S
     const LayerKind kind = cfg.layers[static_cast<size_t>(l)];
     const DeviceLayerWeights& L = W.layers[static_cast<size_t>(l)];
 
-    // mixer norm; from layer 1 on fused with the residual add of the previous MLP output
+    // mixer norm; from layer 1 on fused with the all-reduce and residual add of the previous
+    // MLP output
     norm(s, l == 0 ? nullptr : B.o, L.input_norm);
 
-    // token mixer → B.o, summed over ranks
+    // token mixer → B.o (this rank's partial when world > 1)
     switch (kind.mixer) {
       case MixerKind::FullAttention:
         attention(s, L, r.kv, kv_layer++);
@@ -361,12 +371,11 @@ void cuda_forward(const ModelConfig& cfg, CudaRank& r, const StepShape& shape, S
         linear_attention(s, L, r.lin_state, lin_layer++);
         break;
     }
-    all_reduce(s, B.o);
 
-    // residual add + MLP norm
+    // all-reduce + residual add + MLP norm
     norm(s, B.o, L.post_norm);
 
-    // MLP → B.o, summed over ranks
+    // MLP → B.o (this rank's partial when world > 1)
     switch (kind.mlp) {
       case MlpKind::Dense:
         dense_mlp(s, L.mlp_gate_up, L.mlp_down, B.o);
@@ -380,10 +389,10 @@ void cuda_forward(const ModelConfig& cfg, CudaRank& r, const StepShape& shape, S
         shared_expert(s, L);
         break;
     }
-    all_reduce(s, B.o);
   }
 
-  // last residual add + final norm (every row; the lm_head gathers the rows it needs)
+  // all-reduce + last residual add + final norm (every row; the lm_head gathers the rows it
+  // needs)
   norm(s, B.o, W.final_norm);
 }
 

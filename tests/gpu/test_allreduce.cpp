@@ -2,13 +2,15 @@
 // of them (up to 8): allreduce_sum and allreduce_add_rmsnorm against CPU references on fresh
 // random partials per rank, single calls over several shapes, calls back to back without a host
 // sync (double-buffered slots, grids of 1..128 blocks), 100 replays of a captured graph with new
-// inputs written before each, and one host thread per rank as the engine drives them.
+// inputs written before each, one host thread per rank as the engine drives them, and abort()
+// releasing a rank whose peers never come.
 // Tolerances: the sum is bit-exact against the fp32 sum in rank order rounded to bf16 (the
 // kernel's contract) and within 5e-3 relative L2 of the fp64 sum; the residual is bit-exact
 // against bf16(x + that sum); the normalized output is within 5e-3 relative L2 of the fp64 norm
 // of that residual (as add_rmsnorm's op case); every rank's outputs are bitwise equal.
 // Skips without 2 GPUs with peer access.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <exception>
 #include <thread>
@@ -492,6 +494,47 @@ TEST_F(AllReduceTest, ThreadPerRankChainedLayers) {
     }
     for (int r = 0; r < world; ++r)
       EXPECT_TRUE(bits_equal(final_res[r], x)) << "final residual, rank " << r;
+  }
+}
+
+// A rank whose peers never launch (a hung peer) spins in its barrier until abort(): the kernel
+// is still running after 200 ms, returns within a few seconds of abort(), and the workspace
+// refuses later calls instead of mixing epochs.
+TEST_F(AllReduceTest, AbortReleasesARankWaitingForItsPeers) {
+  using Clock = std::chrono::steady_clock;
+  for (int world : worlds) {
+    Group g(world, kMaxBytes);
+    for (bool fused : {false, true}) {
+      SCOPED_TRACE(fused ? "allreduce_add_rmsnorm" : "allreduce_sum");
+      Group lone(world, kMaxBytes);  // a fresh workspace per case: abort spends it
+      NormCall norm(lone, {7, 2048}, false);
+      SumCall sum(lone, 2048, false);
+      norm.upload(lone, rng);
+      sum.upload(lone, rng);
+      CUDA_CHECK(cudaStreamSynchronize(lone.streams[0]));
+      fused ? norm.launch(lone, 0) : sum.launch(lone, 0);  // rank 0 only
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      {
+        DeviceScope d(0);
+        EXPECT_EQ(cudaStreamQuery(lone.streams[0]), cudaErrorNotReady)
+            << "returned without its peers";
+      }
+      const Clock::time_point t0 = Clock::now();
+      lone.ws.abort();
+      {
+        DeviceScope d(0);
+        CUDA_CHECK(cudaStreamSynchronize(lone.streams[0]));
+      }
+      EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 5.0);
+      EXPECT_TRUE(lone.ws.aborted());
+      EXPECT_THROW(sum.launch(lone, 0), Error);
+      EXPECT_THROW(norm.launch(lone, 1), Error);
+    }
+    // the other group's workspace is untouched: a healthy call still matches the reference
+    SumCall ok(g, 2048, false);
+    ok.upload(g, rng);
+    for (int r = 0; r < world; ++r) ok.launch(g, r);
+    ok.check(g);
   }
 }
 

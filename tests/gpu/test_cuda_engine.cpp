@@ -27,6 +27,7 @@
 #include "engine/cuda/linear.h"
 #include "engine/cuda/rank_threads.h"
 #include "engine/engine.h"
+#include "engine/model_files.h"
 #include "kernels/gemm.cuh"
 #include "tests/common/prompts.h"
 #include "tests/engine/reference.h"
@@ -755,6 +756,68 @@ TEST_P(CudaTensorParallel, GreedyMatchesSingleRankUntilNearTie) {
 // same launches run eagerly.
 TEST_P(CudaTensorParallel, GraphReplayEqualsEager) {
   expect_graph_replay_equals_eager(model(), 2, split());
+}
+
+// The all-reduce paths agree bit for bit: NCCL for every message, the peer-to-peer all-reduce
+// fused with the add + RMSNorm for every message, and the mix the service runs (here: decode
+// steps of up to 4 rows peer-to-peer, prefill chunks through NCCL). A sum of two ranks is one
+// rounding of the fp32 sum in either, so logits and tokens must be equal, with decode graphs.
+// The stage names of a profiled one-token step show which path ran.
+TEST_P(CudaTensorParallel, CustomAllReduceEqualsNccl) {
+  std::mt19937 rng(std::random_device{}());
+  const auto cfg = load_any_model_config(fixture_path(model()));
+  const size_t row_bytes = static_cast<size_t>(cfg.hidden_size) * sizeof(bf16);
+  EngineOptions eo;
+  eo.max_num_seqs = 8;
+  eo.max_num_batched_tokens = 64;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 3; ++i) prompts.push_back(random_prompt(rng, 5 + rng() % 50, cfg.vocab_size));
+  struct Run {
+    const char* name;
+    size_t max_bytes;
+    const char* stage;  // the all-reduce stage of a one-token step
+  };
+  const Run runs[] = {{"nccl", 0, "all_reduce"},
+                      {"p2p", kCustomAllReduceMaxBytes, "all_reduce_add_norm"},
+                      {"mixed", 4 * row_bytes, "all_reduce_add_norm"}};
+  std::vector<std::vector<FinishedSequence>> results;
+  for (const Run& run : runs) {
+    SCOPED_TRACE(run.name);
+    CudaBackendOptions o = small_options(true);
+    o.tensor_parallel_size = 2;
+    o.expert_split = split();
+    o.quantization = quantization_for(model(), 2, split());
+    o.custom_all_reduce_max_bytes = run.max_bytes;
+    auto backend = std::make_unique<CudaBackend>(fixture_path(model()), o);
+    StepBatch b;  // one token at position 0 in KV block 0
+    b.tokens = {1};
+    b.positions = {0};
+    b.seq_index = {0};
+    b.slot_mapping = {0};
+    b.block_tables = {0};
+    b.max_blocks_per_seq = 1;
+    b.state_slots = {0};
+    b.logits_rows = {0};
+    const auto stages = backend->profile(b);
+    const auto has = [&](const char* name) {
+      return std::any_of(stages.begin(), stages.end(), [&](const auto& st) { return st.first == name; });
+    };
+    EXPECT_TRUE(has(run.stage)) << label() << ": no stage " << run.stage;
+    EXPECT_FALSE(has(run.max_bytes ? "all_reduce" : "all_reduce_add_norm")) << label();
+    Engine eng(std::move(backend), eo);
+    for (size_t i = 0; i < prompts.size(); ++i) eng.add(request(i, prompts[i], 8, true));
+    auto fin = run_to_completion(eng);
+    std::sort(fin.begin(), fin.end(), [](const auto& a, const auto& c) { return a.id < c.id; });
+    results.push_back(std::move(fin));
+  }
+  for (size_t k = 1; k < results.size(); ++k) {
+    ASSERT_EQ(results[k].size(), results[0].size());
+    for (size_t i = 0; i < results[0].size(); ++i) {
+      EXPECT_EQ(results[k][i].tokens, results[0][i].tokens) << label() << " " << runs[k].name;
+      EXPECT_TRUE(results[k][i].logits == results[0][i].logits)
+          << label() << ": " << runs[k].name << " logits differ from nccl's, request " << i;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, CudaTensorParallel,
