@@ -47,7 +47,8 @@ void add_model_flags(CLI::App* cmd, ModelFlags& f) {
                   "cuda: share of GPU memory for weights, activations and KV cache (default 0.90)");
   cmd->add_option("--quantization", f.quantization,
                   "cuda linear weights: auto (a checkpoint's FP8 / NVFP4 stay compressed) | none | "
-                  "fp8 | nvfp4 (also quantize bf16 weights on load) (default auto)");
+                  "fp8 | nvfp4 | int4 (also quantize bf16 weights on load; int4 is GGUF Q4_K's "
+                  "form) (default auto)");
 }
 
 std::unique_ptr<Engine> build(ModelFlags& f) {

@@ -92,7 +92,108 @@ void q6_k(const std::byte* b, float* y) {
   }
 }
 
+// One sub-block of a ggml integer format: its codes, scale and min.
+struct SubBlock {
+  int8_t q[32];
+  float scale, min;
+};
+
+// The sub-blocks of one ggml block (8 of 32 for Q4_K / Q5_K, 16 of 16 for Q6_K, 1 of 32 for
+// Q8_0), in element order; the same arithmetic as the decoders above.
+int unpack_block(DType t, const std::byte* b, SubBlock* out) {
+  switch (t) {
+    case DType::Q8_0: {
+      const auto* q = reinterpret_cast<const int8_t*>(b + 2);
+      std::memcpy(out[0].q, q, 32);
+      out[0].scale = half(b);
+      out[0].min = 0.f;
+      return 1;
+    }
+    case DType::Q4_K:
+    case DType::Q5_K: {
+      const float d = half(b), dmin = half(b + 2);
+      const uint8_t* scales = bytes(b + 4);
+      const bool five = t == DType::Q5_K;
+      const uint8_t* qh = bytes(b + 16);
+      const uint8_t* q = bytes(b + (five ? 48 : 16));
+      for (int j = 0; j < 8; ++j) {
+        uint8_t sc, m;
+        scale_min(j, scales, sc, m);
+        out[j].scale = d * sc;
+        out[j].min = dmin * m;
+        const uint8_t* ql = q + 32 * (j / 2);
+        const uint8_t bit = static_cast<uint8_t>(1u << j);  // Q5_K: sub-block j's fifth bit
+        for (int l = 0; l < 32; ++l) {
+          int v = (j & 1) ? ql[l] >> 4 : ql[l] & 0xF;
+          if (five && (qh[l] & bit)) v += 16;
+          out[j].q[l] = static_cast<int8_t>(v);
+        }
+      }
+      return 8;
+    }
+    case DType::Q6_K: {
+      const uint8_t* ql = bytes(b);
+      const uint8_t* qh = bytes(b + 128);
+      const auto* sc = reinterpret_cast<const int8_t*>(b + 192);
+      const float d = half(b + 208);
+      // element n + l + 32·s of each 128-half (s = 0..3), sub-block of 16: (n + 32 s + l) / 16
+      for (int n = 0; n < kQK; n += 128, ql += 64, qh += 32, sc += 8) {
+        for (int l = 0; l < 32; ++l) {
+          const int v[4] = {(ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4),
+                            (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4),
+                            (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4),
+                            (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)};
+          for (int s = 0; s < 4; ++s) {
+            const int e = n + 32 * s + l;  // element within the super-block
+            out[e / 16].q[e % 16] = static_cast<int8_t>(v[s] - 32);
+          }
+        }
+        for (int s = 0; s < 8; ++s) {
+          out[n / 16 + s].scale = d * sc[s];
+          out[n / 16 + s].min = 0.f;
+        }
+      }
+      return 16;
+    }
+    default:
+      throw InputError(std::string("dtype ") + dtype_name(t) + " is not a ggml integer format");
+  }
+}
+
 }  // namespace
+
+int ggml_subblock(DType t) {
+  switch (t) {
+    case DType::Q8_0:
+    case DType::Q4_K:
+    case DType::Q5_K:
+      return 32;
+    case DType::Q6_K:
+      return 16;
+    default:
+      return 0;
+  }
+}
+
+void unpack_row(DType t, const std::byte* src, int64_t n, int group, int8_t* codes,
+                float* scales, float* mins) {
+  const int sub = ggml_subblock(t);
+  MB_CHECK(sub > 0 && group > 0 && sub % group == 0, "unpack_row: group must divide the sub-block");
+  const DTypeBlock blk = dtype_block(t);
+  MB_CHECK(n % blk.elems == 0, "unpack_row: n must be a whole number of blocks");
+  SubBlock sb[16];
+  int64_t e = 0;
+  for (int64_t i = 0; i < n / blk.elems; ++i) {
+    const int count = unpack_block(t, src + i * blk.bytes, sb);
+    for (int s = 0; s < count; ++s, e += sub) {
+      std::memcpy(codes + e, sb[s].q, static_cast<size_t>(sub));
+      for (int g = 0; g < sub / group; ++g) {
+        scales[(e + g * group) / group] = sb[s].scale;
+        mins[(e + g * group) / group] = sb[s].min;
+      }
+    }
+  }
+}
 
 void dequantize_row(DType t, const std::byte* src, float* dst, int64_t n) {
   const DTypeBlock blk = dtype_block(t);

@@ -128,8 +128,12 @@ HubTensorReader::HubTensorReader(const WeightSource& src, const ModelConfig& cfg
 }
 
 const uint8_t* HubTensorReader::stored_row(int64_t r) const {
-  MB_CHECK(kind_ == StoredAs::Fp8Block || kind_ == StoredAs::Nvfp4,
-           "stored_row: only FP8 blocks and NVFP4 keep their stored form");
+  MB_CHECK(kind_ == StoredAs::Fp8Block || kind_ == StoredAs::Nvfp4 || kind_ == StoredAs::GgmlBlocks,
+           "stored_row: only FP8 blocks, NVFP4 and ggml blocks keep their stored form");
+  if (kind_ == StoredAs::GgmlBlocks) {
+    const DTypeBlock b = dtype_block(t_->dtype);
+    return reinterpret_cast<const uint8_t*>(t_->data) + (row0_ + r) * (cols_ / b.elems) * b.bytes;
+  }
   const int64_t row_bytes = kind_ == StoredAs::Fp8Block ? cols_ : cols_ / 2;
   return reinterpret_cast<const uint8_t*>(t_->data) + r * row_bytes;
 }

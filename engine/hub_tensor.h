@@ -31,9 +31,12 @@ class HubTensorReader {
   StoredAs stored_as() const { return kind_; }
 
   // The stored form as it is, for loaders that keep compressed weights compressed
-  // (engine/packed_weights.h). Fp8Block and Nvfp4 only.
-  /// Bytes of row r (Fp8Block: cols E4M3 bytes; Nvfp4: cols / 2 bytes, low nibble first).
+  // (engine/packed_weights.h). Fp8Block, Nvfp4 and GgmlBlocks only.
+  /// Bytes of row r (Fp8Block: cols E4M3 bytes; Nvfp4: cols / 2 bytes, low nibble first;
+  /// GgmlBlocks: cols / block elements ggml blocks).
   const uint8_t* stored_row(int64_t r) const;
+  /// The file tensor's dtype (GgmlBlocks: the ggml format).
+  DType stored_dtype() const { return t_->dtype; }
   /// Fp8Block: the scale of the block holding element (r, c).
   float block_scale(int64_t r, int64_t c) const;
   /// Fp8Block: columns per scale block.

@@ -121,6 +121,10 @@ const char* weight_format_name(WeightFormat f) {
       return "fp8";
     case WeightFormat::Nvfp4:
       return "nvfp4";
+    case WeightFormat::Int8:
+      return "int8";
+    case WeightFormat::Int4:
+      return "int4";
   }
   return "?";
 }

@@ -30,7 +30,14 @@ namespace moebatch {
 /// NVFP4 in the packed layouts of engine/packed_weights.h. Each compressed format has a loader
 /// path that keeps its bytes as they are and a case in the GEMM dispatch of each backend
 /// (engine/cuda/linear.h); an unsupported combination fails loudly there.
-enum class WeightFormat { F32, Bf16, Fp8Block, Nvfp4 };
+enum class WeightFormat {
+  F32,
+  Bf16,
+  Fp8Block,
+  Nvfp4,
+  Int8,  ///< int8 codes, f32 scale and min per group of 16 or 32 (GGUF Q8_0, Q5_K, Q6_K)
+  Int4,  ///< 4-bit codes, f32 scale and min per group of 32 (GGUF Q4_K)
+};
 
 /// Human name of a format ("bf16", ...).
 const char* weight_format_name(WeightFormat f);

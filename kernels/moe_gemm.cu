@@ -24,29 +24,30 @@ constexpr int kPassRows = kTilesPerPass<C> * kMoeGemmTileM;
 template <WeightCodec C>
 constexpr int kSteps = kChunk<C> / 32;  // 32-wide k steps per chunk (two MMAs each)
 
-// 32-wide k steps per 16-byte weight granule: 1 (bf16), 2 (fp8), 4 (nvfp4). A window of 32·G k
+// 32-wide k steps per 16-byte weight granule: 1 (bf16), 2 (fp8, int8), 4 (nvfp4, int4). A window of 32·G k
 // is one granule per lane t (k [t·8G, t·8G + 8G) of the window) for each of its two A rows.
 template <WeightCodec C>
 constexpr int kGranuleSteps = codec_granule(C) / 8;
 
 // Activation rows in shared memory, padded so that the 16-byte B-fragment reads of a quarter warp
 // (rows g, g + 1, lanes t = 0..3) fall in distinct bank groups. Row stride in 16-byte vectors:
-// bf16 reads vector 4s + t (stride 36 ≡ 4 mod 8 separates the rows); fp8 reads 8w + 2t + s'
-// and nvfp4 16w + 4t + s' (stride 33 ≡ 1 mod 8, and nvfp4 swizzles, see xs_vec).
+// bf16 reads vector 4s + t (stride 36 ≡ 4 mod 8 separates the rows); 8-bit codecs read
+// 8w + 2t + s' and 4-bit ones 16w + 4t + s' (stride 33 ≡ 1 mod 8, and 4-bit swizzles, see xs_vec).
 template <WeightCodec C>
 constexpr int kChunkPad = kChunk<C> + (C == WeightCodec::Bf16 ? 32 : 8);
 
-// Shared-memory slot of activation vector v (8 k) of a chunk row. nvfp4 lanes t and t + 2 read
+// Shared-memory slot of activation vector v (8 k) of a chunk row. 4-bit lanes t and t + 2 read
 // vectors 8 apart (the same banks): vectors with bit 3 set swap pairs (bit 1), which makes the
 // quarter-warp's eight reads hit eight distinct bank groups for every s'.
 template <WeightCodec C>
 __device__ __forceinline__ int xs_vec(int v) {
-  if constexpr (C == WeightCodec::Nvfp4) return v ^ ((v >> 2) & 2);
+  if constexpr (codec_is_4bit(C)) return v ^ ((v >> 2) & 2);
   return v;
 }
 
 // Scales a granule needs, loaded with it: none (bf16); the fp32 block scale of rows g and g + 8
-// (fp8); the two E4M3 group-scale bytes of each row, low byte for inputs 0–15 (nvfp4).
+// (fp8); the two E4M3 group-scale bytes of each row, low byte for inputs 0–15 (nvfp4); the fp32
+// group scale and min of each row (int8, int4: a granule lies inside one group).
 template <WeightCodec C>
 struct GranuleScales {};
 template <>
@@ -57,6 +58,13 @@ template <>
 struct GranuleScales<WeightCodec::Nvfp4> {
   unsigned a, b;
 };
+struct IntGranuleScales {
+  float a, b, ma, mb;
+};
+template <>
+struct GranuleScales<WeightCodec::Int8> : IntGranuleScales {};
+template <>
+struct GranuleScales<WeightCodec::Int4> : IntGranuleScales {};
 
 // One chunk of a warp's two weight rows (A rows g and g + 8): lane t's raw 16-byte granule of
 // each row in every window of the chunk, decoded only right before its MMAs. bf16: 64
@@ -80,8 +88,10 @@ __device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wai
 struct PassState {
   const unsigned char* w0;  // first byte of the weight row of A rows g
   const unsigned char* w1;  // first byte of the weight row of A rows g + 8
-  const void* s0;           // scales of those rows (fp8: f32, nvfp4: e4m3 bytes; bf16: unused)
+  const void* s0;           // scales of those rows (fp8, int: f32, nvfp4: e4m3 bytes; bf16: unused)
   const void* s1;
+  const float* m0;          // int8 / int4 group mins of those rows (null: none)
+  const float* m1;
   bool warp_active;
   int tiles;
   int nchunks;
@@ -92,7 +102,7 @@ template <WeightCodec C>
 __device__ __forceinline__ uint4 load_granule(const unsigned char* row, int kc, int kwin, int klane) {
   if constexpr (C == WeightCodec::Bf16)
     return *reinterpret_cast<const uint4*>(reinterpret_cast<const bf16*>(row) + kc + kwin + klane);
-  if constexpr (C == WeightCodec::Fp8Block) return *reinterpret_cast<const uint4*>(row + kc + kwin + klane);
+  if constexpr (codec_is_8bit(C)) return *reinterpret_cast<const uint4*>(row + kc + kwin + klane);
   return *reinterpret_cast<const uint4*>(row + (kc + kwin + klane) / 2);
 }
 
@@ -119,13 +129,16 @@ __device__ __forceinline__ void load_weights(const MoeGemmParams& p, const PassS
         const int pair = (kc + kwin + klane) / 32;  // group scales 2·pair, 2·pair + 1 as one 2-byte load
         w.s[j].a = static_cast<const unsigned short*>(st.s0)[pair];
         w.s[j].b = static_cast<const unsigned short*>(st.s1)[pair];
+      } else if constexpr (C == WeightCodec::Int8 || C == WeightCodec::Int4) {
+        const int grp = (kc + kwin + klane) / p.weight.group;
+        w.s[j].a = static_cast<const float*>(st.s0)[grp];
+        w.s[j].b = static_cast<const float*>(st.s1)[grp];
+        w.s[j].ma = st.m0 ? st.m0[grp] : 0.f;
+        w.s[j].mb = st.m1 ? st.m1[grp] : 0.f;
       }
     } else {
       w.a[j] = w.b[j] = make_uint4(0, 0, 0, 0);
-      if constexpr (C != WeightCodec::Bf16) {
-        w.s[j].a = 0;
-        w.s[j].b = 0;
-      }
+      if constexpr (C != WeightCodec::Bf16) w.s[j] = {};
     }
   }
 }
@@ -150,10 +163,10 @@ __device__ __forceinline__ void copy_activations(const MoeGemmParams& p, const P
 
 // What decoding a granule needs besides its bytes, formed once before its first sub-step: the
 // fp8 block scales of rows g and g + 8; the nvfp4 group scales of inputs 0–15 and 16–31 of each
-// row as bf16 pairs (bf16: nothing).
+// row as bf16 pairs; the int8 / int4 group scales and mins (bf16: nothing).
 template <WeightCodec C>
 struct DecodeScales {
-  float a = 0.f, b = 0.f;
+  float a = 0.f, b = 0.f, ma = 0.f, mb = 0.f;
 };
 template <>
 struct DecodeScales<WeightCodec::Nvfp4> {
@@ -166,6 +179,11 @@ __device__ __forceinline__ DecodeScales<C> decode_scales(const WeightChunk<C>& w
   if constexpr (C == WeightCodec::Fp8Block) {
     d.a = w.s[j].a;
     d.b = w.s[j].b;
+  } else if constexpr (C == WeightCodec::Int8 || C == WeightCodec::Int4) {
+    d.a = w.s[j].a;
+    d.b = w.s[j].b;
+    d.ma = w.s[j].ma;
+    d.mb = w.s[j].mb;
   } else if constexpr (C == WeightCodec::Nvfp4) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -188,6 +206,13 @@ __device__ __forceinline__ void decode_step(const WeightChunk<C>& w, int j, int 
     // bytes 8·sp .. 8·sp + 7: words .x/.y or .z/.w
     da = decode_fp8x8(sp == 0 ? make_uint2(w.a[j].x, w.a[j].y) : make_uint2(w.a[j].z, w.a[j].w), sc.a);
     db = decode_fp8x8(sp == 0 ? make_uint2(w.b[j].x, w.b[j].y) : make_uint2(w.b[j].z, w.b[j].w), sc.b);
+  } else if constexpr (C == WeightCodec::Int8) {
+    da = decode_i8x8(sp == 0 ? make_uint2(w.a[j].x, w.a[j].y) : make_uint2(w.a[j].z, w.a[j].w), sc.a, sc.ma);
+    db = decode_i8x8(sp == 0 ? make_uint2(w.b[j].x, w.b[j].y) : make_uint2(w.b[j].z, w.b[j].w), sc.b, sc.mb);
+  } else if constexpr (C == WeightCodec::Int4) {
+    // word sp holds inputs 8·sp .. 8·sp + 7 of the granule's one group
+    da = decode_u4x8(word_of(w.a[j], sp), sc.a, sc.ma);
+    db = decode_u4x8(word_of(w.b[j], sp), sc.b, sc.mb);
   } else {
     // word sp holds inputs 8·sp .. 8·sp + 7 (nibble i = input i); 0–15 scale 0, 16–31 scale 1
     const auto word = [sp](const uint4& q) { return sp == 0 ? q.x : sp == 1 ? q.y : sp == 2 ? q.z : q.w; };
@@ -270,6 +295,7 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm<C>) moe_gemm_kernel(
   const int g = lane >> 2, t = lane & 3;
   const int col0 = blockIdx.x * kColsPerBlock + warp * kColsPerWarp;
   PassState st;
+  st.m0 = st.m1 = nullptr;
   st.warp_active = col0 < p.n;  // n is a multiple of kColsPerWarp: a warp is all in or all out
   st.nchunks = (p.k + kChunk<C> - 1) / kChunk<C>;
   const int col = col0 + g;
@@ -293,6 +319,14 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm<C>) moe_gemm_kernel(
     st.s1 = static_cast<const unsigned char*>(p.weight.scales) + grow_b * (p.k / 16);
     row_scale_a = p.weight.row_scales[grow_a];
     row_scale_b = p.weight.row_scales[grow_b];
+  } else if constexpr (C == WeightCodec::Int8 || C == WeightCodec::Int4) {
+    const size_t groups = (p.k + p.weight.group - 1) / p.weight.group;
+    st.s0 = static_cast<const float*>(p.weight.scales) + grow_a * groups;
+    st.s1 = static_cast<const float*>(p.weight.scales) + grow_b * groups;
+    if (p.weight.mins) {
+      st.m0 = p.weight.mins + grow_a * groups;
+      st.m1 = p.weight.mins + grow_b * groups;
+    }
   } else {
     st.s0 = st.s1 = nullptr;
   }
@@ -378,21 +412,7 @@ void check_moe_gemm_params(const MoeGemmParams& p, const char* op) {
   MB_CHECK(p.in_row_div > 0 && p.num_pairs >= 0, name + ": bad pair mapping");
   MB_CHECK(p.out && p.in && w.data && p.sorted_ids && p.expert_offsets, name + ": null operand");
   MB_CHECK(aligned(w.data, 16), name + ": weight data must be 16-byte aligned");
-  switch (w.codec) {
-    case WeightCodec::Bf16:
-      break;
-    case WeightCodec::Fp8Block:
-      MB_CHECK(w.scales && aligned(w.scales, 4) && w.group > 0 && w.group % 16 == 0,
-               name + ": fp8 weights need f32 block scales and a group that is a positive multiple of 16");
-      break;
-    case WeightCodec::Nvfp4:
-      // a granule's two group-scale bytes are read as one 2-byte load
-      MB_CHECK(w.scales && aligned(w.scales, 2) && w.row_scales && w.group == 16,
-               name + ": nvfp4 weights need 2-byte aligned group scales, row scales and group 16");
-      break;
-    default:
-      throw Error(name + ": unknown weight codec");
-  }
+  check_quant_matrix(w, op);
 }
 
 void moe_gemm(const MoeGemmParams& p, cudaStream_t stream) {
@@ -412,6 +432,12 @@ void moe_gemm(const MoeGemmParams& p, cudaStream_t stream) {
       break;
     case WeightCodec::Nvfp4:
       launch<WeightCodec::Nvfp4>(p, grid, stream);
+      break;
+    case WeightCodec::Int8:
+      launch<WeightCodec::Int8>(p, grid, stream);
+      break;
+    case WeightCodec::Int4:
+      launch<WeightCodec::Int4>(p, grid, stream);
       break;
   }
   CUDA_CHECK_LAST();

@@ -117,6 +117,12 @@ void moe_gemv(const MoeGemmParams& p, int tokens, cudaStream_t stream) {
     case WeightCodec::Nvfp4:
       launch_codec<WeightCodec::Nvfp4>(p, tokens, stream);
       break;
+    case WeightCodec::Int8:
+      launch_codec<WeightCodec::Int8>(p, tokens, stream);
+      break;
+    case WeightCodec::Int4:
+      launch_codec<WeightCodec::Int4>(p, tokens, stream);
+      break;
   }
   CUDA_CHECK_LAST();
 }

@@ -1,4 +1,5 @@
 #include <climits>
+#include <string>
 
 #include "kernels/cuda_check.cuh"
 #include "kernels/device_common.cuh"
@@ -129,20 +130,19 @@ void gemv_impl(void* out, bool out_f32, const bf16* x, const QuantMatrix& w, int
   a.w = w;
   a.n = n;
   a.k = k;
+  check_quant_matrix(w, "gemv_quant");
   switch (w.codec) {
     case WeightCodec::Bf16:
       return launch_gemv_codec<WeightCodec::Bf16>(a, m, stream);
     case WeightCodec::Fp8Block:
-      MB_CHECK(w.scales && aligned(w.scales, 4), "gemv_quant: fp8 needs f32 scales");
-      MB_CHECK(w.group > 0 && w.group % 16 == 0,
-               "gemv_quant: fp8 group must be a positive multiple of 16");
       return launch_gemv_codec<WeightCodec::Fp8Block>(a, m, stream);
     case WeightCodec::Nvfp4:
-      MB_CHECK(w.scales && aligned(w.scales, 2) && w.row_scales,
-               "gemv_quant: nvfp4 needs scales and row scales");
       return launch_gemv_codec<WeightCodec::Nvfp4>(a, m, stream);
+    case WeightCodec::Int8:
+      return launch_gemv_codec<WeightCodec::Int8>(a, m, stream);
+    case WeightCodec::Int4:
+      return launch_gemv_codec<WeightCodec::Int4>(a, m, stream);
   }
-  MB_CHECK(false, "gemv_quant: unknown codec");
 }
 
 // --- dequantize -----------------------------------------------------------------------------
@@ -253,6 +253,26 @@ __global__ void quantize_nvfp4_kernel(const bf16* in, int64_t rows, int cols, ui
   }
 }
 
+// One warp per (row, 32-input group): lane i quantizes input i; lanes 2j and 2j + 1 share
+// output byte j.
+__global__ void quantize_int4_kernel(const bf16* in, int64_t rows, int cols, uint8_t* data,
+                                     float* scales, float* mins) {
+  const int lane = threadIdx.x & 31;
+  const int groups = cols / 32;
+  const int64_t wid = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  if (wid >= rows * groups) return;  // warp-uniform
+  const float v = __bfloat162float(in[wid * 32 + lane]);  // rows are contiguous groups of 32
+  const float lo = -warp_max(-v), hi = warp_max(v);
+  const float scale = hi > lo ? (hi - lo) / 15.f : 1.f;
+  const unsigned code = static_cast<unsigned>(fminf(fmaxf(rintf((v - lo) / scale), 0.f), 15.f));
+  const unsigned other = __shfl_xor_sync(kFullMask, code, 1);
+  if ((lane & 1) == 0) data[wid * 16 + lane / 2] = static_cast<uint8_t>(code | other << 4);
+  if (lane == 0) {
+    scales[wid] = scale;
+    mins[wid] = -lo;
+  }
+}
+
 constexpr int kThreads = 256;
 
 unsigned blocks_for(int64_t threads) {
@@ -280,6 +300,33 @@ void quant_linear_impl(cublasHandle_t handle, cudaStream_t stream, Out* out, con
 
 }  // namespace
 
+void check_quant_matrix(const QuantMatrix& w, const char* op) {
+  const std::string name(op);
+  switch (w.codec) {
+    case WeightCodec::Bf16:
+      return;
+    case WeightCodec::Fp8Block:
+      MB_CHECK(w.scales && aligned(w.scales, 4) && w.group > 0 && w.group % 16 == 0,
+               name + ": fp8 weights need f32 block scales and a group that is a positive "
+                      "multiple of 16");
+      return;
+    case WeightCodec::Nvfp4:
+      // a granule's two group-scale bytes are read as one 2-byte load
+      MB_CHECK(w.scales && aligned(w.scales, 2) && w.row_scales && w.group == 16,
+               name + ": nvfp4 weights need 2-byte aligned group scales, row scales and group 16");
+      return;
+    case WeightCodec::Int8:
+    case WeightCodec::Int4:
+      MB_CHECK(w.scales && aligned(w.scales, 4) && (!w.mins || aligned(w.mins, 4)) &&
+                   (w.codec == WeightCodec::Int4 ? w.group == 32 && w.mins
+                                                 : w.group == 16 || w.group == 32),
+               name + ": int8 weights need f32 group scales and a group of 16 or 32, int4 "
+                      "weights f32 scales and mins per 32");
+      return;
+  }
+  throw Error(name + ": unknown weight codec");
+}
+
 const char* quant_linear_path_name(QuantLinearPath p) {
   switch (p) {
     case QuantLinearPath::Cublas:
@@ -304,17 +351,24 @@ void gemv_quant(float* out, const bf16* x, const QuantMatrix& w, int m, int n, i
 
 void dequantize(const QuantMatrix& w, int64_t rows, int cols, bf16* out, cudaStream_t stream) {
   MB_CHECK(rows >= 0 && rows <= INT_MAX && cols > 0, "dequantize: bad shape");
-  MB_CHECK(cols % (w.codec == WeightCodec::Nvfp4 ? 32 : 16) == 0,
-           "dequantize: cols must be a multiple of 16 (nvfp4: 32)");
+  MB_CHECK(cols % (codec_is_4bit(w.codec) ? 32 : 16) == 0,
+           "dequantize: cols must be a multiple of 16 (4-bit codecs: 32)");
   MB_CHECK(out && w.data && aligned(out, 16) && aligned(w.data, 16),
            "dequantize: null or misaligned operand");
-  MB_CHECK(w.codec == WeightCodec::Bf16 || w.scales, "dequantize: missing scales");
-  MB_CHECK(w.codec != WeightCodec::Fp8Block || (w.group > 0 && w.group % 16 == 0),
-           "dequantize: fp8 group must be a multiple of 16");
-  MB_CHECK(w.codec != WeightCodec::Nvfp4 || w.row_scales, "dequantize: nvfp4 needs row scales");
+  check_quant_matrix(w, "dequantize");
   if (rows == 0) return;
   const int64_t threads = rows * (cols / 8);
   dequantize_kernel<<<blocks_for(threads), kThreads, 0, stream>>>(w, rows, cols, out);
+  CUDA_CHECK_LAST();
+}
+
+void quantize_int4_rows(const bf16* in, int64_t rows, int cols, uint8_t* data, float* scales,
+                        float* mins, cudaStream_t stream) {
+  MB_CHECK(rows >= 0 && cols > 0 && cols % 32 == 0, "quantize_int4_rows: cols must be a multiple of 32");
+  MB_CHECK(in && data && scales && mins, "quantize_int4_rows: null operand");
+  if (rows == 0) return;
+  quantize_int4_kernel<<<blocks_for(rows * (cols / 32) * 32), kThreads, 0, stream>>>(
+      in, rows, cols, data, scales, mins);
   CUDA_CHECK_LAST();
 }
 

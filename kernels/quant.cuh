@@ -78,4 +78,12 @@ void quantize_fp8_rows(const bf16* in, int64_t rows, int cols, int group, uint8_
 void quantize_nvfp4_rows(const bf16* in, int64_t rows, int cols, uint8_t* data, uint8_t* scales,
                          float* row_scales, cudaStream_t stream);
 
+/// Int4 quantization of in [rows, cols] (the form GGUF's Q4_K takes on the GPU, with exact fp32
+/// scales): per 32 inputs with lo / hi their min / max, scale = (hi − lo) / 15 (1 when hi == lo),
+/// min = −lo, code = clamp(rint((v − lo) / scale), 0, 15); so v ≈ code · scale − min. data
+/// [rows, cols / 2] (even column in the low nibble), scales and mins [rows, cols / 32] f32.
+/// cols % 32 == 0.
+void quantize_int4_rows(const bf16* in, int64_t rows, int cols, uint8_t* data, float* scales,
+                        float* mins, cudaStream_t stream);
+
 }  // namespace moebatch::kernels

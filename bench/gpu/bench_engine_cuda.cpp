@@ -106,6 +106,8 @@ double linear_bytes_per_param(Quantization q) {
       return 1.0 + 4.0 / 128;
     case Quantization::Nvfp4:
       return 0.5 + 1.0 / 16;
+    case Quantization::Int4:
+      return 0.5 + 8.0 / 32;
     default:
       return 2.0;
   }

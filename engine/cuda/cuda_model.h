@@ -24,8 +24,9 @@ struct DeviceTensor {
   void* data = nullptr;                      ///< first byte of the values
   WeightFormat format = WeightFormat::Bf16;  ///< how the bytes encode the values
   std::vector<int64_t> shape;                ///< dims, outermost first; empty: field absent
-  void* scales = nullptr;                    ///< Fp8Block: f32 per group; Nvfp4: e4m3 per 16
+  void* scales = nullptr;  ///< Fp8Block, Int8, Int4: f32 per group; Nvfp4: e4m3 per 16
   float* row_scales = nullptr;               ///< Nvfp4: f32 per row
+  float* mins = nullptr;                     ///< Int8, Int4: f32 per group
   int group = 0;                             ///< inputs per scale (compressed formats)
   bool empty() const { return shape.empty(); }
   int64_t numel() const;

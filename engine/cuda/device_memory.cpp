@@ -128,6 +128,7 @@ WeightArena layout_weights(const ModelPlan& plan, bool alias_lm_head, char* base
     t.data = c.take<char>(sz.data);
     t.scales = sz.scales ? c.take<char>(sz.scales) : nullptr;
     t.row_scales = sz.row_scales ? c.take<float>(sz.row_scales / sizeof(float)) : nullptr;
+    t.mins = sz.mins ? c.take<float>(sz.mins / sizeof(float)) : nullptr;
     const size_t used = c.bytes() - before;
     auto it = std::find_if(arena.formats.begin(), arena.formats.end(),
                            [&](const auto& f) { return f.first == t.format; });
@@ -165,6 +166,10 @@ void quantize_rows(const bf16* in, int64_t rows, const DeviceTensor& t, int64_t 
     case WeightFormat::Nvfp4:
       kernels::quantize_nvfp4_rows(in, rows, cols, data, static_cast<uint8_t*>(v.scales),
                                    v.row_scales, stream);
+      return;
+    case WeightFormat::Int4:
+      kernels::quantize_int4_rows(in, rows, cols, data, static_cast<float*>(v.scales), v.mins,
+                                  stream);
       return;
     default:
       throw Error(std::string("quantize_rows: ") + weight_format_name(v.format) +
@@ -222,6 +227,7 @@ kernels::QuantMatrix DeviceTensor::matrix() const {
   m.data = data;
   m.scales = scales;
   m.row_scales = row_scales;
+  m.mins = mins;
   m.group = group;
   switch (format) {
     case WeightFormat::Bf16:
@@ -232,6 +238,12 @@ kernels::QuantMatrix DeviceTensor::matrix() const {
       return m;
     case WeightFormat::Nvfp4:
       m.codec = kernels::WeightCodec::Nvfp4;
+      return m;
+    case WeightFormat::Int8:
+      m.codec = kernels::WeightCodec::Int8;
+      return m;
+    case WeightFormat::Int4:
+      m.codec = kernels::WeightCodec::Int4;
       return m;
     case WeightFormat::F32:
       break;
@@ -248,6 +260,7 @@ DeviceTensor DeviceTensor::rows_from(int64_t row0) const {
   v.data = static_cast<char*>(data) + row0 * per_row.data;
   if (scales) v.scales = static_cast<char*>(scales) + row0 * per_row.scales;
   if (row_scales) v.row_scales = row_scales + row0;
+  if (mins) v.mins = mins + row0 * static_cast<int64_t>(per_row.mins / sizeof(float));
   return v;
 }
 
@@ -321,6 +334,7 @@ void load_weights_device(const WeightSource& ckpt, const ModelConfig& cfg, const
       upload(t.data, packed.data.data(), packed.data.size());
       upload(t.scales, packed.scales.data(), packed.scales.size());
       upload(t.row_scales, packed.row_scales.data(), packed.row_scales.size() * sizeof(float));
+      upload(t.mins, packed.mins.data(), packed.mins.size() * sizeof(float));
     } else {
       // A plain weight compressed on load (--quantization): piece by piece through bf16 staging.
       for (const PlanPiece& pc : p.pieces) {

@@ -54,6 +54,8 @@ void expert_gemm(kernels::MoeGemmParams p, const DeviceTensor& w, int tokens, cu
     case WeightFormat::Bf16:
     case WeightFormat::Fp8Block:
     case WeightFormat::Nvfp4:
+    case WeightFormat::Int8:
+    case WeightFormat::Int4:
       p.weight = w.matrix();  // both kernels decode each codec in registers
       if (tokens <= kExpertGemvMaxTokens && p.active_experts != nullptr)
         kernels::moe_gemv(p, tokens, stream);

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "common/error.h"
 #include "engine/ggml_quants.h"
@@ -151,6 +152,45 @@ TEST(GgmlQuants, Q8_0AndQ6_KMatchTheirDefinition) {
     const int8_t scale = static_cast<int8_t>(q6[192 + h * 8 + l / 16 + 2 * k]);
     ASSERT_EQ(y[e], 2.0f * scale * ((low4 | high2 << 4) - 32)) << e;
   }
+}
+
+// The integer form of every ggml format the GPU keeps (unpack_row) gives back ggml's decoded
+// values exactly: code · scale − min in fp32 is the arithmetic the decoders do. Random blocks
+// with finite f16 scales; every group size the loader uses (the sub-block, and 16).
+TEST(GgmlQuants, UnpackedCodesReproduceTheDecodedValues) {
+  std::mt19937 rng(std::random_device{}());
+  for (DType t : {DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
+    const DTypeBlock blk = dtype_block(t);
+    const int blocks = 3, n = blocks * static_cast<int>(blk.elems);
+    std::string bytes(static_cast<size_t>(blocks * blk.bytes), '\0');
+    for (char& c : bytes) c = static_cast<char>(rng());
+    // f16 scales (d, dmin; Q6_K's d is last): finite values in ±[2^-8, 2^2)
+    const size_t d_at = t == DType::Q6_K ? 208 : 0;
+    for (int b = 0; b < blocks; ++b)
+      for (size_t off : t == DType::Q8_0 || t == DType::Q6_K ? std::vector<size_t>{d_at}
+                                                             : std::vector<size_t>{0, 2}) {
+        const auto h = static_cast<uint16_t>((rng() & 0x83ff) | ((7 + rng() % 10) << 10));
+        std::memcpy(bytes.data() + b * blk.bytes + off, &h, 2);
+      }
+    const auto* src = reinterpret_cast<const std::byte*>(bytes.data());
+    std::vector<float> want(static_cast<size_t>(n));
+    dequantize_row(t, src, want.data(), n);
+    for (int group : {ggml_subblock(t), 16}) {
+      std::vector<int8_t> codes(static_cast<size_t>(n));
+      std::vector<float> scales(static_cast<size_t>(n / group)), mins(scales.size());
+      unpack_row(t, src, n, group, codes.data(), scales.data(), mins.data());
+      for (int i = 0; i < n; ++i) {
+        const auto g = static_cast<size_t>(i / group);
+        ASSERT_EQ(static_cast<float>(codes[static_cast<size_t>(i)]) * scales[g] - mins[g],
+                  want[static_cast<size_t>(i)])
+            << dtype_name(t) << " group " << group << " element " << i;
+      }
+    }
+  }
+  std::vector<int8_t> c(32);
+  std::vector<float> s(2), m(2);
+  EXPECT_THROW(unpack_row(DType::Q6_K, nullptr, 256, 32, c.data(), s.data(), m.data()), Error)
+      << "a group larger than Q6_K's sub-block of 16";
 }
 
 TEST(Gguf, HubNamesMapOntoGgufNames) {

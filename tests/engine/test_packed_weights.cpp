@@ -33,11 +33,13 @@ Loaded plan_of(const std::string& fixture, int world = 1, int rank = 0,
 // Every element of the packed form of `p` equals read_plan_f32's value of it.
 void expect_packed_matches_f32(const Loaded& l, const TensorPlan& p, const std::string& what) {
   PackedHost packed;
+  ASSERT_TRUE(stored_as_planned(*l.files.weights, l.files.config, p)) << what;
   read_plan_packed(*l.files.weights, l.files.config, p, packed);
   std::vector<float> ref(static_cast<size_t>(p.numel()));
   read_plan_f32(*l.files.weights, l.files.config, p, ref.data());
   const int64_t rows = plan_rows(p), cols = plan_cols(p);
-  ASSERT_EQ(packed.data.size() + packed.scales.size() + 4 * packed.row_scales.size(),
+  ASSERT_EQ(packed.data.size() + packed.scales.size() +
+                4 * (packed.row_scales.size() + packed.mins.size()),
             packed_sizes(p.format, rows, cols, p.group).total());
   int64_t mismatches = 0;
   for (int64_t r = 0; r < rows; ++r)
@@ -86,6 +88,43 @@ TEST(PackedWeights, Nvfp4CheckpointHonoursExcludedModules) {
     expect_packed_matches_f32(l, L.w_down, "w_down " + std::to_string(i));
   }
   EXPECT_EQ(describe_weight_groups(l.plan), "attention nvfp4+bf16, experts nvfp4");
+}
+
+// GGUF Q4_K_M: Q4_K tensors stay Int4, Q6_K / Q8_0 ones Int8, a tensor fused from several
+// ggml formats (q/k/v in different types) Int8 with groups of 16; F16 / F32 ones bf16. The packed
+// values equal the fp32 loader's, on one rank and on both ranks of TP=2 (column shards of o_proj
+// and down_proj start on a 32-input group, not on ggml's 256-input super-block).
+TEST(PackedWeights, GgufIntegerBlocksStayIntegers) {
+  for (int world : {1, 2}) {
+    for (int rank = 0; rank < world; ++rank) {
+      Loaded l = plan_of("qwen3moe_tiny_q4km", world, rank);
+      assign_weight_formats(l.plan, l.files.config, l.files.weights.get(), Quantization::Auto);
+      int int4 = 0, int8 = 0;
+      for (size_t i = 0; i < l.plan.layers.size(); ++i) {
+        const auto& L = l.plan.layers[i];
+        for (const TensorPlan* t : {&L.wqkv, &L.wo, &L.w_gate_up, &L.w_down}) {
+          const std::string what = "layer " + std::to_string(i) + " rank " + std::to_string(rank) +
+                                   " " + weight_format_name(t->format);
+          if (t->format == WeightFormat::Int4) {
+            ++int4;
+            EXPECT_EQ(t->group, 32) << what;
+          } else if (t->format == WeightFormat::Int8) {
+            ++int8;
+            EXPECT_TRUE(t->group == 16 || t->group == 32) << what;
+          } else {
+            continue;  // stored as F16 / F32 in the file
+          }
+          expect_packed_matches_f32(l, *t, what);
+        }
+        EXPECT_EQ(L.router.format, WeightFormat::Bf16);
+      }
+      EXPECT_GT(int4, 0) << "no Q4_K tensor kept as int4";
+      EXPECT_GT(int8, 0) << "no Q6_K / Q8_0 tensor kept as int8";
+      // Decoding everything stays possible.
+      assign_weight_formats(l.plan, l.files.config, l.files.weights.get(), Quantization::None);
+      EXPECT_EQ(l.plan.layers[0].w_gate_up.format, WeightFormat::Bf16);
+    }
+  }
 }
 
 TEST(PackedWeights, TensorParallelShardsKeepTheirBlocks) {
@@ -142,11 +181,12 @@ TEST(PackedWeights, QuantizationChoices) {
   EXPECT_EQ(fp4.plan.layers[3].wqkv.format, WeightFormat::Fp8Block);
 
   EXPECT_EQ(parse_quantization("nvfp4"), Quantization::Nvfp4);
+  EXPECT_EQ(parse_quantization("int4"), Quantization::Int4);
   try {
-    parse_quantization("int4");
+    parse_quantization("int3");
     FAIL() << "expected an InputError";
   } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("auto, none, fp8 or nvfp4"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("auto, none, fp8, nvfp4 or int4"), std::string::npos);
   }
 }
 

@@ -399,7 +399,7 @@ class CudaQuantizeOnLoad
 
 TEST_P(CudaQuantizeOnLoad, LogitsNearTheUnquantizedOracle) {
   const auto& [model, q] = GetParam();
-  const double bound = q == Quantization::Fp8 ? 0.15 : 0.5;
+  const double bound = q == Quantization::Fp8 ? 0.15 : 0.5;  // int4 (16 levels per 32): as nvfp4
   auto ref = load_reference(model);
   auto eng = gpu_engine(model, true, 1, ExpertSplit::Intermediate, q);
   const int64_t V = eng->config().vocab_size;
@@ -425,7 +425,8 @@ TEST_P(CudaQuantizeOnLoad, LogitsNearTheUnquantizedOracle) {
 INSTANTIATE_TEST_SUITE_P(Models, CudaQuantizeOnLoad,
                          ::testing::Combine(::testing::Values("qwen3_moe_tiny", "qwen3_dense_tiny"),
                                             ::testing::Values(Quantization::Fp8,
-                                                              Quantization::Nvfp4)),
+                                                              Quantization::Nvfp4,
+                                                              Quantization::Int4)),
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_" +
                                   quantization_name(std::get<1>(info.param));

@@ -153,12 +153,12 @@ TEST(Config, ParallelismAndQuantizationKnobs) {
   c.collective_timeout_s = 0;
   EXPECT_THROW(validate_config(c), InputError);
   c.collective_timeout_s = 120;
-  c.quantization = "int4";
+  c.quantization = "int3";
   try {
     validate_config(c);
     FAIL() << "expected an InputError";
   } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("auto, none, fp8 or nvfp4"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("auto, none, fp8, nvfp4 or int4"), std::string::npos);
   }
 }
 

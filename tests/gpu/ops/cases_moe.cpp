@@ -379,6 +379,8 @@ class MoeGemmCase final : public OpCase {
         break;
       case WeightFormat::fp8_block:
       case WeightFormat::nvfp4:
+      case WeightFormat::int8:
+      case WeightFormat::int4:
         qweight_ = RandomQuantMatrix(s_.format, static_cast<int64_t>(E * rows), static_cast<int64_t>(cols), 0.05f, rng);
         expert_bytes_ = qweight_.bytes() / E;  // values and the rows' scales
         break;
@@ -517,9 +519,12 @@ OpCaseDef moe_gemm_case(const MoeGemmShape& s) {
   const char* stage = s.stage == MoeGemmStage::gate_up ? "gate_up" : s.stage == MoeGemmStage::gate_up_silu ? "gate_up+silu" : "down";
   // bf16: fp32 accumulation of bf16 products; the bf16 output rounding dominates (SiLU·mul: one
   // rounding of the fp32 result): 5e-3. nvfp4 decodes exactly (E2M1 · E4M3 fits bf16; the row
-  // scale multiplies the fp32 accumulator): the same. fp8: each weight · block scale is also
-  // rounded once to bf16 (≤ 2^-8 relative per weight, independent across a dot product): + 2^-8.
-  const double tol = s.format == WeightFormat::fp8_block ? 5e-3 + 0x1p-8 : 5e-3;
+  // scale multiplies the fp32 accumulator): the same. fp8, int8, int4: each weight (code · scale
+  // − min) is also rounded once to bf16 (≤ 2^-8 relative per weight, independent across a dot
+  // product): + 2^-8 (the grouped GEMV sums in fp32 without that rounding).
+  const bool rounded = s.format == WeightFormat::fp8_block || s.format == WeightFormat::int8 ||
+                       s.format == WeightFormat::int4;
+  const double tol = rounded ? 5e-3 + 0x1p-8 : 5e-3;
   MB_CHECK(!s.gemv || (s.active_experts && s.tokens <= kernels::kMoeGemvMaxTokens),
            "moe_gemm case: moe_gemv needs the active list and few tokens");
   std::string name = std::string(s.gemv ? "moe_gemv" : s.kernel_name) + " " + stage;

@@ -209,10 +209,33 @@ uint8_t e2m1_rne(float q) {
 
 struct Quantized {
   std::vector<uint8_t> data;
-  std::vector<float> scales;        // fp8
+  std::vector<float> scales;        // fp8, int4
   std::vector<uint8_t> scale_e4m3;  // nvfp4
   std::vector<float> row_scales;    // nvfp4
+  std::vector<float> mins;          // int4
 };
+
+// kernels::quantize_int4_rows's arithmetic: per 32 inputs lo / hi, scale (hi − lo) / 15 (1 when
+// equal), min −lo, code rint((v − lo) / scale) clamped to 0..15.
+Quantized quantize_int4_ref(const std::vector<float>& in) {
+  Quantized q;
+  const size_t groups = in.size() / 32;
+  q.data.assign(in.size() / 2, 0);
+  q.scales.resize(groups);
+  q.mins.resize(groups);
+  for (size_t g = 0; g < groups; ++g) {
+    const float* v = &in[32 * g];
+    const float lo = *std::min_element(v, v + 32), hi = *std::max_element(v, v + 32);
+    const float scale = hi > lo ? (hi - lo) / 15.f : 1.f;
+    q.scales[g] = scale;
+    q.mins[g] = -lo;
+    for (int j = 0; j < 32; ++j) {
+      const float code = std::clamp(std::nearbyint((v[j] - lo) / scale), 0.f, 15.f);
+      q.data[16 * g + j / 2] |= static_cast<uint8_t>(static_cast<unsigned>(code) << (4 * (j & 1)));
+    }
+  }
+  return q;
+}
 
 Quantized quantize_fp8_ref(const std::vector<float>& in, int rows, int cols, int group) {
   const int groups = (cols + group - 1) / group;
@@ -264,7 +287,7 @@ std::vector<int32_t> widen(const std::vector<uint8_t>& v) { return {v.begin(), v
 class QuantizeCase final : public OpCase {
  public:
   explicit QuantizeCase(const QuantizeShape& s)
-      : s_(s), fp8_(s.format == WeightFormat::fp8_block) {}
+      : s_(s), fp8_(s.format == WeightFormat::fp8_block), int4_(s.format == WeightFormat::int4) {}
   void setup(const OpEnv& env, uint32_t seed) override {
     std::mt19937 rng(seed);
     const size_t n = static_cast<size_t>(s_.rows) * s_.cols;
@@ -288,6 +311,11 @@ class QuantizeCase final : public OpCase {
       scales_f_ =
           DevBuf<float>(static_cast<size_t>(s_.rows) * ((s_.cols + s_.group - 1) / s_.group));
       scales_f_.poison();
+    } else if (int4_) {
+      scales_f_ = DevBuf<float>(n / 32);
+      scales_f_.poison();
+      mins_ = DevBuf<float>(n / 32);
+      mins_.poison();
     } else {
       scales_b_ = DevBuf<uint8_t>(n / 16);
       scales_b_.poison();
@@ -299,6 +327,9 @@ class QuantizeCase final : public OpCase {
     if (fp8_)
       kernels::quantize_fp8_rows(x_.get(), s_.rows, s_.cols, s_.group, data_.get(), scales_f_.get(),
                                  env.stream);
+    else if (int4_)
+      kernels::quantize_int4_rows(x_.get(), s_.rows, s_.cols, data_.get(), scales_f_.get(),
+                                  mins_.get(), env.stream);
     else
       kernels::quantize_nvfp4_rows(x_.get(), s_.rows, s_.cols, data_.get(), scales_b_.get(),
                                    row_scales_.get(), env.stream);
@@ -321,6 +352,18 @@ class QuantizeCase final : public OpCase {
         const size_t r = i / s_.cols, col = i % s_.cols;
         decoded[i] = codes[i] * scales[r * groups + col / s_.group];
       }
+    } else if (int4_) {
+      const Quantized ref = quantize_int4_ref(in);
+      const auto scales = scales_f_.download<float>();
+      const auto mins = mins_.download<float>();
+      c.equal("scales", scales, ref.scales);
+      c.equal("mins", mins, ref.mins);
+      for (size_t i = 0; i < in.size(); ++i) {
+        const int shift = 4 * static_cast<int>(i & 1);
+        codes[i] = static_cast<float>((data[i / 2] >> shift) & 0xf);
+        want_codes[i] = static_cast<float>((ref.data[i / 2] >> shift) & 0xf);
+        decoded[i] = codes[i] * scales[i / 32] - mins[i / 32];
+      }
     } else {
       const Quantized ref = quantize_nvfp4_ref(in, s_.rows, s_.cols);
       const auto scales = scales_b_.download<uint8_t>();
@@ -340,27 +383,30 @@ class QuantizeCase final : public OpCase {
   }
   double bytes() const override {
     const double n = static_cast<double>(s_.rows) * s_.cols;
-    return 2 * n + (fp8_ ? n + 4.0 * s_.rows * std::ceil(static_cast<double>(s_.cols) / s_.group)
-                         : n / 2 + n / 16 + 4.0 * s_.rows);
+    return 2 * n + (fp8_    ? n + 4.0 * s_.rows * std::ceil(static_cast<double>(s_.cols) / s_.group)
+                    : int4_ ? n / 2 + n / 4
+                            : n / 2 + n / 16 + 4.0 * s_.rows);
   }
 
  private:
   QuantizeShape s_;
-  bool fp8_;
+  bool fp8_, int4_;
   RandomBf16 x_;
   std::vector<uint16_t> in_;  // the input as quantized (planted rows included)
   DevBuf<uint8_t> data_, scales_b_;
-  DevBuf<float> scales_f_, row_scales_;
+  DevBuf<float> scales_f_, row_scales_, mins_;
 };
 
 }  // namespace
 
 // Tolerances: the GEMV decodes exactly and rounds once (bf16 out: ~2^-9 relative; fp32 out:
-// fp32 summation only); the dequantize path also rounds every weight to bf16 once (~1e-3
-// relative on a dot product); cuBLAS on bf16 weights as linear_case.
+// fp32 summation only: 1e-5, integer formats 1e-4, whose min · Σx term cancels most of
+// scale · Σ code·x); the dequantize path also rounds every weight to bf16 once (~1e-3 relative
+// on a dot product); cuBLAS on bf16 weights as linear_case.
 OpCaseDef quant_linear_case(const QuantLinearShape& s) {
   const bool rounded_weights = path_of(s) == QuantLinearPath::DequantCublas;
-  const double tol = !s.fp32_out ? 1e-2 : rounded_weights ? 5e-3 : 1e-5;
+  const bool integer = s.format == WeightFormat::int8 || s.format == WeightFormat::int4;
+  const double tol = !s.fp32_out ? 1e-2 : rounded_weights ? 5e-3 : integer ? 1e-4 : 1e-5;
   OpCaseDef d = op_case_def<QuantLinearCase>(
       label("quant_linear", s.format, s.fp32_out ? " fp32-out" : " bf16-out"),
       shape_str({{"m", s.m}, {"n", s.n}, {"k", s.k}}), OpFamily::quant, tol, s);
@@ -381,15 +427,18 @@ OpCaseDef dequantize_case(const DequantizeShape& s) {
 }
 
 // tol: relative L2 of the decoded matrix against the input. E4M3 keeps 3 mantissa bits (~2.5%
-// rms on uniform inputs); E2M1 with 16-input scales ~11%.
+// rms on uniform inputs); E2M1 with 16-input scales ~11%; 16 levels over a 32-input range ~6.5%.
 OpCaseDef quantize_case(const QuantizeShape& s) {
-  MB_CHECK(s.format != WeightFormat::bf16, "quantize case: fp8_block or nvfp4");
+  MB_CHECK(s.format == WeightFormat::fp8_block || s.format == WeightFormat::nvfp4 ||
+               s.format == WeightFormat::int4,
+           "quantize case: fp8_block, nvfp4 or int4");
   MB_CHECK(s.rows >= 4, "quantize case: rows 1-3 are planted");
   const bool fp8 = s.format == WeightFormat::fp8_block;
   const std::string shape = fp8 ? shape_str({{"r", s.rows}, {"c", s.cols}, {"g", s.group}})
                                 : shape_str({{"r", s.rows}, {"c", s.cols}});
+  const double tol = fp8 ? 0.04 : s.format == WeightFormat::int4 ? 0.1 : 0.15;
   OpCaseDef d = op_case_def<QuantizeCase>(label("quantize", s.format), shape, OpFamily::quant,
-                                          fp8 ? 0.04 : 0.15, s);
+                                          tol, s);
   d.format = s.format;
   return d;
 }

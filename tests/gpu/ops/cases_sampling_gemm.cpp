@@ -26,6 +26,8 @@ class LinearCase final : public OpCase {
       case WeightFormat::bf16: w_ = RandomBf16(static_cast<size_t>(s_.n) * s_.k, s_.w_scale, rng, env.stream); break;
       case WeightFormat::fp8_block:
       case WeightFormat::nvfp4:
+      case WeightFormat::int8:
+      case WeightFormat::int4:
         MB_CHECK(false, "linear case: compressed weights are quant_linear_case's (cases_quant.cpp)");
     }
     const size_t n_out = static_cast<size_t>(s_.m) * s_.n;

@@ -71,6 +71,8 @@ const char* weight_format_name(WeightFormat f) {
     case WeightFormat::bf16: return "bf16";
     case WeightFormat::fp8_block: return "fp8";
     case WeightFormat::nvfp4: return "nvfp4";
+    case WeightFormat::int8: return "int8";
+    case WeightFormat::int4: return "int4";
   }
   return "?";
 }

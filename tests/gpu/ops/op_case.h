@@ -32,7 +32,8 @@ const char* op_family_name(OpFamily f);
 /// them out; the weight-taking cases (moe_gemm, linear) dispatch on it in one place (random
 /// packed weights and their decoded reference: tests/gpu/ops/quant_util.h) and refuse a format
 /// they do not implement.
-enum class WeightFormat { bf16, fp8_block, nvfp4 };
+/// int8: codes with f32 scale and min per 16 (GGUF Q6_K-like); int4: per 32 (Q4_K-like).
+enum class WeightFormat { bf16, fp8_block, nvfp4, int8, int4 };
 const char* weight_format_name(WeightFormat f);
 
 /// What a case runs with. The caller owns all of it.

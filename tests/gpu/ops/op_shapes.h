@@ -225,7 +225,7 @@ OpCaseDef dequantize_case(const DequantizeShape& s);
 /// group of row 2 scaled by 2^-30 and one of row 3 by 2^-17: zero and subnormal scales).
 struct QuantizeShape {
   int rows, cols;
-  WeightFormat format = WeightFormat::fp8_block;  ///< fp8_block or nvfp4
+  WeightFormat format = WeightFormat::fp8_block;  ///< fp8_block, nvfp4 or int4
   int group = 128;                                ///< fp8 inputs per scale
 };
 OpCaseDef quantize_case(const QuantizeShape& s);

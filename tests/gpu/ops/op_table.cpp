@@ -114,7 +114,8 @@ std::vector<OpCaseDef> op_cases_test() {
       {.tokens = 1, .experts = 64, .top_k = 8, .hidden = 2048, .inter = 768},            // Qwen3 shapes
       {.tokens = 12, .experts = 32, .top_k = 8, .hidden = 2048, .inter = 768, .hot = 7},
   };
-  for (WeightFormat format : {WeightFormat::bf16, WeightFormat::fp8_block, WeightFormat::nvfp4})
+  for (WeightFormat format : {WeightFormat::bf16, WeightFormat::fp8_block, WeightFormat::nvfp4,
+                              WeightFormat::int8, WeightFormat::int4})
     for (MoeGemmShape s : gemm_shapes)
       for (MoeGemmStage stage : {MoeGemmStage::gate_up, MoeGemmStage::gate_up_silu, MoeGemmStage::down}) {
         s.stage = stage;
@@ -147,21 +148,26 @@ std::vector<OpCaseDef> op_cases_test() {
   // Dense GEMM on compressed weights: the decode GEMV (m <= 8; k 128 and 256 leave lanes
   // without a granule, n 37 a last warp with rows past n) and dequantize + cuBLAS (m 9, 40);
   // fp8 k 1040 ends in a partial 128-group, nvfp4 k 1056 has 33 granules (one lane takes two).
-  for (WeightFormat f : {WeightFormat::fp8_block, WeightFormat::nvfp4}) {
-    const int odd_k = f == WeightFormat::fp8_block ? 1040 : 1056;
+  // int8 (groups of 16) and int4 (32, with mins) as fp8 and nvfp4: the same granule sizes.
+  for (WeightFormat f : {WeightFormat::fp8_block, WeightFormat::nvfp4, WeightFormat::int8,
+                         WeightFormat::int4}) {
+    const bool byte_codes = f == WeightFormat::fp8_block || f == WeightFormat::int8;
+    const int odd_k = f == WeightFormat::fp8_block ? 1040 : f == WeightFormat::int8 ? 1056 + 32 : 1056;
     for (int m : {1, 5, 8, 9, 40})
       for (auto [n, k] : {std::pair{512, 2048}, {1000, 128}, {1000, odd_k}})
         t.push_back(quant_linear_case({.m = m, .n = n, .k = k, .format = f}));
     for (int m : {3, 5}) t.push_back(quant_linear_case({.m = m, .n = 37, .k = 256, .format = f}));
     // 257 granules per row: several chunks per warp, the last with one granule (1, 2 rows per warp)
     for (int m : {1, 4, 8})
-      t.push_back(quant_linear_case({.m = m, .n = 300, .k = f == WeightFormat::fp8_block ? 4112 : 8224, .format = f}));
+      t.push_back(quant_linear_case({.m = m, .n = 300, .k = byte_codes ? 4112 + (f == WeightFormat::int8 ? 16 : 0) : 8224, .format = f}));
     for (int m : {1, 40}) t.push_back(quant_linear_case({.m = m, .n = 1000, .k = 2048, .fp32_out = true, .format = f}));
   }
   for (bool fp32_out : {false, true})  // bf16 weights: cuBLAS through the same entry
     t.push_back(quant_linear_case({.m = 5, .n = 1000, .k = 256, .fp32_out = fp32_out, .format = WeightFormat::bf16}));
   for (auto [f, cols] : {std::pair{WeightFormat::fp8_block, 1040}, {WeightFormat::fp8_block, 2048},
-                         {WeightFormat::nvfp4, 1056}, {WeightFormat::nvfp4, 2048}, {WeightFormat::bf16, 272}})
+                         {WeightFormat::nvfp4, 1056}, {WeightFormat::nvfp4, 2048}, {WeightFormat::bf16, 272},
+                         {WeightFormat::int8, 1056}, {WeightFormat::int8, 2048}, {WeightFormat::int4, 1056},
+                         {WeightFormat::int4, 2048}})
     t.push_back(dequantize_case({.rows = 37, .cols = cols, .format = f}));
   // fp8: a partial last group at 1040 (group 128) and 208 (group 64)
   t.push_back(quantize_case({.rows = 37, .cols = 1040, .format = WeightFormat::fp8_block, .group = 128}));
@@ -169,6 +175,8 @@ std::vector<OpCaseDef> op_cases_test() {
   t.push_back(quantize_case({.rows = 9, .cols = 208, .format = WeightFormat::fp8_block, .group = 64}));
   t.push_back(quantize_case({.rows = 37, .cols = 1056, .format = WeightFormat::nvfp4}));
   t.push_back(quantize_case({.rows = 8, .cols = 4096, .format = WeightFormat::nvfp4}));
+  t.push_back(quantize_case({.rows = 37, .cols = 1056, .format = WeightFormat::int4}));
+  t.push_back(quantize_case({.rows = 8, .cols = 4096, .format = WeightFormat::int4}));
 
   // Gated DeltaNet (Qwen3-Next linear attention). Every step mixes sequences starting at position
   // 0 (their slots hold random values that must be ignored) with ones continuing a random state;

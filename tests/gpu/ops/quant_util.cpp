@@ -9,6 +9,8 @@ kernels::WeightCodec codec_of(WeightFormat f) {
   switch (f) {
     case WeightFormat::fp8_block: return kernels::WeightCodec::Fp8Block;
     case WeightFormat::nvfp4: return kernels::WeightCodec::Nvfp4;
+    case WeightFormat::int8: return kernels::WeightCodec::Int8;
+    case WeightFormat::int4: return kernels::WeightCodec::Int4;
     case WeightFormat::bf16: break;
   }
   return kernels::WeightCodec::Bf16;
@@ -93,10 +95,33 @@ RandomQuantMatrix::RandomQuantMatrix(WeightFormat f, int64_t rows, int64_t cols,
       for (auto& v : m_.row_scales) v = scale / 6.0f * jitter(rng);
       break;
     }
+    case WeightFormat::int8:
+    case WeightFormat::int4: {
+      // Random codes; per group a scale (codes' range to about ±scale) and a min (int4: near
+      // the centre of its unsigned range, as Q4_K's; int8: a small offset, as Q5_K's).
+      const bool i4 = f == WeightFormat::int4;
+      MB_CHECK(cols % 32 == 0, "RandomQuantMatrix: integer formats need cols a multiple of 32");
+      group_ = i4 ? 32 : 16;
+      m_.data.resize(i4 ? n / 2 : n);
+      ByteStream bytes(rng);
+      for (auto& b : m_.data) b = bytes.next();
+      const size_t groups = n / static_cast<size_t>(group_);
+      std::vector<float> s(groups);
+      m_.mins.resize(groups);
+      std::uniform_real_distribution<float> jitter(0.5f, 1.5f), centre(-1.f, 1.f);
+      for (size_t g = 0; g < groups; ++g) {
+        s[g] = scale / (i4 ? 7.5f : 128.f) * jitter(rng);
+        m_.mins[g] = i4 ? s[g] * (7.5f + centre(rng)) : scale * 0.1f * centre(rng);
+      }
+      m_.scales.resize(groups * 4);
+      std::memcpy(m_.scales.data(), s.data(), m_.scales.size());
+      break;
+    }
   }
   d_data_ = DevBuf<uint8_t>(m_.data);
   if (!m_.scales.empty()) d_scales_ = DevBuf<uint8_t>(m_.scales);
   if (!m_.row_scales.empty()) d_row_scales_ = DevBuf<float>(m_.row_scales);
+  if (!m_.mins.empty()) d_mins_ = DevBuf<float>(m_.mins);
 }
 
 kernels::QuantMatrix RandomQuantMatrix::view() const {
@@ -105,6 +130,7 @@ kernels::QuantMatrix RandomQuantMatrix::view() const {
   m.data = d_data_.get();
   m.scales = m_.scales.empty() ? nullptr : d_scales_.get();
   m.row_scales = m_.row_scales.empty() ? nullptr : d_row_scales_.get();
+  m.mins = m_.mins.empty() ? nullptr : d_mins_.get();
   m.group = group_;
   return m;
 }
@@ -112,12 +138,15 @@ kernels::QuantMatrix RandomQuantMatrix::view() const {
 float RandomQuantMatrix::value(int64_t r, int64_t c) const {
   const moebatch::WeightFormat f = format_ == WeightFormat::fp8_block ? moebatch::WeightFormat::Fp8Block
                                     : format_ == WeightFormat::nvfp4  ? moebatch::WeightFormat::Nvfp4
+                                    : format_ == WeightFormat::int8   ? moebatch::WeightFormat::Int8
+                                    : format_ == WeightFormat::int4   ? moebatch::WeightFormat::Int4
                                                                       : moebatch::WeightFormat::Bf16;
   return packed_value(f, m_, cols_, group_, r, c);
 }
 
 double RandomQuantMatrix::bytes() const {
-  return static_cast<double>(m_.data.size() + m_.scales.size() + m_.row_scales.size() * sizeof(float));
+  return static_cast<double>(m_.data.size() + m_.scales.size() +
+                             (m_.row_scales.size() + m_.mins.size()) * sizeof(float));
 }
 
 }  // namespace moebatch::ops

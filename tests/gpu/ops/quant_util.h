@@ -41,7 +41,7 @@ class RandomQuantMatrix {
   int group_ = 0;
   PackedHost m_;  // host bytes, layout of kernels/weight_codec.cuh
   DevBuf<uint8_t> d_data_, d_scales_;
-  DevBuf<float> d_row_scales_;
+  DevBuf<float> d_row_scales_, d_mins_;
 };
 
 }  // namespace moebatch::ops
