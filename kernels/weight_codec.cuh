@@ -132,8 +132,13 @@ __device__ __forceinline__ uint4 decode_fp4x8(unsigned w, __nv_bfloat162 scale2)
   return make_uint4(out[0], out[1], out[2], out[3]);
 }
 
-/// Eight int8 codes (8 bytes, first value in the lowest byte) as 8 bf16 of q · scale − min,
-/// each rounded once.
+/// code · scale − min as ggml computes it (a rounded product, then a rounded difference: no
+/// fused multiply-add), so decoded GGUF weights equal llama.cpp's before the bf16 rounding.
+__device__ __forceinline__ float int_value(float code, float scale, float min) {
+  return __fsub_rn(__fmul_rn(code, scale), min);
+}
+
+/// Eight int8 codes (8 bytes, first value in the lowest byte) as 8 bf16 of q · scale − min.
 __device__ __forceinline__ uint4 decode_i8x8(uint2 raw, float scale, float min) {
   unsigned out[4];
 #pragma unroll
@@ -142,21 +147,20 @@ __device__ __forceinline__ uint4 decode_i8x8(uint2 raw, float scale, float min) 
     const int sh = 16 * (j & 1);
     const float a = static_cast<float>(static_cast<signed char>((w >> sh) & 0xffu));
     const float b = static_cast<float>(static_cast<signed char>((w >> (sh + 8)) & 0xffu));
-    const __nv_bfloat162 p = __floats2bfloat162_rn(fmaf(a, scale, -min), fmaf(b, scale, -min));
+    const __nv_bfloat162 p = __floats2bfloat162_rn(int_value(a, scale, min), int_value(b, scale, min));
     out[j] = *reinterpret_cast<const unsigned*>(&p);
   }
   return make_uint4(out[0], out[1], out[2], out[3]);
 }
 
-/// Eight unsigned 4-bit codes (nibble i of `w` is value i) as 8 bf16 of q · scale − min, each
-/// rounded once.
+/// Eight unsigned 4-bit codes (nibble i of `w` is value i) as 8 bf16 of q · scale − min.
 __device__ __forceinline__ uint4 decode_u4x8(unsigned w, float scale, float min) {
   unsigned out[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const float a = static_cast<float>((w >> (8 * j)) & 0xfu);
     const float b = static_cast<float>((w >> (8 * j + 4)) & 0xfu);
-    const __nv_bfloat162 p = __floats2bfloat162_rn(fmaf(a, scale, -min), fmaf(b, scale, -min));
+    const __nv_bfloat162 p = __floats2bfloat162_rn(int_value(a, scale, min), int_value(b, scale, min));
     out[j] = *reinterpret_cast<const unsigned*>(&p);
   }
   return make_uint4(out[0], out[1], out[2], out[3]);
