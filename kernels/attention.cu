@@ -537,11 +537,13 @@ void launch_mma(const AttentionParams& p, cudaStream_t stream) {
   CUDA_CHECK_LAST();
 }
 
-// The one place the prefill path is chosen: the tensor-core kernel takes head_dim 32/64/128
-// without split-K, with 16-byte aligned q, cache and output rows (cp.async, vector stores) and
-// a positive scale (it takes row maxima before scaling); the CUDA-core kernel takes the rest
-// (head_dim 16 and 256, num_splits > 1, odd pointers).
-bool prefill_on_tensor_cores(const AttentionParams& p) {
+// The one place the kernel is chosen, for prefill and decode alike: the tensor-core kernel takes
+// head_dim 32/64/128 without split-K, with 16-byte aligned q, cache and output rows (cp.async,
+// vector stores) and a positive scale (it takes row maxima before scaling); the CUDA-core kernel
+// takes the rest (head_dim 16 and 256, num_splits > 1, odd pointers). A decode step without
+// split-K has a (sequence, kv head) block per SM or more: its group of query rows (8 for
+// Qwen3-MoE) fills an eighth of a 64-row tile, and the MMAs still beat CUDA-core dot products.
+bool on_tensor_cores(const AttentionParams& p) {
   const int group = p.n_q_heads / p.n_kv_heads;
   return p.head_dim >= 32 && p.head_dim <= 128 && p.num_splits == 1 && p.scale > 0.f && aligned(p.q, 16) &&
          aligned(p.k_cache, 16) && aligned(p.v_cache, 16) && aligned(p.out, 16) &&
@@ -552,8 +554,9 @@ bool prefill_on_tensor_cores(const AttentionParams& p) {
 
 int attention_decode_splits(int num_seqs, int n_kv_heads, int max_kv_len, int num_sms, int max_splits) {
   const int blocks = num_seqs * n_kv_heads;
-  int splits = blocks > 0 ? CEIL_DIV(2 * num_sms, blocks) : 1;
-  splits = std::min(splits, CEIL_DIV(max_kv_len, 256));
+  if (blocks <= 0 || blocks >= num_sms) return 1;
+  int splits = CEIL_DIV(2 * num_sms, blocks);
+  splits = std::min(splits, CEIL_DIV(max_kv_len, kTileKeys));
   splits = std::min(splits, max_splits);
   return splits < 1 ? 1 : splits;
 }
@@ -561,7 +564,7 @@ int attention_decode_splits(int num_seqs, int n_kv_heads, int max_kv_len, int nu
 void attention_prefill(const AttentionParams& p, cudaStream_t stream) {
   check(p);
   if (p.num_seqs == 0 || p.num_tokens == 0 || p.max_q_len == 0) return;
-  if (!prefill_on_tensor_cores(p)) return dispatch<8>(p, stream);
+  if (!on_tensor_cores(p)) return dispatch<8>(p, stream);
   switch (p.head_dim) {
     case 32: launch_mma<32>(p, stream); break;
     case 64: launch_mma<64>(p, stream); break;
@@ -572,7 +575,12 @@ void attention_prefill(const AttentionParams& p, cudaStream_t stream) {
 void attention_decode(const AttentionParams& p, cudaStream_t stream) {
   check(p);
   if (p.num_seqs == 0 || p.num_tokens == 0 || p.max_q_len == 0) return;
-  dispatch<2>(p, stream);
+  if (!on_tensor_cores(p)) return dispatch<2>(p, stream);
+  switch (p.head_dim) {
+    case 32: launch_mma<32>(p, stream); break;
+    case 64: launch_mma<64>(p, stream); break;
+    default: launch_mma<128>(p, stream); break;
+  }
 }
 
 }  // namespace moebatch::kernels

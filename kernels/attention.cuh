@@ -38,8 +38,9 @@ inline size_t attention_workspace_floats(int num_tokens, int n_q_heads, int head
   return num_splits > 1 ? static_cast<size_t>(num_tokens) * n_q_heads * num_splits * (head_dim + 2) : 0;
 }
 
-/// Split count for decode: enough (sequence, kv head, split) blocks to fill the GPU twice, each
-/// split at least 256 keys, at most max_splits.
+/// Split count for decode: 1 when the (sequence, kv head) blocks alone cover every SM (the
+/// tensor-core kernel then runs the step); else enough (sequence, kv head, split) blocks to fill
+/// the GPU twice, each split at least one 32-key tile, at most max_splits.
 int attention_decode_splits(int num_seqs, int n_kv_heads, int max_kv_len, int num_sms, int max_splits);
 
 /// Causal attention for many query tokens per sequence: tiles of 64 (token, head) rows of one

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "kernels/attention.cuh"
+
 namespace moebatch {
 namespace {
 
@@ -67,9 +69,8 @@ StepChunk prepare(const StepBatch& b, int t0, int t1, const ChunkLimits& lim) {
       c.logits_rows.push_back(i);
     }
     width = (kv_bucket + bs - 1) / bs;
-    const int nkv = lim.num_kv_heads;
-    int splits = (2 * lim.num_sms + bucket * nkv - 1) / (bucket * nkv);
-    splits = std::clamp(std::min(splits, (kv_bucket + 31) / 32), 1, kMaxAttnSplits);
+    const int splits = kernels::attention_decode_splits(bucket, lim.num_kv_heads, kv_bucket,
+                                                        lim.num_sms, kMaxAttnSplits);
     s.tokens = s.seqs = bucket;
     s.max_kv_len = kv_bucket;
     s.attn_splits = splits;
