@@ -34,6 +34,24 @@ __device__ __forceinline__ unsigned pack2(float lo, float hi) {
   return *reinterpret_cast<const unsigned*>(&h);
 }
 
+// Word w (compile-time after unrolling) of a register array of 16-byte vectors, by component:
+// indexing a reinterpreted pointer instead would put the array in local memory.
+template <int N>
+__device__ __forceinline__ unsigned word_at(const uint4 (&v)[N], int w) {
+  const uint4& q = v[w >> 2];
+  switch (w & 3) {
+    case 0: return q.x;
+    case 1: return q.y;
+    case 2: return q.z;
+    default: return q.w;
+  }
+}
+// bf16 element e of the same, as the low 16 bits.
+template <int N>
+__device__ __forceinline__ unsigned half_at(const uint4 (&v)[N], int e) {
+  return (word_at(v, e >> 1) >> (16 * (e & 1))) & 0xffffu;
+}
+
 template <int D>
 __global__ void __launch_bounds__(kWarps * 32) attention_decode_warp_kernel(AttentionParams p) {
   constexpr int KS = D / 16;  // k16 steps of Q·Kᵀ
@@ -68,8 +86,14 @@ __global__ void __launch_bounds__(kWarps * 32) attention_decode_warp_kernel(Atte
   }
 
   const int32_t* table = p.block_tables + static_cast<size_t>(seq) * p.max_blocks_per_seq;
+  // A 16-key step lies inside one cache block when the block size is a multiple of 16 (steps
+  // start at multiples of 16): one table entry per step, fetched a step ahead.
+  const bool one_block = p.block_size % 16 == 0;
+  int next_base = one_block && k_begin < k_end ? __ldg(table + k_begin / p.block_size) : 0;
+  int slot_base = 0;  // the step's cache block · block_size (one_block)
   const auto row_ptr = [&](const bf16* cache, int key) {
-    const int slot = __ldg(table + key / p.block_size) * p.block_size + key % p.block_size;
+    const int slot = one_block ? slot_base + key % p.block_size
+                               : __ldg(table + key / p.block_size) * p.block_size + key % p.block_size;
     return cache + (static_cast<size_t>(slot) * p.n_kv_heads + kvh) * D;
   };
   const float log2_scale = p.scale * kLog2e;
@@ -79,6 +103,8 @@ __global__ void __launch_bounds__(kWarps * 32) attention_decode_warp_kernel(Atte
   for (int n = 0; n < VD; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
 
   for (int key0 = k_begin; key0 < k_end; key0 += 16) {  // warp-uniform
+    slot_base = next_base * p.block_size;
+    if (one_block && key0 + 16 < k_end) next_base = __ldg(table + (key0 + 16) / p.block_size);
     // Loads first (K of keys g, g + 8; V of keys 2t, 2t+1, 2t+8, 2t+9), all in flight together.
     uint4 kr[2][KD / 8], vr[4][VD / 8];
 #pragma unroll
@@ -107,12 +133,11 @@ __global__ void __launch_bounds__(kWarps * 32) attention_decode_warp_kernel(Atte
     // S = Q·Kᵀ for keys key0 + 8j + (0..7): B words 2kk, 2kk + 1 of the lane's K dims.
     float s[2][4] = {};
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const unsigned* kw = reinterpret_cast<const unsigned*>(kr[j]);
+    for (int j = 0; j < 2; ++j)
 #pragma unroll
       for (int kk = 0; kk < KS; ++kk)
-        mma_bf16_16816(s[j], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], kw[2 * kk], kw[2 * kk + 1]);
-    }
+        mma_bf16_16816(s[j], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], word_at(kr[j], 2 * kk),
+                       word_at(kr[j], 2 * kk + 1));
     // Keys past the split's end (or the context) out.
 #pragma unroll
     for (int j = 0; j < 2; ++j)
@@ -147,18 +172,14 @@ __global__ void __launch_bounds__(kWarps * 32) attention_decode_warp_kernel(Atte
     const unsigned pa2 = pack2(pr[1][0], pr[1][1]), pa3 = pack2(pr[1][2], pr[1][3]);
     // O += P·V: n-block np takes element np of the lane's V dims from keys (2t, 2t+1) and
     // (2t+8, 2t+9), paired into bf16x2 B words.
-    const unsigned short* v0 = reinterpret_cast<const unsigned short*>(vr[0]);
-    const unsigned short* v1 = reinterpret_cast<const unsigned short*>(vr[1]);
-    const unsigned short* v2 = reinterpret_cast<const unsigned short*>(vr[2]);
-    const unsigned short* v3 = reinterpret_cast<const unsigned short*>(vr[3]);
 #pragma unroll
     for (int np = 0; np < VD; ++np) {
       o[np][0] *= alpha_a;
       o[np][1] *= alpha_a;
       o[np][2] *= alpha_b;
       o[np][3] *= alpha_b;
-      const unsigned b0 = static_cast<unsigned>(v0[np]) | static_cast<unsigned>(v1[np]) << 16;
-      const unsigned b1 = static_cast<unsigned>(v2[np]) | static_cast<unsigned>(v3[np]) << 16;
+      const unsigned b0 = half_at(vr[0], np) | half_at(vr[1], np) << 16;
+      const unsigned b1 = half_at(vr[2], np) | half_at(vr[3], np) << 16;
       mma_bf16_16816(o[np], pa0, pa1, pa2, pa3, b0, b1);
     }
   }
