@@ -557,7 +557,7 @@ void attention_combine(const AttentionParams& p, cudaStream_t stream) {
 int attention_decode_splits(int num_seqs, int n_kv_heads, int max_kv_len, int num_sms, int max_splits) {
   const int units = num_seqs * n_kv_heads;  // (sequence, kv head) pairs
   if (units <= 0) return 1;
-  const int splits = std::min({CEIL_DIV(4 * num_sms, units), CEIL_DIV(max_kv_len, 64), max_splits});
+  const int splits = std::min({4 * num_sms / units, CEIL_DIV(max_kv_len, 64), max_splits});
   return std::max(splits, 1);
 }
 

@@ -38,9 +38,9 @@ inline size_t attention_workspace_floats(int num_tokens, int n_q_heads, int head
   return num_splits > 1 ? static_cast<size_t>(num_tokens) * n_q_heads * num_splits * (head_dim + 2) : 0;
 }
 
-/// Split count for decode: enough (sequence, kv head, split) units for four per SM (warps of the
-/// tensor-core decode kernel, blocks of the CUDA-core one), each split at least 64 keys, at most
-/// max_splits.
+/// Split count for decode: as many (sequence, kv head, split) units as fit four per SM (warps of
+/// the tensor-core decode kernel, blocks of the CUDA-core one; at least one split), each split at
+/// least 64 keys, at most max_splits.
 int attention_decode_splits(int num_seqs, int n_kv_heads, int max_kv_len, int num_sms, int max_splits);
 
 /// Causal attention for many query tokens per sequence: tiles of 64 (token, head) rows of one

@@ -87,14 +87,43 @@ __global__ void __launch_bounds__(kWarps * 32) attention_decode_warp_kernel(Atte
 
   const int32_t* table = p.block_tables + static_cast<size_t>(seq) * p.max_blocks_per_seq;
   // A 16-key step lies inside one cache block when the block size is a multiple of 16 (steps
-  // start at multiples of 16): one table entry per step, fetched a step ahead.
+  // start at multiples of 16): one table entry per step.
   const bool one_block = p.block_size % 16 == 0;
-  int next_base = one_block && k_begin < k_end ? __ldg(table + k_begin / p.block_size) : 0;
-  int slot_base = 0;  // the step's cache block · block_size (one_block)
-  const auto row_ptr = [&](const bf16* cache, int key) {
-    const int slot = one_block ? slot_base + key % p.block_size
-                               : __ldg(table + key / p.block_size) * p.block_size + key % p.block_size;
+  const auto row_ptr = [&](const bf16* cache, int block, int key) {
+    const int b = one_block ? block : __ldg(table + key / p.block_size);
+    const int slot = b * p.block_size + key % p.block_size;
     return cache + (static_cast<size_t>(slot) * p.n_kv_heads + kvh) * D;
+  };
+  const auto step_block = [&](int key0) {
+    return one_block && key0 < k_end ? __ldg(table + key0 / p.block_size) : 0;
+  };
+  // K of keys key0 + g, key0 + 8 + g (dims KD·t..); V of keys key0 + 2t, 2t+1, 2t+8, 2t+9
+  // (dims VD·g..); zeros past k_end.
+  const auto load_k = [&](int key0, int block, uint4 (&kr)[2][KD / 8]) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int key = key0 + 8 * j + g;
+#pragma unroll
+      for (int i = 0; i < KD / 8; ++i) kr[j][i] = make_uint4(0, 0, 0, 0);
+      if (key < k_end) {
+        const uint4* src = reinterpret_cast<const uint4*>(row_ptr(p.k_cache, block, key) + KD * t);
+#pragma unroll
+        for (int i = 0; i < KD / 8; ++i) kr[j][i] = __ldg(src + i);
+      }
+    }
+  };
+  const auto load_v = [&](int key0, int block, uint4 (&vr)[4][VD / 8]) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int key = key0 + 2 * t + (j & 1) + 8 * (j >> 1);
+#pragma unroll
+      for (int i = 0; i < VD / 8; ++i) vr[j][i] = make_uint4(0, 0, 0, 0);
+      if (key < k_end) {
+        const uint4* src = reinterpret_cast<const uint4*>(row_ptr(p.v_cache, block, key) + VD * g);
+#pragma unroll
+        for (int i = 0; i < VD / 8; ++i) vr[j][i] = __ldg(src + i);
+      }
+    }
   };
   const float log2_scale = p.scale * kLog2e;
   float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;
@@ -102,34 +131,15 @@ __global__ void __launch_bounds__(kWarps * 32) attention_decode_warp_kernel(Atte
 #pragma unroll
   for (int n = 0; n < VD; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
 
+  // Software pipeline: step i's S frees K's registers, which then take step i + 1's K while
+  // the softmax and P·V of step i run; P·V frees V's for step i + 1's V. The table entry of a
+  // step is fetched a step before its loads.
+  uint4 kr[2][KD / 8], vr[4][VD / 8];
+  const int block0 = step_block(k_begin);
+  load_k(k_begin, block0, kr);
+  load_v(k_begin, block0, vr);
   for (int key0 = k_begin; key0 < k_end; key0 += 16) {  // warp-uniform
-    slot_base = next_base * p.block_size;
-    if (one_block && key0 + 16 < k_end) next_base = __ldg(table + (key0 + 16) / p.block_size);
-    // Loads first (K of keys g, g + 8; V of keys 2t, 2t+1, 2t+8, 2t+9), all in flight together.
-    uint4 kr[2][KD / 8], vr[4][VD / 8];
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int key = key0 + 8 * j + g;
-#pragma unroll
-      for (int i = 0; i < KD / 8; ++i) kr[j][i] = make_uint4(0, 0, 0, 0);
-      if (key < k_end) {
-        const uint4* src = reinterpret_cast<const uint4*>(row_ptr(p.k_cache, key) + KD * t);
-#pragma unroll
-        for (int i = 0; i < KD / 8; ++i) kr[j][i] = __ldg(src + i);
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int key = key0 + 2 * t + (j & 1) + 8 * (j >> 1);
-#pragma unroll
-      for (int i = 0; i < VD / 8; ++i) vr[j][i] = make_uint4(0, 0, 0, 0);
-      if (key < k_end) {
-        const uint4* src = reinterpret_cast<const uint4*>(row_ptr(p.v_cache, key) + VD * g);
-#pragma unroll
-        for (int i = 0; i < VD / 8; ++i) vr[j][i] = __ldg(src + i);
-      }
-    }
-
+    const int next_block = step_block(key0 + 16);
     // S = Q·Kᵀ for keys key0 + 8j + (0..7): B words 2kk, 2kk + 1 of the lane's K dims.
     float s[2][4] = {};
 #pragma unroll
@@ -138,6 +148,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_decode_warp_kernel(Atte
       for (int kk = 0; kk < KS; ++kk)
         mma_bf16_16816(s[j], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], word_at(kr[j], 2 * kk),
                        word_at(kr[j], 2 * kk + 1));
+    load_k(key0 + 16, next_block, kr);
     // Keys past the split's end (or the context) out.
 #pragma unroll
     for (int j = 0; j < 2; ++j)
@@ -182,6 +193,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_decode_warp_kernel(Atte
       const unsigned b1 = half_at(vr[2], np) | half_at(vr[3], np) << 16;
       mma_bf16_16816(o[np], pa0, pa1, pa2, pa3, b0, b1);
     }
+    load_v(key0 + 16, next_block, vr);
   }
 
 #pragma unroll
