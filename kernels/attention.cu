@@ -503,7 +503,10 @@ void launch(const AttentionParams& p, cudaStream_t stream) {
   const dim3 grid(CEIL_DIV(p.max_q_len * group, kRows), p.n_kv_heads * p.num_splits, p.num_seqs);
   attention_kernel<D, RW><<<grid, kWarps * 32, 0, stream>>>(p);
   CUDA_CHECK_LAST();
-  if (p.num_splits > 1) attention_combine(p, stream);
+  if (p.num_splits > 1) {
+    attention_combine_kernel<<<dim3(p.n_q_heads, p.num_tokens), D, 0, stream>>>(p);
+    CUDA_CHECK_LAST();
+  }
 }
 
 // head_dim 256 (Qwen3-Next) always takes 2 rows per warp: its q tile at 8 rows per warp would
@@ -538,8 +541,9 @@ void launch_mma(const AttentionParams& p, cudaStream_t stream) {
 // Where prefill runs: the tensor-core kernel takes head_dim 32/64/128 without split-K, with
 // 16-byte aligned q, cache and output rows (cp.async, vector stores) and a positive scale (it
 // takes row maxima before scaling); the CUDA-core kernel takes the rest (head_dim 16 and 256,
-// num_splits > 1, odd pointers). Decode: decode_on_warps (kernels/attention_decode.cu), else the
-// CUDA-core kernel.
+// num_splits > 1, odd pointers). Decode without split-K (a (sequence, kv head) pair per SM or
+// more) takes the same tensor-core kernel, its 64-row tile holding one group's rows, or from
+// kWarpDecodeMinUnits pairs the warp-per-sequence kernel (kernels/attention_decode.cu).
 bool on_tensor_cores(const AttentionParams& p) {
   const int group = p.n_q_heads / p.n_kv_heads;
   return p.head_dim >= 32 && p.head_dim <= 128 && p.num_splits == 1 && p.scale > 0.f && aligned(p.q, 16) &&
@@ -549,15 +553,10 @@ bool on_tensor_cores(const AttentionParams& p) {
 
 }  // namespace
 
-void attention_combine(const AttentionParams& p, cudaStream_t stream) {
-  attention_combine_kernel<<<dim3(p.n_q_heads, p.num_tokens), p.head_dim, 0, stream>>>(p);
-  CUDA_CHECK_LAST();
-}
-
 int attention_decode_splits(int num_seqs, int n_kv_heads, int max_kv_len, int num_sms, int max_splits) {
   const int units = num_seqs * n_kv_heads;  // (sequence, kv head) pairs
-  if (units <= 0) return 1;
-  const int splits = std::min({4 * num_sms / units, CEIL_DIV(max_kv_len, 64), max_splits});
+  if (units <= 0 || units >= num_sms) return 1;
+  const int splits = std::min({CEIL_DIV(2 * num_sms, units), CEIL_DIV(max_kv_len, kTileKeys), max_splits});
   return std::max(splits, 1);
 }
 
@@ -576,7 +575,12 @@ void attention_decode(const AttentionParams& p, cudaStream_t stream) {
   check(p);
   if (p.num_seqs == 0 || p.num_tokens == 0 || p.max_q_len == 0) return;
   if (decode_on_warps(p)) return attention_decode_warps(p, stream);
-  dispatch<2>(p, stream);
+  if (!on_tensor_cores(p)) return dispatch<2>(p, stream);
+  switch (p.head_dim) {
+    case 32: launch_mma<32>(p, stream); break;
+    case 64: launch_mma<64>(p, stream); break;
+    default: launch_mma<128>(p, stream); break;
+  }
 }
 
 }  // namespace moebatch::kernels

@@ -38,9 +38,9 @@ inline size_t attention_workspace_floats(int num_tokens, int n_q_heads, int head
   return num_splits > 1 ? static_cast<size_t>(num_tokens) * n_q_heads * num_splits * (head_dim + 2) : 0;
 }
 
-/// Split count for decode: as many (sequence, kv head, split) units as fit four per SM (warps of
-/// the tensor-core decode kernel, blocks of the CUDA-core one; at least one split), each split at
-/// least 64 keys, at most max_splits.
+/// Split count for decode: 1 when the (sequence, kv head) pairs alone cover every SM (tensor
+/// cores then run the step); else enough (sequence, kv head, split) blocks to fill the GPU twice,
+/// each split at least one 32-key tile, at most max_splits.
 int attention_decode_splits(int num_seqs, int n_kv_heads, int max_kv_len, int num_sms, int max_splits);
 
 /// Causal attention for many query tokens per sequence: tiles of 64 (token, head) rows of one
@@ -50,9 +50,10 @@ int attention_decode_splits(int num_seqs, int n_kv_heads, int max_kv_len, int nu
 /// tiles of 32 rows.
 void attention_prefill(const AttentionParams& p, cudaStream_t stream);
 
-/// Attention for one query token per sequence (decode), with split-K over long contexts: on
-/// tensor cores with a warp per (sequence, kv head, split) for head_dim 64 / 128 and ≤ 16 query
-/// heads per kv head (kernels/attention_decode.cu); else CUDA-core tiles of 8 rows.
+/// Attention for one query token per sequence (decode): with split-K over long contexts at small
+/// batches (CUDA-core tiles of 8 rows, one token's GQA group); without it on tensor cores (the
+/// prefill kernel, or from kWarpDecodeMinUnits (sequence, kv head) pairs one warp per pair,
+/// kernels/attention_decode.cu).
 void attention_decode(const AttentionParams& p, cudaStream_t stream);
 
 }  // namespace moebatch::kernels

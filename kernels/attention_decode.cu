@@ -1,9 +1,10 @@
-// Decode attention on tensor cores, one warp per (sequence, kv head, split): the group's query
-// rows of the sequence's one new token (8 for Qwen3-MoE's 32/4 heads; ≤ 16) are one m16 row block
-// of mma.sync.m16n8k16, and the warp streams its keys from the paged cache straight into
-// registers, 16 keys per step: no shared memory, no block barrier, so an SM holds as many
-// sequences in flight as registers allow (the prefill kernel's 64-row tile would hold one group
-// and stage 64 KB of K/V per block; bench/RESULTS.md).
+// Decode attention on tensor cores for large batches, one warp per (sequence, kv head): the
+// group's query rows of the sequence's one new token (8 for Qwen3-MoE's 32/4 heads; ≤ 16) are one
+// m16 row block of mma.sync.m16n8k16, and the warp streams its keys from the paged cache straight
+// into registers, 16 keys per step: no shared memory, no block barrier, so an SM holds as many
+// sequences in flight as registers allow (the prefill kernel's 64-row tile holds one group and
+// stages 64 KB of K/V per block). A warp walks its whole context, so this pays only when the
+// batch alone fills the GPU (kWarpDecodeMinUnits; bench/RESULTS.md has the crossover).
 //
 // The dimensions are permuted so that every lane's operands are contiguous in a cache row (a dot
 // product and an output column do not care about order, as long as both sides agree):
@@ -14,9 +15,7 @@
 //         [VD·g, VD·g + VD) of keys 2t, 2t+1, 2t+8, 2t+9 (B rows = keys, P's k order natural),
 //         and its C fragment (row g / g+8, columns 2t, 2t+1) holds dims [2VD·t, 2VD·t + 2VD).
 // Scores to base-2 logits in fp32, online softmax per row over the quad of lanes sharing it, P
-// rounded to bf16 as the A fragments of P·V (the prefill kernel's arithmetic). With split-K each
-// split writes its normalized partial and (m, l) to the workspace for attention_combine.
-#include <cfloat>
+// rounded to bf16 as the A fragments of P·V (the prefill kernel's arithmetic).
 
 #include "kernels/attention_internal.cuh"
 #include "kernels/cuda_check.cuh"
@@ -59,13 +58,12 @@ __global__ void __launch_bounds__(kWarps * 32) attention_decode_warp_kernel(Atte
   constexpr int VD = D / 8;   // V dims per lane = n-blocks of P·V
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int seq = blockIdx.y * kWarps + (threadIdx.x >> 5);
-  const int kvh = blockIdx.x / p.num_splits, split = blockIdx.x % p.num_splits;
+  const int kvh = blockIdx.x;
   if (seq >= p.num_seqs) return;  // whole warps
   const int token = p.q_start[seq];  // one query token per sequence
   const int kv_len = p.kv_lens[seq];
   const int group = p.n_q_heads / p.n_kv_heads;
-  const int split_len = CEIL_DIV(CEIL_DIV(p.max_kv_len, p.num_splits), 16) * 16;
-  const int k_begin = split * split_len, k_end = min(kv_len, k_begin + split_len);
+  const int k_begin = 0, k_end = kv_len;
   const int head_a = kvh * group + g, head_b = head_a + 8;  // rows g and g + 8
   const bool row_a = g < group, row_b = g + 8 < group;
 
@@ -87,43 +85,14 @@ __global__ void __launch_bounds__(kWarps * 32) attention_decode_warp_kernel(Atte
 
   const int32_t* table = p.block_tables + static_cast<size_t>(seq) * p.max_blocks_per_seq;
   // A 16-key step lies inside one cache block when the block size is a multiple of 16 (steps
-  // start at multiples of 16): one table entry per step.
+  // start at multiples of 16): one table entry per step, fetched a step ahead.
   const bool one_block = p.block_size % 16 == 0;
-  const auto row_ptr = [&](const bf16* cache, int block, int key) {
-    const int b = one_block ? block : __ldg(table + key / p.block_size);
-    const int slot = b * p.block_size + key % p.block_size;
+  int next_base = one_block && k_begin < k_end ? __ldg(table + k_begin / p.block_size) : 0;
+  int slot_base = 0;  // the step's cache block · block_size (one_block)
+  const auto row_ptr = [&](const bf16* cache, int key) {
+    const int slot = one_block ? slot_base + key % p.block_size
+                               : __ldg(table + key / p.block_size) * p.block_size + key % p.block_size;
     return cache + (static_cast<size_t>(slot) * p.n_kv_heads + kvh) * D;
-  };
-  const auto step_block = [&](int key0) {
-    return one_block && key0 < k_end ? __ldg(table + key0 / p.block_size) : 0;
-  };
-  // K of keys key0 + g, key0 + 8 + g (dims KD·t..); V of keys key0 + 2t, 2t+1, 2t+8, 2t+9
-  // (dims VD·g..); zeros past k_end.
-  const auto load_k = [&](int key0, int block, uint4 (&kr)[2][KD / 8]) {
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int key = key0 + 8 * j + g;
-#pragma unroll
-      for (int i = 0; i < KD / 8; ++i) kr[j][i] = make_uint4(0, 0, 0, 0);
-      if (key < k_end) {
-        const uint4* src = reinterpret_cast<const uint4*>(row_ptr(p.k_cache, block, key) + KD * t);
-#pragma unroll
-        for (int i = 0; i < KD / 8; ++i) kr[j][i] = __ldg(src + i);
-      }
-    }
-  };
-  const auto load_v = [&](int key0, int block, uint4 (&vr)[4][VD / 8]) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int key = key0 + 2 * t + (j & 1) + 8 * (j >> 1);
-#pragma unroll
-      for (int i = 0; i < VD / 8; ++i) vr[j][i] = make_uint4(0, 0, 0, 0);
-      if (key < k_end) {
-        const uint4* src = reinterpret_cast<const uint4*>(row_ptr(p.v_cache, block, key) + VD * g);
-#pragma unroll
-        for (int i = 0; i < VD / 8; ++i) vr[j][i] = __ldg(src + i);
-      }
-    }
   };
   const float log2_scale = p.scale * kLog2e;
   float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;
@@ -131,15 +100,34 @@ __global__ void __launch_bounds__(kWarps * 32) attention_decode_warp_kernel(Atte
 #pragma unroll
   for (int n = 0; n < VD; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
 
-  // Software pipeline: step i's S frees K's registers, which then take step i + 1's K while
-  // the softmax and P·V of step i run; P·V frees V's for step i + 1's V. The table entry of a
-  // step is fetched a step before its loads.
-  uint4 kr[2][KD / 8], vr[4][VD / 8];
-  const int block0 = step_block(k_begin);
-  load_k(k_begin, block0, kr);
-  load_v(k_begin, block0, vr);
   for (int key0 = k_begin; key0 < k_end; key0 += 16) {  // warp-uniform
-    const int next_block = step_block(key0 + 16);
+    slot_base = next_base * p.block_size;
+    if (one_block && key0 + 16 < k_end) next_base = __ldg(table + (key0 + 16) / p.block_size);
+    // Loads first (K of keys g, g + 8; V of keys 2t, 2t+1, 2t+8, 2t+9), all in flight together.
+    uint4 kr[2][KD / 8], vr[4][VD / 8];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int key = key0 + 8 * j + g;
+#pragma unroll
+      for (int i = 0; i < KD / 8; ++i) kr[j][i] = make_uint4(0, 0, 0, 0);
+      if (key < k_end) {
+        const uint4* src = reinterpret_cast<const uint4*>(row_ptr(p.k_cache, key) + KD * t);
+#pragma unroll
+        for (int i = 0; i < KD / 8; ++i) kr[j][i] = __ldg(src + i);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int key = key0 + 2 * t + (j & 1) + 8 * (j >> 1);
+#pragma unroll
+      for (int i = 0; i < VD / 8; ++i) vr[j][i] = make_uint4(0, 0, 0, 0);
+      if (key < k_end) {
+        const uint4* src = reinterpret_cast<const uint4*>(row_ptr(p.v_cache, key) + VD * g);
+#pragma unroll
+        for (int i = 0; i < VD / 8; ++i) vr[j][i] = __ldg(src + i);
+      }
+    }
+
     // S = Q·Kᵀ for keys key0 + 8j + (0..7): B words 2kk, 2kk + 1 of the lane's K dims.
     float s[2][4] = {};
 #pragma unroll
@@ -148,8 +136,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_decode_warp_kernel(Atte
       for (int kk = 0; kk < KS; ++kk)
         mma_bf16_16816(s[j], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], word_at(kr[j], 2 * kk),
                        word_at(kr[j], 2 * kk + 1));
-    load_k(key0 + 16, next_block, kr);
-    // Keys past the split's end (or the context) out.
+    // Keys past the context out.
 #pragma unroll
     for (int j = 0; j < 2; ++j)
 #pragma unroll
@@ -193,7 +180,6 @@ __global__ void __launch_bounds__(kWarps * 32) attention_decode_warp_kernel(Atte
       const unsigned b1 = half_at(vr[2], np) | half_at(vr[3], np) << 16;
       mma_bf16_16816(o[np], pa0, pa1, pa2, pa3, b0, b1);
     }
-    load_v(key0 + 16, next_block, vr);
   }
 
 #pragma unroll
@@ -209,40 +195,25 @@ __global__ void __launch_bounds__(kWarps * 32) attention_decode_warp_kernel(Atte
     const bool valid = r == 0 ? row_a : row_b;
     if (!valid) continue;
     const int head = r == 0 ? head_a : head_b;
-    const float l = r == 0 ? l_a : l_b, m = r == 0 ? m_a : m_b;
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    if (p.num_splits == 1) {
-      unsigned w[VD];  // bf16 pairs of dims d0 + 2i, d0 + 2i + 1
+    const float l = r == 0 ? l_a : l_b;
+    const float inv = l > 0.f ? 1.f / l : 0.f;  // l ≥ 1 with a context; 0 keys (empty) give 0
+    unsigned w[VD];  // bf16 pairs of dims d0 + 2i, d0 + 2i + 1
 #pragma unroll
-      for (int i = 0; i < VD; ++i) {
-        const int e0 = 2 * i, e1 = 2 * i + 1;  // dims d0 + e: from c(2r) at np = e, or c(2r+1) at e − VD
-        const float x0 = e0 < VD ? o[e0][2 * r] : o[e0 - VD][2 * r + 1];
-        const float x1 = e1 < VD ? o[e1][2 * r] : o[e1 - VD][2 * r + 1];
-        w[i] = pack2(x0 * inv, x1 * inv);
-      }
-      uint4* dst = reinterpret_cast<uint4*>(p.out + (static_cast<size_t>(token) * p.n_q_heads + head) * D + d0);
-#pragma unroll
-      for (int i = 0; i < VD / 4; ++i) dst[i] = make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
-    } else {
-      // Workspace per (token, head, split): D normalized outputs, then (m, l); an empty split
-      // leaves l = 0 and the combine skips it.
-      float* ws = p.workspace + ((static_cast<size_t>(token) * p.n_q_heads + head) * p.num_splits + split) * (D + 2);
-#pragma unroll
-      for (int np = 0; np < VD; ++np) {
-        ws[d0 + np] = o[np][2 * r] * inv;
-        ws[d0 + VD + np] = o[np][2 * r + 1] * inv;
-      }
-      if (t == 0) {
-        ws[D] = l > 0.f ? m : -FLT_MAX;
-        ws[D + 1] = l;
-      }
+    for (int i = 0; i < VD; ++i) {
+      const int e0 = 2 * i, e1 = 2 * i + 1;  // dims d0 + e: from c(2r) at np = e, or c(2r+1) at e − VD
+      const float x0 = e0 < VD ? o[e0][2 * r] : o[e0 - VD][2 * r + 1];
+      const float x1 = e1 < VD ? o[e1][2 * r] : o[e1 - VD][2 * r + 1];
+      w[i] = pack2(x0 * inv, x1 * inv);
     }
+    uint4* dst = reinterpret_cast<uint4*>(p.out + (static_cast<size_t>(token) * p.n_q_heads + head) * D + d0);
+#pragma unroll
+    for (int i = 0; i < VD / 4; ++i) dst[i] = make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
   }
 }
 
 template <int D>
 void launch(const AttentionParams& p, cudaStream_t stream) {
-  const dim3 grid(p.n_kv_heads * p.num_splits, CEIL_DIV(p.num_seqs, kWarps));
+  const dim3 grid(p.n_kv_heads, CEIL_DIV(p.num_seqs, kWarps));
   attention_decode_warp_kernel<D><<<grid, kWarps * 32, 0, stream>>>(p);
   CUDA_CHECK_LAST();
 }
@@ -253,9 +224,11 @@ bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 =
 
 bool decode_on_warps(const AttentionParams& p) {
   const int group = p.n_q_heads / p.n_kv_heads;
-  return (p.head_dim == 64 || p.head_dim == 128) && group <= 16 && p.max_q_len == 1 && p.scale > 0.f &&
-         p.q_stride % 8 == 0 && aligned16(p.q) && aligned16(p.k_cache) && aligned16(p.v_cache) && aligned16(p.out) &&
-         static_cast<int64_t>(p.n_kv_heads) * p.num_splits <= 65535 && CEIL_DIV(p.num_seqs, kWarps) <= 65535;
+  return (p.head_dim == 64 || p.head_dim == 128) && group <= 16 && p.max_q_len == 1 &&
+         p.num_splits == 1 && p.scale > 0.f &&
+         static_cast<int64_t>(p.num_seqs) * p.n_kv_heads >= kWarpDecodeMinUnits && p.q_stride % 8 == 0 &&
+         aligned16(p.q) && aligned16(p.k_cache) && aligned16(p.v_cache) && aligned16(p.out) &&
+         CEIL_DIV(p.num_seqs, kWarps) <= 65535;
 }
 
 void attention_decode_warps(const AttentionParams& p, cudaStream_t stream) {
@@ -263,7 +236,6 @@ void attention_decode_warps(const AttentionParams& p, cudaStream_t stream) {
     launch<64>(p, stream);
   else
     launch<128>(p, stream);
-  if (p.num_splits > 1) attention_combine(p, stream);
 }
 
 }  // namespace moebatch::kernels

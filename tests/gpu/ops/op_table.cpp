@@ -67,6 +67,17 @@ std::vector<OpCaseDef> op_cases_test() {
   for (auto [head_dim, nq] : {std::pair{128, 32}, {32, 8}})
     t.push_back(attention_case({.head_dim = head_dim, .n_q_heads = nq, .n_kv_heads = 4, .q_lens = std::vector<int>(23, 1),
                                 .kv_lens = kv23, .random_kv_max = 700, .decode = true}));
+  // Decode batches of >= kWarpDecodeMinUnits (sequence, kv head) pairs: the warp-per-sequence
+  // kernel at 8 query heads per kv head (Qwen3-MoE), 16 (both m16 halves real) and 1.
+  std::vector<int> kv130(130, 0);
+  kv130[0] = 1;
+  kv130[1] = 16;
+  kv130[2] = 17;
+  for (auto [head_dim, nq, nkv, seqs] : {std::tuple{128, 32, 4, 130}, {64, 64, 4, 130}, {128, 8, 8, 70}})
+    t.push_back(attention_case({.head_dim = head_dim, .n_q_heads = nq, .n_kv_heads = nkv,
+                                .q_lens = std::vector<int>(seqs, 1),
+                                .kv_lens = std::vector<int>(kv130.begin(), kv130.begin() + seqs),
+                                .random_kv_max = 700, .decode = true}));
   // Decode split-K: an odd split count, the engine's heuristic, and head_dim 16.
   const std::vector<int> kv5 = {1500, 3, 800, 257, 1024};
   for (auto [head_dim, nq, splits] : {std::tuple{128, 32, 7}, {128, 32, kSplitsAuto}, {16, 8, 4}, {256, 16, 3}})
