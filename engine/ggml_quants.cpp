@@ -17,13 +17,6 @@ float half(const std::byte* p) {
 
 const uint8_t* bytes(const std::byte* p) { return reinterpret_cast<const uint8_t*>(p); }
 
-// Q8_0: f16 d, 32 × int8; y = d · q.
-void q8_0(const std::byte* b, float* y) {
-  const float d = half(b);
-  const auto* q = reinterpret_cast<const int8_t*>(b + 2);
-  for (int i = 0; i < 32; ++i) y[i] = d * static_cast<float>(q[i]);
-}
-
 // The 6-bit scale and min of sub-block j of a Q4_K / Q5_K super-block (ggml's get_scale_min_k4).
 void scale_min(int j, const uint8_t* q, uint8_t& d, uint8_t& m) {
   if (j < 4) {
@@ -35,71 +28,19 @@ void scale_min(int j, const uint8_t* q, uint8_t& d, uint8_t& m) {
   }
 }
 
-// Q4_K: f16 d, f16 dmin, 12 bytes of packed 6-bit scales/mins, 128 bytes of 4-bit codes; eight
-// sub-blocks of 32: y = d·sc·q − dmin·m.
-void q4_k(const std::byte* b, float* y) {
-  const float d = half(b), dmin = half(b + 2);
-  const uint8_t* scales = bytes(b + 4);
-  const uint8_t* q = bytes(b + 16);
-  for (int j = 0, is = 0; j < kQK; j += 64, is += 2, q += 32) {
-    uint8_t sc, m;
-    scale_min(is, scales, sc, m);
-    const float d1 = d * sc, m1 = dmin * m;
-    scale_min(is + 1, scales, sc, m);
-    const float d2 = d * sc, m2 = dmin * m;
-    for (int l = 0; l < 32; ++l) y[j + l] = d1 * (q[l] & 0xF) - m1;
-    for (int l = 0; l < 32; ++l) y[j + 32 + l] = d2 * (q[l] >> 4) - m2;
-  }
-}
-
-// Q5_K: as Q4_K plus a fifth bit per element from qh[32].
-void q5_k(const std::byte* b, float* y) {
-  const float d = half(b), dmin = half(b + 2);
-  const uint8_t* scales = bytes(b + 4);
-  const uint8_t* qh = bytes(b + 16);
-  const uint8_t* ql = bytes(b + 48);
-  uint8_t u1 = 1, u2 = 2;
-  for (int j = 0, is = 0; j < kQK; j += 64, is += 2, ql += 32, u1 <<= 2, u2 <<= 2) {
-    uint8_t sc, m;
-    scale_min(is, scales, sc, m);
-    const float d1 = d * sc, m1 = dmin * m;
-    scale_min(is + 1, scales, sc, m);
-    const float d2 = d * sc, m2 = dmin * m;
-    for (int l = 0; l < 32; ++l) y[j + l] = d1 * ((ql[l] & 0xF) + (qh[l] & u1 ? 16 : 0)) - m1;
-    for (int l = 0; l < 32; ++l) y[j + 32 + l] = d2 * ((ql[l] >> 4) + (qh[l] & u2 ? 16 : 0)) - m2;
-  }
-}
-
-// Q6_K: 128 bytes low 4 bits, 64 bytes high 2 bits, 16 int8 scales, f16 d;
-// y = d · scale · (q − 32).
-void q6_k(const std::byte* b, float* y) {
-  const uint8_t* ql = bytes(b);
-  const uint8_t* qh = bytes(b + 128);
-  const auto* sc = reinterpret_cast<const int8_t*>(b + 192);
-  const float d = half(b + 208);
-  for (int n = 0; n < kQK; n += 128, ql += 64, qh += 32, sc += 8) {
-    for (int l = 0; l < 32; ++l) {
-      const int is = l / 16;
-      const int q1 = static_cast<int>((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
-      const int q2 = static_cast<int>((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
-      const int q3 = static_cast<int>((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-      const int q4 = static_cast<int>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-      y[n + l] = d * sc[is + 0] * q1;
-      y[n + l + 32] = d * sc[is + 2] * q2;
-      y[n + l + 64] = d * sc[is + 4] * q3;
-      y[n + l + 96] = d * sc[is + 6] * q4;
-    }
-  }
-}
-
 // One sub-block of a ggml integer format: its codes, scale and min.
 struct SubBlock {
   int8_t q[32];
   float scale, min;
 };
 
-// The sub-blocks of one ggml block (8 of 32 for Q4_K / Q5_K, 16 of 16 for Q6_K, 1 of 32 for
-// Q8_0), in element order; the same arithmetic as the decoders above.
+// The sub-blocks of one ggml block, in element order, with ggml's fp32 scale and min products:
+//   Q8_0  f16 d, 32 × int8: one sub-block, y = d · q
+//   Q4_K  f16 d, f16 dmin, 12 bytes of packed 6-bit scales / mins, 128 bytes of 4-bit codes
+//         (low nibbles of 32 bytes for sub-block 2i, high for 2i + 1): y = d·sc · q − dmin·m
+//   Q5_K  as Q4_K with a fifth bit per element from qh[32] (bit j for sub-block j)
+//   Q6_K  128 bytes low 4 bits, 64 bytes high 2 bits, 16 int8 scales, f16 d: sixteen
+//         sub-blocks of 16, y = d·scale · (q − 32)
 int unpack_block(DType t, const std::byte* b, SubBlock* out) {
   switch (t) {
     case DType::Q8_0: {
@@ -204,17 +145,16 @@ void dequantize_row(DType t, const std::byte* src, float* dst, int64_t n) {
     float* y = dst + i * blk.elems;
     switch (t) {
       case DType::Q8_0:
-        q8_0(b, y);
-        break;
       case DType::Q4_K:
-        q4_k(b, y);
-        break;
       case DType::Q5_K:
-        q5_k(b, y);
+      case DType::Q6_K: {
+        SubBlock sb[16];
+        const int count = unpack_block(t, b, sb), sub = static_cast<int>(blk.elems) / count;
+        for (int s = 0; s < count; ++s)
+          for (int i = 0; i < sub; ++i)
+            y[s * sub + i] = static_cast<float>(sb[s].q[i]) * sb[s].scale - sb[s].min;
         break;
-      case DType::Q6_K:
-        q6_k(b, y);
-        break;
+      }
       case DType::F32:
         std::memcpy(y, b, 4);
         break;

@@ -682,6 +682,20 @@ double seconds_since(Clock::time_point t0) {
 
 const char* split_name(ExpertSplit s) { return s == ExpertSplit::Expert ? "ep" : "tp"; }
 
+// One token at position 0 in KV block 0 and state slot 0, its logits wanted.
+StepBatch one_token_batch() {
+  StepBatch b;
+  b.tokens = {1};
+  b.positions = {0};
+  b.seq_index = {0};
+  b.slot_mapping = {0};
+  b.block_tables = {0};
+  b.max_blocks_per_seq = 1;
+  b.state_slots = {0};
+  b.logits_rows = {0};
+  return b;
+}
+
 // A fixture on two GPUs, in one MoE mode, against the same fixture on one GPU.
 class CudaTensorParallel : public ::testing::TestWithParam<std::tuple<std::string, ExpertSplit>> {
  protected:
@@ -790,16 +804,7 @@ TEST_P(CudaTensorParallel, CustomAllReduceEqualsNccl) {
     o.quantization = quantization_for(model(), 2, split());
     o.custom_all_reduce_max_bytes = run.max_bytes;
     auto backend = std::make_unique<CudaBackend>(fixture_path(model()), o);
-    StepBatch b;  // one token at position 0 in KV block 0
-    b.tokens = {1};
-    b.positions = {0};
-    b.seq_index = {0};
-    b.slot_mapping = {0};
-    b.block_tables = {0};
-    b.max_blocks_per_seq = 1;
-    b.state_slots = {0};
-    b.logits_rows = {0};
-    const auto stages = backend->profile(b);
+    const auto stages = backend->profile(one_token_batch());
     const auto has = [&](const char* name) {
       return std::any_of(stages.begin(), stages.end(), [&](const auto& st) { return st.first == name; });
     };
@@ -947,18 +952,9 @@ TEST(CudaCollectiveWatchdog, StuckRankBecomesErrorAndBackendRebuilds) {
       EXPECT_GE(waited, 1.9);
       EXPECT_LT(waited, 30.0);
       // Failed for good: the next call throws at once, without touching the communicators.
-      StepBatch b;
-      b.tokens = {1};
-      b.positions = {0};
-      b.seq_index = {0};
-      b.slot_mapping = {0};
-      b.block_tables = {0};
-      b.max_blocks_per_seq = 1;
-      b.state_slots = {0};
-      b.logits_rows = {0};
       std::vector<float> logits;
       t0 = Clock::now();
-      EXPECT_THROW(be->forward(b, logits), Error);
+      EXPECT_THROW(be->forward(one_token_batch(), logits), Error);
       EXPECT_LT(seconds_since(t0), 1.0);
       t0 = Clock::now();
     }  // engine and backend destroyed here: graphs, then the aborted communicators
