@@ -7,7 +7,8 @@
 # Usage: bench/gpu/run_service_device.sh [REQUESTS_1024=1024] [REQUESTS_4096=256]
 # STREAM=0 skips the streaming clients. ARCH=qwen3_next (or qwen3_moe) first runs the end-to-end
 # service check (tests/gpu/service_e2e.sh, --backend cuda, E2E_JOBS jobs, default 200) on that
-# demo model; E2E_ONLY=1 stops after it.
+# demo model; E2E_ONLY=1 stops after it. MODEL (default random:qwen3-30b-a3b) and QUANT (default
+# auto; e.g. nvfp4 for the seed-class shape on one GPU) pick the offline model.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/svc_out}
@@ -27,15 +28,18 @@ if [ -n "${ARCH:-}" ]; then
   echo "service_e2e ARCH=$ARCH rc=$?"; tail -8 "$OUT/service_e2e_$ARCH.log"
   [ "${E2E_ONLY:-0}" = 1 ] && exit 0
 fi
-MODEL=random:qwen3-30b-a3b
+MODEL=${MODEL:-random:qwen3-30b-a3b}
 TOK=tests/data/qwen3-tokenizer
-COMMON=(--model $MODEL --tokenizer $TOK --backend cuda --max-num-seqs 256 --max-num-batched-tokens 8192)
+COMMON=(--model $MODEL --tokenizer $TOK --backend cuda --max-num-seqs 256 --max-num-batched-tokens 8192
+        --quantization "${QUANT:-auto}")
 timeout 200 ./$B/moebatch_bench_offline "${COMMON[@]}" --requests "$N1" --input-len 1024 --output-len 128 \
   --out "$OUT/offline_1024_128.json" > "$OUT/offline_1024_128.log" 2>&1
 echo "offline 1024/128 rc=$?"; tail -12 "$OUT/offline_1024_128.log"
-timeout 200 ./$B/moebatch_bench_offline "${COMMON[@]}" --requests "$N4" --input-len 4096 --output-len 256 \
-  --out "$OUT/offline_4096_256.json" > "$OUT/offline_4096_256.log" 2>&1
-echo "offline 4096/256 rc=$?"; tail -12 "$OUT/offline_4096_256.log"
+if [ "$N4" -gt 0 ]; then
+  timeout 200 ./$B/moebatch_bench_offline "${COMMON[@]}" --requests "$N4" --input-len 4096 --output-len 256 \
+    --out "$OUT/offline_4096_256.json" > "$OUT/offline_4096_256.log" 2>&1
+  echo "offline 4096/256 rc=$?"; tail -12 "$OUT/offline_4096_256.log"
+fi
 
 # streaming clients on the OpenAI API
 [ "${STREAM:-1}" = 0 ] && exit 0

@@ -176,6 +176,8 @@ int main(int argc, char** argv) {
   app.add_option("--gpu-memory-utilization", o.service.gpu_memory_utilization, "cuda memory share");
   app.add_option("--kv-cache-mb", o.service.kv_cache_mb, "cpu: KV pool (0 = 256 MiB); cuda: cap (0 = none)");
   app.add_option("--threads", o.service.threads, "cpu threads");
+  app.add_option("--quantization", o.service.quantization,
+                 "cuda linear weights: auto | none | fp8 | nvfp4 | int4 (random models: quantized on load)");
   app.add_option("--out", o.out, "JSON result file");
   CLI11_PARSE(app, argc, argv);
   try {
