@@ -178,7 +178,8 @@ __global__ void __launch_bounds__(kThreads)
 // row. The block's first row (its only one when rows <= G, all of decode up to 128 tokens) has
 // its partial, residual and weight in registers before the barrier, so only the peers' data is
 // awaited after it. Math and rounding as rmsnorm_kernel<true> (kernels/rmsnorm.cu) with
-// in = bf16(Σ partials): r = bf16(residual + in), ss in fp32, out = r * rstd * w.
+// in = bf16(Σ partials): r = bf16(residual + in), ss in fp32, out = r * rstd * (weight_offset +
+// w).
 template <int kThreads, int kVecs>
 __global__ void __launch_bounds__(kThreads)
     allreduce_add_rmsnorm_kernel(AllReduceRankView v, RmsNormParams p) {
@@ -237,7 +238,7 @@ __global__ void __launch_bounds__(kThreads)
         float w[8];
         unpack8(w0[k], w);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) r[k][j] = r[k][j] * rstd * w[j];
+        for (int j = 0; j < 8; ++j) r[k][j] = r[k][j] * rstd * (p.weight_offset + w[j]);
         store8(p.out + off + 8 * i, r[k]);
       }
     }

@@ -70,6 +70,54 @@ __global__ void moe_combine_kernel(MoeCombineParams p) {
   }
 }
 
+// One block per token: each thread's vectors of the combined row (rounded to bf16 as moe_combine
+// stores them) added into the residual, the sum of squares, then the normalized row (re-reading
+// the thread's own residual writes, as rmsnorm_kernel does).
+template <bool kMasked>
+__global__ void __launch_bounds__(kThreads) moe_combine_add_rmsnorm_kernel(MoeCombineParams c,
+                                                                           RmsNormParams n) {
+  __shared__ float scratch[32];
+  const size_t t = blockIdx.x;
+  const int nvec = c.hidden / 8;
+  bf16* res = n.residual + t * c.hidden;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < nvec; i += blockDim.x) {
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    for (int j = 0; j < c.top_k; ++j) {
+      const size_t pair = t * c.top_k + j;
+      if constexpr (kMasked) {
+        if (static_cast<unsigned>(c.topk_ids[pair] - c.expert0) >= static_cast<unsigned>(c.num_local))
+          continue;
+      }
+      const float w = c.weights ? c.weights[pair] : 1.f;
+      const size_t row = c.row_of_pair ? static_cast<size_t>(c.row_of_pair[pair]) : pair;
+      float y[8];
+      load8(c.expert_out + row * c.hidden + 8 * i, y);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) acc[k] += w * y[k];
+    }
+    float r[8];
+    load8(res + 8 * i, r);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const float o = __bfloat162float(__float2bfloat16(acc[k]));
+      r[k] = __bfloat162float(__float2bfloat16(r[k] + o));
+      ss += r[k] * r[k];
+    }
+    store8(res + 8 * i, r);
+  }
+  ss = block_sum(ss, scratch);
+  const float rstd = rsqrtf(ss / c.hidden + n.eps);
+  for (int i = threadIdx.x; i < nvec; i += blockDim.x) {
+    float r[8], w[8];
+    load8(res + 8 * i, r);
+    load8(n.weight + 8 * i, w);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) r[k] = r[k] * rstd * (n.weight_offset + w[k]);
+    store8(n.out + t * c.hidden + 8 * i, r);
+  }
+}
+
 // One block per token: the gate dot product, then the gated add.
 __global__ void __launch_bounds__(kThreads) shared_expert_gate_kernel(SharedExpertGateParams p) {
   __shared__ float scratch[32];
@@ -142,6 +190,24 @@ void moe_combine(const MoeCombineParams& p, cudaStream_t stream) {
     moe_combine_kernel<true><<<grid, kThreads, 0, stream>>>(p);
   } else {
     moe_combine_kernel<false><<<grid, kThreads, 0, stream>>>(p);
+  }
+  CUDA_CHECK_LAST();
+}
+
+void moe_combine_add_rmsnorm(const MoeCombineParams& c, const RmsNormParams& n,
+                             cudaStream_t stream) {
+  MB_CHECK(c.hidden > 0 && c.hidden % 8 == 0 && c.top_k > 0 && c.tokens >= 0,
+           "moe_combine_add_rmsnorm: bad shape");
+  MB_CHECK(n.rows == c.tokens && n.cols == c.hidden, "moe_combine_add_rmsnorm: norm shape differs");
+  MB_CHECK(c.expert_out && n.residual && n.out && n.weight, "moe_combine_add_rmsnorm: null operand");
+  MB_CHECK(n.out != n.residual, "moe_combine_add_rmsnorm: out may not alias the residual");
+  MB_CHECK(!c.topk_ids || (c.expert0 >= 0 && c.num_local > 0),
+           "moe_combine_add_rmsnorm: bad expert range");
+  if (c.tokens == 0) return;
+  if (c.topk_ids) {
+    moe_combine_add_rmsnorm_kernel<true><<<c.tokens, kThreads, 0, stream>>>(c, n);
+  } else {
+    moe_combine_add_rmsnorm_kernel<false><<<c.tokens, kThreads, 0, stream>>>(c, n);
   }
   CUDA_CHECK_LAST();
 }

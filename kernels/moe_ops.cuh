@@ -2,6 +2,7 @@
 // (Qwen3-Next), the weighted combine over top-k, and the shared expert with its sigmoid gate.
 #pragma once
 
+#include "kernels/rmsnorm.cuh"
 #include "kernels/types.cuh"
 
 namespace moebatch::kernels {
@@ -42,6 +43,14 @@ struct MoeCombineParams {
 /// The same sum over this rank's pairs (every pair without topk_ids; then the same kernel as the
 /// positional overload). A token with no local pair gets a zero row.
 void moe_combine(const MoeCombineParams& p, cudaStream_t stream);
+
+/// moe_combine fused with the residual add + RMSNorm after it, one block per token: with
+/// o = bf16(Σ_j w · y) as moe_combine rounds it, norm.residual = bf16(norm.residual + o) in place
+/// and norm.out = rmsnorm(residual) · (weight_offset + weight) — bitwise what moe_combine into a
+/// buffer then add_rmsnorm of it give. c.out and norm.in are unused; norm.rows == c.tokens,
+/// norm.cols == c.hidden.
+void moe_combine_add_rmsnorm(const MoeCombineParams& c, const RmsNormParams& norm,
+                             cudaStream_t stream);
 
 /// Operands of shared_expert_gate.
 struct SharedExpertGateParams {

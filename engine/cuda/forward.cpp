@@ -10,6 +10,7 @@
 #include "engine/cuda/forward.h"
 
 #include <cmath>
+#include <optional>
 #include <string>
 
 #include "common/error.h"
@@ -143,9 +144,19 @@ struct Step {
 // With world > 1 the branch is this rank's partial (row-parallel o_proj, split MLP), summed over
 // the ranks first: in the same launch as the add and the norm through the peer-to-peer
 // all-reduce when the message fits its workspace, else NCCL in place before the add + norm.
-void norm(const Step& s, bf16* branch, const DeviceTensor& w) {
+// With a pending combine (one rank, routed experts only: moe() left B.o unformed) the branch is
+// that combine's sum, formed in the same launch as the add and the norm.
+void norm(const Step& s, bf16* branch, const DeviceTensor& w,
+          std::optional<k::MoeCombineParams>& pending) {
   k::RmsNormParams p = s.norm;
   p.weight = w.as_bf16();
+  if (pending) {
+    p.residual = s.B.x;
+    k::moe_combine_add_rmsnorm(*pending, p, s.st);
+    pending.reset();
+    s.mark("moe_combine_add_norm");
+    return;
+  }
   if (!branch) {
     p.in = s.B.x;
     k::rmsnorm(p, s.st);
@@ -270,8 +281,9 @@ void dense_mlp(const Step& s, const DeviceTensor& gate_up, const DeviceTensor& d
   linear(s.gemm, out, B.act, down, s.n);
 }
 
-// Routed experts: B.o = Σ_j w[t, j] · expert_j(B.h[t]).
-void moe(const Step& s, const DeviceLayerWeights& L) {
+// Routed experts: B.o = Σ_j w[t, j] · expert_j(B.h[t]); with `defer` the weighted sum is not
+// formed here but returned, for the norm after it to fuse.
+std::optional<k::MoeCombineParams> moe(const Step& s, const DeviceLayerWeights& L, bool defer) {
   const StepBuffers& B = s.B;
   // router top-k + align; decode batches do GEMM, top-k and align in one launch
   if (s.n <= k::kRouteSmallMaxTokens) {
@@ -322,8 +334,10 @@ void moe(const Step& s, const DeviceLayerWeights& L) {
 
   // combine: o[t] = Σ_j w[t, j] · y[t·k + j], in j order (batch independent); with expert
   // parallelism a partial sum over this rank's experts, completed by the MLP's all-reduce
+  if (defer) return combine;
   k::moe_combine(combine, s.st);
   s.mark("moe_combine");
+  return std::nullopt;
 }
 
 // Shared expert (Qwen2-MoE): B.o += sigmoid(h · g) · mlp(h).
@@ -346,6 +360,10 @@ void cuda_forward(const ModelConfig& cfg, CudaRank& r, const StepShape& shape, S
   const Step s(cfg, r, shape, tm);
   const DeviceModelWeights& W = r.weights;
   StepBuffers& B = r.buf;
+  // The routed experts' weighted sum, when it waits for the next norm to form it (one rank, no
+  // shared expert: nothing else reads B.o in between).
+  std::optional<k::MoeCombineParams> pending;
+  const bool defer_combine = r.world == 1;
 
   // embed
   k::embedding_gather(B.x, W.embed.as_bf16(), B.tokens, s.n, s.H,
@@ -360,7 +378,7 @@ void cuda_forward(const ModelConfig& cfg, CudaRank& r, const StepShape& shape, S
 
     // mixer norm; from layer 1 on fused with the all-reduce and residual add of the previous
     // MLP output
-    norm(s, l == 0 ? nullptr : B.o, L.input_norm);
+    norm(s, l == 0 ? nullptr : B.o, L.input_norm, pending);
 
     // token mixer → B.o (this rank's partial when world > 1)
     switch (kind.mixer) {
@@ -373,7 +391,7 @@ void cuda_forward(const ModelConfig& cfg, CudaRank& r, const StepShape& shape, S
     }
 
     // all-reduce + residual add + MLP norm
-    norm(s, B.o, L.post_norm);
+    norm(s, B.o, L.post_norm, pending);
 
     // MLP → B.o (this rank's partial when world > 1)
     switch (kind.mlp) {
@@ -382,10 +400,10 @@ void cuda_forward(const ModelConfig& cfg, CudaRank& r, const StepShape& shape, S
         s.mark("dense_mlp");
         break;
       case MlpKind::Moe:
-        moe(s, L);
+        pending = moe(s, L, defer_combine);
         break;
       case MlpKind::MoeShared:
-        moe(s, L);
+        moe(s, L, false);
         shared_expert(s, L);
         break;
     }
@@ -393,7 +411,7 @@ void cuda_forward(const ModelConfig& cfg, CudaRank& r, const StepShape& shape, S
 
   // all-reduce + last residual add + final norm (every row; the lm_head gathers the rows it
   // needs)
-  norm(s, B.o, W.final_norm);
+  norm(s, B.o, W.final_norm, pending);
 }
 
 void cuda_lm_head(const ModelConfig& cfg, CudaRank& r, int first, int rows, int tokens,

@@ -144,7 +144,8 @@ struct NormRef {
   std::vector<double> out;  ///< fp64 rmsnorm of that residual times w
 };
 
-NormRef add_rmsnorm_ref(const std::vector<Bits>& parts, const Bits& x, const Bits& w, Shape s) {
+NormRef add_rmsnorm_ref(const std::vector<Bits>& parts, const Bits& x, const Bits& w, Shape s,
+                        float offset = 0.f) {
   const Bits sum = sum_rank_order(parts);
   NormRef ref{Bits(s.n()), std::vector<double>(s.n())};
   for (int r = 0; r < s.rows; ++r) {
@@ -158,7 +159,7 @@ NormRef add_rmsnorm_ref(const std::vector<Bits>& parts, const Bits& x, const Bit
     const double rstd = 1.0 / std::sqrt(ss / s.cols + kEps);
     for (int c = 0; c < s.cols; ++c) {
       const size_t i = static_cast<size_t>(r) * s.cols + c;
-      ref.out[i] = bf2f(ref.residual[i]) * rstd * bf2f(w[c]);
+      ref.out[i] = bf2f(ref.residual[i]) * rstd * (offset + bf2f(w[c]));
     }
   }
   return ref;
@@ -220,9 +221,11 @@ struct SumCall {
 };
 
 /// allreduce_add_rmsnorm of one shape: per rank a partial, the residual (same values on every
-/// rank), the weight and the output (or out aliasing the partial).
+/// rank), the weight and the output (or out aliasing the partial). Odd row counts apply the
+/// weight as 1 + w (Qwen3-Next's zero-centred norms).
 struct NormCall {
-  NormCall(const Group& g, Shape s, bool out_aliases_in) : s(s), alias(out_aliases_in) {
+  NormCall(const Group& g, Shape s, bool out_aliases_in)
+      : s(s), alias(out_aliases_in), offset(s.rows % 2 == 1 ? 1.f : 0.f) {
     for (int r = 0; r < g.world(); ++r) {
       in.emplace_back(r, s.n());
       res.emplace_back(r, s.n());
@@ -251,6 +254,7 @@ struct NormCall {
     p.rows = s.rows;
     p.cols = s.cols;
     p.eps = kEps;
+    p.weight_offset = offset;
     return p;
   }
   void launch(Group& g, int r) const {
@@ -258,7 +262,7 @@ struct NormCall {
     kernels::allreduce_add_rmsnorm(g.ws, r, params(r), g.streams[r]);
   }
   void check(Group& g) const {
-    const NormRef ref = add_rmsnorm_ref(parts, x, wt, s);
+    const NormRef ref = add_rmsnorm_ref(parts, x, wt, s, offset);
     Bits out0, res0;
     for (int r = 0; r < g.world(); ++r) {
       DeviceScope d(r);
@@ -282,6 +286,7 @@ struct NormCall {
 
   Shape s;
   bool alias;
+  float offset;  // weight_offset
   std::vector<RankBuf> in, res, w, out;
   std::vector<Bits> parts;
   Bits x, wt;

@@ -396,8 +396,16 @@ class MoeCombineCase final : public OpCase {
     }
     out_ = DevBuf<bf16>(static_cast<size_t>(s_.tokens) * s_.hidden);
     out_.poison();
+    if (s_.add_rmsnorm) {
+      res_ = RandomBf16(static_cast<size_t>(s_.tokens) * s_.hidden, 2.f, rng, env.stream);
+      nw_ = RandomBf16(s_.hidden, 1.5f, rng, env.stream);
+    }
   }
   void run(const OpEnv& env, int) override {
+    if (s_.add_rmsnorm) {
+      kernels::moe_combine_add_rmsnorm(params(out_.get()), norm(res_.get(), nullptr), env.stream);
+      return;
+    }
     if (s_.experts == 0) {
       kernels::moe_combine(out_.get(), y_.get(), s_.weighted ? d_w_.get() : nullptr, s_.tokens, s_.top_k,
                            s_.hidden, env.stream);
@@ -416,6 +424,7 @@ class MoeCombineCase final : public OpCase {
     kernels::moe_combine(p, env.stream);
   }
   OpCheck check(const OpEnv& env, double tol) override {
+    if (s_.add_rmsnorm) return check_fused(env, tol);
     const auto y = y_.original(env.stream);
     const int H = s_.hidden, K = s_.top_k;
     std::vector<double> ref(out_.size(), 0.0);
@@ -436,12 +445,76 @@ class MoeCombineCase final : public OpCase {
     }
     return c;
   }
-  double bytes() const override { return 2.0 * s_.tokens * s_.top_k * s_.hidden + 2.0 * s_.tokens * s_.hidden; }
+  double bytes() const override {
+    return 2.0 * s_.tokens * s_.top_k * s_.hidden + (s_.add_rmsnorm ? 6.0 : 2.0) * s_.tokens * s_.hidden;
+  }
 
  private:
   bool local_expert(int e) const { return e >= s_.expert0 && e < s_.expert0 + s_.local_experts; }
+  kernels::MoeCombineParams params(bf16* out) const {
+    kernels::MoeCombineParams p;
+    p.out = out;
+    p.expert_out = y_.get();
+    p.weights = s_.weighted ? d_w_.get() : nullptr;
+    p.tokens = s_.tokens;
+    p.top_k = s_.top_k;
+    p.hidden = s_.hidden;
+    if (s_.experts > 0) {
+      p.topk_ids = d_ids_.get();
+      p.expert0 = s_.expert0;
+      p.num_local = s_.local_experts;
+    }
+    return p;
+  }
+  kernels::RmsNormParams norm(bf16* residual, const bf16* in) const {
+    kernels::RmsNormParams n;
+    n.out = out_.get();
+    n.in = in;
+    n.residual = residual;
+    n.weight = nw_.get();
+    n.rows = s_.tokens;
+    n.cols = s_.hidden;
+    n.eps = 1e-6f;
+    n.weight_offset = s_.weight_offset;
+    return n;
+  }
+  // The fused kernel against its contract, bit for bit: moe_combine into a buffer, then
+  // add_rmsnorm of it on a copy of the original residual; and the output within tol of the fp64
+  // chain (sum, bf16 rounding of sum and residual as the kernels do, norm).
+  OpCheck check_fused(const OpEnv& env, double tol) {
+    const std::vector<uint16_t> got_out = out_.download<uint16_t>(), got_res = res_.current();
+    const std::vector<uint16_t> res0 = res_.original(env.stream);
+    DevBuf<bf16> combined(static_cast<size_t>(s_.tokens) * s_.hidden), res(res0.size());
+    CUDA_CHECK(cudaMemcpy(res.get(), res0.data(), res0.size() * sizeof(uint16_t), cudaMemcpyHostToDevice));
+    kernels::moe_combine(params(combined.get()), env.stream);
+    kernels::add_rmsnorm(norm(res.get(), combined.get()), env.stream);
+    CUDA_CHECK(cudaStreamSynchronize(env.stream));
+    OpCheck c;
+    c.equal("residual vs moe_combine + add_rmsnorm", got_res, res.download<uint16_t>());
+    c.equal("out vs moe_combine + add_rmsnorm", got_out, out_.download<uint16_t>());
+    const auto y = y_.original(env.stream), w = nw_.original(env.stream);
+    const int H = s_.hidden, K = s_.top_k;
+    std::vector<double> ref(got_out.size());
+    for (int t = 0; t < s_.tokens; ++t) {
+      std::vector<double> r(H);
+      double ss = 0;
+      for (int h = 0; h < H; ++h) {
+        double o = 0;
+        for (int j = 0; j < K; ++j) {
+          if (s_.experts > 0 && !local_expert(ids_[t * K + j])) continue;
+          o += (s_.weighted ? w_[t * K + j] : 1.0) * bf2f(y[(static_cast<size_t>(t) * K + j) * H + h]);
+        }
+        r[h] = round_bf(bf2f(res0[static_cast<size_t>(t) * H + h]) + round_bf(static_cast<float>(o)));
+        ss += r[h] * r[h];
+      }
+      const double rstd = 1.0 / std::sqrt(ss / H + 1e-6);
+      for (int h = 0; h < H; ++h) ref[static_cast<size_t>(t) * H + h] = r[h] * rstd * (s_.weight_offset + bf2f(w[h]));
+    }
+    c.rel_l2("out vs fp64", to_float(got_out), ref, tol);
+    return c;
+  }
   MoeCombineShape s_;
-  RandomBf16 y_;
+  RandomBf16 y_, res_, nw_;
   std::vector<float> w_;
   std::vector<int32_t> ids_;
   DevBuf<float> d_w_;
@@ -551,7 +624,8 @@ OpCaseDef moe_combine_case(const MoeCombineShape& s) {
                               s.top_k <= s.experts),
            "moe_combine case: bad expert range");
   return op_case_def<MoeCombineCase>(
-      "moe_combine",
+      s.add_rmsnorm ? (s.weight_offset != 0.f ? "moe_combine_add_rmsnorm 1+w" : "moe_combine_add_rmsnorm")
+                    : "moe_combine",
       "t" + to_string(s.tokens) + " k" + to_string(s.top_k) + " H" + to_string(s.hidden) +
           (s.weighted ? " weighted" : " unweighted") +
           (s.experts > 0 ? " E" + to_string(s.experts) + " local" + to_string(s.local_experts) + "@" + to_string(s.expert0)

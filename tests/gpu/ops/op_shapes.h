@@ -65,6 +65,10 @@ struct MoeCombineShape {
   /// never be read.
   int experts = 0;
   int expert0 = 0, local_experts = 0;
+  /// moe_combine_add_rmsnorm: the sum added into a residual and normalized (weight as
+  /// weight_offset + w), in one launch.
+  bool add_rmsnorm = false;
+  float weight_offset = 0.f;
 };
 OpCaseDef moe_combine_case(const MoeCombineShape& s);
 

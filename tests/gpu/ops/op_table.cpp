@@ -34,6 +34,12 @@ std::vector<OpCaseDef> op_cases_test() {
   t.push_back(sigmoid_gate_case({.rows = 21, .cols = 512, .gate_offset = 768}));
   t.push_back(moe_combine_case({.tokens = 21, .top_k = 8, .hidden = 2048, .weighted = true}));
   t.push_back(moe_combine_case({.tokens = 21, .top_k = 8, .hidden = 2048, .weighted = false}));
+  // fused with the residual add + RMSNorm (one rank; the weight as w and as 1 + w), and with an
+  // expert-parallel rank's pairs
+  for (float offset : {0.f, 1.f})
+    t.push_back(moe_combine_case({.tokens = 21, .top_k = 8, .hidden = 2048, .add_rmsnorm = true, .weight_offset = offset}));
+  t.push_back(moe_combine_case({.tokens = 9, .top_k = 4, .hidden = 136, .weighted = true, .experts = 16, .expert0 = 4,
+                                .local_experts = 8, .add_rmsnorm = true}));
   // Expert parallel: only this rank's pairs; the others' rows are NaN and must not be read.
   t.push_back(moe_combine_case({.tokens = 21, .top_k = 8, .hidden = 2048, .weighted = true, .experts = 128,
                                 .expert0 = 64, .local_experts = 64}));
