@@ -20,6 +20,7 @@
 #include "queue/job_store.h"
 #include "queue/job_validate.h"
 #include "queue/openai_batch.h"
+#include "queue/store_url.h"
 #include "queue/zmq/client.h"
 
 namespace moebatch::cli {
@@ -38,18 +39,12 @@ void add_common(CLI::App* cmd, CommonFlags& f) {
   cmd->add_flag("--json", f.json, "Print JSON instead of text");
 }
 
+// --db: a SQLite file (its directory is created) or a postgresql:// URL; any other scheme is a
+// usage error.
 std::unique_ptr<JobStore> open_store(const CommonFlags& f) {
-  std::filesystem::path path = f.db.empty() ? default_db_path() : std::filesystem::path(f.db);
-  if (path.has_parent_path()) {
-    std::error_code ec;
-    std::filesystem::create_directories(path.parent_path(), ec);
-    if (ec) {
-      throw InputError("cannot create directory '" + path.parent_path().string() +
-                       "' for the job database: " + ec.message());
-    }
-  }
+  const std::string db = f.db.empty() ? default_db_path().string() : f.db;
   StoreOptions o;
-  o.path = path;
+  o.path = prepare_store_location(db).target;
   return std::make_unique<JobStore>(o);
 }
 

@@ -206,6 +206,8 @@ void register_maintenance_command(CLI::App& app) {
   cmd->add_flag("--json", *as_json, "Print JSON");
   cmd->callback([db, now, as_json] {
     const std::filesystem::path path = db->empty() ? default_db_path() : std::filesystem::path(*db);
+    if (parse_store_location(path.string()).kind == StoreKind::Postgres)
+      throw InputError("maintenance: the service tables are SQLite-only for now (docs/postgres.md)");
     if (!std::filesystem::exists(path))
       throw InputError("no job database at " + path.string() + " (start the service first)");
     ServiceDb sdb(path);

@@ -81,6 +81,9 @@ struct Job {
   int64_t attempts = 0;                     ///< claims so far (a release gives one back)
   std::optional<std::string> lease_owner;   ///< worker holding the lease while running
   std::optional<int64_t> lease_expires_at;  ///< lease end while running
+  /// Fencing token of the current (or last) lease: grows by one with every claim, so a write
+  /// made under an older lease of the same job is refused even when the worker id matches.
+  int64_t lease_token = 0;
   std::optional<std::string> error;         ///< last failure reason
   int64_t enqueued_at = 0;                  ///< insertion time
   int64_t not_before = 0;                   ///< earliest next claim (retry backoff)

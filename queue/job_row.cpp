@@ -9,7 +9,8 @@ const char* const kJobColumns =
     "id, client_key, batch_id, custom_id, model, priority, prompt_kind, prompt, max_tokens, "
     "temperature, top_p, top_k, seed, stop, state, attempts, max_attempts, lease_owner, "
     "lease_expires_at, error, enqueued_at, not_before, started_at, first_token_at, finished_at, "
-    "result_text, prompt_tokens, completion_tokens, finish_reason, chat_template_kwargs";
+    "result_text, prompt_tokens, completion_tokens, finish_reason, chat_template_kwargs, "
+    "lease_token";
 
 namespace {
 
@@ -44,48 +45,86 @@ enum Col {
   kPromptTokens,
   kCompletionTokens,
   kFinishReason,
-  kChatTemplateKwargs
+  kChatTemplateKwargs,
+  kLeaseToken
 };
 
-const char* type_name(int t) {
+const char* type_name(RowSource::Type t) {
   switch (t) {
-    case SQLITE_INTEGER:
+    case RowSource::Type::Integer:
       return "integer";
-    case SQLITE_FLOAT:
+    case RowSource::Type::Real:
       return "real";
-    case SQLITE_TEXT:
+    case RowSource::Type::Text:
       return "text";
-    case SQLITE_BLOB:
+    case RowSource::Type::Other:
       return "blob";
     default:
       return "null";
   }
 }
 
+// SQLite's storage classes, as the decoder sees them.
+class SqliteRow : public RowSource {
+ public:
+  explicit SqliteRow(const Stmt& s) : s_(s) {}
+  Type type(int col) const override {
+    switch (s_.type(col)) {
+      case SQLITE_NULL:
+        return Type::Null;
+      case SQLITE_INTEGER:
+        return Type::Integer;
+      case SQLITE_FLOAT:
+        return Type::Real;
+      case SQLITE_TEXT:
+        return Type::Text;
+      default:
+        return Type::Other;
+    }
+  }
+  int64_t i64(int col) const override { return s_.i64(col); }
+  double f64(int col) const override { return s_.f64(col); }
+  std::string text(int col) const override { return s_.text(col); }
+
+ private:
+  const Stmt& s_;
+};
+
 // Reads columns while remembering the first one whose storage type is wrong.
 class Reader {
  public:
-  explicit Reader(const Stmt& s) : s_(s) {}
+  using Type = RowSource::Type;
+  explicit Reader(const RowSource& s) : s_(s) {}
 
   int64_t req_int(int col, const char* name) {
-    if (s_.type(col) != SQLITE_INTEGER) bad(col, name, "an integer");
+    if (s_.type(col) != Type::Integer) {
+      bad(col, name, "an integer");
+      return 0;
+    }
     return s_.i64(col);
   }
   std::optional<int64_t> opt_int(int col, const char* name) {
-    if (s_.type(col) == SQLITE_NULL) return std::nullopt;
+    if (s_.type(col) == Type::Null) return std::nullopt;
     return req_int(col, name);
   }
   double req_real(int col, const char* name) {
-    int t = s_.type(col);
-    if (t != SQLITE_INTEGER && t != SQLITE_FLOAT) bad(col, name, "a number");
+    const Type t = s_.type(col);
+    if (t == Type::Integer) return static_cast<double>(s_.i64(col));
+    if (t != Type::Real) {
+      bad(col, name, "a number");
+      return 0;
+    }
     return s_.f64(col);
   }
   std::string req_text(int col, const char* name) {
-    if (s_.type(col) != SQLITE_TEXT) bad(col, name, "text");
+    if (s_.type(col) != Type::Text) {
+      bad(col, name, "text");
+      return {};
+    }
     return s_.text(col);
   }
   std::optional<std::string> opt_text(int col, const char* name) {
-    if (s_.type(col) == SQLITE_NULL) return std::nullopt;
+    if (s_.type(col) == Type::Null) return std::nullopt;
     return req_text(col, name);
   }
   void fail(std::string msg) {
@@ -98,12 +137,14 @@ class Reader {
   void bad(int col, const char* name, const char* want) {
     fail(std::string(name) + ": expected " + want + ", found " + type_name(s_.type(col)));
   }
-  const Stmt& s_;
+  const RowSource& s_;
 };
 
 }  // namespace
 
-JobRow read_job_row(const Stmt& s) {
+JobRow read_job_row(const Stmt& s) { return decode_job_row(SqliteRow(s)); }
+
+JobRow decode_job_row(const RowSource& s) {
   Reader r(s);
   JobRow row;
   Job& j = row.job;
@@ -138,6 +179,7 @@ JobRow read_job_row(const Stmt& s) {
   }
   // The CHECK constraint on state guarantees a known value.
   j.state = job_state_from_string(s.text(kState)).value_or(JobState::Failed);
+  j.lease_token = s.type(kLeaseToken) == RowSource::Type::Integer ? s.i64(kLeaseToken) : 0;
   j.attempts = r.req_int(kAttempts, "attempts");
   spec.max_attempts = r.req_int(kMaxAttempts, "max_attempts");
   j.lease_owner = r.opt_text(kLeaseOwner, "lease_owner");
@@ -159,6 +201,16 @@ JobRow read_job_row(const Stmt& s) {
   }
   row.error = std::move(r.error);
   return row;
+}
+
+std::optional<std::string> claim_problem(const JobRow& row, const JobLimits& limits) {
+  if (row.error) return row.error;
+  if (auto e = find_job_spec_error(row.job.spec, limits)) return e;
+  if (row.job.attempts >= row.job.spec.max_attempts) {
+    return "attempts: " + std::to_string(row.job.attempts) + " already reaches max_attempts " +
+           std::to_string(row.job.spec.max_attempts);
+  }
+  return std::nullopt;
 }
 
 std::optional<std::string> stop_list_to_json(const std::vector<std::string>& stop) {

@@ -1,12 +1,15 @@
-// Durable job queue on one SQLite file (WAL). Producers submit (CLI, ZeroMQ ingress, or plain-SQL
-// INSERTs per schemas/README.md); the dispatcher claims jobs under a time-limited lease, renews
-// it, and reports complete or fail. Execution is at-least-once (an expired lease is handed to
-// another worker) with exactly one final result per job: complete/fail/release only succeed for
-// the current lease owner of a running job, so a stale worker cannot overwrite a result.
+// Durable job queue on one SQLite file (WAL), or on one PostgreSQL database shared by several
+// hosts (StoreOptions::path = postgresql://...; queue/store_url.h). Producers submit (CLI,
+// ZeroMQ ingress, or plain-SQL INSERTs per schemas/README.md); the dispatcher claims jobs under a
+// time-limited lease, renews it, and reports complete or fail. Execution is at-least-once (an
+// expired lease is handed to another worker) with exactly one final result per job:
+// complete/fail/release only succeed for the current lease owner of a running job holding the
+// lease's fencing token, so a stale worker cannot overwrite a result.
 //
-// Thread-safety: a JobStore owns one SQLite connection and is NOT thread-safe; use one JobStore
-// per thread. Any number of JobStores, in any number of threads or processes, may open the same
-// file: writers serialize on SQLite's lock (BEGIN IMMEDIATE + busy_timeout).
+// Thread-safety: a JobStore owns one database connection and is NOT thread-safe; use one
+// JobStore per thread. Any number of JobStores, in any number of threads, processes or hosts
+// (PostgreSQL), may open the same database: SQLite writers serialize on the file's lock (BEGIN
+// IMMEDIATE + busy_timeout); PostgreSQL claimers skip each other's locked rows.
 #pragma once
 
 #include <chrono>
@@ -23,10 +26,12 @@
 #include "queue/clock.h"
 #include "queue/job.h"
 #include "queue/job_validate.h"
+#include "queue/store_url.h"
 
 namespace moebatch {
 
-class Db;
+class JobStoreBackend;
+struct LeaseRef;
 
 /// SQLite durability level. FULL fsyncs the WAL at every commit and is the power-loss-safe
 /// choice; NORMAL is safe against process crashes but may lose the last commits on power loss.
@@ -40,9 +45,11 @@ struct RetryPolicy {
 
 /// How to open a store.
 struct StoreOptions {
-  std::filesystem::path path;                     ///< database file (created if missing)
+  /// SQLite database file (created if missing), or a postgresql:// / postgres:// URL.
+  std::filesystem::path path;
   Synchronous synchronous = Synchronous::Normal;  ///< see Synchronous
-  std::chrono::milliseconds busy_timeout{5000};   ///< wait for other writers this long
+  /// Wait for other writers' locks this long (SQLite busy_timeout, PostgreSQL lock_timeout).
+  std::chrono::milliseconds busy_timeout{5000};
   std::shared_ptr<const Clock> clock = std::make_shared<SystemClock>();  ///< time source
   JobLimits limits;                                                      ///< validation limits
   RetryPolicy retry;  ///< backoff between attempts
@@ -115,14 +122,17 @@ struct QueueStats {
   Percentiles tokens_per_s;            ///< decode throughput per job
 };
 
-/// The job queue over one SQLite connection. See the file comment for thread-safety.
+/// The job queue over one database connection. See the file comment for thread-safety.
 class JobStore {
  public:
-  /// Current schema version (highest migration in schemas/jobs.sql).
+  /// Current SQLite schema version (highest migration in schemas/jobs.sql).
   static int schema_version_latest();
+  /// Current schema version of a database kind (schemas/jobs.sql or schemas/jobs_pg.sql).
+  static int schema_version_latest(StoreKind kind);
 
-  /// Opens or creates the database, applies pragmas and pending migrations. Throws Error when
-  /// the file cannot be opened or is newer than this build understands.
+  /// Opens or creates the database, applies settings and pending migrations. Throws InputError
+  /// for a location of an unsupported kind, Error when the database cannot be opened or is
+  /// newer than this build understands.
   explicit JobStore(StoreOptions options);
   ~JobStore();
   JobStore(const JobStore&) = delete;
@@ -150,6 +160,8 @@ class JobStore {
   /// reason and are skipped. Claimed jobs are running, attempts incremented.
   std::vector<Job> claim(const std::string& worker, int64_t n, std::chrono::milliseconds lease);
   /// Extends the lease of those ids that worker still holds; returns how many were renewed.
+  /// Here and in not_held/complete/fail/release, a job this store claimed is also checked
+  /// against the lease token the claim returned (Job::lease_token).
   int64_t renew(const std::string& worker, const std::vector<int64_t>& ids,
                 std::chrono::milliseconds lease);
   /// Those of `ids` whose lease `worker` no longer holds (cancelled, finished, expired and taken
@@ -176,26 +188,29 @@ class JobStore {
 
   /// Counts by state and latency percentiles.
   QueueStats stats();
-  /// PRAGMA data_version: changes whenever ANOTHER connection commits to the file, so a poller
-  /// can skip its claim query while nothing happened. Commits on this connection do not count.
+  /// Changes whenever ANOTHER connection commits to the queue, so a poller can skip its claim
+  /// query while nothing happened; commits on this connection do not count. SQLite: PRAGMA
+  /// data_version. PostgreSQL: the number of NOTIFYs on moebatch_jobs from other sessions.
   int64_t data_version();
-  /// PRAGMA user_version of the open file.
+  /// The schema version of the open database (SQLite: PRAGMA user_version).
   int64_t schema_version();
+  /// Which database this store is on.
+  StoreKind kind() const { return kind_; }
   /// The clock this store reads.
   const Clock& clock() const { return *options_.clock; }
   /// The options the store was opened with.
   const StoreOptions& options() const { return options_; }
 
  private:
-  void migrate();
-  SubmitResult insert_one(const JobSpec& spec, size_t index);
-  bool complete_locked(const std::string& worker, const Completion& c, int64_t now);
-  int64_t requeue_expired_locked(int64_t now);
-  std::vector<Job> read_jobs(const std::string& sql_suffix,
-                             const std::function<void(class Stmt&)>& bind);
+  // The token a lease this store claimed was given; -1 for jobs it did not claim.
+  int64_t token_of(int64_t id) const;
+  std::vector<LeaseRef> leases_of(const std::vector<int64_t>& ids) const;
+  void forget(int64_t id) { tokens_.erase(id); }
 
   StoreOptions options_;
-  std::unique_ptr<Db> db_;
+  StoreKind kind_ = StoreKind::Sqlite;
+  std::unique_ptr<JobStoreBackend> backend_;
+  std::map<int64_t, int64_t> tokens_;  // job id -> lease token, for jobs claimed here and held
 };
 
 }  // namespace moebatch

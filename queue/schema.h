@@ -1,6 +1,7 @@
-// The SQL text shipped with the library: the migrations of schemas/jobs.sql and the
-// external-producer example of schemas/example_external_insert.sql, embedded at build time so
-// the binary never depends on the source tree at run time.
+// The SQL text shipped with the library: the migrations of schemas/jobs.sql (SQLite) and
+// schemas/jobs_pg.sql (PostgreSQL), and the external-producer example of
+// schemas/example_external_insert.sql, embedded at build time so the binary never depends on
+// the source tree at run time.
 #pragma once
 
 #include <string>
@@ -15,8 +16,10 @@ struct Migration {
   std::string sql;  ///< statements to run
 };
 
-/// Full text of schemas/jobs.sql.
+/// Full text of schemas/jobs.sql (SQLite).
 std::string_view jobs_schema_sql();
+/// Full text of schemas/jobs_pg.sql (PostgreSQL).
+std::string_view jobs_pg_schema_sql();
 /// Full text of schemas/example_external_insert.sql.
 std::string_view external_insert_example_sql();
 

@@ -143,3 +143,10 @@ UPDATE OR IGNORE jobs
 SET client_key = replace(replace(batch_id, '\', '\\'), '/', '\/') || '/' || custom_id
 WHERE client_key = batch_id || '/' || custom_id
   AND (instr(batch_id, '/') > 0 OR instr(batch_id, '\') > 0);
+
+-- @migration 7
+-- Fencing token of a job's lease: every claim increments it, and every write a worker makes
+-- under its lease (renew, complete, fail, release) is conditioned on the token it was given, as
+-- well as on the worker id. A worker whose lease expired and was claimed again, even by a
+-- process that reuses its worker id, finds no row to change.
+ALTER TABLE jobs ADD COLUMN lease_token INTEGER NOT NULL DEFAULT 0;

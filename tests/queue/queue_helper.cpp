@@ -1,4 +1,5 @@
-// Helper process for the queue tests: plays a producer or a worker against a real database.
+// Helper process for the queue tests: plays a producer or a worker against a real database
+// (DB: a SQLite file or a postgresql:// URL).
 //   queue_helper produce     DB PREFIX N CHUNK   submit N jobs keyed PREFIX-i via JobStore
 //   queue_helper produce-sql DB PREFIX N CHUNK   insert N rows with plain SQL (external producer)
 //   queue_helper hold        DB WORKER N LEASE_MS  claim up to N jobs, print their ids, then
@@ -14,6 +15,8 @@
 #include <vector>
 
 #include "queue/job_store.h"
+#include "queue/pg_conn.h"
+#include "queue/store_url.h"
 
 namespace {
 
@@ -45,18 +48,34 @@ int produce(const char* db, const std::string& prefix, int n, int chunk) {
   return 0;
 }
 
+// Plain SQL, one transaction per chunk, on either database.
+std::string insert_sql(const std::string& prefix, int start, int end) {
+  std::string sql;
+  for (int i = start; i < end; ++i) {
+    std::string key = prefix + "-" + std::to_string(i);
+    sql += "INSERT INTO jobs (client_key, batch_id, prompt) VALUES ('" + key + "', '" + prefix +
+           "', 'prompt " + key + "');";
+  }
+  return sql;
+}
+
+int produce_pg(const char* url, const std::string& prefix, int n, int chunk) {
+  moebatch::PgConn conn(url);
+  for (int start = 0; start < n; start += chunk)
+    conn.exec("BEGIN;" + insert_sql(prefix, start, std::min(n, start + chunk)) + "COMMIT;");
+  std::printf("produced %d\n", n);
+  return 0;
+}
+
 int produce_sql(const char* db_path, const std::string& prefix, int n, int chunk) {
+  if (moebatch::parse_store_location(db_path).kind == moebatch::StoreKind::Postgres)
+    return produce_pg(db_path, prefix, n, chunk);
   sqlite3* db = nullptr;
   if (sqlite3_open(db_path, &db) != SQLITE_OK) return 1;
   sqlite3_busy_timeout(db, 30000);
   for (int start = 0; start < n; start += chunk) {
-    std::string sql = "BEGIN IMMEDIATE;";
-    for (int i = start; i < std::min(n, start + chunk); ++i) {
-      std::string key = prefix + "-" + std::to_string(i);
-      sql += "INSERT INTO jobs (client_key, batch_id, prompt) VALUES ('" + key + "', '" + prefix +
-             "', 'prompt " + key + "');";
-    }
-    sql += "COMMIT;";
+    const std::string sql =
+        "BEGIN IMMEDIATE;" + insert_sql(prefix, start, std::min(n, start + chunk)) + "COMMIT;";
     char* err = nullptr;
     if (sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &err) != SQLITE_OK) {
       std::fprintf(stderr, "produce-sql: %s\n", err ? err : "?");

@@ -8,21 +8,21 @@
 #include "queue/payload_hash.h"
 #include "tests/common/files.h"
 #include "tests/common/sqlite.h"
+#include "tests/queue/pg_test_util.h"
 #include "tests/queue/queue_test_util.h"
 
 namespace moebatch {
 namespace {
 
 using test::store_options;
-using test::TempDir;
 using test::text_job;
 
-class QueueIdempotency : public ::testing::Test {
+class QueueIdempotency : public test::StoreKindTest {
  protected:
-  TempDir dir;
-  std::filesystem::path db = dir.path() / "jobs.db";
-  JobStore store{store_options(db)};
+  JobStore store{store_options(location())};
 };
+
+MB_INSTANTIATE_STORE_TESTS(QueueIdempotency);
 
 TEST(QueuePayloadHash, Sha256MatchesTheStandardVectors) {
   EXPECT_EQ(sha256_hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
@@ -43,7 +43,7 @@ TEST(QueuePayloadHash, Sha256MatchesTheStandardVectors) {
   EXPECT_NE(job_payload_hash(b), job_payload_hash(c));
 }
 
-TEST_F(QueueIdempotency, SameKeyWithAnotherPayloadIsAConflict) {
+TEST_P(QueueIdempotency, SameKeyWithAnotherPayloadIsAConflict) {
   const SubmitResult first = store.submit(text_job("write a poem", "k"));
   ASSERT_TRUE(first.created);
   const SubmitResult again = store.submit(text_job("write a poem", "k"));
@@ -72,7 +72,7 @@ TEST_F(QueueIdempotency, SameKeyWithAnotherPayloadIsAConflict) {
   EXPECT_EQ(store.get(first.id)->spec.prompt, "write a poem");
 }
 
-TEST_F(QueueIdempotency, RepeatsInsideOneListFollowTheSameRule) {
+TEST_P(QueueIdempotency, RepeatsInsideOneListFollowTheSameRule) {
   auto r = store.submit_many({text_job("a", "dup"), text_job("a", "dup")});
   ASSERT_EQ(r.size(), 2u);
   EXPECT_TRUE(r[0].created);
@@ -82,9 +82,9 @@ TEST_F(QueueIdempotency, RepeatsInsideOneListFollowTheSameRule) {
   EXPECT_FALSE(store.get_by_key("dup2"));
 }
 
-TEST_F(QueueIdempotency, RowsWithoutAStoredHashAreComparedByTheirContent) {
+TEST_P(QueueIdempotency, RowsWithoutAStoredHashAreComparedByTheirContent) {
   // A plain-SQL producer (or a release before payload hashes) leaves payload_hash NULL.
-  test::SqlConnection producer(db);
+  test::SideConnection producer(location());
   ASSERT_EQ(
       producer.exec("INSERT INTO jobs (client_key, prompt, max_tokens) VALUES ('ext', 'p', 7)"),
       "");
@@ -96,7 +96,7 @@ TEST_F(QueueIdempotency, RowsWithoutAStoredHashAreComparedByTheirContent) {
   EXPECT_THROW(store.submit(text_job("p", "ext")), KeyConflictError);  // max_tokens 256
 }
 
-TEST_F(QueueIdempotency, BatchKeysDoNotCollideAcrossTheSlash) {
+TEST_P(QueueIdempotency, BatchKeysDoNotCollideAcrossTheSlash) {
   EXPECT_NE(batch_client_key("x/y", "z"), batch_client_key("x", "y/z"));
   EXPECT_NE(batch_client_key("a\\", "b"), batch_client_key("a", "\\b"));
   EXPECT_NE(batch_client_key("a\\/b", "c"), batch_client_key("a\\", "b/c"));

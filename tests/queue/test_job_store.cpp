@@ -1,12 +1,15 @@
-// JobStore on real SQLite files: submission, idempotency, validation, state machine, leases,
-// retries, cancellation, stats and change detection. Time moves through a ManualClock.
+// JobStore on a real SQLite file and on a real PostgreSQL database (every test runs on both):
+// submission, idempotency, validation, state machine, leases and their fencing tokens, retries,
+// cancellation, stats and change detection. Time moves through a ManualClock.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <thread>
 
 #include "common/error.h"
 #include "queue/job_store.h"
 #include "tests/common/files.h"
+#include "tests/queue/pg_test_util.h"
 #include "tests/queue/queue_test_util.h"
 
 namespace moebatch {
@@ -14,19 +17,19 @@ namespace {
 
 using std::chrono::milliseconds;
 using test::store_options;
-using test::TempDir;
 using test::text_job;
 
 constexpr int64_t kT0 = 1'800'000'000'000;  // a fixed epoch-ms start for the manual clock
 
-class JobStoreTest : public ::testing::Test {
+class JobStoreTest : public test::StoreKindTest {
  protected:
-  TempDir dir;
   std::shared_ptr<ManualClock> clock = std::make_shared<ManualClock>(kT0);
-  JobStore store{store_options(dir.path() / "jobs.db", clock)};
+  JobStore store{store_options(location(), clock)};
 };
 
-TEST_F(JobStoreTest, StateNamesRoundTrip) {
+MB_INSTANTIATE_STORE_TESTS(JobStoreTest);
+
+TEST_P(JobStoreTest, StateNamesRoundTrip) {
   for (JobState s : {JobState::Queued, JobState::Running, JobState::Done, JobState::Failed,
                      JobState::Cancelled}) {
     EXPECT_EQ(job_state_from_string(job_state_to_string(s)), s);
@@ -36,12 +39,13 @@ TEST_F(JobStoreTest, StateNamesRoundTrip) {
   EXPECT_FALSE(job_state_is_final(JobState::Running));
 }
 
-TEST_F(JobStoreTest, FreshDatabaseIsAtLatestSchema) {
-  EXPECT_EQ(store.schema_version(), JobStore::schema_version_latest());
+TEST_P(JobStoreTest, FreshDatabaseIsAtLatestSchema) {
+  EXPECT_EQ(store.kind(), GetParam());
+  EXPECT_EQ(store.schema_version(), JobStore::schema_version_latest(GetParam()));
   EXPECT_GE(JobStore::schema_version_latest(), 2);
 }
 
-TEST_F(JobStoreTest, SubmitStoresEveryField) {
+TEST_P(JobStoreTest, SubmitStoresEveryField) {
   JobSpec s = text_job("hello", "k1");
   s.batch_id = "b";
   s.custom_id = "c";
@@ -71,7 +75,7 @@ TEST_F(JobStoreTest, SubmitStoresEveryField) {
   EXPECT_EQ(j->attempts, 0);
 }
 
-TEST_F(JobStoreTest, ResubmitWithSameKeyReturnsExistingJob) {
+TEST_P(JobStoreTest, ResubmitWithSameKeyReturnsExistingJob) {
   SubmitResult a = store.submit(text_job("first", "same"));
   SubmitResult b = store.submit(text_job("first", "same"));
   EXPECT_TRUE(a.created);
@@ -88,7 +92,7 @@ TEST_F(JobStoreTest, ResubmitWithSameKeyReturnsExistingJob) {
   EXPECT_TRUE(many[1].created);
 }
 
-TEST_F(JobStoreTest, SubmitRejectsBadSpecsNamingTheField) {
+TEST_P(JobStoreTest, SubmitRejectsBadSpecsNamingTheField) {
   auto expect_field = [&](JobSpec s, const std::string& field) {
     try {
       store.submit(s);
@@ -119,7 +123,7 @@ TEST_F(JobStoreTest, SubmitRejectsBadSpecsNamingTheField) {
   EXPECT_TRUE(store.list({}).empty());
 }
 
-TEST_F(JobStoreTest, ChatTemplateKwargsAreStoredForChatJobsOnly) {
+TEST_P(JobStoreTest, ChatTemplateKwargsAreStoredForChatJobsOnly) {
   JobSpec chat = text_job(R"([{"role":"user","content":"Hi"}])");
   chat.prompt_kind = PromptKind::Chat;
   chat.chat_template_kwargs = R"({"enable_thinking":false})";
@@ -141,7 +145,7 @@ TEST_F(JobStoreTest, ChatTemplateKwargsAreStoredForChatJobsOnly) {
   EXPECT_THROW(store.submit(chat), InputError);
 }
 
-TEST_F(JobStoreTest, SubmitManyIsAllOrNothing) {
+TEST_P(JobStoreTest, SubmitManyIsAllOrNothing) {
   JobSpec bad = text_job("p");
   bad.sampling.max_tokens = 0;
   try {
@@ -159,7 +163,7 @@ TEST_F(JobStoreTest, SubmitManyIsAllOrNothing) {
   EXPECT_EQ(store.list({}).size(), 2u);
 }
 
-TEST_F(JobStoreTest, ClaimOrdersByPriorityThenAge) {
+TEST_P(JobStoreTest, ClaimOrdersByPriorityThenAge) {
   int64_t old_low = store.submit(text_job("old low")).id;
   clock->advance(10);
   int64_t new_high = store
@@ -185,7 +189,7 @@ TEST_F(JobStoreTest, ClaimOrdersByPriorityThenAge) {
   EXPECT_TRUE(store.claim("w2", 5, milliseconds(1000)).empty());
 }
 
-TEST_F(JobStoreTest, CompleteRecordsResultAndLatencyOnceForTheLeaseOwner) {
+TEST_P(JobStoreTest, CompleteRecordsResultAndLatencyOnceForTheLeaseOwner) {
   int64_t id = store.submit(text_job("p")).id;
   ASSERT_EQ(store.claim("w", 1, milliseconds(1000)).size(), 1u);
   JobResult res{"out", 3, 2, "length", kT0 + 5};
@@ -211,7 +215,7 @@ TEST_F(JobStoreTest, CompleteRecordsResultAndLatencyOnceForTheLeaseOwner) {
   EXPECT_DOUBLE_EQ(st.tokens_per_s.max, 200.0);
 }
 
-TEST_F(JobStoreTest, ExpiredLeaseIsTakenOverAndStaleWorkerCannotFinish) {
+TEST_P(JobStoreTest, ExpiredLeaseIsTakenOverAndStaleWorkerCannotFinish) {
   int64_t id = store.submit(text_job("p")).id;
   ASSERT_EQ(store.claim("old", 1, milliseconds(1000)).size(), 1u);
   clock->advance(999);
@@ -232,7 +236,7 @@ TEST_F(JobStoreTest, ExpiredLeaseIsTakenOverAndStaleWorkerCannotFinish) {
   EXPECT_EQ(store.get(id)->result->text, "fresh");
 }
 
-TEST_F(JobStoreTest, RequeueExpiredFailsJobsOutOfAttempts) {
+TEST_P(JobStoreTest, RequeueExpiredFailsJobsOutOfAttempts) {
   JobSpec s = text_job("poison");
   s.max_attempts = 2;
   int64_t id = store.submit(s).id;
@@ -247,7 +251,7 @@ TEST_F(JobStoreTest, RequeueExpiredFailsJobsOutOfAttempts) {
   EXPECT_EQ(store.requeue_expired(), 0);
 }
 
-TEST_F(JobStoreTest, RetryableFailureBacksOffThenGivesUp) {
+TEST_P(JobStoreTest, RetryableFailureBacksOffThenGivesUp) {
   JobSpec s = text_job("flaky");
   s.max_attempts = 2;
   int64_t id = store.submit(s).id;
@@ -265,7 +269,7 @@ TEST_F(JobStoreTest, RetryableFailureBacksOffThenGivesUp) {
   EXPECT_EQ(*j->error, "oom (gave up after 2 attempts)");
 }
 
-TEST_F(JobStoreTest, NonRetryableFailureIsFinal) {
+TEST_P(JobStoreTest, NonRetryableFailureIsFinal) {
   int64_t id = store.submit(text_job("p")).id;
   ASSERT_EQ(store.claim("w", 1, milliseconds(1000)).size(), 1u);
   EXPECT_EQ(store.fail("w", id, "prompt too long for context", false), FailOutcome::Failed);
@@ -273,7 +277,7 @@ TEST_F(JobStoreTest, NonRetryableFailureIsFinal) {
   EXPECT_TRUE(store.claim("w", 1, milliseconds(1000)).empty());
 }
 
-TEST_F(JobStoreTest, ReleaseGivesTheAttemptBack) {
+TEST_P(JobStoreTest, ReleaseGivesTheAttemptBack) {
   int64_t id = store.submit(text_job("p")).id;
   ASSERT_EQ(store.claim("w", 1, milliseconds(1000)).size(), 1u);
   EXPECT_EQ(store.release("w", {id}), 1);
@@ -283,7 +287,7 @@ TEST_F(JobStoreTest, ReleaseGivesTheAttemptBack) {
   EXPECT_EQ(store.claim("w", 1, milliseconds(1000)).size(), 1u);
 }
 
-TEST_F(JobStoreTest, CancelQueuedAndRunningButNotFinal) {
+TEST_P(JobStoreTest, CancelQueuedAndRunningButNotFinal) {
   int64_t queued = store.submit(text_job("a")).id;
   int64_t running = store.submit(text_job("b")).id;
   store.claim("w", 1, milliseconds(1000));
@@ -296,7 +300,7 @@ TEST_F(JobStoreTest, CancelQueuedAndRunningButNotFinal) {
   EXPECT_TRUE(store.claim("w", 5, milliseconds(1000)).empty());
 }
 
-TEST_F(JobStoreTest, CompleteManyLandsOnlyOwnedJobs) {
+TEST_P(JobStoreTest, CompleteManyLandsOnlyOwnedJobs) {
   auto ids = store.submit_many({text_job("a"), text_job("b"), text_job("c")});
   ASSERT_EQ(store.claim("w", 2, milliseconds(1000)).size(), 2u);
   std::vector<Completion> cs;
@@ -308,7 +312,7 @@ TEST_F(JobStoreTest, CompleteManyLandsOnlyOwnedJobs) {
   EXPECT_EQ(store.get(ids[2].id)->state, JobState::Queued);
 }
 
-TEST_F(JobStoreTest, ListFiltersByStateAndBatch) {
+TEST_P(JobStoreTest, ListFiltersByStateAndBatch) {
   JobSpec a = text_job("a");
   a.batch_id = "B1";
   JobSpec b = text_job("b");
@@ -328,16 +332,22 @@ TEST_F(JobStoreTest, ListFiltersByStateAndBatch) {
   EXPECT_THROW(store.list(page), InputError);
 }
 
-TEST_F(JobStoreTest, DataVersionMovesOnlyForOtherConnections) {
-  JobStore other(store_options(dir.path() / "jobs.db", clock));
+TEST_P(JobStoreTest, DataVersionMovesOnlyForOtherConnections) {
+  JobStore other(store_options(location(), clock));
   int64_t v0 = store.data_version();
   store.submit(text_job("own write"));
   EXPECT_EQ(store.data_version(), v0);
   other.submit(text_job("other write"));
-  EXPECT_NE(store.data_version(), v0);
+  // SQLite sees the commit at once; a PostgreSQL NOTIFY arrives a moment after it.
+  int64_t v1 = store.data_version();
+  for (int i = 0; i < 200 && v1 == v0; ++i) {
+    std::this_thread::sleep_for(milliseconds(5));
+    v1 = store.data_version();
+  }
+  EXPECT_NE(v1, v0);
 }
 
-TEST_F(JobStoreTest, StatsPercentilesUseNearestRank) {
+TEST_P(JobStoreTest, StatsPercentilesUseNearestRank) {
   std::vector<Completion> cs;
   for (int i = 1; i <= 10; ++i) {
     int64_t id = store.submit(text_job("p" + std::to_string(i))).id;
@@ -353,7 +363,64 @@ TEST_F(JobStoreTest, StatsPercentilesUseNearestRank) {
   EXPECT_EQ(st.tokens_per_s.count, 0);
 }
 
-TEST_F(JobStoreTest, RejectsBadClaimArguments) {
+TEST_P(JobStoreTest, FencingTokenRefusesAnOlderLeaseOfTheSameWorkerId) {
+  // Two processes that (wrongly) share a worker id: the owner check alone cannot tell them
+  // apart, the lease token can.
+  JobStore twin(store_options(location(), clock));
+  const int64_t id = store.submit(text_job("p")).id;
+  auto first = store.claim("w", 1, milliseconds(100));
+  ASSERT_EQ(first.size(), 1u);
+  clock->advance(101);
+  auto second = twin.claim("w", 1, milliseconds(1000));
+  ASSERT_EQ(second.size(), 1u);
+  EXPECT_GT(second[0].lease_token, first[0].lease_token);
+  EXPECT_EQ(store.get(id)->lease_token, second[0].lease_token);
+  EXPECT_EQ(store.renew("w", {id}, milliseconds(1000)), 0);
+  EXPECT_EQ(store.not_held("w", {id}), std::vector<int64_t>{id});
+  EXPECT_FALSE(store.complete("w", id, JobResult{"stale", 1, 1, "stop", {}}, {}));
+  EXPECT_EQ(store.fail("w", id, "stale", true), FailOutcome::NotOwner);
+  EXPECT_EQ(store.release("w", {id}), 0);
+  EXPECT_TRUE(twin.not_held("w", {id}).empty());
+  EXPECT_TRUE(twin.complete("w", id, JobResult{"fresh", 1, 1, "stop", {}}, {}));
+  EXPECT_EQ(store.get(id)->result->text, "fresh");
+}
+
+TEST_P(JobStoreTest, TextRoundTripsExactly) {
+  // Every storable byte sequence comes back unchanged, and text that is not storable on one
+  // database is refused at submit instead of being stored altered.
+  JobSpec s = text_job("tabs\tand \\ quotes ' \" \u00e9\u4e2d\U0001f600 \r\n", "k\u00e9y");
+  s.sampling.stop = {"\n\n", "'\""};
+  s.sampling.temperature = 0.1;
+  s.sampling.top_p = 1.0 / 3.0;
+  const int64_t id = store.submit(s).id;
+  auto j = store.get(id);
+  ASSERT_TRUE(j);
+  EXPECT_EQ(j->spec.prompt, s.prompt);
+  EXPECT_EQ(j->spec.client_key, s.client_key);
+  EXPECT_EQ(j->spec.sampling.stop, s.sampling.stop);
+  EXPECT_EQ(j->spec.sampling.temperature, 0.1);
+  EXPECT_EQ(j->spec.sampling.top_p, 1.0 / 3.0);
+  EXPECT_EQ(store.get_by_key("k\u00e9y")->id, id);
+  ASSERT_EQ(store.claim("w", 1, milliseconds(1000)).size(), 1u);
+  // Model output may end inside a UTF-8 sequence; it is stored, never refused.
+  const std::string cut = "ok \xe4\xb8";
+  ASSERT_TRUE(store.complete("w", id, JobResult{cut, 1, 2, "length", {}}, {}));
+  const std::string text = store.get(id)->result->text;
+  if (postgres()) {
+    EXPECT_EQ(text, "ok \xef\xbf\xbd\xef\xbf\xbd");  // U+FFFD for each stray byte
+  } else {
+    EXPECT_EQ(text, cut);
+  }
+  JobSpec nul = text_job(std::string("a\0b", 3));
+  if (postgres()) {
+    EXPECT_THROW(store.submit(nul), InputError);
+  } else {
+    EXPECT_EQ(store.get(store.submit(nul).id)->spec.prompt, nul.prompt);
+  }
+  EXPECT_FALSE(store.get_by_key(std::string("k\0", 2)).has_value());
+}
+
+TEST_P(JobStoreTest, RejectsBadClaimArguments) {
   EXPECT_THROW(store.claim("", 1, milliseconds(1000)), InputError);
   EXPECT_THROW(store.claim("w", 0, milliseconds(1000)), InputError);
   EXPECT_THROW(store.claim("w", 1, milliseconds(0)), InputError);

@@ -1,5 +1,6 @@
-// Real processes against one database file: concurrent producers (JobStore and plain SQL) while
-// a claimer drains the queue, and a worker killed with SIGKILL while holding leases.
+// Real processes against one database (a SQLite file, and a PostgreSQL database): concurrent
+// producers (JobStore and plain SQL) while a claimer drains the queue, and a worker killed with
+// SIGKILL while holding leases.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include "queue/job_store.h"
 #include "tests/common/files.h"
 #include "tests/common/subprocess.h"
+#include "tests/queue/pg_test_util.h"
 #include "tests/queue/queue_test_util.h"
 
 namespace moebatch {
@@ -19,16 +21,18 @@ namespace {
 using std::chrono::milliseconds;
 using test::Child;
 using test::store_options;
-using test::TempDir;
 
 std::vector<std::string> helper(std::vector<std::string> args) {
   args.insert(args.begin(), QUEUE_HELPER_BIN);
   return args;
 }
 
-TEST(Processes, ConcurrentProducersLoseNothingAndDuplicateNothing) {
-  TempDir dir;
-  const std::string db = (dir.path() / "jobs.db").string();
+class Processes : public test::StoreKindTest {};
+
+MB_INSTANTIATE_STORE_TESTS(Processes);
+
+TEST_P(Processes, ConcurrentProducersLoseNothingAndDuplicateNothing) {
+  const std::string db = location();
   JobStore store(store_options(db, std::make_shared<SystemClock>()));
   constexpr int kPerProducer = 400;
   std::vector<std::unique_ptr<Child>> producers;
@@ -88,9 +92,8 @@ TEST(Processes, ConcurrentProducersLoseNothingAndDuplicateNothing) {
   EXPECT_EQ(static_cast<int>(keys.size()), total);
 }
 
-TEST(Processes, KilledWorkersJobsRunAgainWithExactlyOneResult) {
-  TempDir dir;
-  const std::string db = (dir.path() / "jobs.db").string();
+TEST_P(Processes, KilledWorkersJobsRunAgainWithExactlyOneResult) {
+  const std::string db = location();
   auto clock = std::make_shared<ManualClock>(SystemClock().now_ms());
   JobStore store(store_options(db, clock));
   std::vector<JobSpec> specs;

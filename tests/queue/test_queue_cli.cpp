@@ -1,5 +1,6 @@
 // The real `moebatch` binary: submit (prompt and OpenAI Batch JSONL), status, result, list,
-// cancel, stats, export and demo, checking exit codes, messages and the database they leave.
+// cancel, stats, export and demo, checking exit codes, messages and the database they leave, on
+// a SQLite file and on a PostgreSQL database (--db postgresql://...).
 #include <gtest/gtest.h>
 
 #include <map>
@@ -9,6 +10,7 @@
 #include "queue/job_store.h"
 #include "tests/common/files.h"
 #include "tests/common/subprocess.h"
+#include "tests/queue/pg_test_util.h"
 #include "tests/queue/queue_test_util.h"
 
 namespace moebatch {
@@ -20,11 +22,10 @@ using test::run_cli;
 using test::RunResult;
 using test::TempDir;
 
-class QueueCli : public ::testing::Test {
+class QueueCli : public test::StoreKindTest {
  protected:
-  TempDir dir;
-  // A parent directory that does not exist yet: the CLI must create it.
-  std::string db = (dir.path() / "nested" / "jobs.db").string();
+  // SQLite: a parent directory that does not exist yet, which the CLI must create.
+  std::string db = postgres() ? location() : (scratch() / "nested" / "jobs.db").string();
 
   RunResult mb(std::vector<std::string> args) {
     args.push_back("--db");
@@ -32,11 +33,13 @@ class QueueCli : public ::testing::Test {
     return run_cli(args);
   }
   std::string write_file(const std::string& name, const std::string& text) {
-    test::write_file(dir.path() / name, text);
-    return dir.file(name);
+    test::write_file(scratch() / name, text);
+    return (scratch() / name).string();
   }
   JobStore store() { return JobStore(test::store_options(db)); }
 };
+
+MB_INSTANTIATE_STORE_TESTS(QueueCli);
 
 std::string chat_line(const std::string& id, const std::string& body_extra = "") {
   return R"({"custom_id":")" + id +
@@ -44,7 +47,7 @@ std::string chat_line(const std::string& id, const std::string& body_extra = "")
          id + R"("}])" + body_extra + "}}\n";
 }
 
-TEST_F(QueueCli, SubmitPromptThenStatusResultCancel) {
+TEST_P(QueueCli, SubmitPromptThenStatusResultCancel) {
   RunResult r = mb({"submit", "tell me a joke", "--key", "joke", "--max-tokens", "9", "--json"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   json j = json::parse(r.out);
@@ -76,7 +79,7 @@ TEST_F(QueueCli, SubmitPromptThenStatusResultCancel) {
   EXPECT_NE(r.err.find("no job with id 424242"), std::string::npos) << r.err;
 }
 
-TEST_F(QueueCli, BadPromptFlagsAreRejectedNamingTheField) {
+TEST_P(QueueCli, BadPromptFlagsAreRejectedNamingTheField) {
   RunResult r = mb({"submit", "x", "--max-tokens", "-4"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("max_tokens: -4"), std::string::npos) << r.err;
@@ -93,7 +96,7 @@ TEST_F(QueueCli, BadPromptFlagsAreRejectedNamingTheField) {
   EXPECT_NE(r.err.find("--state"), std::string::npos) << r.err;
 }
 
-TEST_F(QueueCli, MalformedJsonlImportsNothingAndNamesLinesAndFields) {
+TEST_P(QueueCli, MalformedJsonlImportsNothingAndNamesLinesAndFields) {
   std::string text =
       chat_line("a") + chat_line("b", R"(,"max_tokens":-1)") + "\n" +
       chat_line("c", R"(,"logprobs":true)") + "{not json\n" +
@@ -114,7 +117,7 @@ TEST_F(QueueCli, MalformedJsonlImportsNothingAndNamesLinesAndFields) {
   EXPECT_TRUE(store().list({}).empty());
 }
 
-TEST_F(QueueCli, ImportRunExportRoundTrip) {
+TEST_P(QueueCli, ImportRunExportRoundTrip) {
   std::string file = write_file(
       "batch1.jsonl",
       chat_line("q1", R"(,"max_completion_tokens":32,"stop":"END")") + chat_line("q2") +
@@ -185,7 +188,7 @@ TEST_F(QueueCli, ImportRunExportRoundTrip) {
   EXPECT_EQ(r.exit_code, 2);
 }
 
-TEST_F(QueueCli, UsageErrorsExitTwoWithAMessage) {
+TEST_P(QueueCli, UsageErrorsExitTwoWithAMessage) {
   ASSERT_EQ(mb({"submit", "p"}).exit_code, 0);
   struct Case {
     std::vector<std::string> args;
@@ -215,7 +218,7 @@ TEST_F(QueueCli, UsageErrorsExitTwoWithAMessage) {
   EXPECT_EQ(run_cli({"no-such-command"}).exit_code, 2);
 }
 
-TEST_F(QueueCli, ListAndStatusShowControlCharactersEscaped) {
+TEST_P(QueueCli, ListAndStatusShowControlCharactersEscaped) {
   const std::string key = "k\x1b]0;owned\x07\x1b[2J";
   const std::string batch = std::string("b\r\xc2\x9b") + "31m";  // CR, then C1 CSI
   ASSERT_EQ(mb({"submit", "p", "--key", key, "--batch", batch}).exit_code, 0);
@@ -234,7 +237,7 @@ TEST_F(QueueCli, ListAndStatusShowControlCharactersEscaped) {
   EXPECT_EQ(json::parse(r.out)["client_key"], key);
 }
 
-TEST_F(QueueCli, KeyReusedWithAnotherPayloadExitsTwo) {
+TEST_P(QueueCli, KeyReusedWithAnotherPayloadExitsTwo) {
   RunResult r = mb({"submit", "first prompt", "--key", "k", "--json"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const int64_t id = json::parse(r.out)["id"];
@@ -249,6 +252,29 @@ TEST_F(QueueCli, KeyReusedWithAnotherPayloadExitsTwo) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(json::parse(r.out)["created"], false);
   EXPECT_EQ(store().list({}).size(), 1u);
+}
+
+TEST(QueueCliDb, AnUnsupportedSchemeIsAUsageErrorAndCreatesNothing) {
+  // The CLI runs in this process's directory, where a SQLite path "mysql://u@h/jobs" would
+  // create the directory "mysql:".
+  const std::filesystem::path trap = std::filesystem::current_path() / "mysql:";
+  ASSERT_FALSE(std::filesystem::exists(trap));
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"submit", "p"}, std::vector<std::string>{"list"},
+        std::vector<std::string>{"stats"}, std::vector<std::string>{"maintenance"}}) {
+    std::vector<std::string> a = args;
+    a.push_back("--db");
+    a.push_back("mysql://u@h/jobs");
+    RunResult r = run_cli(a);
+    EXPECT_EQ(r.exit_code, 2) << args[0] << ": " << r.err;
+    EXPECT_NE(r.err.find("unsupported scheme 'mysql://'"), std::string::npos) << r.err;
+  }
+  EXPECT_FALSE(std::filesystem::exists(trap)) << "a directory was created for the URL";
+  // The service side is not on PostgreSQL yet: refused with a pointer, never a SQLite file.
+  test::PgTestDatabase pg;
+  RunResult r = run_cli({"maintenance", "--db", pg.url()});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("docs/postgres.md"), std::string::npos) << r.err;
 }
 
 TEST(QueueCliDemo, RunsToCompletionWithoutInventingOutput) {
