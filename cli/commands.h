@@ -2,8 +2,9 @@
 // the root app here; main() only parses and maps errors to exit codes.
 //
 // Contract for a command callback: print results to stdout (human text, or JSON with --json),
-// diagnostics to stderr via spdlog, and signal failure by throwing moebatch::Error /
-// moebatch::InputError (exit 1) or CLI::RuntimeError(code) for a specific exit code.
+// diagnostics to stderr via spdlog, and signal failure by throwing moebatch::InputError (bad
+// input or usage: exit 2, as for a flag CLI11 refuses), moebatch::Error (exit 1) or
+// CLI::RuntimeError(code) for a specific exit code.
 #pragma once
 
 #include <CLI/CLI.hpp>

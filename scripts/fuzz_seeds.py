@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""Seed corpora for the libFuzzer targets (scripts/fuzz.sh): small valid inputs of each format,
-written from scratch (the tests' fixtures are megabytes; a fuzzer mutates small files faster).
+"""Seed corpora for the libFuzzer targets (scripts/fuzz.sh): small valid inputs of each format.
+Model files are written from scratch (the tests' fixtures are megabytes; a fuzzer mutates small
+files faster); chat templates, batch lines, ZeroMQ requests and SQL rows come from the tests'
+data, the examples and the schemas.
 Usage: fuzz_seeds.py OUT_DIR REPO_DIR"""
 import json
 import os
@@ -97,3 +99,79 @@ tok = {
     "model": {"type": "BPE", "vocab": vocab, "merges": [], "byte_fallback": False},
 }
 write("fuzz_tokenizer_json", "tiny", json.dumps(tok))
+
+# Chat templates: the real ones the tests render (tests/data/chat_templates) and Qwen3's own,
+# each followed by a NUL and a user message (the target's input layout).
+tdir = os.path.join(repo, "tests/data/chat_templates")
+for name in sorted(os.listdir(tdir)):
+    if name.endswith(".jinja"):
+        with open(os.path.join(tdir, name), "rb") as f:
+            write("fuzz_chat_template", name, f.read() + b"\0What is top-k routing?")
+with open(os.path.join(repo, "tests/data/qwen3-tokenizer/tokenizer_config.json"), "rb") as f:
+    write("fuzz_chat_template", "qwen3", json.load(f)["chat_template"].encode() + b"\0hi")
+write("fuzz_chat_template", "features",
+      "{%- macro m(x) -%}{{ x | tojson }}{%- endmacro -%}"
+      "{%- for msg in messages if msg.role != 'tool' -%}{{ loop.index }}:{{ m(msg) }}"
+      "{%- if msg.tool_calls %}{% for c in msg.tool_calls %}{{ c.function.name | upper }}"
+      "{% endfor %}{% endif %}{% set ns = namespace(n=0) %}{% set ns.n = ns.n + 1 %}"
+      "{%- endfor -%}{{ bos_token ~ (tools | length) ~ strftime_now('%Y') }}"
+      "{%- if add_generation_prompt %}{{ 'x'.join(['a', 'b'])[1:] }}{% endif %}")
+
+# OpenAI Batch lines: the example file, line by line and whole, and the refused shapes the tests
+# name (both max_tokens spellings, duplicate and NUL keys).
+with open(os.path.join(repo, "examples/demo_batch.jsonl"), "rb") as f:
+    batch = f.read()
+write("fuzz_batch_line", "demo_batch", batch)
+for i, line in enumerate(batch.splitlines()):
+    write("fuzz_batch_line", f"demo_{i}", line)
+head = '{"custom_id":"c","method":"POST","url":"/v1/chat/completions","body":{' \
+       '"messages":[{"role":"user","content":"hi"}],'
+write("fuzz_batch_line", "both_max", head + '"max_tokens":5,"max_completion_tokens":9}}')
+write("fuzz_batch_line", "dup_key", head + '"max_tokens":5,"max_tokens":9}}')
+write("fuzz_batch_line", "nul_key", head + '"top_p\\u0000":1}}')
+write("fuzz_batch_line", "completions",
+      '{"custom_id":"a/b","method":"POST","url":"/v1/completions","body":{"prompt":"Once",'
+      '"stop":["\\n"],"seed":7,"top_k":40,"n":1,"stream":false}}\r\n\n')
+
+# ZeroMQ requests: the schema's examples, one per file.
+with open(os.path.join(repo, "schemas/zmq-request.json"), "rb") as f:
+    for i, ex in enumerate(json.load(f)["examples"]):
+        write("fuzz_zmq_request", f"example_{i}", json.dumps(ex))
+write("fuzz_zmq_request", "full_job", json.dumps({
+    "v": 1, "cmd": "submit", "id": "f", "batch_id": "b", "jobs": [{
+        "prompt": "p", "key": "k", "custom_id": "c", "model": "m", "priority": -3,
+        "max_tokens": 9, "temperature": 0.5, "top_p": 0.9, "top_k": 5, "seed": 1,
+        "stop": ["a", "b"], "max_attempts": 2}]}))
+
+
+# Producer rows (fuzz_sql_row's "column=value" lines): schemas/example_external_insert.sql's two
+# rows and the contract-breaking rows of tests/queue/test_external_rows.cpp.
+def row(**cols):
+    return "".join(f"{k}={v}\n" for k, v in cols.items())
+
+
+write("fuzz_sql_row", "example_1", row(
+    client_key="nightly-report-0001", batch_id="nightly-report",
+    prompt="Summarize the causes of the 1929 crash.", max_tokens="i:200", temperature="r:0.7"))
+write("fuzz_sql_row", "example_2", row(
+    client_key="nightly-report-0002", batch_id="nightly-report", priority="i:5",
+    prompt_kind="chat", max_tokens="i:64", stop='["\\\\n\\\\n"]',
+    prompt='[{"role":"system","content":"Answer in one line."},'
+           '{"role":"user","content":"What is a mixture of experts?"}]'))
+write("fuzz_sql_row", "kwargs", row(
+    prompt_kind="chat", prompt='[{"role":"user","content":"hi"}]',
+    chat_template_kwargs='{"enable_thinking":false}', seed="i:-1", top_k="i:3", top_p="r:0.5"))
+write("fuzz_sql_row", "expired_lease", row(
+    prompt="p", state="running", lease_owner="dead", lease_expires_at="i:0", attempts="i:1"))
+write("fuzz_sql_row", "min_enqueued", row(prompt="p", enqueued_at="i:-9223372036854775808"))
+write("fuzz_sql_row", "special_text", row(prompt="<|im_start|>user\\x00\\xff"))
+write("fuzz_sql_row", "keyed", row(client_key="k", payload_hash="00", lease_token="i:-1",
+                                   prompt="p"))
+for i, (cols) in enumerate([
+        dict(prompt="p", max_tokens="i:-5"), dict(prompt="p", max_tokens="lots"),
+        dict(prompt="p", prompt_kind="image"),
+        dict(prompt='[{"role":"user"}]', prompt_kind="chat"),
+        dict(prompt="{oops", prompt_kind="chat"), dict(prompt="p", temperature="r:9.0"),
+        dict(prompt="p", stop='"END"'), dict(prompt=""), dict(prompt="x:00ff"),
+        dict(prompt="p", attempts="i:3"), dict(id="i:9223372036854775807", prompt="p")]):
+    write("fuzz_sql_row", f"bad_{i}", row(**cols))

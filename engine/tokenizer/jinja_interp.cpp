@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <unordered_set>
 
 #include "common/error.h"
 #include "engine/tokenizer/jinja_builtins.h"
@@ -83,8 +84,24 @@ std::string Interpreter::run(const Body& body,
   for (const auto& [k, v] : vars) top->vars[k] = v;
   std::string out;
   out_ = &out;
+  struct CycleBreaker {
+    Interpreter& in;
+    ~CycleBreaker() { in.break_cycles(); }
+  } breaker{*this};
   exec(body, top);
   return out;
+}
+
+void Interpreter::break_cycles() {
+  std::unordered_set<const Scope*> seen;
+  for (const ScopePtr& closure : closure_scopes_) {
+    for (Scope* s = closure.get(); s != nullptr && seen.insert(s).second; s = s->parent.get()) {
+      s->vars.clear();
+    }
+  }
+  for (const auto& ns : namespaces_) ns->attrs = DictData();
+  closure_scopes_.clear();
+  namespaces_.clear();
 }
 
 void Interpreter::emit(std::string_view s) {
@@ -179,7 +196,13 @@ Interpreter::Flow Interpreter::exec_stmt(const Stmt& s, const ScopePtr& scope) {
         if (!target.is_object() || !target.as_object().is_namespace) {
           throw InputError("cannot assign attribute on non-namespace object");
         }
-        target.as_object().attrs.set(Value::string(s.name), eval(*s.value, scope));
+        Value v = eval(*s.value, scope);
+        if (!v.is_undefined() && !v.is_none() && !v.is_number() && !v.is_string()) {
+          // A value that may lead back here: remembered so run() can break the cycle.
+          charge(sizeof(std::shared_ptr<ObjectData>));
+          namespaces_.push_back(target.object_ptr());
+        }
+        target.as_object().attrs.set(Value::string(s.name), std::move(v));
         return Flow::kNormal;
       }
       case Stmt::Kind::kSetBlock: {
@@ -295,6 +318,8 @@ void Interpreter::exec_for(const Stmt& s, const ScopePtr& scope) {
 Value Interpreter::define_macro(const Stmt& s, const ScopePtr& scope) {
   const Stmt* def = &s;
   ScopePtr closure = scope;
+  charge(sizeof(ScopePtr));
+  closure_scopes_.push_back(scope);
   return Value::function(s.kind == Stmt::Kind::kMacro ? s.name : "caller",
                          [def, closure](Interpreter& in, CallArgs& args) {
                            return in.call_macro(*def, closure, args);

@@ -72,6 +72,9 @@ class Interpreter {
   std::string capture(const Body& body, const ScopePtr& scope);
   void assign(const Stmt& s, const Value& v, Scope& scope);
   void emit(std::string_view s);
+  /// Empties every scope a macro closed over (and their parents) and every namespace that was
+  /// given a container or callable: what a reference cycle must pass through.
+  void break_cycles();
 
   /// Counts one level of evaluation recursion for its lifetime; error past max_eval_depth.
   class DepthGuard {
@@ -92,6 +95,11 @@ class Interpreter {
   std::uint64_t iterations_ = 0;
   int call_depth_ = 0;
   int eval_depth_ = 0;
+  // Values are shared_ptr graphs, and a render can close them into cycles that would outlive it:
+  // a macro stored in the scope it closes over (every `{% macro %}`), a namespace holding
+  // itself or a macro. run() breaks them through these when it ends, however it ends.
+  std::vector<ScopePtr> closure_scopes_;
+  std::vector<std::shared_ptr<ObjectData>> namespaces_;
 };
 
 /// An error for using an undefined value the way jinja2's Undefined refuses.

@@ -43,7 +43,9 @@ class DictData {
   /// Inserts or replaces (a replaced key keeps its position, as in Python).
   void set(Value key, Value value);
   const std::vector<std::pair<Value, Value>>& items() const { return items_; }
-  std::size_t size() const { return items_.size(); }
+  /// Number of entries. Defined below Value: clang instantiates the vector's size() here,
+  /// which needs pair<Value, Value> complete.
+  std::size_t size() const;
 
  private:
   std::vector<std::pair<Value, Value>> items_;
@@ -120,6 +122,10 @@ class Value {
   const ListData& as_list() const { return *std::get<std::shared_ptr<const ListData>>(v_); }
   const DictData& as_dict() const { return *std::get<std::shared_ptr<const DictData>>(v_); }
   ObjectData& as_object() const { return *std::get<std::shared_ptr<ObjectData>>(v_); }
+  /// The shared object itself (a namespace or loop object).
+  const std::shared_ptr<ObjectData>& object_ptr() const {
+    return std::get<std::shared_ptr<ObjectData>>(v_);
+  }
   const Function& as_function() const { return *std::get<std::shared_ptr<const Function>>(v_); }
 
   /// Python truthiness (undefined is false).
@@ -161,5 +167,7 @@ struct JsonStyle {
   std::size_t max_bytes = SIZE_MAX;  ///< InputError once the text passes this
 };
 std::string to_json(const Value& v, const JsonStyle& style);
+
+inline std::size_t DictData::size() const { return items_.size(); }
 
 }  // namespace moebatch::jinja

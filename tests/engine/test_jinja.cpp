@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -404,6 +405,46 @@ TEST(Jinja, RenderIsThreadSafe) {
     const std::size_t n = i * 100;
     EXPECT_EQ(out[i], std::to_string(n * (n + 1) / 2));
   }
+}
+
+// A macro lives in the scope it closes over, and a namespace may hold itself or a macro: both
+// are shared_ptr cycles. Every value a render saw must be released when it ends (found by
+// tests/fuzz/fuzz_chat_template: GLM-4.6's and Qwen3-Coder's macros leaked every render).
+TEST(Jinja, RenderReleasesEverythingItBuilt) {
+  const std::vector<std::pair<const char*, const char*>> cycles = {
+      {"macro", "{% macro m() %}{{ probe.x }}{% endmacro %}{{ m() }}"},
+      {"macro in loop",
+       "{% for i in [1, 2] %}{% macro m() %}{{ i }}{% endmacro %}{{ m() }}"
+       "{% endfor %}{{ probe.x }}"},
+      {"call block",
+       "{% macro w() %}[{{ caller() }}]{% endmacro %}"
+       "{% call w() %}{{ probe.x }}{% endcall %}"},
+      {"namespace holds itself", "{% set ns = namespace(p=probe) %}{% set ns.me = ns %}"},
+      {"namespaces hold each other",
+       "{% set a = namespace(p=probe) %}"
+       "{% set b = namespace(a=a) %}{% set a.b = b %}"},
+      {"namespace holds a macro",
+       "{% set ns = namespace() %}{% macro m() %}{{ ns }}"
+       "{% endmacro %}{% set ns.m = m %}{% set ns.p = probe %}"},
+  };
+  for (const auto& [name, source] : cycles) {
+    auto probe = std::make_shared<ObjectData>();
+    probe->is_namespace = true;
+    probe->attrs.set(Value::string("x"), Value::integer(7));
+    const std::weak_ptr<ObjectData> watch = probe;
+    {
+      const Template t = Template::parse(source);
+      t.render({{"probe", Value::object(std::move(probe))}}, kDate);
+    }
+    EXPECT_TRUE(watch.expired()) << name << ": the render kept its variables alive";
+  }
+  // The same when the render fails half-way.
+  auto probe = std::make_shared<ObjectData>();
+  const std::weak_ptr<ObjectData> watch = probe;
+  EXPECT_THROW(Template::parse("{% macro m() %}{% endmacro %}{{ raise_exception('no') }}")
+                   .render({{"probe", Value::object(std::move(probe))}}, kDate),
+               RaisedError);
+  EXPECT_TRUE(watch.expired());
 }
 
 TEST(ChatTemplateApi, PassesTransformersVariables) {

@@ -8,11 +8,22 @@
 
 namespace moebatch::fuzz {
 
-std::filesystem::path write_input(const uint8_t* data, size_t size, std::string_view suffix) {
-  // /dev/shm when present: libFuzzer runs ~10^4 inputs a second and each one is a file here.
+std::filesystem::path scratch_path(std::string_view suffix) {
   const std::filesystem::path dir =
       std::filesystem::exists("/dev/shm") ? "/dev/shm" : std::filesystem::temp_directory_path();
-  const auto path = dir / ("moebatch-fuzz-" + std::to_string(getpid()) + std::string(suffix));
+  return dir / ("moebatch-fuzz-" + std::to_string(getpid()) + std::string(suffix));
+}
+
+std::filesystem::path write_input(const uint8_t* data, size_t size, std::string_view suffix) {
+  const auto path = scratch_path(suffix);
+  // Removed when the process exits normally (a target writes under one suffix only).
+  static const struct Remove {
+    std::filesystem::path p;
+    ~Remove() {
+      std::error_code ec;
+      std::filesystem::remove(p, ec);
+    }
+  } remove_at_exit{path};
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
   if (!out) {

@@ -8,6 +8,10 @@
 
 namespace moebatch::fuzz {
 
+/// This process's scratch path with `suffix` appended: in /dev/shm when present (libFuzzer runs
+/// ~10^4 inputs a second and each one may touch a file there), else the temp directory.
+std::filesystem::path scratch_path(std::string_view suffix);
+
 /// Writes one input to this process's scratch file (the parsers under test map files) and
 /// returns its path; every call overwrites the previous input.
 std::filesystem::path write_input(const uint8_t* data, size_t size, std::string_view suffix);

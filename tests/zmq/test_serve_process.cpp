@@ -1,6 +1,7 @@
 // The real `moebatch serve --no-engine` process: killed between receiving a submit and
 // committing it (and between committing and replying), a Lazy-Pirate client that retries with
-// the same key ends with the job in the database exactly once. Also: SIGTERM stops it cleanly.
+// the same key ends with the job in the database exactly once. Also: SIGTERM stops it cleanly,
+// and the default frame limit sits just above the request limit.
 #include <gtest/gtest.h>
 
 #include <future>
@@ -10,6 +11,7 @@
 #include "tests/common/files.h"
 #include "tests/common/subprocess.h"
 #include "tests/queue/queue_test_util.h"
+#include "tests/zmq/zmq_test_util.h"
 
 namespace moebatch {
 namespace {
@@ -102,6 +104,27 @@ TEST(ServeProcess, SigintStopsCleanlyAndBadFlagsAreRefused) {
                      "/nonexistent", "--curve-clients", "/nonexistent"});
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("/nonexistent"), std::string::npos) << r.err;
+}
+
+// --max-message-bytes defaults to 64 KiB over --max-request-bytes: a body a little over the
+// request limit is still answered too_large, a frame past the headroom drops the connection
+// before libzmq holds it (docs/zmq.md, Limits), and the daemon goes on serving.
+TEST(ServeProcess, MessageLimitDefaultsJustAboveTheRequestLimit) {
+  TempDir dir;
+  std::string endpoint;
+  auto serve = start_serve(dir.path() / "jobs.db", "tcp://127.0.0.1:*", "", &endpoint,
+                           {"--max-request-bytes", "65536"});
+  ASSERT_FALSE(endpoint.empty());
+  zmq::context_t ctx;
+  test::Peer peer(ctx, endpoint);
+  peer.send_frames({std::string((64 << 10) + 1000, ' ')});
+  EXPECT_EQ(peer.recv()["error"]["code"], "too_large");
+  test::Peer huge(ctx, endpoint);
+  huge.send_frames({std::string((64 << 10) + (128 << 10), ' ')});
+  EXPECT_FALSE(huge.recv_frames(1000).has_value()) << "a frame over the default limit was read";
+  EXPECT_EQ(peer.call({{"v", 1}, {"cmd", "stats"}, {"id", 1}})["ok"], true);
+  serve->signal(SIGTERM);
+  EXPECT_EQ(serve->wait(), 0);
 }
 
 TEST(ServeProcess, CliSubmitThroughEndpointIsIdempotentAndHonoursCurve) {

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The test suite under sanitizers (CPU build, no CUDA); CI's second stage (.ci/run).
+#   asan: ASan + UBSan over every test, in build-asan;
+#   tsan: TSan over the threaded parts, the queue, ingress and service test binaries (TSAN_TESTS
+#         below, picked by the LABELS tests/CMakeLists.txt gives each binary), in build-tsan.
+# A report fails the run even when it comes from a process the tests start and kill or whose
+# exit status they ignore: every report goes to <build>/sanitizer-logs/ (log_path), and the run
+# fails when that folder is not empty at the end. UBSan findings abort (MOEBATCH_SANITIZE adds
+# -fno-sanitize-recover); ASan and TSan halt on their first report.
+# Extra arguments go to cmake's configure step (CI: -DMOEBATCH_WERROR=ON).
+# Usage: scripts/sanitize.sh [asan|tsan|all] [cmake args...]   (default all)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+WHAT=${1:-all}
+shift || true
+CMAKE_ARGS=("$@")
+TSAN_TESTS=(test_queue test_queue_cli test_queue_zmq test_zmq test_zmq_process test_service
+            test_service_process)
+bash scripts/deps.sh
+
+run() {  # run <build dir> <sanitizers> [test binaries: only these are built and run]
+  local dir=$1 san=$2
+  shift 2
+  local start=$SECONDS
+  cmake -S . -B "$dir" -G Ninja -DMOEBATCH_CUDA=OFF -DMOEBATCH_BUILD_BENCH=OFF \
+    -DMOEBATCH_SANITIZE="$san" -DCMAKE_BUILD_TYPE=RelWithDebInfo "${CMAKE_ARGS[@]}" >/dev/null
+  local targets=() filter=()
+  if [ $# -gt 0 ]; then
+    targets=(--target "$@")
+    filter=(-L "^($(IFS='|'; echo "$*"))\$")
+  fi
+  cmake --build "$dir" -j "$(nproc)" "${targets[@]}"
+  local built=$SECONDS logs
+  logs="$(cd "$dir" && pwd)/sanitizer-logs"
+  rm -rf "$logs" && mkdir -p "$logs"
+  local status=0
+  # detect_leaks: processes the tests kill on purpose never get to report.
+  ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:log_path=$logs/asan" \
+  UBSAN_OPTIONS="print_stacktrace=1:log_path=$logs/ubsan" \
+  TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:log_path=$logs/tsan" \
+    ctest --test-dir "$dir" --output-on-failure -j "$(nproc)" "${filter[@]}" || status=1
+  if [ -n "$(ls -A "$logs")" ]; then
+    echo "sanitize $san: reports in $logs:"
+    for f in "$logs"/*; do echo "== $f"; head -60 "$f"; done
+    status=1
+  fi
+  echo "sanitize $san: build $((built - start)) s, tests $((SECONDS - built)) s"
+  return $status
+}
+
+status=0
+if [ "$WHAT" = asan ] || [ "$WHAT" = all ]; then run build-asan address,undefined || status=1; fi
+if [ "$WHAT" = tsan ] || [ "$WHAT" = all ]; then
+  run build-tsan thread "${TSAN_TESTS[@]}" || status=1
+fi
+exit $status
