@@ -17,11 +17,13 @@
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "cli/commands.h"
 #include "common/error.h"
 #include "common/paths.h"
+#include "queue/store_url.h"
 #include "queue/zmq/curve.h"
 #include "queue/zmq/ingress.h"
 #include "service/config.h"
@@ -39,24 +41,42 @@ struct ServeFlags {
   std::string curve_secret, curve_clients;
   size_t max_jobs_per_message = 1000;
   size_t max_request_bytes = 4u << 20;
-  int64_t max_message_bytes = 16 << 20;
+  std::optional<int64_t> max_message_bytes;  // unset: max_request_bytes + kFrameHeadroom
   size_t queue_capacity = 256;
   int hwm = 1000;
   bool full_sync = false;
   std::string test_crash;
 };
 
+// Default ZMQ_MAXMSGSIZE above the request limit: a body frame up to this much over the limit
+// still gets its too_large reply; a bigger one drops the connection. Kept small because libzmq
+// holds every frame of a multipart message before the ingress sees any (docs/zmq.md, Limits).
+constexpr int64_t kFrameHeadroom = 64 << 10;
+
+// A misspelled endpoint is a usage error (exit 2), found before the model is loaded; an
+// address that cannot be bound (in use, not ours) is found by the bind itself.
+void check_endpoint(const char* flag, const std::string& endpoint) {
+  for (const char* transport : {"tcp://", "ipc://", "inproc://"})
+    if (endpoint.rfind(transport, 0) == 0 && endpoint.size() > std::string(transport).size())
+      return;
+  throw InputError(std::string(flag) + ": '" + endpoint +
+                   "' is not a ZeroMQ endpoint (tcp://HOST:PORT, ipc://PATH or inproc://NAME)");
+}
+
 zi::IngressOptions ingress_options(const ServeFlags& f) {
+  check_endpoint("--bind", f.bind);
+  if (!f.pub.empty()) check_endpoint("--pub", f.pub);
   zi::IngressOptions o;
   o.bind = f.bind;
   if (!f.pub.empty()) o.pub = f.pub;
   std::filesystem::path db = f.db.empty() ? default_db_path() : std::filesystem::path(f.db);
-  if (db.has_parent_path()) std::filesystem::create_directories(db.parent_path());
+  prepare_store_location(db.string());  // InputError for an unsupported scheme
   o.store.path = db;
   o.store.synchronous = f.full_sync ? Synchronous::Full : Synchronous::Normal;
   o.limits.max_jobs_per_message = f.max_jobs_per_message;
   o.limits.max_request_bytes = f.max_request_bytes;
-  o.max_message_bytes = f.max_message_bytes;
+  o.max_message_bytes =
+      f.max_message_bytes.value_or(static_cast<int64_t>(f.max_request_bytes) + kFrameHeadroom);
   o.rcv_hwm = f.hwm;
   o.snd_hwm = f.hwm;
   o.worker.capacity = f.queue_capacity;
@@ -180,7 +200,8 @@ void register_serve_commands(CLI::App& app) {
   serve->add_option("--max-request-bytes", f->max_request_bytes,
                     "Largest request answered (default 4 MiB); bigger gets too_large");
   serve->add_option("--max-message-bytes", f->max_message_bytes,
-                    "ZMQ_MAXMSGSIZE: a bigger frame drops the connection (default 16 MiB)");
+                    "ZMQ_MAXMSGSIZE: a bigger frame drops the connection (default "
+                    "--max-request-bytes + 64 KiB)");
   serve->add_option("--queue-capacity", f->queue_capacity,
                     "Requests waiting for the store before replying busy (default 256)");
   serve->add_option("--hwm", f->hwm, "ROUTER send/receive high-water marks (default 1000)");

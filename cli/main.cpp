@@ -8,6 +8,25 @@
 #include "common/error.h"
 #include "common/log.h"
 
+namespace {
+
+// --log-level and --log-format on the root and on every subcommand, so that both
+// `moebatch --log-level debug serve` and `moebatch serve --log-level debug` work.
+void add_logging_options(CLI::App& app) {
+  app.add_option_function<std::string>(
+         "--log-level", [](const std::string& lvl) { moebatch::init_logging(lvl); },
+         "Log verbosity: trace|debug|info|warn|error|critical|off (default info)")
+      ->trigger_on_parse();
+  app.add_option_function<std::string>(
+         "--log-format", [](const std::string& f) { moebatch::set_log_format(f); },
+         "Log lines as text (default) or json (one object per line); UTC timestamps")
+      ->trigger_on_parse();
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
+    add_logging_options(*sub);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{
       "moebatch: batch inference for Mixture-of-Experts language models.\n"
@@ -22,17 +41,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
   }
-  app.add_option_function<std::string>(
-         "--log-level", [](const std::string& lvl) { moebatch::init_logging(lvl); },
-         "Log verbosity: trace|debug|info|warn|error|critical|off (default info)")
-      ->trigger_on_parse();
-
   moebatch::cli::register_queue_commands(app);
   moebatch::cli::register_engine_commands(app);
   moebatch::cli::register_tokenizer_commands(app);
   moebatch::cli::register_chat_commands(app);
   moebatch::cli::register_service_commands(app);
   moebatch::cli::register_serve_commands(app);
+  add_logging_options(app);
 
   try {
     app.parse(argc, argv);

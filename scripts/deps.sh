@@ -4,12 +4,16 @@ set -euo pipefail
 PKGS=(
   build-essential cmake ninja-build pkg-config
   libsqlite3-dev sqlite3
+  libpq-dev postgresql  # the PostgreSQL job store (libpq) and the server its tests start
   libzmq3-dev cppzmq-dev
   libboost-dev libboost-system-dev
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
   libpcre2-dev libutf8proc-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-jinja2  # the reference the chat template tests compare with (tests/engine)
+  libsystemd-dev  # sd_notify for the Type=notify unit (optional: the build goes on without it)
+  python3-zmq     # examples/python_producer.py, run by the tests
+  systemd         # systemd-analyze: the unit's security rating is checked by the tests
 )
 missing=()
 for p in "${PKGS[@]}"; do

@@ -9,6 +9,8 @@
 #include "common/error.h"
 #include "common/paths.h"
 #include "engine/packed_weights.h"
+#include "queue/store_url.h"
+#include "service/restart_schedule.h"
 
 namespace moebatch {
 namespace {
@@ -73,12 +75,17 @@ const IntKey kIntKeys[] = {
     {"collective_timeout_s", &ServiceConfig::collective_timeout_s, 1, 86400,
      "cuda, --tp > 1: a step stuck this long in a collective fails the engine, which the "
      "service rebuilds (default 120)"},
+    {"log_stats_interval_s", &ServiceConfig::log_stats_interval_s, 0, 86400,
+     "Log a throughput line this often while there is work; 0 = never (default 10)"},
 };
 const SmallIntKey kSmallIntKeys[] = {
     {"tp", &ServiceConfig::tp, 1, 64, "Tensor-parallel ranks (default 1)"},
     {"threads", &ServiceConfig::threads, 0, 4096, "CPU compute threads; 0 = all cores"},
     {"http_port", &ServiceConfig::http_port, -1, 65535,
      "HTTP port (health, metrics, OpenAI API); 0 = any free; -1 = off (default 9464)"},
+    {"metrics_port", &ServiceConfig::metrics_port, -1, 65535,
+     "A second listener with /metrics and /health only, no API; 0 = any free; -1 = off "
+     "(default -1)"},
 };
 const StrKey kStrKeys[] = {
     {"db", &ServiceConfig::db, 4096,
@@ -90,7 +97,8 @@ const StrKey kStrKeys[] = {
     {"backend", &ServiceConfig::backend, 16,
      "cpu | cuda (default cpu); cuda needs a CUDA build and a visible GPU"},
     {"restart_at", &ServiceConfig::restart_at, 128,
-     "Nightly restart: HH:MM local time or 'M H * * *'; empty = off"},
+     "Maintenance cycle: HH:MM local time or a 5-field cron expression ('0 3 * * 1-5', "
+     "'30 2 * * sun', '@daily'); empty = off"},
     {"http_host", &ServiceConfig::http_host, 64,
      "HTTP address; beyond loopback only with --api-key-file (default 127.0.0.1)"},
     {"api_key_file", &ServiceConfig::api_key_file, 4096,
@@ -104,6 +112,9 @@ const StrKey kStrKeys[] = {
     {"quantization", &ServiceConfig::quantization, 16,
      "cuda linear weights: auto (a checkpoint's FP8 / NVFP4 stay compressed) | none (all bf16) | "
      "fp8 | nvfp4 (also quantize bf16 weights on load) (default auto)"},
+    {"metrics_host", &ServiceConfig::metrics_host, 64,
+     "Address of the --metrics-port listener; beyond loopback it is readable by anyone who "
+     "reaches it (logged as a warning) (default 127.0.0.1)"},
 };
 
 std::string flag_of(const char* key) {
@@ -173,10 +184,11 @@ void apply_config_json(const nlohmann::json& j, const std::string& source, Servi
       if (!value.is_number()) throw InputError(where + ": expected a number");
       cfg.gpu_memory_utilization = value.get<double>();
     }
-    if (key == "enable_expert_parallel") {
+    if (key == "enable_expert_parallel" || key == "disable_custom_all_reduce") {
       known = true;
       if (!value.is_boolean()) throw InputError(where + ": expected true or false");
-      cfg.enable_expert_parallel = value.get<bool>();
+      (key == "enable_expert_parallel" ? cfg.enable_expert_parallel
+                                       : cfg.disable_custom_all_reduce) = value.get<bool>();
     }
     if (!known) throw InputError(where + ": unknown key");
   }
@@ -215,6 +227,14 @@ void validate_config(const ServiceConfig& cfg) {
       throw InputError(std::string(k.name) + ": longer than " + std::to_string(k.max_bytes));
   }
   if (cfg.db.empty()) throw InputError("db: required");
+  // InputError for a scheme that is not supported, before anything is created under its name.
+  if (parse_store_location(cfg.db).kind == StoreKind::Postgres) {
+    throw InputError(
+        "db: serving from PostgreSQL is not supported yet: the service's own tables (maintenance "
+        "cycles, the final-event log) and the Batch API records are SQLite-only "
+        "(docs/postgres.md); the queue commands (submit, status, result, list, cancel, stats, "
+        "export) work on it");
+  }
   if (cfg.model.empty()) throw InputError("model: required");
   if (cfg.backend != "cpu" && cfg.backend != "cuda")
     throw InputError("backend: expected cpu or cuda, got '" + cfg.backend + "'");
@@ -235,6 +255,7 @@ void validate_config(const ServiceConfig& cfg) {
                      "' is not a loopback address; listening beyond loopback needs "
                      "--api-key-file (bearer keys for the API)");
   }
+  RestartSchedule::parse(cfg.restart_at);  // InputError naming the field
   if (cfg.synchronous != "normal" && cfg.synchronous != "full")
     throw InputError("synchronous: expected normal or full, got '" + cfg.synchronous + "'");
 }
@@ -278,6 +299,7 @@ nlohmann::json config_to_json(const ServiceConfig& cfg) {
   j["batching"] = batching_name(cfg.batching);
   j["gpu_memory_utilization"] = cfg.gpu_memory_utilization;
   j["enable_expert_parallel"] = cfg.enable_expert_parallel;
+  j["disable_custom_all_reduce"] = cfg.disable_custom_all_reduce;
   return j;
 }
 
@@ -305,6 +327,9 @@ std::shared_ptr<ServiceFlags> add_service_flags(CLI::App& cmd) {
                  "cuda: share of the GPU's memory for weights, activations and KV (default 0.90)");
   cmd.add_flag("--enable-expert-parallel", f->values.enable_expert_parallel,
                "--tp > 1: whole experts per rank instead of a slice of every expert");
+  cmd.add_flag("--disable-custom-all-reduce", f->values.disable_custom_all_reduce,
+               "cuda, --tp > 1: NCCL for every all-reduce (default: small ones through the "
+               "in-process peer-to-peer all-reduce, fused with the residual add + RMSNorm)");
   return f;
 }
 

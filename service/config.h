@@ -32,6 +32,7 @@ struct ServiceConfig {
   double gpu_memory_utilization = 0.90;   ///< cuda: share of the GPU's memory this process uses
   int tp = 1;                             ///< tensor-parallel ranks
   bool enable_expert_parallel = false;    ///< tp > 1: whole experts per rank
+  bool disable_custom_all_reduce = false; ///< cuda, tp > 1: NCCL for every all-reduce
   int64_t collective_timeout_s = 120;     ///< cuda, tp > 1: a stuck collective fails the engine
   std::string quantization = "auto";      ///< cuda: auto | none | fp8 | nvfp4
   int threads = 0;                        ///< CPU compute threads; 0 = all cores
@@ -46,7 +47,7 @@ struct ServiceConfig {
   int64_t poll_ms = 50;                 ///< data_version poll period (external inserts)
   int64_t drain_timeout_s = 60;         ///< maintenance: wait this long for in-flight work
   int64_t shutdown_timeout_s = 30;      ///< SIGTERM: wait this long, then give jobs back
-  std::string restart_at;               ///< "HH:MM" or "M H * * *"; empty = no nightly restart
+  std::string restart_at;               ///< "HH:MM" or 5-field cron; empty = no nightly restart
   int64_t warmup_seqs = 4;              ///< sequences in the warmup batch after a (re)build
   std::string http_host = "127.0.0.1";  ///< HTTP address; beyond loopback only with api_key_file
   int http_port = 9464;                 ///< HTTP port (health, metrics, API); 0 = any; -1 = off
@@ -61,6 +62,9 @@ struct ServiceConfig {
 
   /// Writes refused for a lock held this long (ms): /health reports the store unwritable.
   int64_t store_busy_timeout_ms = 5000;
+  int64_t log_stats_interval_s = 10;       ///< throughput log line period; 0 = off
+  std::string metrics_host = "127.0.0.1";  ///< address of the /metrics + /health listener
+  int metrics_port = -1;                   ///< its port; 0 = any; -1 = off (HTTP port only)
 };
 
 /// Reads a JSON object of ServiceConfig keys onto `cfg` (unknown keys are errors). InputError

@@ -31,6 +31,7 @@ EngineSpec engine_spec(const ServiceConfig& cfg) {
   spec.tensor_parallel_size = cfg.tp;
   spec.expert_split = cfg.enable_expert_parallel ? ExpertSplit::Expert : ExpertSplit::Intermediate;
   spec.collective_timeout_s = static_cast<double>(cfg.collective_timeout_s);
+  spec.custom_all_reduce = !cfg.disable_custom_all_reduce;
   spec.quantization = parse_quantization(cfg.quantization);
   spec.threads = cfg.threads;
   // CPU: the KV pool's size; CUDA: a cap, the memory plan may give it less, never more
@@ -67,20 +68,24 @@ int64_t available_memory_bytes() {
 
 }  // namespace
 
-/// A streaming job's stop-string watcher: the engine feeds it every generated token but the
-/// stop token, at the step that made it, so it records them for the next progress report and
-/// passes each on to the job's own watcher (if any). Engine thread only.
+/// Every job's stop-string watcher: the engine feeds it every generated token but the stop
+/// token, at the step that made it, so it counts them for the per-step token counters, keeps
+/// a streaming job's for the next progress report, and passes each on to the job's own watcher
+/// (if any). Engine thread only.
 class TokenTap final : public StopStrings {
  public:
-  explicit TokenTap(std::shared_ptr<StopStrings> inner) : inner_(std::move(inner)) {}
+  TokenTap(std::shared_ptr<StopStrings> inner, bool keep) : inner_(std::move(inner)), keep_(keep) {}
   bool push(int32_t token) override {
-    fresh.push_back(token);
+    ++seen;
+    if (keep_) fresh.push_back(token);
     return inner_ && inner_->push(token);
   }
-  std::vector<int32_t> fresh;  ///< tokens not reported yet
+  std::vector<int32_t> fresh;  ///< streaming: tokens not reported yet
+  int64_t seen = 0;            ///< tokens pushed so far
 
  private:
   std::shared_ptr<StopStrings> inner_;
+  bool keep_;
 };
 
 int64_t process_rss_bytes() {
@@ -210,13 +215,11 @@ void EngineWorker::add(WorkItem item) {
   r.sampling.seed = item.seed;
   r.sampling.max_tokens = item.max_tokens;
   r.sampling.stop_token_ids = std::move(item.stop_ids);
-  std::shared_ptr<TokenTap> tap;
-  if (item.stream) {
-    tap = std::make_shared<TokenTap>(std::move(item.stop_strings));
-    r.stop_strings = tap;
-  } else {
-    r.stop_strings = std::move(item.stop_strings);
-  }
+  const auto prompt_tokens = static_cast<int64_t>(r.prompt.size());
+  const int64_t block = std::max<int64_t>(1, engine_->backend_info().block_size);
+  const int64_t kv_tokens = (prompt_tokens + item.max_tokens + block - 1) / block * block;
+  auto tap = std::make_shared<TokenTap>(std::move(item.stop_strings), item.stream);
+  r.stop_strings = tap;
   try {
     engine_->add(std::move(r));
   } catch (const InputError& e) {
@@ -229,8 +232,50 @@ void EngineWorker::add(WorkItem item) {
     push_result(std::move(res));
     return;
   }
-  active_.push_back({item.job_id, Active{item.claimed, added, std::move(tap)}});
+  active_.push_back(
+      {item.job_id, Active{item.claimed, added, std::move(tap), prompt_tokens, kv_tokens, 0}});
+  update_occupancy();
+}
+
+// The engine admits its waiting sequences first come, first served, and active_ keeps the
+// order they were added in, so the ones holding slots (and their KV reservations) are the
+// first num_running() of active_.
+void EngineWorker::update_occupancy() {
+  const auto running = engine_ ? std::min(engine_->num_running(), active_.size()) : size_t{0};
+  int64_t kv = 0;
+  for (size_t i = 0; i < running; ++i) kv += active_[i].second.kv_tokens;
   counters_.active = static_cast<int64_t>(active_.size());
+  counters_.running = static_cast<int64_t>(running);
+  counters_.kv_reserved_tokens = kv;
+}
+
+// Adds this step's tokens to the counters: the finished sequences' last tokens (a stop token
+// never reaches the tap) and every running sequence's new ones; a prompt counts once, at the
+// step of its sequence's first token.
+void EngineWorker::count_step_tokens(const std::vector<FinishedSequence>& finished) {
+  int64_t generated = 0, prompt = 0;
+  for (const FinishedSequence& f : finished) {
+    const auto id = static_cast<int64_t>(f.id);
+    auto it =
+        std::find_if(active_.begin(), active_.end(), [&](const auto& a) { return a.first == id; });
+    if (it == active_.end()) continue;
+    if (it->second.counted == 0) prompt += f.prompt_tokens;
+    generated += static_cast<int64_t>(f.tokens.size()) - it->second.counted;
+  }
+  for (auto& entry : active_) {
+    // Not a structured binding: clang before 16 cannot capture one in a lambda.
+    const int64_t id = entry.first;
+    auto& a = entry.second;
+    if (a.tap->seen <= a.counted) continue;
+    if (std::none_of(finished.begin(), finished.end(),
+                     [&](const FinishedSequence& f) { return static_cast<int64_t>(f.id) == id; })) {
+      if (a.counted == 0) prompt += a.prompt_tokens;
+      generated += a.tap->seen - a.counted;
+      a.counted = a.tap->seen;
+    }
+  }
+  counters_.tokens_generated += generated;
+  counters_.prompt_tokens += prompt;
 }
 
 // Pulls work from the hand-off according to the batching mode; true when something was added.
@@ -294,7 +339,7 @@ void EngineWorker::apply_cancellations() {
     engine_->abort(static_cast<uint64_t>(id));
     active_.erase(it);
   }
-  counters_.active = static_cast<int64_t>(active_.size());
+  update_occupancy();
 }
 
 void EngineWorker::step() {
@@ -302,6 +347,7 @@ void EngineWorker::step() {
       std::min<int64_t>(static_cast<int64_t>(active_.size()), cfg_.max_num_seqs);
   std::vector<FinishedSequence> finished = engine_->step();
   counters_.steps += 1;
+  count_step_tokens(finished);
   bool any = false;
   for (FinishedSequence& f : finished) {
     const auto id = static_cast<int64_t>(f.id);
@@ -317,7 +363,6 @@ void EngineWorker::step() {
     r.handoff_s = seconds_between(it->second.claimed, it->second.added);
     r.ttft_s = f.time_to_first_token_s;
     r.total_s = f.total_s;
-    counters_.tokens_generated += static_cast<int64_t>(f.tokens.size());
     r.tokens = std::move(f.tokens);
     active_.erase(it);
     push_result(std::move(r));
@@ -325,7 +370,7 @@ void EngineWorker::step() {
     std::lock_guard lock(mu_);
     if (command_ != Command::None) ++drained_;
   }
-  counters_.active = static_cast<int64_t>(active_.size());
+  update_occupancy();
   if (report_progress() || any) notify_();
 }
 
@@ -334,7 +379,7 @@ void EngineWorker::step() {
 bool EngineWorker::report_progress() {
   std::vector<WorkProgress> fresh;
   for (auto& [id, a] : active_) {
-    if (!a.tap || a.tap->fresh.empty()) continue;
+    if (a.tap->fresh.empty()) continue;
     fresh.push_back({id, std::move(a.tap->fresh)});
     a.tap->fresh.clear();
   }
@@ -353,7 +398,7 @@ void EngineWorker::abort_active(const std::string& reason) {
     push_result(std::move(r));
   }
   active_.clear();
-  counters_.active = 0;
+  update_occupancy();
 }
 
 std::vector<std::pair<std::string, GpuMemory>> EngineWorker::gpu_memory() const {

@@ -46,13 +46,18 @@ struct CycleReport {
   double warmup_s = 0;     ///< warmup batch duration
 };
 
-/// Engine-thread counters, read by /metrics.
+/// Engine-thread counters, read by /metrics and the throughput log. Token counters move at
+/// every step: a generated token counts at the step that sampled it, a prompt's tokens at the
+/// step whose prefill completed (its first generated token).
 struct EngineCounters {
-  std::atomic<int64_t> steps{0};             ///< engine steps run
-  std::atomic<int64_t> occupied_slots{0};    ///< sum over steps of sequences in the batch
-  std::atomic<int64_t> tokens_generated{0};  ///< sampled tokens (warmup excluded)
-  std::atomic<int64_t> active{0};            ///< sequences inside the engine now
-  std::atomic<int64_t> last_progress_ms{0};  ///< steady-clock ms of the last step or idle wait
+  std::atomic<int64_t> steps{0};               ///< engine steps run
+  std::atomic<int64_t> occupied_slots{0};      ///< sum over steps of sequences in the batch
+  std::atomic<int64_t> tokens_generated{0};    ///< sampled tokens (warmup excluded)
+  std::atomic<int64_t> prompt_tokens{0};       ///< prompt tokens prefilled (warmup excluded)
+  std::atomic<int64_t> active{0};              ///< sequences inside the engine now
+  std::atomic<int64_t> running{0};             ///< of those, sequences holding a slot
+  std::atomic<int64_t> kv_reserved_tokens{0};  ///< KV cache tokens the running ones reserve
+  std::atomic<int64_t> last_progress_ms{0};    ///< steady-clock ms of the last step or idle wait
 };
 
 /// Milliseconds on the steady clock: the time base of EngineCounters::last_progress_ms, so
@@ -118,7 +123,10 @@ class EngineWorker {
   enum class Command { None, Maintenance, Stop };
   struct Active {
     std::chrono::steady_clock::time_point claimed, added;
-    std::shared_ptr<TokenTap> tap;  // streaming jobs: the tokens of the current step
+    std::shared_ptr<TokenTap> tap;  // counts every job's tokens; keeps a streaming job's
+    int64_t prompt_tokens = 0;      // prompt length
+    int64_t kv_tokens = 0;          // KV reserved once running: prompt + max_tokens, in blocks
+    int64_t counted = 0;            // generated tokens already in the counters
   };
 
   void run();
@@ -130,6 +138,8 @@ class EngineWorker {
   void apply_cancellations();
   void step();
   bool report_progress();
+  void count_step_tokens(const std::vector<FinishedSequence>& finished);
+  void update_occupancy();
   void abort_active(const std::string& reason);
   void push_result(WorkResult r);
   void rebuild(CycleReport& report);

@@ -4,10 +4,10 @@
 
 #include <algorithm>
 
+#include "service/systemd_notify.h"
+
 namespace moebatch {
 namespace {
-
-constexpr int64_t kRateWindowMs = 10000;
 
 const std::vector<double> kLatencyBounds = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                                             1,     2.5,  5,     10,   30,  60,   300};
@@ -23,6 +23,14 @@ void counter(std::string& out, const std::string& name, const std::string& help,
 std::string format_bound(double b) { return fmt::format("{}", b); }
 
 }  // namespace
+
+BuildInfo build_info() {
+  BuildInfo b;
+  b.version = MOEBATCH_VERSION;
+  b.backends = MOEBATCH_BACKENDS;
+  b.systemd = SystemdNotifier::built_with_systemd();
+  return b;
+}
 
 Histogram::Histogram(std::vector<double> bounds)
     : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
@@ -66,20 +74,6 @@ void ServiceMetrics::restart(bool ok, double downtime_s) {
 }
 
 std::string ServiceMetrics::render(const MetricsInputs& in) {
-  window_.push_back(
-      {in.now_ms, jobs_done_, in.engine_tokens, in.engine_steps, in.engine_slot_steps});
-  while (window_.size() > 2 && in.now_ms - window_[1].ms >= kRateWindowMs) window_.pop_front();
-  const Sample& a = window_.front();
-  const Sample& b = window_.back();
-  const double dt = std::max<int64_t>(1, b.ms - a.ms) / 1000.0;
-  const double jobs_rate = window_.size() > 1 ? (b.jobs - a.jobs) / dt : 0.0;
-  const double tokens_rate = window_.size() > 1 ? (b.tokens - a.tokens) / dt : 0.0;
-  const int64_t dsteps = b.steps - a.steps;
-  const double occupancy =
-      dsteps > 0 ? static_cast<double>(b.slot_steps - a.slot_steps) /
-                       static_cast<double>(dsteps * std::max<int64_t>(1, in.max_num_seqs))
-                 : 0.0;
-
   std::string out;
   out += "# HELP moebatch_queue_jobs Jobs in the queue database by state.\n";
   out += "# TYPE moebatch_queue_jobs gauge\n";
@@ -89,16 +83,33 @@ std::string ServiceMetrics::render(const MetricsInputs& in) {
   counter(out, "moebatch_jobs_failed_total", "Jobs this process failed for good.", jobs_failed_);
   counter(out, "moebatch_jobs_requeued_total",
           "Claimed jobs given back (shutdown, drain timeout, engine failure).", jobs_requeued_);
-  counter(out, "moebatch_tokens_generated_total", "Tokens the engine generated.", in.engine_tokens);
+  counter(out, "moebatch_prompt_tokens_total",
+          "Prompt tokens prefilled, counted at the step that completes each prompt.",
+          in.engine_prompt_tokens);
+  counter(out, "moebatch_generation_tokens_total",
+          "Tokens generated, counted at the step that samples them.", in.engine_tokens);
   counter(out, "moebatch_engine_steps_total", "Engine steps run.", in.engine_steps);
   counter(out, "moebatch_engine_slot_steps_total", "Occupied batch slots summed over engine steps.",
           in.engine_slot_steps);
-  gauge(out, "moebatch_jobs_per_second", "Jobs completed per second over the last ~10 s.",
-        jobs_rate);
-  gauge(out, "moebatch_tokens_per_second", "Tokens generated per second over the last ~10 s.",
-        tokens_rate);
-  gauge(out, "moebatch_batch_occupancy",
-        "Occupied fraction of the batch slots per step over the last ~10 s.", occupancy);
+  gauge(out, "moebatch_engine_slots", "Batch slots (max_num_seqs).",
+        static_cast<double>(in.max_num_seqs));
+  gauge(out, "moebatch_engine_slots_busy", "Batch slots holding a sequence now.",
+        static_cast<double>(in.engine_running));
+  gauge(out, "moebatch_engine_slots_usage_ratio", "Busy fraction of the batch slots, 0 to 1.",
+        in.max_num_seqs > 0
+            ? static_cast<double>(in.engine_running) / static_cast<double>(in.max_num_seqs)
+            : 0.0);
+  gauge(out, "moebatch_kv_cache_capacity_tokens", "Tokens the KV cache holds.",
+        static_cast<double>(in.kv_capacity_tokens));
+  gauge(out, "moebatch_kv_cache_capacity_bytes", "KV cache size.",
+        static_cast<double>(in.kv_capacity_tokens * in.kv_bytes_per_token));
+  gauge(out, "moebatch_kv_cache_used_tokens",
+        "KV cache tokens reserved by running sequences (prompt + max_tokens, whole blocks).",
+        static_cast<double>(in.kv_reserved_tokens));
+  gauge(out, "moebatch_kv_cache_usage_ratio", "Reserved fraction of the KV cache, 0 to 1.",
+        in.kv_capacity_tokens > 0 ? static_cast<double>(in.kv_reserved_tokens) /
+                                        static_cast<double>(in.kv_capacity_tokens)
+                                  : 0.0);
   gauge(out, "moebatch_engine_active_sequences", "Sequences inside the engine now.",
         static_cast<double>(in.engine_active));
   gauge(out, "moebatch_in_flight_jobs", "Jobs claimed and not yet reported.",
@@ -140,6 +151,32 @@ std::string ServiceMetrics::render(const MetricsInputs& in) {
   out += "# TYPE moebatch_restarts_total counter\n";
   out += fmt::format("moebatch_restarts_total{{result=\"ok\"}} {}\n", restarts_ok_);
   out += fmt::format("moebatch_restarts_total{{result=\"failed\"}} {}\n", restarts_failed_);
+  const BuildInfo b = build_info();
+  out += fmt::format(
+      "# HELP moebatch_build_info The build: version, backends, systemd notifications; always 1.\n"
+      "# TYPE moebatch_build_info gauge\n"
+      "moebatch_build_info{{version=\"{}\",backends=\"{}\",systemd=\"{}\"}} 1\n",
+      b.version, b.backends, b.systemd ? "yes" : "no");
+  if (in.process) {
+    const ProcessStats& p = *in.process;
+    out += fmt::format(
+        "# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.\n"
+        "# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total {}\n",
+        p.cpu_seconds);
+    gauge(out, "process_resident_memory_bytes", "Resident memory size in bytes.",
+          static_cast<double>(p.resident_bytes));
+    gauge(out, "process_virtual_memory_bytes", "Virtual memory size in bytes.",
+          static_cast<double>(p.virtual_bytes));
+    gauge(out, "process_open_fds", "Number of open file descriptors.",
+          static_cast<double>(p.open_fds));
+    if (p.max_fds > 0)
+      gauge(out, "process_max_fds", "Maximum number of open file descriptors.",
+            static_cast<double>(p.max_fds));
+    out += fmt::format(
+        "# HELP process_start_time_seconds Start time of the process since unix epoch in "
+        "seconds.\n# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds {:.2f}\n",
+        p.start_time_seconds);
+  }
   queue_wait_s_.render("moebatch_queue_wait_seconds", "Enqueue to claim, per completed job.", out);
   ttft_s_.render("moebatch_ttft_seconds", "Claim to first token, per completed job.", out);
   total_s_.render("moebatch_job_total_seconds", "Enqueue to finish, per completed job.", out);

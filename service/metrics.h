@@ -4,11 +4,12 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <map>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "service/process_stats.h"
 
 namespace moebatch {
 
@@ -36,9 +37,14 @@ struct MetricsInputs {
   std::map<std::string, int64_t> queue_depth;  ///< jobs per state
   int64_t engine_steps = 0;                    ///< engine steps so far
   int64_t engine_slot_steps = 0;               ///< sum of occupied slots over steps
-  int64_t engine_tokens = 0;                   ///< tokens generated so far
+  int64_t engine_tokens = 0;                   ///< tokens generated so far (per step)
+  int64_t engine_prompt_tokens = 0;            ///< prompt tokens prefilled so far (per step)
   int64_t engine_active = 0;                   ///< sequences in the engine now
+  int64_t engine_running = 0;                  ///< of those, sequences holding a slot
   int64_t max_num_seqs = 1;                    ///< slots
+  int64_t kv_reserved_tokens = 0;              ///< KV cache tokens reserved by running ones
+  int64_t kv_capacity_tokens = 0;              ///< KV cache tokens in all
+  int64_t kv_bytes_per_token = 0;              ///< KV bytes of one token (all layers, ranks)
   int64_t in_flight = 0;                       ///< claimed, not yet reported
   bool engine_alive = true;                    ///< engine thread healthy
   int64_t http_open_connections = 0;           ///< HTTP connections open now
@@ -47,7 +53,7 @@ struct MetricsInputs {
   bool store_writable = true;                  ///< the job store takes writes (StoreHealth)
   int64_t store_write_failures = 0;            ///< store writes that failed so far
   int64_t results_pending = 0;                 ///< results kept until the store takes them
-  int64_t now_ms = 0;                          ///< steady-clock ms, for rates
+  std::optional<ProcessStats> process;         ///< process_* metrics (absent without /proc)
   /// Memory of one GPU the engine runs on.
   struct Gpu {
     std::string device;  ///< "cuda:N"
@@ -57,7 +63,18 @@ struct MetricsInputs {
   std::vector<Gpu> gpus;  ///< one per GPU of the engine; empty with the CPU backend
 };
 
-/// Counters and histograms of one service.
+/// Build facts for moebatch_build_info.
+struct BuildInfo {
+  std::string version;   ///< moebatch version
+  std::string backends;  ///< "cpu" or "cpu,cuda"
+  bool systemd = false;  ///< built with libsystemd notifications
+};
+
+/// The build this binary is.
+BuildInfo build_info();
+
+/// Counters and histograms of one service. Rates are left to the scraper (rate() over the
+/// counters); nothing here averages over time.
 class ServiceMetrics {
  public:
   ServiceMetrics();
@@ -76,12 +93,12 @@ class ServiceMetrics {
   int64_t jobs_done_ = 0, jobs_failed_ = 0, jobs_requeued_ = 0, tokens_done_ = 0;
   int64_t restarts_ok_ = 0, restarts_failed_ = 0;
   Histogram queue_wait_s_, ttft_s_, total_s_, restart_downtime_s_;
-  // Rate window: (steady ms, jobs done, tokens generated, steps, slot-steps) samples taken at
-  // each render, kept for ~10 s, so jobs/s, tokens/s and occupancy are recent averages.
-  struct Sample {
-    int64_t ms, jobs, tokens, steps, slot_steps;
-  };
-  std::deque<Sample> window_;
+
+ public:
+  /// Jobs done so far (the throughput log reads it).
+  int64_t jobs_done() const { return jobs_done_; }
+  /// Jobs failed for good so far.
+  int64_t jobs_failed() const { return jobs_failed_; }
 };
 
 }  // namespace moebatch

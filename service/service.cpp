@@ -19,7 +19,9 @@
 #include "service/api_call.h"
 #include "service/engine_worker.h"
 #include "service/http_server.h"
+#include "service/load_progress.h"
 #include "service/openai_api.h"
+#include "service/process_stats.h"
 #include "service/service_db.h"
 
 namespace moebatch {
@@ -63,6 +65,8 @@ Service::Service(ServiceConfig cfg, ServiceHooks hooks)
       worker_(make_worker_id(hooks_.clock->now_ms())),
       poll_timer_(io_),
       renew_timer_(io_),
+      stats_timer_(io_),
+      watchdog_timer_(io_),
       schedule_(RestartSchedule::parse(cfg_.restart_at)),
       store_health_(cfg_.store_busy_timeout_ms) {
   validate_config(cfg_);
@@ -74,8 +78,8 @@ Service::Service(ServiceConfig cfg, ServiceHooks hooks)
     return std::make_unique<Tokenizer>(Tokenizer::from_model(tok_dir));
   });
 
+  prepare_store_location(cfg_.db);  // the SQLite file's directory
   const std::filesystem::path db_path(cfg_.db);
-  if (db_path.has_parent_path()) std::filesystem::create_directories(db_path.parent_path());
   StoreOptions so;
   so.path = db_path;
   so.synchronous = cfg_.synchronous == "full" ? Synchronous::Full : Synchronous::Normal;
@@ -92,8 +96,13 @@ Service::Service(ServiceConfig cfg, ServiceHooks hooks)
   batches_ = std::make_unique<BatchStore>(db_path);
 
   // The engine thread reports through the io_context, never by touching io-thread state.
-  worker_engine_ = std::make_unique<EngineWorker>(
-      cfg_, [this] { boost::asio::post(io_, [this] { on_notify(); }); });
+  notifier_.status("loading the model");
+  {
+    LoadProgress progress(cfg_.model);
+    worker_engine_ = std::make_unique<EngineWorker>(
+        cfg_, [this] { boost::asio::post(io_, [this] { on_notify(); }); });
+    progress.done();
+  }
   tokenizer_ = tokenizer.get();
   const EngineInfo info = worker_engine_->info();
   limits_.vocab_size = info.vocab_size;
@@ -128,6 +137,7 @@ Service::Service(ServiceConfig cfg, ServiceHooks hooks)
     http_->set_api_keys(std::move(keys));
     add_routes();
   }
+  start_metrics_listener();
   log_start();
 }
 
@@ -139,6 +149,8 @@ Service::~Service() {
 }
 
 int Service::http_port() const { return http_ ? http_->port() : -1; }
+
+int Service::metrics_port() const { return metrics_http_ ? metrics_http_->port() : -1; }
 
 void Service::log_start() const {
   const EngineInfo info = worker_engine_->info();
@@ -169,8 +181,11 @@ void Service::log_start() const {
 
 void Service::write_ready_file() const {
   if (cfg_.ready_file.empty()) return;
-  nlohmann::json j{
-      {"pid", getpid()}, {"worker", worker_}, {"http_port", http_port()}, {"db", cfg_.db}};
+  nlohmann::json j{{"pid", getpid()},
+                   {"worker", worker_},
+                   {"http_port", http_port()},
+                   {"metrics_port", metrics_port()},
+                   {"db", cfg_.db}};
   // Write then rename, so a reader never sees half a file.
   const std::string tmp = cfg_.ready_file + ".tmp";
   {
@@ -184,6 +199,7 @@ void Service::write_ready_file() const {
 int Service::run() {
   worker_engine_->start();
   if (http_) http_->start();
+  if (metrics_http_) metrics_http_->start();
   if (hooks_.handle_signals) {
     signals_.emplace(io_, SIGINT, SIGTERM);
     arm_signals();
@@ -199,6 +215,15 @@ int Service::run() {
   write_ready_file();
   spdlog::info("serving: db {}, http {}", cfg_.db,
                http_ ? cfg_.http_host + ":" + std::to_string(http_->port()) : "off");
+  if (const auto p = read_process_stats()) {
+    const double since_start =
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count() -
+        p->start_time_seconds;
+    spdlog::info("ready {:.2f} s after the process started", since_start);
+  }
+  notifier_.ready(status_line());
+  arm_stats();
+  arm_watchdog();
   io_.run();
   worker_engine_->join();
   spdlog::info("service stopped (exit code {})", exit_code_);
@@ -243,10 +268,17 @@ void Service::begin_stop(bool hurry) {
   }
   stopping_ = true;
   admitting_ = false;
+  notifier_.stopping(fmt::format("draining {} running job(s) for up to {} s",
+                                 worker_engine_->counters().active.load(),
+                                 cfg_.shutdown_timeout_s));
   // Results the store refuses are retried until the drain time is over, and a little longer
   // for those that finish at its very end.
   give_up_results_ms_ = steady_now_ms() + cfg_.shutdown_timeout_s * 1000 + 2000;
-  release_handoff();
+  stop_tally_.not_started += release_handoff();
+  spdlog::info(
+      "stopping: {} job(s) that had not started went back to the queue; {} running job(s) get "
+      "up to {} s to finish, then go back too",
+      stop_tally_.not_started, worker_engine_->counters().active.load(), cfg_.shutdown_timeout_s);
   // API requests whose job has not started will not run here any more: answer them now. Those
   // in the engine get the drain time like every job.
   std::vector<int64_t> waiting;
@@ -266,7 +298,10 @@ void Service::finish_run(int code) {
   exit_code_ = code;
   poll_timer_.cancel();
   renew_timer_.cancel();
+  stats_timer_.cancel();
+  watchdog_timer_.cancel();
   if (http_) http_->stop();
+  if (metrics_http_) metrics_http_->stop();
   if (signals_) signals_->cancel();
   io_.stop();
 }
@@ -291,6 +326,7 @@ void Service::start_maintenance(const std::string& trigger) {
                cfg_.drain_timeout_s);
   admitting_ = false;
   maintenance_ = Maintenance{trigger, hooks_.clock->now_ms()};
+  notifier_.status("maintenance (" + trigger + "): draining, then rebuilding the engine");
   worker_engine_->request_maintenance(std::chrono::seconds(cfg_.drain_timeout_s));
 }
 
@@ -314,14 +350,15 @@ void Service::finish_maintenance() {
     spdlog::error("maintenance: the cycle was not recorded (the store refuses writes)");
   metrics_.restart(report->ok, rec.downtime_ms / 1000.0);
   spdlog::info(
-      "maintenance {}: downtime {} ms, drained {}, requeued {}, {} {:.1f} -> {:.1f} MiB, warmup "
-      "{} ms{}",
-      rec.result, rec.downtime_ms, rec.drained, rec.requeued,
-      cfg_.backend == "cuda" ? "GPU memory" : "RSS", mib(rec.mem_before), mib(rec.mem_after),
-      rec.warmup_ms, report->ok ? "" : ": " + rec.error);
+      "maintenance {} ({}): downtime {} ms (drain {:.2f} s, rebuild {:.2f} s, warmup {} ms), "
+      "drained {}, requeued {}, {} {:.1f} -> {:.1f} MiB{}",
+      rec.result, rec.trigger, rec.downtime_ms, report->drain_s, report->rebuild_s, rec.warmup_ms,
+      rec.drained, rec.requeued, cfg_.backend == "cuda" ? "GPU memory" : "RSS", mib(rec.mem_before),
+      mib(rec.mem_after), report->ok ? "" : ": " + rec.error);
   maintenance_.reset();
   if (!stopping_) admitting_ = true;
   claim_now_ = true;
+  notifier_.status(status_line());
 }
 
 void Service::check_schedule() {
@@ -405,11 +442,17 @@ HttpReply Service::metrics() {
   in.engine_steps = c.steps.load();
   in.engine_slot_steps = c.occupied_slots.load();
   in.engine_tokens = c.tokens_generated.load();
+  in.engine_prompt_tokens = c.prompt_tokens.load();
   in.engine_active = c.active.load();
+  in.engine_running = c.running.load();
   in.max_num_seqs = cfg_.max_num_seqs;
+  const EngineInfo info = worker_engine_->info();
+  in.kv_reserved_tokens = c.kv_reserved_tokens.load();
+  in.kv_capacity_tokens = info.backend.kv_tokens();
+  in.kv_bytes_per_token = info.backend.kv_bytes_per_token;
   in.in_flight = static_cast<int64_t>(in_flight_.size());
   in.engine_alive = !worker_engine_->dead();
-  in.now_ms = steady_now_ms();
+  in.process = read_process_stats();
   for (const auto& [device, g] : worker_engine_->gpu_memory())
     in.gpus.push_back({device, g.used, g.total});
   in.http_open_connections = http_ ? static_cast<int64_t>(http_->counters().open) : 0;

@@ -33,6 +33,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "queue/clock.h"
@@ -43,6 +44,7 @@
 #include "service/metrics.h"
 #include "service/restart_schedule.h"
 #include "service/service_db.h"
+#include "service/systemd_notify.h"
 #include "service/work.h"
 
 namespace moebatch {
@@ -100,6 +102,8 @@ class Service {
   void request_maintenance();
   /// The bound health/metrics port (-1 when off).
   int http_port() const;
+  /// The bound port of the metrics-only listener (-1 when off).
+  int metrics_port() const;
   /// This incarnation's lease owner id (host:pid:start-ms).
   const std::string& worker_id() const { return worker_; }
   /// The io_context the service runs on (the ingress may share it).
@@ -118,6 +122,17 @@ class Service {
     std::string error;           // Rejected, Aborted
     std::string param;           // Rejected at intake: the field at fault, for the API's error
     bool count_attempt = false;  // Aborted: fail as retryable (engine died) instead of release
+    std::optional<std::string> batch_id;  // for the batch-completion log line
+  };
+  // Counter values at the last throughput line.
+  struct StatsMark {
+    int64_t ms = 0, jobs_done = 0, jobs_failed = 0, prompt_tokens = 0, tokens = 0, steps = 0;
+  };
+  // What a graceful stop did with the jobs it held, for its last log line.
+  struct StopTally {
+    int64_t not_started = 0;  // hand-off jobs given back at the signal
+    int64_t interrupted = 0;  // running past shutdown_timeout_s, given back
+    int64_t finished = 0;     // finished during the drain
   };
 
   // service.cpp: lifecycle, signals, health, maintenance.
@@ -134,6 +149,16 @@ class Service {
   HttpReply health();
   HttpReply metrics();
 
+  // service_ops.cpp: what an operator sees: the throughput line, systemd notifications and
+  // the watchdog, batch completions, the end of a graceful stop, the metrics-only listener.
+  void start_metrics_listener();
+  void arm_stats();
+  void log_stats();
+  void arm_watchdog();
+  std::string status_line() const;
+  void note_batch(const std::optional<std::string>& batch_id, bool done);
+  void check_batches();
+  void log_stop_summary();
   // service_dispatch.cpp: intake, results, leases.
   void arm_poll();
   void poll();
@@ -149,7 +174,7 @@ class Service {
   bool store_refuses(const std::shared_ptr<HttpExchange>& ex);
   void stop_lost_jobs();
   void arm_renew();
-  void release_handoff();
+  int64_t release_handoff();
 
   // service_api.cpp: the OpenAI-compatible API over the same queue (docs/openai_api.md).
   void api_models(const std::shared_ptr<HttpExchange>& ex);
@@ -187,7 +212,9 @@ class Service {
   std::unique_ptr<BatchStore> batches_;
   std::unique_ptr<EngineWorker> worker_engine_;
   std::unique_ptr<HttpServer> http_;
-  boost::asio::steady_timer poll_timer_, renew_timer_;
+  std::unique_ptr<HttpServer> metrics_http_;  // --metrics-port: /metrics and /health only
+  boost::asio::steady_timer poll_timer_, renew_timer_, stats_timer_, watchdog_timer_;
+  SystemdNotifier notifier_;
   std::optional<boost::asio::signal_set> signals_;
   RestartSchedule schedule_;
   std::optional<int64_t> next_restart_ms_;
@@ -210,6 +237,13 @@ class Service {
   std::optional<Maintenance> maintenance_;
   int exit_code_ = 0;
   bool done_ = false;
+  StatsMark stats_mark_;
+  StopTally stop_tally_;
+  // Batches with results in this process, checked for completion every few seconds: jobs done
+  // and failed here, by batch id.
+  std::map<std::string, std::pair<int64_t, int64_t>> batch_results_;
+  std::set<std::string> batches_to_check_;
+  int64_t last_batch_check_ms_ = 0;
 
   // OpenAI API state (io thread): one entry per open request, by job id.
   std::map<int64_t, std::unique_ptr<ApiCall>> api_calls_;

@@ -46,6 +46,7 @@ void Service::poll() {
     prune_finals();
     api_resolve(/*force=*/false);
     if (!store_health_.failing()) batches_tick(/*force=*/false);
+    check_batches();
   } catch (const std::exception& e) {
     spdlog::error("intake: {} (retrying at the next poll)", e.what());
   }
@@ -64,7 +65,7 @@ void Service::on_notify() {
   if (stopping_ && worker_engine_->finished()) {
     worker_engine_->join();
     drain_results();
-    release_handoff();
+    stop_tally_.not_started += release_handoff();
     if (!pending_.empty()) {
       // The store refuses writes: the poll timer keeps trying until the stop deadline.
       if (steady_now_ms() < give_up_results_ms_) return;
@@ -74,6 +75,7 @@ void Service::on_notify() {
           pending_.size(), store_health_.last_error());
       pending_.clear();
     }
+    log_stop_summary();
     finish_run(0);
   }
 }
@@ -131,6 +133,7 @@ void Service::claim() {
       p.outcome = WorkOutcome::Rejected;
       p.error = *reason;
       p.param = reason->substr(0, reason->find(':'));
+      p.batch_id = job.spec.batch_id;
       pending_.push_back(std::move(p));
       continue;
     }
@@ -177,6 +180,11 @@ void Service::drain_results() {
     PendingResult p;
     p.job_id = r.job_id;
     p.outcome = r.outcome;
+    p.batch_id = job.batch_id;
+    if (stopping_ && !dead) {
+      if (r.outcome == WorkOutcome::Finished) ++stop_tally_.finished;
+      if (r.outcome == WorkOutcome::Aborted) ++stop_tally_.interrupted;
+    }
     switch (r.outcome) {
       case WorkOutcome::Finished:
         try {
@@ -232,6 +240,7 @@ bool Service::flush_results() {
       if (it->outcome == WorkOutcome::Rejected) {
         store_->fail(worker_, id, error, /*retryable=*/false);
         metrics_.job_failed();
+        note_batch(it->batch_id, /*done=*/false);
         const std::string param = it->param;
         replies.emplace_back([this, id, error, param] {
           api_failed(id, param.empty() ? invalid_request(error) : invalid_request(error, param));
@@ -249,6 +258,8 @@ bool Service::flush_results() {
     std::vector<Completion> completions;
     for (const PendingResult& p : pending_) completions.push_back(p.completion);
     const std::vector<bool> landed = store_->complete_many(worker_, completions);
+    for (size_t i = 0; i < completions.size(); ++i)
+      if (landed[i]) note_batch(pending_[i].batch_id, /*done=*/true);
     pending_.clear();
     for (size_t i = 0; i < completions.size(); ++i) {
       const Completion& c = completions[i];
@@ -374,9 +385,9 @@ void Service::arm_renew() {
   });
 }
 
-void Service::release_handoff() {
+int64_t Service::release_handoff() {
   std::vector<WorkItem> items = worker_engine_->input().take_all();
-  if (items.empty()) return;
+  if (items.empty()) return 0;
   std::vector<int64_t> ids;
   for (const WorkItem& w : items) {
     ids.push_back(w.job_id);
@@ -385,6 +396,7 @@ void Service::release_handoff() {
   if (!store_write("giving back jobs",
                    [&] { metrics_.jobs_requeued(store_->release(worker_, ids)); }))
     spdlog::warn("{} job(s) not given back; they run again once their leases expire", ids.size());
+  return static_cast<int64_t>(ids.size());
 }
 
 }  // namespace moebatch

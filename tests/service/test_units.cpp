@@ -1,11 +1,14 @@
 // Unit tests of the service's pieces: config (file, flags, bounds), restart schedule, hand-off
-// contract, Prometheus rendering.
+// contract, Prometheus rendering. The restart schedule has its own file.
 #include <gtest/gtest.h>
 
 #include <CLI/CLI.hpp>
 #include <cmath>
+#include <cstdio>
 #include <ctime>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -14,25 +17,14 @@
 #include "engine/device_query.h"
 #include "service/config.h"
 #include "service/handoff.h"
+#include "service/load_progress.h"
 #include "service/metrics.h"
-#include "service/restart_schedule.h"
+#include "service/process_stats.h"
 #include "service/service_db.h"
 #include "tests/common/files.h"
 
 namespace moebatch {
 namespace {
-
-int64_t local_ms(int year, int mon, int day, int hour, int min, int sec) {
-  std::tm tm{};
-  tm.tm_year = year - 1900;
-  tm.tm_mon = mon - 1;
-  tm.tm_mday = day;
-  tm.tm_hour = hour;
-  tm.tm_min = min;
-  tm.tm_sec = sec;
-  tm.tm_isdst = -1;
-  return static_cast<int64_t>(std::mktime(&tm)) * 1000;
-}
 
 /// The effective config `moebatch serve` builds from these command-line flags.
 ServiceConfig parse_service_flags(std::vector<std::string> args) {
@@ -121,11 +113,12 @@ TEST(Config, ParallelismAndQuantizationKnobs) {
   const auto file = dir.path() / "svc.json";
   test::write_file(file, R"({"db": "a.db", "model": "m", "backend": "cuda", "tp": 2,
                              "enable_expert_parallel": true, "quantization": "fp8",
-                             "collective_timeout_s": 30})");
+                             "collective_timeout_s": 30, "disable_custom_all_reduce": true})");
   {
     const ServiceConfig cfg = parse_service_flags({"--config", file.string()});
     EXPECT_EQ(cfg.tp, 2);
     EXPECT_TRUE(cfg.enable_expert_parallel);
+    EXPECT_TRUE(cfg.disable_custom_all_reduce);
     EXPECT_EQ(cfg.quantization, "fp8");
     EXPECT_EQ(cfg.collective_timeout_s, 30);
     EXPECT_EQ(config_to_json(cfg)["enable_expert_parallel"], true);
@@ -136,6 +129,7 @@ TEST(Config, ParallelismAndQuantizationKnobs) {
          "--quantization", "nvfp4", "--collective-timeout-s", "45"});
     EXPECT_EQ(cfg.tp, 4);
     EXPECT_TRUE(cfg.enable_expert_parallel);
+    EXPECT_FALSE(cfg.disable_custom_all_reduce);
     EXPECT_EQ(cfg.quantization, "nvfp4");
     EXPECT_EQ(cfg.collective_timeout_s, 45);
   }
@@ -159,23 +153,6 @@ TEST(Config, ParallelismAndQuantizationKnobs) {
     FAIL() << "expected an InputError";
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("auto, none, fp8, nvfp4 or int4"), std::string::npos);
-  }
-}
-
-TEST(RestartSchedule, DailyAndCronNextTimes) {
-  const auto daily = RestartSchedule::parse("03:00");
-  ASSERT_TRUE(daily.enabled());
-  EXPECT_EQ(*daily.next_after(local_ms(2026, 11, 29, 2, 59, 58)), local_ms(2026, 11, 29, 3, 0, 0));
-  EXPECT_EQ(*daily.next_after(local_ms(2026, 11, 29, 3, 0, 0)), local_ms(2026, 11, 30, 3, 0, 0));
-  // 30 2 * * 1: Mondays 02:30. 2026-11-29 is a Sunday.
-  const auto cron = RestartSchedule::parse("30 2 * * 1");
-  EXPECT_EQ(*cron.next_after(local_ms(2026, 11, 29, 12, 0, 0)), local_ms(2026, 11, 30, 2, 30, 0));
-  const auto list = RestartSchedule::parse("0,30 4 * * *");
-  EXPECT_EQ(*list.next_after(local_ms(2026, 11, 29, 4, 10, 0)), local_ms(2026, 11, 29, 4, 30, 0));
-  EXPECT_FALSE(RestartSchedule::parse("").next_after(0));
-  for (const char* bad :
-       {"3:00pm", "25:00", "03:60", "* * * * *", "0 3 * *", "x 3 * * *", "0 3 32 * *", ":30"}) {
-    EXPECT_THROW(RestartSchedule::parse(bad), InputError) << bad;
   }
 }
 
@@ -244,7 +221,33 @@ TEST(StoreHealth, LockGraceBackoffAndRecovery) {
   EXPECT_EQ(h.failures(), 13);
 }
 
-TEST(Metrics, PrometheusTextHasCountsHistogramsAndRates) {
+// Every sample belongs to a family declared with # TYPE before it (histograms by their
+// _bucket, _sum and _count series), and every value parses as a number.
+void expect_well_formed_exposition(const std::string& text) {
+  std::set<std::string> declared;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("# TYPE ", 0) == 0) {
+      declared.insert(line.substr(7, line.find(' ', 7) - 7));
+      continue;
+    }
+    if (line.empty() || line[0] == '#') continue;
+    std::string name = line.substr(0, line.find_first_of("{ "));
+    for (const char* suffix : {"_bucket", "_sum", "_count"}) {
+      const std::string s(suffix);
+      if (!declared.count(name) && name.size() > s.size() &&
+          name.compare(name.size() - s.size(), s.size(), s) == 0)
+        name.resize(name.size() - s.size());
+    }
+    EXPECT_TRUE(declared.count(name)) << "no # TYPE before: " << line;
+    const std::string value = line.substr(line.rfind(' ') + 1);
+    size_t used = 0;
+    EXPECT_NO_THROW((void)std::stod(value, &used)) << line;
+    EXPECT_EQ(used, value.size()) << line;
+  }
+}
+
+TEST(Metrics, PrometheusTextHasCountersGaugesAndHistogramsButNoRates) {
   ServiceMetrics m;
   m.job_done(0.001, 0.2, 3.0, 10);
   m.job_done(0.02, 0.3, 4.0, 6);
@@ -252,23 +255,42 @@ TEST(Metrics, PrometheusTextHasCountsHistogramsAndRates) {
   m.restart(true, 2.0);
   MetricsInputs in;
   in.queue_depth = {{"queued", 5}, {"done", 2}};
-  in.engine_steps = 10;
-  in.engine_slot_steps = 40;
-  in.max_num_seqs = 8;
-  in.engine_tokens = 16;
-  in.now_ms = 1000;
-  m.render(in);
   in.engine_steps = 20;
   in.engine_slot_steps = 120;
+  in.max_num_seqs = 8;
   in.engine_tokens = 36;
-  in.now_ms = 3000;
+  in.engine_prompt_tokens = 300;
+  in.engine_active = 7;
+  in.engine_running = 6;
+  in.kv_reserved_tokens = 1024;
+  in.kv_capacity_tokens = 4096;
+  in.kv_bytes_per_token = 512;
+  in.process = read_process_stats();
   const std::string t = m.render(in);
+  expect_well_formed_exposition(t);
   EXPECT_NE(t.find("moebatch_queue_jobs{state=\"queued\"} 5\n"), std::string::npos) << t;
   EXPECT_NE(t.find("moebatch_jobs_done_total 2\n"), std::string::npos);
   EXPECT_NE(t.find("moebatch_jobs_failed_total 1\n"), std::string::npos);
   EXPECT_NE(t.find("moebatch_restarts_total{result=\"ok\"} 1\n"), std::string::npos);
-  EXPECT_NE(t.find("moebatch_tokens_per_second 10\n"), std::string::npos) << t;  // 20 tok / 2 s
-  EXPECT_NE(t.find("moebatch_batch_occupancy 1\n"), std::string::npos) << t;     // 80 / (10 * 8)
+  EXPECT_NE(
+      t.find("# TYPE moebatch_prompt_tokens_total counter\nmoebatch_prompt_tokens_total 300\n"),
+      std::string::npos)
+      << t;
+  EXPECT_NE(t.find("# TYPE moebatch_generation_tokens_total counter\n"
+                   "moebatch_generation_tokens_total 36\n"),
+            std::string::npos)
+      << t;
+  EXPECT_NE(t.find("moebatch_engine_slots 8\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("moebatch_engine_slots_busy 6\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("moebatch_engine_slots_usage_ratio 0.75\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("moebatch_kv_cache_used_tokens 1024\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("moebatch_kv_cache_capacity_tokens 4096\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("moebatch_kv_cache_capacity_bytes 2097152\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("moebatch_kv_cache_usage_ratio 0.25\n"), std::string::npos) << t;
+  // Rates are the scraper's job (rate() over the counters).
+  EXPECT_EQ(t.find("per_second"), std::string::npos) << t;
+  EXPECT_EQ(t.find("occupancy"), std::string::npos) << t;
+  EXPECT_NE(t.find("moebatch_build_info{version=\""), std::string::npos) << t;
   // Cumulative buckets: 0.001 <= 0.005; 0.02 <= 0.025.
   EXPECT_NE(t.find("moebatch_queue_wait_seconds_bucket{le=\"0.005\"} 1\n"), std::string::npos);
   EXPECT_NE(t.find("moebatch_queue_wait_seconds_bucket{le=\"0.025\"} 2\n"), std::string::npos);
@@ -276,6 +298,47 @@ TEST(Metrics, PrometheusTextHasCountsHistogramsAndRates) {
   EXPECT_NE(t.find("moebatch_job_total_seconds_count 2\n"), std::string::npos);
   EXPECT_NE(t.find("# TYPE moebatch_ttft_seconds histogram\n"), std::string::npos);
   EXPECT_EQ(t.find("moebatch_gpu_memory"), std::string::npos) << "no GPU gauges off the GPU";
+  for (const char* family : {"process_cpu_seconds_total", "process_resident_memory_bytes",
+                             "process_open_fds", "process_start_time_seconds"})
+    EXPECT_NE(t.find(std::string("\n") + family + " "), std::string::npos) << family;
+}
+
+TEST(Metrics, ProcessStatsComeFromProc) {
+  const auto before = read_process_stats();
+  ASSERT_TRUE(before.has_value());
+  // Burn a little CPU and open a descriptor: both must show.
+  volatile double x = 0;
+  for (int i = 0; i < 20'000'000; ++i) x = x + 1e-9 * i;
+  test::TempDir dir;
+  std::FILE* f = std::fopen((dir.path() / "f").c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  const auto after = read_process_stats();
+  std::fclose(f);
+  ASSERT_TRUE(after.has_value());
+  EXPECT_GT(after->cpu_seconds, before->cpu_seconds);
+  EXPECT_EQ(after->open_fds, before->open_fds + 1);
+  EXPECT_GT(after->resident_bytes, 1 << 20);
+  EXPECT_GT(after->virtual_bytes, after->resident_bytes);
+  EXPECT_GT(after->max_fds, 0);
+  const double now = static_cast<double>(std::time(nullptr));
+  EXPECT_LE(after->start_time_seconds, now + 1);
+  EXPECT_GT(after->start_time_seconds, now - 3600) << "the test process started this hour";
+}
+
+TEST(LoadProgress, LineAndModelBytes) {
+  EXPECT_EQ(load_progress_line(1'250'000'000, 4'000'000'000, 0.5),
+            "loading model: 1.25 / 4.00 GB (31%), 2.50 GB/s");
+  // Estimates past the end (other mappings count too) are shown as done, not 120%.
+  EXPECT_EQ(load_progress_line(5'000'000'000, 4'000'000'000, 2.0),
+            "loading model: 4.00 / 4.00 GB (100%), 2.00 GB/s");
+  test::TempDir dir;
+  test::write_file(dir.path() / "model-00001.safetensors", std::string(1000, 'x'));
+  test::write_file(dir.path() / "model-00002.safetensors", std::string(24, 'x'));
+  test::write_file(dir.path() / "config.json", "{}");
+  EXPECT_EQ(model_file_bytes(dir.path().string()), 1024);
+  EXPECT_EQ(model_file_bytes((dir.path() / "model-00002.safetensors").string()), 24);
+  EXPECT_EQ(model_file_bytes("random:tiny"), 0);
+  EXPECT_EQ(model_file_bytes((dir.path() / "missing").string()), 0);
 }
 
 TEST(Metrics, GpuMemoryGaugesPerDeviceOnlyWhenTheBackendReportsThem) {
@@ -287,11 +350,14 @@ TEST(Metrics, GpuMemoryGaugesPerDeviceOnlyWhenTheBackendReportsThem) {
   const std::string t = m.render(in);
   EXPECT_NE(t.find("# TYPE moebatch_gpu_memory_used_bytes gauge\n"), std::string::npos) << t;
   EXPECT_NE(t.find("moebatch_gpu_memory_used_bytes{device=\"cuda:0\"} 161061273600\n"),
-            std::string::npos) << t;
+            std::string::npos)
+      << t;
   EXPECT_NE(t.find("moebatch_gpu_memory_used_bytes{device=\"cuda:1\"} 7516192768\n"),
-            std::string::npos) << t;
+            std::string::npos)
+      << t;
   EXPECT_NE(t.find("moebatch_gpu_memory_total_bytes{device=\"cuda:1\"} 151397597184\n"),
-            std::string::npos) << t;
+            std::string::npos)
+      << t;
   // With the CPU backend the worker reports none: the service leaves the gauges out.
   EXPECT_FALSE(gpu_memory(0).has_value() && !cuda_backend_built());
 }
