@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_decode_warp_kernel(Atte
   const int token = p.q_start[seq];  // one query token per sequence
   const int kv_len = p.kv_lens[seq];
   const int group = p.n_q_heads / p.n_kv_heads;
-  const int k_begin = 0, k_end = kv_len;
+  const int k_end = kv_len;  // keys [0, kv_len)
   const int head_a = kvh * group + g, head_b = head_a + 8;  // rows g and g + 8
   const bool row_a = g < group, row_b = g + 8 < group;
 
@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_decode_warp_kernel(Atte
   // A 16-key step lies inside one cache block when the block size is a multiple of 16 (steps
   // start at multiples of 16): one table entry per step, fetched a step ahead.
   const bool one_block = p.block_size % 16 == 0;
-  int next_base = one_block && k_begin < k_end ? __ldg(table + k_begin / p.block_size) : 0;
+  int next_base = one_block && k_end > 0 ? __ldg(table) : 0;
   int slot_base = 0;  // the step's cache block · block_size (one_block)
   const auto row_ptr = [&](const bf16* cache, int key) {
     const int slot = one_block ? slot_base + key % p.block_size
@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_decode_warp_kernel(Atte
 #pragma unroll
   for (int n = 0; n < VD; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
 
-  for (int key0 = k_begin; key0 < k_end; key0 += 16) {  // warp-uniform
+  for (int key0 = 0; key0 < k_end; key0 += 16) {  // warp-uniform
     slot_base = next_base * p.block_size;
     if (one_block && key0 + 16 < k_end) next_base = __ldg(table + (key0 + 16) / p.block_size);
     // Loads first (K of keys g, g + 8; V of keys 2t, 2t+1, 2t+8, 2t+9), all in flight together.

@@ -215,9 +215,8 @@ __device__ __forceinline__ void decode_step(const WeightChunk<C>& w, int j, int 
     db = decode_u4x8(word_of(w.b[j], sp), sc.b, sc.mb);
   } else {
     // word sp holds inputs 8·sp .. 8·sp + 7 (nibble i = input i); 0–15 scale 0, 16–31 scale 1
-    const auto word = [sp](const uint4& q) { return sp == 0 ? q.x : sp == 1 ? q.y : sp == 2 ? q.z : q.w; };
-    da = decode_fp4x8(word(w.a[j]), sc.a[sp / 2]);
-    db = decode_fp4x8(word(w.b[j]), sc.b[sp / 2]);
+    da = decode_fp4x8(word_of(w.a[j], sp), sc.a[sp / 2]);
+    db = decode_fp4x8(word_of(w.b[j], sp), sc.b[sp / 2]);
   }
 }
 

@@ -42,8 +42,29 @@ __global__ void sigmoid_gate_mul_kernel(bf16* x, const bf16* gate, int64_t gate_
   }
 }
 
-// kMasked (expert parallel): pairs of other ranks' experts are skipped, not multiplied by zero:
-// their expert_out rows were never written and may hold NaN.
+// acc = Σ_j w[t, j] · y[pair row] over columns c .. c + 7 of token t, in j order (the one
+// definition of the combine's sum, for both kernels below). kMasked (expert parallel): pairs of
+// other ranks' experts are skipped, not multiplied by zero: their expert_out rows were never
+// written and may hold NaN.
+template <bool kMasked>
+__device__ __forceinline__ void combine8(const MoeCombineParams& p, size_t t, int c, float acc[8]) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) acc[i] = 0.f;
+  for (int j = 0; j < p.top_k; ++j) {
+    const size_t pair = t * p.top_k + j;
+    if constexpr (kMasked) {
+      if (static_cast<unsigned>(p.topk_ids[pair] - p.expert0) >= static_cast<unsigned>(p.num_local))
+        continue;
+    }
+    const float w = p.weights ? p.weights[pair] : 1.f;
+    const size_t row = p.row_of_pair ? static_cast<size_t>(p.row_of_pair[pair]) : pair;
+    float y[8];
+    load8(p.expert_out + row * p.hidden + c, y);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[i] += w * y[i];
+  }
+}
+
 template <bool kMasked>
 __global__ void moe_combine_kernel(MoeCombineParams p) {
   const int vec_per_row = p.hidden / 8;
@@ -52,20 +73,8 @@ __global__ void moe_combine_kernel(MoeCombineParams p) {
        v += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const size_t t = v / vec_per_row;
     const int c = static_cast<int>(v % vec_per_row) * 8;
-    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    for (int j = 0; j < p.top_k; ++j) {
-      const size_t pair = t * p.top_k + j;
-      if constexpr (kMasked) {
-        if (static_cast<unsigned>(p.topk_ids[pair] - p.expert0) >= static_cast<unsigned>(p.num_local))
-          continue;
-      }
-      const float w = p.weights ? p.weights[pair] : 1.f;
-      const size_t row = p.row_of_pair ? static_cast<size_t>(p.row_of_pair[pair]) : pair;
-      float y[8];
-      load8(p.expert_out + row * p.hidden + c, y);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) acc[i] += w * y[i];
-    }
+    float acc[8];
+    combine8<kMasked>(p, t, c, acc);
     store8(p.out + t * p.hidden + c, acc);
   }
 }
@@ -82,20 +91,8 @@ __global__ void __launch_bounds__(kThreads) moe_combine_add_rmsnorm_kernel(MoeCo
   bf16* res = n.residual + t * c.hidden;
   float ss = 0.f;
   for (int i = threadIdx.x; i < nvec; i += blockDim.x) {
-    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    for (int j = 0; j < c.top_k; ++j) {
-      const size_t pair = t * c.top_k + j;
-      if constexpr (kMasked) {
-        if (static_cast<unsigned>(c.topk_ids[pair] - c.expert0) >= static_cast<unsigned>(c.num_local))
-          continue;
-      }
-      const float w = c.weights ? c.weights[pair] : 1.f;
-      const size_t row = c.row_of_pair ? static_cast<size_t>(c.row_of_pair[pair]) : pair;
-      float y[8];
-      load8(c.expert_out + row * c.hidden + 8 * i, y);
-#pragma unroll
-      for (int k = 0; k < 8; ++k) acc[k] += w * y[k];
-    }
+    float acc[8];
+    combine8<kMasked>(c, t, 8 * i, acc);
     float r[8];
     load8(res + 8 * i, r);
 #pragma unroll
