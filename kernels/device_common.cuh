@@ -84,4 +84,18 @@ __device__ __forceinline__ void store8(__nv_bfloat16* p, const float in[8]) {
   *reinterpret_cast<uint4*>(p) = u;
 }
 
+/// 16-byte global → shared copy that bypasses registers (cp.async); src_bytes 0 writes zeros and
+/// reads nothing.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
+}
+/// Closes the group of cp.async issued since the last commit (an empty group is allowed).
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+/// Waits until at most N committed cp.async groups of this thread are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
 }  // namespace moebatch::kernels

@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "kernels/cuda_check.cuh"
+#include "kernels/device_common.cuh"
 #include "kernels/moe_gemm.cuh"
 #include "kernels/mma.cuh"
 
@@ -76,14 +77,6 @@ struct WeightChunk {
   uint4 b[kGranules];
   GranuleScales<C> s[kGranules];
 };
-
-// 16-byte global → shared copy that bypasses registers; src_bytes 0 writes zeros.
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;\n" ::); }
 
 struct PassState {
   const unsigned char* w0;  // first byte of the weight row of A rows g
@@ -236,7 +229,7 @@ __device__ __forceinline__ void pipeline_step(const MoeGemmParams& p, const Pass
     copy_activations<C>(p, st, src_row, xs[(c + 1) & 1], kc, kw);
   }
   cp_async_commit();  // possibly empty: keeps the group count uniform for wait_group 1
-  cp_async_wait_one();
+  cp_async_wait<1>();
   __syncthreads();  // chunk c's activations are in shared memory for every warp
   const int kw = min(kChunk<C>, p.k - c * kChunk<C>);
   const bf16(*x)[kChunkPad<C>] = xs[c & 1];

@@ -15,9 +15,11 @@
 // The roofline divides the bytes evenly over the GPUs (ideal split).
 // --quantization fp8|nvfp4 quantizes the linear weights on the GPU (router, embeddings and
 // lm_head stay bf16); the rooflines count the bytes each format holds.
-// --moe-sorted-min-rows N sets when prefill experts take the sorted cuBLAS path (0: never).
+// --moe-sorted-min-rows N sets when prefill experts take the sorted path (0: never);
+// --disable-wgmma-experts runs that path's bf16 experts on cuBLAS instead of the wgmma kernel.
 // Usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--disable-custom-all-reduce]
-//                                   [--quantization Q] [--moe-sorted-min-rows N] [out.json]
+//                                   [--disable-wgmma-experts] [--quantization Q]
+//                                   [--moe-sorted-min-rows N] [out.json]
 //                                   [peer.json]
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
@@ -180,6 +182,7 @@ struct Args {
   int tp = 1;
   bool ep = false;
   bool custom_all_reduce = true;
+  bool wgmma_experts = true;             ///< --disable-wgmma-experts: prefill experts on cuBLAS
   Quantization quant = Quantization::None;
 };
 
@@ -194,6 +197,8 @@ Args parse_args(int argc, char** argv) {
       a.ep = true;
     } else if (arg == "--disable-custom-all-reduce") {
       a.custom_all_reduce = false;
+    } else if (arg == "--disable-wgmma-experts") {
+      a.wgmma_experts = false;
     } else if (arg == "--shape" && i + 1 < argc) {
       a.shape = argv[++i];
     } else if (arg == "--moe-sorted-min-rows" && i + 1 < argc) {
@@ -201,7 +206,7 @@ Args parse_args(int argc, char** argv) {
     } else if (arg == "--quantization" && i + 1 < argc) {
       a.quant = parse_quantization(argv[++i]);
     } else if (arg.rfind("--", 0) == 0) {
-      std::fprintf(stderr, "usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--disable-custom-all-reduce] [--quantization Q] [--moe-sorted-min-rows N] [out.json] [peer.json]\n");
+      std::fprintf(stderr, "usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--disable-custom-all-reduce] [--disable-wgmma-experts] [--quantization Q] [--moe-sorted-min-rows N] [out.json] [peer.json]\n");
       std::exit(2);
     } else if (positional++ == 0) {
       a.out_path = arg;
@@ -244,6 +249,7 @@ int main(int argc, char** argv) {
   if (!args.custom_all_reduce) o.custom_all_reduce_max_bytes = 0;
   o.quantization = args.quant;
   if (args.sorted_min_rows >= 0) o.moe_sorted_min_rows_per_expert = args.sorted_min_rows;
+  o.wgmma_experts = args.wgmma_experts;
   const double lin = linear_bytes_per_param(args.quant);
   auto t0 = Clock::now();
   CudaBackend be(cfg, 20261129, o);
@@ -268,6 +274,7 @@ int main(int argc, char** argv) {
   J["custom_all_reduce"] = args.custom_all_reduce;
   J["quantization"] = quantization_name(args.quant);
   J["moe_sorted_min_rows_per_expert"] = o.moe_sorted_min_rows_per_expert;
+  J["wgmma_experts"] = o.wgmma_experts;
   J["memory_plan"] = {{"weights", be.memory_plan().weights},
                       {"activations", be.memory_plan().activations},
                       {"kv", be.memory_plan().kv},

@@ -2,13 +2,15 @@
 # One device call for the CUDA engine: configure (engine-only), build the engine GPU tests, the
 # kernel tests and the engine benchmark; run the tests, then the HF peer (its own 61 GB, freed
 # when it exits), then the benchmark. Logs and JSON go to $OUT; summaries print last.
-# Usage: bench/gpu/run_engine_device.sh [tests|bench|all|base|quant] [peer batches, e.g. 1,64, or none]
+# Usage: bench/gpu/run_engine_device.sh [tests|bench|all|base|quant|prefill] [peer batches, e.g. 1,64, or none]
 # `quant`: the compressed-weight run: kernel and engine tests, the quant kernel rows, the engine
 # benchmark on the 30B shape with bf16 / fp8 / nvfp4 linear weights, and the seed-class shape in
 # NVFP4 on one GPU.
 # `base`: build and run only the engine benchmark of an earlier tree, BASE_SRC (a tarball of it
 # with a top-level src/, e.g. `git archive <commit> --prefix=src/ ... | gzip`), for a before/after
 # comparison on the same machine; its JSON is bench_engine_cuda_base.json.
+# `prefill`: kernel and engine tests, the prefill expert GEMM rows (wgmma and its cuBLAS peer),
+# the engine benchmark on the 30B shape with the wgmma experts and without them.
 set -uo pipefail
 OUT=${OUT:-/tmp/moebatch-out}
 WHAT=${1:-all}
@@ -48,6 +50,23 @@ if [ "$WHAT" = quant ]; then
     timeout 100 ./build-dev/moebatch_bench_kernels "$OUT/bench_kernels_${f// /_}.json" --filter "$f" > "$OUT/bench_kernels_${f// /_}.log" 2>&1
   done
   cat "$OUT"/bench_kernels_*.log | grep -vE "^\s*$" | head -80
+  exit 0
+fi
+if [ "$WHAT" = prefill ]; then
+  timeout 150 ./build-dev/moebatch_gpu_tests > "$OUT/kernel_tests.log" 2>&1
+  echo "kernel tests rc=$?"; grep -E "FAIL|^\[  PASSED|^\[==|SKIPPED" "$OUT/kernel_tests.log" | head -30
+  timeout 200 ./build-dev/moebatch_gpu_engine_tests > "$OUT/engine_tests.log" 2>&1
+  echo "engine tests rc=$?"
+  grep -E "Failure|Expected|Which is|FAILED|^\[  PASSED|^\[==" "$OUT/engine_tests.log" | head -40
+  for f in moe_wgmma moe_sorted; do
+    timeout 100 ./build-dev/moebatch_bench_kernels "$OUT/bench_kernels_$f.json" --filter "$f" > "$OUT/bench_kernels_$f.log" 2>&1
+    echo "kernels $f rc=$?"; grep -E "moe_" "$OUT/bench_kernels_$f.log"
+  done
+  for v in wgmma cublas; do
+    flag=""; [ $v = cublas ] && flag=--disable-wgmma-experts
+    timeout 120 ./build-dev/moebatch_bench_engine_cuda $flag "$OUT/bench_engine_$v.json" > "$OUT/bench_engine_$v.log" 2>&1
+    echo "bench $v rc=$?"; tail -8 "$OUT/bench_engine_$v.log"
+  done
   exit 0
 fi
 if [ "$WHAT" != bench ]; then

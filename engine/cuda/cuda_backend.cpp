@@ -22,6 +22,7 @@
 #include "engine/cuda/rank_threads.h"
 #include "engine/cuda/stage_timer.h"
 #include "engine/cuda/step_chunk.h"
+#include "kernels/moe_wgmma.cuh"
 #include "kernels/cuda_check.cuh"
 #include "kernels/allreduce.cuh"
 #ifdef MOEBATCH_HAVE_NCCL
@@ -171,6 +172,8 @@ void CudaBackend::init(const std::filesystem::path* model_dir, uint64_t seed) {
                                    d, derr == cudaSuccess ? count : 0, cudaGetErrorString(derr)));
     }
   }
+  for (int r = 0; r < world; ++r)
+    ranks_[r]->wgmma_experts = o.wgmma_experts && kernels::moe_wgmma_available(devices_[r]);
   threads_ = std::make_unique<RankThreads>(world);
   std::vector<size_t> total(world), free(world);
   threads_->run_all([&](int r) { ranks_[r]->probe(total[r], free[r]); });

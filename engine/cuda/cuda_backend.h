@@ -77,6 +77,9 @@ struct CudaBackendOptions {
   /// of the offsets, short ones do not (bench/RESULTS.md). 0: never. Compressed experts need 4×
   /// this (their decode into bf16 is per expert, whatever the rows).
   int64_t moe_sorted_min_rows_per_expert = 64;
+  /// That path's bf16 experts on the wgmma kernel (kernels/moe_wgmma.cuh) where the GPU is a
+  /// Hopper and the build has its sm_90a code; false (or any other GPU): the cuBLAS grouped GEMM.
+  bool wgmma_experts = true;
 
   /// The ordinal of every rank (`devices`, or the consecutive range).
   std::vector<int> device_list() const;

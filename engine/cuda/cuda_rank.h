@@ -85,6 +85,7 @@ class CudaRank {
   cudaStream_t stream = nullptr;    ///< every launch of the rank
   int32_t* host_offsets = nullptr;  ///< pinned [E + 1]: expert offsets of a many-token step
   int64_t sorted_moe_min_rows = 64;  ///< moe_sorted_min_rows_per_expert (×4 for compressed experts)
+  bool wgmma_experts = false;        ///< that path's bf16 experts on kernels::moe_wgmma
   cublasHandle_t cublas = nullptr;  ///< bound to `stream`, fixed workspace
 
  private:

@@ -247,25 +247,31 @@ TEST_P(CudaFixture, MatchesCpuEngineOnRandomPrompts) {
   expect_rows_close(errs, GetParam() == "qwen3_dense_tiny", GetParam() + " lengths 1, 37, 150");
 }
 
-// Prefill with every MoE layer on the many-token path (pairs gathered in sorted order, one
-// cuBLAS GEMM per expert, combine through the pair → row map) against the grouped decode GEMM
-// on the same prompts: equal within bf16 tolerance (only the GEMMs' summation order differs).
+// Prefill with every MoE layer on the many-token path (pairs gathered in sorted order, the
+// experts' GEMMs on wgmma where the GPU has it and on cuBLAS, combine through the pair → row
+// map) against the grouped decode GEMM on the same prompts: equal within bf16 tolerance (only
+// the GEMMs' summation order and, on cuBLAS, a rounding before SiLU·mul differ).
 TEST_P(CudaFixture, SortedExpertPathMatchesGroupedKernel) {
   std::mt19937 rng(std::random_device{}());
-  CudaBackendOptions sorted = small_options(), grouped = small_options();
-  sorted.moe_sorted_min_rows_per_expert = 1;
+  CudaBackendOptions grouped = small_options();
   grouped.moe_sorted_min_rows_per_expert = 0;
   EngineOptions eo{.max_num_seqs = 8, .max_num_batched_tokens = 64};
-  Engine a(std::make_unique<CudaBackend>(fixture_path(GetParam()), sorted), eo);
   Engine b(std::make_unique<CudaBackend>(fixture_path(GetParam()), grouped), eo);
-  const int64_t V = a.config().vocab_size;
-  std::vector<double> errs;
-  for (size_t len : {size_t{40}, size_t{150}}) {
-    auto prompt = random_prompt(rng, len, V);
-    const auto e = row_errors(a.score(prompt), b.score(prompt), V);
-    errs.insert(errs.end(), e.begin(), e.end());
+  const int64_t V = b.config().vocab_size;
+  for (bool wgmma : {true, false}) {
+    CudaBackendOptions sorted = small_options();
+    sorted.moe_sorted_min_rows_per_expert = 1;
+    sorted.wgmma_experts = wgmma;
+    Engine a(std::make_unique<CudaBackend>(fixture_path(GetParam()), sorted), eo);
+    std::vector<double> errs;
+    for (size_t len : {size_t{40}, size_t{150}}) {
+      auto prompt = random_prompt(rng, len, V);
+      const auto e = row_errors(a.score(prompt), b.score(prompt), V);
+      errs.insert(errs.end(), e.begin(), e.end());
+    }
+    expect_rows_close(errs, GetParam() == "qwen3_dense_tiny",
+                      GetParam() + " sorted (" + (wgmma ? "wgmma" : "cuBLAS") + ") vs grouped");
   }
-  expect_rows_close(errs, GetParam() == "qwen3_dense_tiny", GetParam() + " sorted vs grouped");
 }
 
 // Logits of each decode step (paged cache, decode kernel, graphs) against a full recompute of

@@ -8,9 +8,13 @@
 #include <numeric>
 #include <set>
 
+#include "kernels/gemm.cuh"
 #include "kernels/moe_gemm.cuh"
+#include "kernels/moe_ops.cuh"
+#include "kernels/moe_wgmma.cuh"
 #include "kernels/moe_sorted.cuh"
 #include "kernels/moe_routing.cuh"
+#include "kernels/cuda_check.cuh"
 #include "tests/gpu/ops/op_shapes.h"
 #include "tests/gpu/ops/quant_util.h"
 
@@ -479,6 +483,106 @@ class MoeGemmCase final : public OpCase {
   DevBuf<bf16> out_;
 };
 
+// Sorted rows [cap, k] (every row random, padding rows too) and stacked bf16 weights [E, n, k];
+// each expert's segment of the output vs fp64, and the rows past the last segment untouched.
+class SortedExpertGemmCase final : public OpCase {
+ public:
+  explicit SortedExpertGemmCase(const SortedExpertGemmShape& s) : s_(s) {}
+  ~SortedExpertGemmCase() override { cudaFreeHost(ptrs_host_); }
+  void setup(const OpEnv& env, uint32_t seed) override {
+    std::mt19937 rng(seed);
+    hit_ = make_routings(rng, s_.tokens, s_.experts, s_.top_k, s_.hot, 1, routings_, ids0_);
+    kernels::moe_align(routings_[0].align(s_.tokens * s_.top_k, s_.experts), env.stream);
+    offsets_ = routings_[0].offsets.download<int32_t>();
+    in_ = RandomBf16(static_cast<size_t>(cap()) * k(), 1.f, rng, env.stream);
+    weight_ = RandomBf16(static_cast<size_t>(s_.experts) * n() * k(), 0.05f, rng, env.stream);
+    out_ = DevBuf<bf16>(static_cast<size_t>(cap()) * out_cols());
+    out_.poison();
+    if (s_.cublas) {
+      gate_up_ = DevBuf<bf16>(gate() ? static_cast<size_t>(cap()) * n() : 1);
+      ptr_dev_ = DevBuf<const void*>(3 * static_cast<size_t>(s_.experts));
+      CUDA_CHECK(cudaMallocHost(&ptrs_host_, 3 * static_cast<size_t>(s_.experts) * sizeof(void*)));
+    }
+  }
+  void run(const OpEnv& env, int) override {
+    if (!s_.cublas) {
+      kernels::moe_wgmma({.out = out_.get(), .in = in_.get(), .weight = weight_.get(),
+                          .expert_offsets = routings_[0].offsets.get(), .num_experts = s_.experts, .n = n(),
+                          .k = k(), .rows_cap = cap(), .silu_gate_up = gate()},
+                         env.stream);
+      return;
+    }
+    std::vector<bf16*> outs;
+    std::vector<const bf16*> xs, ws;
+    std::vector<int> ms;
+    bf16* dst = gate() ? gate_up_.get() : out_.get();
+    for (int e = 0; e < s_.experts; ++e) {
+      const int row0 = offsets_[e], rows = offsets_[e + 1] - row0;
+      if (rows == 0) continue;
+      outs.push_back(dst + static_cast<size_t>(row0) * n());
+      xs.push_back(in_.get() + static_cast<size_t>(row0) * k());
+      ws.push_back(weight_.get() + static_cast<size_t>(e) * n() * k());
+      ms.push_back(rows);
+    }
+    kernels::linear_grouped(env.cublas, env.stream, outs.data(), xs.data(), ws.data(), ms.data(),
+                            static_cast<int>(ms.size()), n(), k(), ptrs_host_, ptr_dev_.get());
+    if (gate()) kernels::silu_mul(out_.get(), gate_up_.get(), offsets_[s_.experts], s_.inter, env.stream);
+  }
+  OpCheck check(const OpEnv& env, double tol) override {
+    const std::vector<float> x = in_.original_f(env.stream), w = weight_.original_f(env.stream);
+    const std::vector<uint16_t> got = out_.download<uint16_t>();
+    const int total = offsets_[s_.experts], cols = out_cols(), K = k();
+    std::vector<double> ref(static_cast<size_t>(total) * cols);
+    parallel_for(static_cast<size_t>(total), [&](size_t row) {
+      const int e = static_cast<int>(std::upper_bound(offsets_.begin(), offsets_.end(), static_cast<int>(row)) -
+                                     offsets_.begin()) - 1;
+      const float* xr = &x[row * K];
+      auto dot = [&](int wrow) {
+        const float* wr = &w[(static_cast<size_t>(e) * n() + wrow) * K];
+        double acc = 0;
+        for (int c = 0; c < K; ++c) acc += static_cast<double>(xr[c]) * wr[c];
+        return acc;
+      };
+      for (int c = 0; c < cols; ++c) {
+        double v = dot(c);
+        if (gate()) v = v / (1.0 + std::exp(-v)) * dot(s_.inter + c);
+        ref[row * cols + c] = v;
+      }
+    });
+    OpCheck c;
+    const std::vector<uint16_t> segments(got.begin(), got.begin() + static_cast<ptrdiff_t>(ref.size()));
+    c.rel_l2("expert rows", to_float(segments), ref, tol);
+    const std::vector<uint16_t> rest(got.begin() + static_cast<ptrdiff_t>(ref.size()), got.end());
+    c.equal("rows past the segments", rest, std::vector<uint16_t>(rest.size(), 0xffff));
+    return c;
+  }
+  // every expert hit reads its weights once, the rows in and out once
+  double bytes() const override {
+    return hit_ * 2.0 * n() * k() + 2.0 * offsets_.back() * (k() + out_cols());
+  }
+  double flops() const override { return 2.0 * offsets_.back() * n() * k(); }
+  std::string note() const override {
+    char b[48];
+    std::snprintf(b, sizeof b, "rows %d, experts hit %.1f", offsets_.back(), hit_);
+    return b;
+  }
+
+ private:
+  bool gate() const { return s_.stage != MoeGemmStage::down; }
+  int n() const { return gate() ? 2 * s_.inter : s_.hidden; }
+  int k() const { return gate() ? s_.hidden : s_.inter; }
+  int out_cols() const { return gate() ? s_.inter : s_.hidden; }
+  int cap() const { return kernels::moe_align_capacity(s_.tokens * s_.top_k, s_.experts, kMoeGemmTileM); }
+  SortedExpertGemmShape s_;
+  std::vector<Routing> routings_;
+  std::vector<int32_t> ids0_, offsets_;
+  double hit_ = 0;
+  RandomBf16 in_, weight_;
+  DevBuf<bf16> out_, gate_up_;
+  DevBuf<const void*> ptr_dev_;
+  const void** ptrs_host_ = nullptr;
+};
+
 std::string experts(int tokens, int E, int K, int hot) {
   return "t" + to_string(tokens) + " E" + to_string(E) + " k" + to_string(K) + (hot >= 0 ? " hot" + to_string(hot) : "");
 }
@@ -534,6 +638,20 @@ OpCaseDef moe_gemm_case(const MoeGemmShape& s) {
                                              " I" + to_string(s.inter) + (s.active_experts ? " active" : ""),
                                          OpFamily::moe_gemm, tol, s);
   d.format = s.format;
+  return d;
+}
+
+OpCaseDef sorted_expert_gemm_case(const SortedExpertGemmShape& s) {
+  MB_CHECK(s.stage != MoeGemmStage::gate_up, "sorted expert GEMM case: gate_up_silu or down");
+  const char* stage = s.stage == MoeGemmStage::down ? "down" : "gate_up+silu";
+  // fp32 accumulation of bf16 products, one bf16 rounding of the result (SiLU·mul from fp32 on
+  // the wgmma path; cuBLAS rounds gate and up to bf16 first, a second rounding): 5e-3.
+  // The cuBLAS peer is in the gemm family: the cases that get a cuBLAS handle.
+  OpCaseDef d = op_case_def<SortedExpertGemmCase>(
+      std::string(s.cublas ? "moe_sorted cuBLAS " : "moe_wgmma ") + stage,
+      experts(s.tokens, s.experts, s.top_k, s.hot) + " H" + to_string(s.hidden) + " I" + to_string(s.inter),
+      s.cublas ? OpFamily::gemm : OpFamily::moe_gemm, 5e-3, s);
+  if (!s.cublas) d.available = &kernels::moe_wgmma_available;
   return d;
 }
 

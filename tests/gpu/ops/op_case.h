@@ -92,6 +92,9 @@ struct OpCaseDef {
   double tol = 0;     ///< relative L2 bound vs the CPU reference (sampling: draw-boundary slack); 0: exact only
   int batch = 0;      ///< benchmark tables: the decode batch (tokens) the shapes stand for
   std::function<std::unique_ptr<OpCase>()> make;  ///< no device work: safe at test registration
+  /// Whether the op runs on `device` at all (a kernel built for one architecture); null: always.
+  /// The tests skip a row that is not, the benchmark leaves it out.
+  bool (*available)(int device) = nullptr;
 };
 
 /// The same definition under another label (benchmark names: "lm_head (cuBLAS)").

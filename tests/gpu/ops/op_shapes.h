@@ -155,6 +155,18 @@ struct MoeGemmShape {
 };
 OpCaseDef moe_gemm_case(const MoeGemmShape& s);
 
+/// The many-token expert path after moe_align: the routed rows in sorted order (random rows
+/// here, every row of every segment) times each expert's bf16 weights, by the wgmma kernel
+/// (kernels/moe_wgmma.cuh) or by the cuBLAS grouped GEMM the engine falls back to (+ silu_mul
+/// for gate_up_silu), with the offsets taken to the host at setup (the benchmark's peer).
+struct SortedExpertGemmShape {
+  int tokens, experts, top_k, hidden, inter;
+  int hot = -1;
+  MoeGemmStage stage = MoeGemmStage::gate_up_silu;  ///< gate_up_silu or down
+  bool cublas = false;
+};
+OpCaseDef sorted_expert_gemm_case(const SortedExpertGemmShape& s);
+
 // --- dense GEMM and sampling (cases_sampling_gemm.cpp) --------------------------------------
 
 /// kernels::linear: out [m, n] = x [m, k] · W [n, k]ᵀ through cuBLAS.

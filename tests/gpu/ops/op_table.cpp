@@ -146,6 +146,21 @@ std::vector<OpCaseDef> op_cases_test() {
           t.push_back(moe_gemm_case(s));
         }
       }
+  // The many-token path's expert GEMM on wgmma: experts spanning several 128-row tiles (a hot
+  // one), empty experts, a partial last tile of output columns (I 72 of 128, H 136 of 256) and
+  // of k (72, 136: a last slice of 8 of 64); the cuBLAS fallback on the same shapes.
+  const SortedExpertGemmShape sorted_shapes[] = {
+      {.tokens = 300, .experts = 16, .top_k = 4, .hidden = 256, .inter = 128, .hot = 3},
+      {.tokens = 40, .experts = 64, .top_k = 2, .hidden = 136, .inter = 72, .hot = 9},
+      {.tokens = 160, .experts = 128, .top_k = 8, .hidden = 2048, .inter = 768, .hot = 5},
+  };
+  for (SortedExpertGemmShape s : sorted_shapes)
+    for (MoeGemmStage stage : {MoeGemmStage::gate_up_silu, MoeGemmStage::down})
+      for (bool cublas : {false, true}) {
+        s.stage = stage;
+        s.cublas = cublas;
+        t.push_back(sorted_expert_gemm_case(s));
+      }
   // moe_gemv at every pair count it rounds to (1, 2, 4, 8) with a hot expert holding all tokens
   for (int tokens : {2, 5, 8})
     for (MoeGemmStage stage : {MoeGemmStage::gate_up_silu, MoeGemmStage::down})
@@ -286,6 +301,12 @@ std::vector<OpCaseDef> op_cases_bench() {
     add(B, named(top_k_top_p_case({.batch = B, .vocab = kV, .controls = {{0.8f, 0.95f, 50}}}),
                  "sample_top_k_top_p (k50 p.95)"));
   }
+  // Prefill experts (batch column: the tokens): 64 prompts × 128 tokens in one step, as the
+  // engine benchmark's prefill; wgmma against the cuBLAS grouped GEMM (+ silu_mul) it replaces.
+  for (MoeGemmStage stage : {MoeGemmStage::gate_up_silu, MoeGemmStage::down})
+    for (bool cublas : {false, true})
+      add(8192, sorted_expert_gemm_case({.tokens = 8192, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
+                                         .stage = stage, .cublas = cublas}));
   // Prefill attention: whole prompts, causal (batch column: the tokens).
   for (auto [prompts, len] : {std::pair{64, 128}, {8, 512}, {1, 2048}})
     add(prompts * len, named(attention_case({.head_dim = kD, .n_q_heads = kNq, .n_kv_heads = kNkv,

@@ -1,0 +1,39 @@
+// The expert GEMMs of many-token steps (prefill) on Hopper's warpgroup tensor-core instructions:
+// the routed rows gathered in moe_align's sorted order (moe_gather_sorted) times each expert's
+// bf16 weights, every expert in one launch. Each block finds the expert of its row tile in
+// moe_align's offsets on the device, so no offsets come to the host and nothing is launched per
+// expert; the gate+up stage applies SiLU·mul to its fp32 accumulators and writes only the
+// activations. Other GPUs, and builds without the sm_90a target, use expert_gemm_sorted's cuBLAS
+// grouped GEMM (engine/cuda/linear.h) instead: moe_wgmma_available says which.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/types.cuh"
+
+namespace moebatch::kernels {
+
+/// Operands of moe_wgmma. Expert e's rows are [expert_offsets[e], expert_offsets[e + 1]) of `in`
+/// and `out`; rows past expert_offsets[num_experts] are neither read nor written.
+struct MoeWgmmaParams {
+  bf16* out = nullptr;                      ///< [rows_cap, silu_gate_up ? n / 2 : n]
+  const bf16* in = nullptr;                 ///< [rows_cap, k] sorted rows
+  const bf16* weight = nullptr;             ///< [num_experts, n, k] (Hugging Face [out, in] per expert)
+  const int32_t* expert_offsets = nullptr;  ///< [num_experts + 1] from moe_align (device)
+  int num_experts = 0;
+  int n = 0;          ///< weight rows per expert; silu_gate_up: gate rows [0, n/2), up rows [n/2, n)
+  int k = 0;          ///< multiple of 8
+  int rows_cap = 0;   ///< ≥ expert_offsets[num_experts]: bounds the launch
+  bool silu_gate_up = false;  ///< out = silu(x·gateᵀ) · (x·upᵀ), from the fp32 accumulators
+};
+
+/// Whether moe_wgmma runs on `device`: this build holds its sm_90a code and the device is a
+/// compute capability 9.0 GPU (H100 / H200).
+bool moe_wgmma_available(int device);
+
+/// out rows of every expert = in rows · W_eᵀ (SiLU·mul of the halves with silu_gate_up).
+/// Requires moe_wgmma_available for the current device; n (n / 2 with silu_gate_up) and k
+/// multiples of 8, 16-byte aligned operands.
+void moe_wgmma(const MoeWgmmaParams& p, cudaStream_t stream);
+
+}  // namespace moebatch::kernels
