@@ -3,7 +3,8 @@
 // k moves through a 4-stage cp.async pipeline of 64-wide slices laid out with the 128-byte
 // swizzle wgmma reads (kernels/wgmma.cuh); the block prefetches two slices ahead of the one its
 // tensor cores work on while the previous slice's MMAs may still run. The epilogue stages the
-// tile in shared memory so that every row leaves in 16-byte stores.
+// tile in shared memory so that every row leaves in 16-byte stores. With sorted_ids the A rows
+// come straight from the tokens' rows (the gather of the gate+up stage, fused).
 //
 // Built for sm_90a only (MOEBATCH_WGMMA, set by kernels/CMakeLists.txt); without it the entry
 // points exist and moe_wgmma_available says false.
@@ -100,8 +101,21 @@ __global__ void __launch_bounds__(kThreads, 1) moe_wgmma_kernel(MoeWgmmaParams p
     }
   };
 
-  // Each thread copies 16-byte chunk (threadIdx.x % 8) of rows threadIdx.x / 8 + 32·i.
+  // Each thread copies 16-byte chunk (threadIdx.x % 8) of rows threadIdx.x / 8 + 32·i; a_src[i]
+  // is the row of `in` that A row i holds, -1 for zeros (past the segment, padding pairs).
   const int chunk = threadIdx.x & 7, row_in_pass = threadIdx.x >> 3;
+  int a_src[kBM / 32];
+#pragma unroll
+  for (int i = 0; i < kBM / 32; ++i) {
+    const int r = row_in_pass + 32 * i, row = t.row0 + r;
+    a_src[i] = r < t.rows ? row : -1;
+    if (p.sorted_ids && r < t.rows) {
+      const int id = p.sorted_ids[row];
+      const bool real = id >= 0 && id < p.num_pairs;
+      a_src[i] = real ? id / p.in_row_div : -1;
+      if (real && p.row_of_pair && n_tile == 0 && chunk == 0) p.row_of_pair[id] = row;
+    }
+  }
   auto load_stage = [&](int slot, int kt) {
     const int col = kt * kBK + chunk * 8;
     uint8_t* a_tile = smem + slot * kStageBytes;
@@ -109,8 +123,8 @@ __global__ void __launch_bounds__(kThreads, 1) moe_wgmma_kernel(MoeWgmmaParams p
 #pragma unroll
     for (int i = 0; i < kBM / 32; ++i) {
       const int r = row_in_pass + 32 * i;
-      const bool ok = col < p.k && r < t.rows;
-      const bf16* src = ok ? p.in + static_cast<size_t>(t.row0 + r) * p.k + col : p.in;
+      const bool ok = col < p.k && a_src[i] >= 0;
+      const bf16* src = ok ? p.in + static_cast<size_t>(a_src[i]) * p.k + col : p.in;
       cp_async16(a_tile + wgmma::sw128_offset(r, chunk), src, ok ? 16 : 0);
     }
 #pragma unroll
@@ -235,6 +249,7 @@ void moe_wgmma(const MoeWgmmaParams& p, cudaStream_t stream) {
   MB_CHECK(out_cols % 8 == 0 && p.k % 8 == 0 && (!p.silu_gate_up || p.n % 2 == 0),
            "moe_wgmma: output columns and k must be multiples of 8");
   MB_CHECK(p.out && p.in && p.weight && p.expert_offsets, "moe_wgmma: null operand");
+  MB_CHECK(!p.sorted_ids || (p.num_pairs >= 0 && p.in_row_div > 0), "moe_wgmma: bad gather");
   MB_CHECK(aligned16(p.out) && aligned16(p.in) && aligned16(p.weight), "moe_wgmma: operands must be 16-byte aligned");
   if (p.rows_cap == 0) return;
 #if MOEBATCH_WGMMA

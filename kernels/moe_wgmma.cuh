@@ -1,6 +1,7 @@
 // The expert GEMMs of many-token steps (prefill) on Hopper's warpgroup tensor-core instructions:
 // the routed rows gathered in moe_align's sorted order (moe_gather_sorted) times each expert's
-// bf16 weights, every expert in one launch. Each block finds the expert of its row tile in
+// bf16 weights, every expert in one launch; the gate+up stage gathers the tokens' rows itself.
+// Each block finds the expert of its row tile in
 // moe_align's offsets on the device, so no offsets come to the host and nothing is launched per
 // expert; the gate+up stage applies SiLU·mul to its fp32 accumulators and writes only the
 // activations. Other GPUs, and builds without the sm_90a target, use expert_gemm_sorted's cuBLAS
@@ -25,6 +26,15 @@ struct MoeWgmmaParams {
   int k = 0;          ///< multiple of 8
   int rows_cap = 0;   ///< ≥ expert_offsets[num_experts]: bounds the launch
   bool silu_gate_up = false;  ///< out = silu(x·gateᵀ) · (x·upᵀ), from the fp32 accumulators
+  /// Gathered A rows (the gate+up stage reads the tokens' rows in place): row i of an expert's
+  /// segment is in[sorted_ids[i] / in_row_div], zeros for padding ids (≥ num_pairs). Null: row i
+  /// is in[i].
+  const int32_t* sorted_ids = nullptr;
+  int num_pairs = 0;
+  int in_row_div = 1;
+  /// With sorted_ids, optional [num_pairs]: row_of_pair[id] = i for every real pair (the map
+  /// moe_combine reads the expert outputs through), as moe_gather_sorted writes it.
+  int32_t* row_of_pair = nullptr;
 };
 
 /// Whether moe_wgmma runs on `device`: this build holds its sm_90a code and the device is a

@@ -5,18 +5,35 @@
 namespace moebatch::kernels {
 namespace {
 
-constexpr int kWarps = 4;
+constexpr int kWarps = 8;             // heads per block: they share the token's cos / sin table
 constexpr int kMaxPairsPerLane = 4;  // rotary_dim <= 256
 constexpr int kMaxTailPerLane = 8;   // head_dim - rotary_dim <= 256
 
 // One warp per (token, head); lane owns rotation pairs i = lane + 32*j. With a cache, heads
-// n_q + n_kv .. n_q + 2 n_kv are the v heads, copied to the cache slot unchanged.
+// n_q + n_kv .. n_q + 2 n_kv are the v heads, copied to the cache slot unchanged. The block's
+// heads share one token, so its cos / sin per pair are computed once into shared memory (the
+// precise sincosf of angles up to ~1e5 radians costs more than the rest of the kernel).
 __global__ void __launch_bounds__(kWarps * 32) qk_norm_rope_kernel(QkNormRopeParams p) {
+  __shared__ float2 rotation[32 * kMaxPairsPerLane];  // (cos, sin) of pair i
   const int t = blockIdx.y;
   const int head = blockIdx.x * kWarps + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   const bool write_cache = p.k_cache != nullptr;
   const int rotated = p.n_q_heads + p.n_kv_heads;
+  const int rd = p.rotary_dim > 0 ? p.rotary_dim : p.head_dim;
+  const int half = rd / 2, pass = p.head_dim - rd;
+  if (blockIdx.x * kWarps < rotated) {
+    const float pos = static_cast<float>(p.positions[t]);
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+      // fp32 angle as the reference implementation computes it; precise sincosf, since the
+      // angle grows to ~1e5 radians at long positions.
+      const float inv_freq = 1.f / powf(p.theta, static_cast<float>(2 * i) / rd);
+      float sn, co;
+      sincosf(pos * inv_freq, &sn, &co);
+      rotation[i] = make_float2(co, sn);
+    }
+    __syncthreads();
+  }
   if (head >= rotated + (write_cache ? p.n_kv_heads : 0)) return;
   const int slot = write_cache ? p.slot_mapping[t] : -1;
   // size_t: slot * width overflows int for large pools.
@@ -36,8 +53,6 @@ __global__ void __launch_bounds__(kWarps * 32) qk_norm_rope_kernel(QkNormRopePar
   bf16* x = is_q ? p.q + t * p.q_stride + static_cast<int64_t>(head) * p.head_dim
                  : p.k + t * p.k_stride + static_cast<int64_t>(head - p.n_q_heads) * p.head_dim;
   const bf16* w = is_q ? p.q_norm : p.k_norm;
-  const int rd = p.rotary_dim > 0 ? p.rotary_dim : p.head_dim;
-  const int half = rd / 2, pass = p.head_dim - rd;
 
   // rotation pairs (i, i + half) and the unrotated tail rd + i, both strided by 32 over lanes
   float a[kMaxPairsPerLane], b[kMaxPairsPerLane], c[kMaxTailPerLane];
@@ -58,17 +73,12 @@ __global__ void __launch_bounds__(kWarps * 32) qk_norm_rope_kernel(QkNormRopePar
   float rstd = 1.f;
   if (w != nullptr) rstd = rsqrtf(warp_sum(ss) / p.head_dim + p.eps);
   auto weight = [&](int i) { return w != nullptr ? p.norm_offset + __bfloat162float(w[i]) : 1.f; };
-  const float pos = static_cast<float>(p.positions[t]);
 #pragma unroll
   for (int j = 0; j < kMaxPairsPerLane; ++j) {
     const int i = lane + 32 * j;
     if (i >= half) continue;
     const float xa = a[j] * rstd * weight(i), xb = b[j] * rstd * weight(i + half);
-    // fp32 angle as the reference implementation computes it; precise sincosf, since the
-    // angle grows to ~1e5 radians at long positions.
-    const float inv_freq = 1.f / powf(p.theta, static_cast<float>(2 * i) / rd);
-    float s, co;
-    sincosf(pos * inv_freq, &s, &co);
+    const float co = rotation[i].x, s = rotation[i].y;
     const bf16 ra = __float2bfloat16(xa * co - xb * s), rb = __float2bfloat16(xb * co + xa * s);
     x[i] = ra;
     x[i + half] = rb;

@@ -304,28 +304,18 @@ std::optional<k::MoeCombineParams> moe(const Step& s, const DeviceLayerWeights& 
   const int experts = s.gate_up.num_experts, pairs = s.gate_up.num_pairs;
   const int64_t min_rows = s.r.sorted_moe_min_rows;
   if (!s.decode && min_rows > 0 && pairs >= min_rows * experts) {
-    // Many tokens (prefill): the pairs' inputs gathered in sorted order, then tensor-core GEMMs
-    // over each expert's rows: bf16 experts on Hopper in one wgmma launch per stage that reads
-    // the offsets on the device; otherwise one library GEMM per expert, for which the offsets
-    // come to the host first (this path is never captured in a graph).
+    // Many tokens (prefill): tensor-core GEMMs over each expert's rows in sorted order. bf16
+    // experts on Hopper: one wgmma launch per stage that reads the offsets on the device and
+    // gathers the tokens' rows itself. Otherwise the rows are gathered first and each expert is
+    // one library GEMM, for which the offsets come to the host (this path is never captured).
     const bool wgmma = s.r.wgmma_experts && L.w_gate_up.format == WeightFormat::Bf16 &&
                        L.w_down.format == WeightFormat::Bf16;
-    if (!wgmma)
-      CUDA_CHECK(cudaMemcpyAsync(s.r.host_offsets, B.expert_offsets, (experts + 1) * sizeof(int32_t),
-                                 cudaMemcpyDeviceToHost, s.st));
-    k::moe_gather_sorted({.out = B.expert_out, .row_of_pair = B.row_of_pair, .in = B.h,
-                          .sorted_ids = B.sorted_ids, .expert_offsets = B.expert_offsets,
-                          .num_experts = experts, .num_pairs = pairs,
-                          .in_row_div = s.gate_up.in_row_div, .hidden = s.H,
-                          .rows_cap = B.sorted_rows},
-                         s.st);
-    s.mark("moe_gather");
     if (wgmma) {
-      const k::MoeWgmmaParams gate_up{.out = B.act, .in = B.expert_out, .weight = L.w_gate_up.as_bf16(),
-                                      .expert_offsets = B.expert_offsets, .num_experts = experts,
-                                      .n = 2 * s.gate_up.n, .k = s.H, .rows_cap = B.sorted_rows,
-                                      .silu_gate_up = true};
-      k::moe_wgmma(gate_up, s.st);
+      k::moe_wgmma({.out = B.act, .in = B.h, .weight = L.w_gate_up.as_bf16(),
+                    .expert_offsets = B.expert_offsets, .num_experts = experts, .n = 2 * s.gate_up.n,
+                    .k = s.H, .rows_cap = B.sorted_rows, .silu_gate_up = true, .sorted_ids = B.sorted_ids,
+                    .num_pairs = pairs, .in_row_div = s.gate_up.in_row_div, .row_of_pair = B.row_of_pair},
+                   s.st);
       s.mark("moe_gemm_gate_up_silu");
       k::moe_wgmma({.out = B.expert_out, .in = B.act, .weight = L.w_down.as_bf16(),
                     .expert_offsets = B.expert_offsets, .num_experts = experts, .n = s.H,
@@ -333,8 +323,17 @@ std::optional<k::MoeCombineParams> moe(const Step& s, const DeviceLayerWeights& 
                    s.st);
       s.mark("moe_gemm_down");
     } else {
+      CUDA_CHECK(cudaMemcpyAsync(s.r.host_offsets, B.expert_offsets, (experts + 1) * sizeof(int32_t),
+                                 cudaMemcpyDeviceToHost, s.st));
+      k::moe_gather_sorted({.out = B.expert_out, .row_of_pair = B.row_of_pair, .in = B.h,
+                            .sorted_ids = B.sorted_ids, .expert_offsets = B.expert_offsets,
+                            .num_experts = experts, .num_pairs = pairs,
+                            .in_row_div = s.gate_up.in_row_div, .hidden = s.H,
+                            .rows_cap = B.sorted_rows},
+                           s.st);
       CUDA_CHECK(cudaStreamSynchronize(s.st));
       const int32_t* off = s.r.host_offsets;
+      s.mark("moe_gather");
       expert_gemm_sorted(s.gemm, B.gate_up, B.expert_out, L.w_gate_up, off, 0);
       k::silu_mul(B.act, B.gate_up, off[experts], s.gate_up.n, s.st);
       s.mark("moe_gemm_gate_up_silu");

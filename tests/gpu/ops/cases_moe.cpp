@@ -494,7 +494,11 @@ class SortedExpertGemmCase final : public OpCase {
     hit_ = make_routings(rng, s_.tokens, s_.experts, s_.top_k, s_.hot, 1, routings_, ids0_);
     kernels::moe_align(routings_[0].align(s_.tokens * s_.top_k, s_.experts), env.stream);
     offsets_ = routings_[0].offsets.download<int32_t>();
-    in_ = RandomBf16(static_cast<size_t>(cap()) * k(), 1.f, rng, env.stream);
+    in_ = RandomBf16(static_cast<size_t>(s_.gather ? s_.tokens : cap()) * k(), 1.f, rng, env.stream);
+    if (s_.gather) {
+      row_of_pair_ = DevBuf<int32_t>(pairs());
+      row_of_pair_.poison();
+    }
     weight_ = RandomBf16(static_cast<size_t>(s_.experts) * n() * k(), 0.05f, rng, env.stream);
     out_ = DevBuf<bf16>(static_cast<size_t>(cap()) * out_cols());
     out_.poison();
@@ -506,10 +510,16 @@ class SortedExpertGemmCase final : public OpCase {
   }
   void run(const OpEnv& env, int) override {
     if (!s_.cublas) {
-      kernels::moe_wgmma({.out = out_.get(), .in = in_.get(), .weight = weight_.get(),
-                          .expert_offsets = routings_[0].offsets.get(), .num_experts = s_.experts, .n = n(),
-                          .k = k(), .rows_cap = cap(), .silu_gate_up = gate()},
-                         env.stream);
+      kernels::MoeWgmmaParams p{.out = out_.get(), .in = in_.get(), .weight = weight_.get(),
+                                .expert_offsets = routings_[0].offsets.get(), .num_experts = s_.experts,
+                                .n = n(), .k = k(), .rows_cap = cap(), .silu_gate_up = gate()};
+      if (s_.gather) {
+        p.sorted_ids = routings_[0].sorted.get();
+        p.num_pairs = pairs();
+        p.in_row_div = s_.top_k;
+        p.row_of_pair = row_of_pair_.get();
+      }
+      kernels::moe_wgmma(p, env.stream);
       return;
     }
     std::vector<bf16*> outs;
@@ -532,11 +542,16 @@ class SortedExpertGemmCase final : public OpCase {
     const std::vector<float> x = in_.original_f(env.stream), w = weight_.original_f(env.stream);
     const std::vector<uint16_t> got = out_.download<uint16_t>();
     const int total = offsets_[s_.experts], cols = out_cols(), K = k();
+    const std::vector<int32_t> sorted = s_.gather ? routings_[0].sorted.download<int32_t>() : std::vector<int32_t>{};
     std::vector<double> ref(static_cast<size_t>(total) * cols);
+    const std::vector<float> zeros(K, 0.f);
     parallel_for(static_cast<size_t>(total), [&](size_t row) {
       const int e = static_cast<int>(std::upper_bound(offsets_.begin(), offsets_.end(), static_cast<int>(row)) -
                                      offsets_.begin()) - 1;
-      const float* xr = &x[row * K];
+      // gathered: the pair's token row, zeros for padding
+      const float* xr = !s_.gather ? &x[row * K]
+                        : sorted[row] < pairs() ? &x[static_cast<size_t>(sorted[row] / s_.top_k) * K]
+                                                : zeros.data();
       auto dot = [&](int wrow) {
         const float* wr = &w[(static_cast<size_t>(e) * n() + wrow) * K];
         double acc = 0;
@@ -554,6 +569,12 @@ class SortedExpertGemmCase final : public OpCase {
     c.rel_l2("expert rows", to_float(segments), ref, tol);
     const std::vector<uint16_t> rest(got.begin() + static_cast<ptrdiff_t>(ref.size()), got.end());
     c.equal("rows past the segments", rest, std::vector<uint16_t>(rest.size(), 0xffff));
+    if (s_.gather) {
+      std::vector<int32_t> want(pairs(), -1);
+      for (int i = 0; i < total; ++i)
+        if (sorted[i] < pairs()) want[sorted[i]] = i;
+      c.equal("row_of_pair", row_of_pair_.download<int32_t>(), want);
+    }
     return c;
   }
   // every expert hit reads its weights once, the rows in and out once
@@ -572,13 +593,15 @@ class SortedExpertGemmCase final : public OpCase {
   int n() const { return gate() ? 2 * s_.inter : s_.hidden; }
   int k() const { return gate() ? s_.hidden : s_.inter; }
   int out_cols() const { return gate() ? s_.inter : s_.hidden; }
-  int cap() const { return kernels::moe_align_capacity(s_.tokens * s_.top_k, s_.experts, kMoeGemmTileM); }
+  int pairs() const { return s_.tokens * s_.top_k; }
+  int cap() const { return kernels::moe_align_capacity(pairs(), s_.experts, kMoeGemmTileM); }
   SortedExpertGemmShape s_;
   std::vector<Routing> routings_;
   std::vector<int32_t> ids0_, offsets_;
   double hit_ = 0;
   RandomBf16 in_, weight_;
   DevBuf<bf16> out_, gate_up_;
+  DevBuf<int32_t> row_of_pair_;
   DevBuf<const void*> ptr_dev_;
   const void** ptrs_host_ = nullptr;
 };
@@ -643,12 +666,13 @@ OpCaseDef moe_gemm_case(const MoeGemmShape& s) {
 
 OpCaseDef sorted_expert_gemm_case(const SortedExpertGemmShape& s) {
   MB_CHECK(s.stage != MoeGemmStage::gate_up, "sorted expert GEMM case: gate_up_silu or down");
+  MB_CHECK(!(s.gather && s.cublas), "sorted expert GEMM case: the cuBLAS path gathers beforehand");
   const char* stage = s.stage == MoeGemmStage::down ? "down" : "gate_up+silu";
   // fp32 accumulation of bf16 products, one bf16 rounding of the result (SiLU·mul from fp32 on
   // the wgmma path; cuBLAS rounds gate and up to bf16 first, a second rounding): 5e-3.
   // The cuBLAS peer is in the gemm family: the cases that get a cuBLAS handle.
   OpCaseDef d = op_case_def<SortedExpertGemmCase>(
-      std::string(s.cublas ? "moe_sorted cuBLAS " : "moe_wgmma ") + stage,
+      std::string(s.cublas ? "moe_sorted cuBLAS " : "moe_wgmma ") + stage + (s.gather ? " gather" : ""),
       experts(s.tokens, s.experts, s.top_k, s.hot) + " H" + to_string(s.hidden) + " I" + to_string(s.inter),
       s.cublas ? OpFamily::gemm : OpFamily::moe_gemm, 5e-3, s);
   if (!s.cublas) d.available = &kernels::moe_wgmma_available;

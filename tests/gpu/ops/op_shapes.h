@@ -164,6 +164,9 @@ struct SortedExpertGemmShape {
   int hot = -1;
   MoeGemmStage stage = MoeGemmStage::gate_up_silu;  ///< gate_up_silu or down
   bool cublas = false;
+  /// wgmma only: A rows gathered from the tokens' rows [tokens, k] through the sorted pair ids
+  /// (the engine's gate+up stage), the pair → row map checked too.
+  bool gather = false;
 };
 OpCaseDef sorted_expert_gemm_case(const SortedExpertGemmShape& s);
 

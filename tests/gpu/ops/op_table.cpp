@@ -159,7 +159,12 @@ std::vector<OpCaseDef> op_cases_test() {
       for (bool cublas : {false, true}) {
         s.stage = stage;
         s.cublas = cublas;
+        s.gather = false;
         t.push_back(sorted_expert_gemm_case(s));
+        if (!cublas && stage == MoeGemmStage::gate_up_silu) {
+          s.gather = true;  // the engine's gate+up: rows gathered in the kernel
+          t.push_back(sorted_expert_gemm_case(s));
+        }
       }
   // moe_gemv at every pair count it rounds to (1, 2, 4, 8) with a hot expert holding all tokens
   for (int tokens : {2, 5, 8})
@@ -306,7 +311,8 @@ std::vector<OpCaseDef> op_cases_bench() {
   for (MoeGemmStage stage : {MoeGemmStage::gate_up_silu, MoeGemmStage::down})
     for (bool cublas : {false, true})
       add(8192, sorted_expert_gemm_case({.tokens = 8192, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
-                                         .stage = stage, .cublas = cublas}));
+                                         .stage = stage, .cublas = cublas,
+                                         .gather = !cublas && stage == MoeGemmStage::gate_up_silu}));
   // Prefill attention: whole prompts, causal (batch column: the tokens).
   for (auto [prompts, len] : {std::pair{64, 128}, {8, 512}, {1, 2048}})
     add(prompts * len, named(attention_case({.head_dim = kD, .n_q_heads = kNq, .n_kv_heads = kNkv,
