@@ -220,7 +220,6 @@ void launch(const MoeWgmmaParams& p, cudaStream_t stream) {
   const int64_t m_tiles = static_cast<int64_t>(p.rows_cap) / kBM + p.num_experts + 1;
   const int64_t blocks = m_tiles * n_tiles;
   MB_CHECK(blocks < (int64_t{1} << 31), "moe_wgmma: too many tiles");
-  CUDA_CHECK(cudaFuncSetAttribute(moe_wgmma_kernel<kSilu>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   moe_wgmma_kernel<kSilu><<<static_cast<unsigned>(blocks), kThreads, kSmemBytes, stream>>>(p, n_tiles);
   CUDA_CHECK_LAST();
 }
@@ -230,6 +229,13 @@ void launch(const MoeWgmmaParams& p, cudaStream_t stream) {
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
 }  // namespace
+
+void moe_wgmma_prepare() {
+#if MOEBATCH_WGMMA
+  CUDA_CHECK(cudaFuncSetAttribute(moe_wgmma_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  CUDA_CHECK(cudaFuncSetAttribute(moe_wgmma_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+#endif
+}
 
 bool moe_wgmma_available(int device) {
 #if MOEBATCH_WGMMA

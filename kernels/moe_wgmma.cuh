@@ -41,9 +41,13 @@ struct MoeWgmmaParams {
 /// compute capability 9.0 GPU (H100 / H200).
 bool moe_wgmma_available(int device);
 
+/// Raises the kernel's shared-memory limit on the current device: once per device before the
+/// first moe_wgmma there (outside graph capture).
+void moe_wgmma_prepare();
+
 /// out rows of every expert = in rows · W_eᵀ (SiLU·mul of the halves with silu_gate_up).
-/// Requires moe_wgmma_available for the current device; n (n / 2 with silu_gate_up) and k
-/// multiples of 8, 16-byte aligned operands.
+/// Requires moe_wgmma_available and moe_wgmma_prepare for the current device; n (n / 2 with
+/// silu_gate_up) and k multiples of 8, 16-byte aligned operands. Capturable in a CUDA graph.
 void moe_wgmma(const MoeWgmmaParams& p, cudaStream_t stream);
 
 }  // namespace moebatch::kernels

@@ -76,6 +76,8 @@ void CudaBackend::check_options() const {
                      std::to_string(world));
   if (o.moe_sorted_min_rows_per_expert < 0)
     throw InputError("cuda backend: moe_sorted_min_rows_per_expert must be >= 0");
+  if (o.wgmma_decode_min_tokens < 0)
+    throw InputError("cuda backend: wgmma_decode_min_tokens must be >= 0");
   for (size_t i = 0; i < devices_.size(); ++i) {
     if (devices_[i] < 0) throw InputError("cuda backend: negative device ordinal");
     if (std::find(devices_.begin(), devices_.begin() + i, devices_[i]) != devices_.begin() + i)
@@ -172,8 +174,10 @@ void CudaBackend::init(const std::filesystem::path* model_dir, uint64_t seed) {
                                    d, derr == cudaSuccess ? count : 0, cudaGetErrorString(derr)));
     }
   }
-  for (int r = 0; r < world; ++r)
+  for (int r = 0; r < world; ++r) {
     ranks_[r]->wgmma_experts = o.wgmma_experts && kernels::moe_wgmma_available(devices_[r]);
+    ranks_[r]->wgmma_decode_min_tokens = o.wgmma_decode_min_tokens;
+  }
   threads_ = std::make_unique<RankThreads>(world);
   std::vector<size_t> total(world), free(world);
   threads_->run_all([&](int r) { ranks_[r]->probe(total[r], free[r]); });

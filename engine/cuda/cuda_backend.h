@@ -80,6 +80,10 @@ struct CudaBackendOptions {
   /// That path's bf16 experts on the wgmma kernel (kernels/moe_wgmma.cuh) where the GPU is a
   /// Hopper and the build has its sm_90a code; false (or any other GPU): the cuBLAS grouped GEMM.
   bool wgmma_experts = true;
+  /// Decode steps of at least this many tokens also run their bf16 experts on that path (sorted
+  /// rows, wgmma; captured in the decode graphs): at batch 256 every expert is read once by
+  /// whole-tile loads. 0: decode always uses the grouped decode GEMM (bench/RESULTS.md).
+  int64_t wgmma_decode_min_tokens = 128;
 
   /// The ordinal of every rank (`devices`, or the consecutive range).
   std::vector<int> device_list() const;

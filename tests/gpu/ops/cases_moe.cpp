@@ -499,6 +499,7 @@ class SortedExpertGemmCase final : public OpCase {
       row_of_pair_ = DevBuf<int32_t>(pairs());
       row_of_pair_.poison();
     }
+    if (!s_.cublas) kernels::moe_wgmma_prepare();
     weight_ = RandomBf16(static_cast<size_t>(s_.experts) * n() * k(), 0.05f, rng, env.stream);
     out_ = DevBuf<bf16>(static_cast<size_t>(cap()) * out_cols());
     out_.poison();
