@@ -304,26 +304,28 @@ std::optional<k::MoeCombineParams> moe(const Step& s, const DeviceLayerWeights& 
   const int experts = s.gate_up.num_experts, pairs = s.gate_up.num_pairs;
   const int64_t min_rows = s.r.sorted_moe_min_rows, decode_min = s.r.wgmma_decode_min_tokens;
   // Many tokens (prefill), or a large decode batch with bf16 experts on Hopper: tensor-core
-  // GEMMs over each expert's rows in sorted order. bf16 experts on Hopper: one wgmma launch per
-  // stage that reads the offsets on the device and gathers the tokens' rows itself (capturable
-  // in the decode graphs). Otherwise the rows are gathered first and each expert is one library
-  // GEMM, for which the offsets come to the host (never on a decode step: not capturable).
-  const bool wgmma = s.r.wgmma_experts && L.w_gate_up.format == WeightFormat::Bf16 &&
-                     L.w_down.format == WeightFormat::Bf16;
-  const bool sorted = s.decode ? wgmma && decode_min > 0 && s.n >= decode_min
+  // GEMMs over each expert's rows in sorted order. On Hopper: one wgmma launch per stage (per
+  // batch of decoded experts when compressed) that reads the offsets on the device and gathers
+  // the tokens' rows itself (capturable in the decode graphs). Otherwise the rows are gathered
+  // first and each expert is one library GEMM, for which the offsets come to the host (never on
+  // a decode step: not capturable).
+  const bool wgmma = s.r.wgmma_experts;
+  const bool bf16 = L.w_gate_up.format == WeightFormat::Bf16 && L.w_down.format == WeightFormat::Bf16;
+  const bool sorted = s.decode ? wgmma && bf16 && decode_min > 0 && s.n >= decode_min
                                : min_rows > 0 && pairs >= min_rows * experts;
   if (sorted) {
     if (wgmma) {
-      k::moe_wgmma({.out = B.act, .in = B.h, .weight = L.w_gate_up.as_bf16(),
-                    .expert_offsets = B.expert_offsets, .num_experts = experts, .n = 2 * s.gate_up.n,
-                    .k = s.H, .rows_cap = B.sorted_rows, .silu_gate_up = true, .sorted_ids = B.sorted_ids,
-                    .num_pairs = pairs, .in_row_div = s.gate_up.in_row_div, .row_of_pair = B.row_of_pair},
-                   s.st);
+      expert_gemm_wgmma(s.gemm,
+                        {.out = B.act, .in = B.h, .expert_offsets = B.expert_offsets, .num_experts = experts,
+                         .n = 2 * s.gate_up.n, .k = s.H, .rows_cap = B.sorted_rows, .silu_gate_up = true,
+                         .sorted_ids = B.sorted_ids, .num_pairs = pairs, .in_row_div = s.gate_up.in_row_div,
+                         .row_of_pair = B.row_of_pair},
+                        L.w_gate_up);
       s.mark("moe_gemm_gate_up_silu");
-      k::moe_wgmma({.out = B.expert_out, .in = B.act, .weight = L.w_down.as_bf16(),
-                    .expert_offsets = B.expert_offsets, .num_experts = experts, .n = s.H,
-                    .k = s.gate_up.n, .rows_cap = B.sorted_rows},
-                   s.st);
+      expert_gemm_wgmma(s.gemm,
+                        {.out = B.expert_out, .in = B.act, .expert_offsets = B.expert_offsets,
+                         .num_experts = experts, .n = s.H, .k = s.gate_up.n, .rows_cap = B.sorted_rows},
+                        L.w_down);
       s.mark("moe_gemm_down");
     } else {
       CUDA_CHECK(cudaMemcpyAsync(s.r.host_offsets, B.expert_offsets, (experts + 1) * sizeof(int32_t),

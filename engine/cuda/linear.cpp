@@ -118,6 +118,32 @@ void expert_gemm_sorted(const GemmContext& g, bf16* out, const bf16* in, const D
   if (!ms.empty()) flush();
 }
 
+void expert_gemm_wgmma(const GemmContext& g, kernels::MoeWgmmaParams p, const DeviceTensor& w) {
+  MB_CHECK(w.shape.size() == 3, "expert_gemm_wgmma: weights must be [num_experts, n, k]");
+  MB_CHECK(w.format != WeightFormat::F32, "expert_gemm_wgmma: no CUDA kernel for f32 weights");
+  const int experts = static_cast<int>(w.shape[0]), n = static_cast<int>(w.shape[1]),
+            k = static_cast<int>(w.shape[2]);
+  MB_CHECK(p.num_experts == experts && p.n == n && p.k == k, "expert_gemm_wgmma: operands and weights disagree");
+  if (w.format == WeightFormat::Bf16) {
+    p.weight = w.as_bf16();
+    kernels::moe_wgmma(p, g.stream);
+    return;
+  }
+  const size_t expert_elems = static_cast<size_t>(n) * k;
+  const int per_batch = static_cast<int>(std::min<size_t>(g.scratch_elems / expert_elems, experts));
+  MB_CHECK(per_batch > 0, "expert_gemm_wgmma: scratch smaller than one expert");
+  const int32_t* offsets = p.expert_offsets;
+  for (int e0 = 0; e0 < experts; e0 += per_batch) {
+    const int count = std::min(per_batch, experts - e0);
+    kernels::dequantize(w.rows_from(static_cast<int64_t>(e0) * n).matrix(), static_cast<int64_t>(count) * n, k,
+                        g.scratch, g.stream);
+    p.weight = g.scratch;
+    p.expert_offsets = offsets + e0;  // absolute row offsets: the slice's rows stay where they are
+    p.num_experts = count;
+    kernels::moe_wgmma(p, g.stream);
+  }
+}
+
 size_t dequant_scratch_elems(const ModelPlan& plan) {
   size_t most = 0;
   auto consider = [&](const TensorPlan& t) {

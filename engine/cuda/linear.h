@@ -11,6 +11,7 @@
 
 #include "engine/cuda/cuda_model.h"
 #include "kernels/moe_gemm.cuh"
+#include "kernels/moe_wgmma.cuh"
 
 namespace moebatch {
 
@@ -49,6 +50,13 @@ void expert_gemm(kernels::MoeGemmParams p, const DeviceTensor& w, int tokens, cu
 /// offsets; w [E, n, k].
 void expert_gemm_sorted(const GemmContext& g, bf16* out, const bf16* in, const DeviceTensor& w,
                         const int32_t* offsets, int stage);
+
+/// The same on Hopper's wgmma kernel (kernels::moe_wgmma), from the device's offsets: `p` has
+/// every operand but the weights, taken from `w` [E, n, k]. bf16 experts in one launch;
+/// compressed experts decoded kDequantExperts at a time into the scratch (every expert of the
+/// batch: the host does not know which have rows), one launch per batch over its slice of the
+/// offsets. Nothing comes to the host.
+void expert_gemm_wgmma(const GemmContext& g, kernels::MoeWgmmaParams p, const DeviceTensor& w);
 
 /// Elements of the scratch the GEMMs of a rank with weight plan `plan` need: the largest
 /// compressed 2-D weight or single expert matrix (0 when every weight is bf16).
