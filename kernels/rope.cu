@@ -54,46 +54,64 @@ __global__ void __launch_bounds__(kWarps * 32) qk_norm_rope_kernel(QkNormRopePar
                  : p.k + t * p.k_stride + static_cast<int64_t>(head - p.n_q_heads) * p.head_dim;
   const bf16* w = is_q ? p.q_norm : p.k_norm;
 
-  // rotation pairs (i, i + half) and the unrotated tail rd + i, both strided by 32 over lanes
+  // Lane owns the element pairs (i, i + 1) at i = 2·lane + 64·j of the rotated half (each with
+  // its partner i + half) and of the unrotated tail rd + i: 4-byte accesses.
   float a[kMaxPairsPerLane], b[kMaxPairsPerLane], c[kMaxTailPerLane];
   float ss = 0.f;
+  auto load2 = [](const bf16* at, float& lo, float& hi) {
+    const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(at));
+    lo = f.x;
+    hi = f.y;
+  };
+  auto store2 = [](bf16* at, float lo, float hi) {
+    *reinterpret_cast<__nv_bfloat162*>(at) = __floats2bfloat162_rn(lo, hi);
+  };
 #pragma unroll
-  for (int j = 0; j < kMaxPairsPerLane; ++j) {
-    const int i = lane + 32 * j;
-    a[j] = i < half ? __bfloat162float(x[i]) : 0.f;
-    b[j] = i < half ? __bfloat162float(x[i + half]) : 0.f;
-    ss += a[j] * a[j] + b[j] * b[j];
+  for (int j = 0; j < kMaxPairsPerLane / 2; ++j) {
+    const int i = 2 * lane + 64 * j;
+    a[2 * j] = a[2 * j + 1] = b[2 * j] = b[2 * j + 1] = 0.f;
+    if (i < half) {
+      load2(x + i, a[2 * j], a[2 * j + 1]);
+      load2(x + i + half, b[2 * j], b[2 * j + 1]);
+    }
+    ss += a[2 * j] * a[2 * j] + a[2 * j + 1] * a[2 * j + 1] + b[2 * j] * b[2 * j] + b[2 * j + 1] * b[2 * j + 1];
   }
 #pragma unroll
-  for (int j = 0; j < kMaxTailPerLane; ++j) {
-    const int i = lane + 32 * j;
-    c[j] = i < pass ? __bfloat162float(x[rd + i]) : 0.f;
-    ss += c[j] * c[j];
+  for (int j = 0; j < kMaxTailPerLane / 2; ++j) {
+    const int i = 2 * lane + 64 * j;
+    c[2 * j] = c[2 * j + 1] = 0.f;
+    if (i < pass) load2(x + rd + i, c[2 * j], c[2 * j + 1]);
+    ss += c[2 * j] * c[2 * j] + c[2 * j + 1] * c[2 * j + 1];
   }
   float rstd = 1.f;
   if (w != nullptr) rstd = rsqrtf(warp_sum(ss) / p.head_dim + p.eps);
   auto weight = [&](int i) { return w != nullptr ? p.norm_offset + __bfloat162float(w[i]) : 1.f; };
 #pragma unroll
-  for (int j = 0; j < kMaxPairsPerLane; ++j) {
-    const int i = lane + 32 * j;
+  for (int j = 0; j < kMaxPairsPerLane / 2; ++j) {
+    const int i = 2 * lane + 64 * j;
     if (i >= half) continue;
-    const float xa = a[j] * rstd * weight(i), xb = b[j] * rstd * weight(i + half);
-    const float co = rotation[i].x, s = rotation[i].y;
-    const bf16 ra = __float2bfloat16(xa * co - xb * s), rb = __float2bfloat16(xb * co + xa * s);
-    x[i] = ra;
-    x[i + half] = rb;
+    float ra[2], rb[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float xa = a[2 * j + e] * rstd * weight(i + e), xb = b[2 * j + e] * rstd * weight(i + e + half);
+      const float co = rotation[i + e].x, sn = rotation[i + e].y;
+      ra[e] = xa * co - xb * sn;
+      rb[e] = xb * co + xa * sn;
+    }
+    store2(x + i, ra[0], ra[1]);
+    store2(x + i + half, rb[0], rb[1]);
     if (kc != nullptr) {
-      kc[i] = ra;
-      kc[i + half] = rb;
+      store2(kc + i, ra[0], ra[1]);
+      store2(kc + i + half, rb[0], rb[1]);
     }
   }
 #pragma unroll
-  for (int j = 0; j < kMaxTailPerLane; ++j) {
-    const int i = lane + 32 * j;
+  for (int j = 0; j < kMaxTailPerLane / 2; ++j) {
+    const int i = 2 * lane + 64 * j;
     if (i >= pass) continue;
-    const bf16 r = __float2bfloat16(c[j] * rstd * weight(rd + i));
-    x[rd + i] = r;
-    if (kc != nullptr) kc[rd + i] = r;
+    const float r0 = c[2 * j] * rstd * weight(rd + i), r1 = c[2 * j + 1] * rstd * weight(rd + i + 1);
+    store2(x + rd + i, r0, r1);
+    if (kc != nullptr) store2(kc + rd + i, r0, r1);
   }
 }
 
@@ -102,8 +120,13 @@ __global__ void __launch_bounds__(kWarps * 32) qk_norm_rope_kernel(QkNormRopePar
 void qk_norm_rope(const QkNormRopeParams& p, cudaStream_t stream) {
   MB_CHECK(p.head_dim > 0 && p.head_dim % 2 == 0 && p.head_dim <= 64 * kMaxPairsPerLane,
            "qk_norm_rope: head_dim must be even and <= 256");
-  MB_CHECK(p.rotary_dim >= 0 && p.rotary_dim % 2 == 0 && p.rotary_dim <= p.head_dim,
-           "qk_norm_rope: rotary_dim must be even and <= head_dim");
+  MB_CHECK(p.rotary_dim >= 0 && p.rotary_dim % 4 == 0 && p.rotary_dim <= p.head_dim && p.head_dim % 4 == 0,
+           "qk_norm_rope: head_dim and rotary_dim must be multiples of 4, rotary_dim <= head_dim");
+  // 4-byte element pairs: every head starts at an even element of a 4-byte aligned buffer
+  MB_CHECK(p.q_stride % 2 == 0 && p.k_stride % 2 == 0 && reinterpret_cast<uintptr_t>(p.q) % 4 == 0 &&
+               reinterpret_cast<uintptr_t>(p.k) % 4 == 0 &&
+               (p.k_cache == nullptr || reinterpret_cast<uintptr_t>(p.k_cache) % 4 == 0),
+           "qk_norm_rope: q, k and the cache must be 4-byte aligned with even strides");
   MB_CHECK(p.q && p.k && p.positions, "qk_norm_rope: null operand");
   MB_CHECK(p.q_stride >= static_cast<int64_t>(p.n_q_heads) * p.head_dim &&
                p.k_stride >= static_cast<int64_t>(p.n_kv_heads) * p.head_dim,

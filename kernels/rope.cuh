@@ -19,8 +19,8 @@ struct QkNormRopeParams {
   int tokens = 0;
   int n_q_heads = 0;
   int n_kv_heads = 0;
-  int head_dim = 0;                ///< even, <= 256
-  int rotary_dim = 0;              ///< leading dims that rotate, even; 0: all of head_dim
+  int head_dim = 0;                ///< multiple of 4, <= 256
+  int rotary_dim = 0;              ///< leading dims that rotate, multiple of 4; 0: all of head_dim
   float theta = 1e6f;
   float eps = 1e-6f;
   float norm_offset = 0.f;         ///< norm weights applied as (norm_offset + w): 1 for Qwen3-Next

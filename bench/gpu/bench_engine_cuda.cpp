@@ -4,7 +4,8 @@
 // prefill tok/s, decode step time (graph replay, wall clock including the host's step work and
 // the sampled tokens' copy back) and tok/s, the roofline of each (bytes that must move / the
 // measured copy bandwidth; prefill also FLOPs / the cuBLAS peak), and a per-stage breakdown of one
-// eager decode step from CUDA events. An optional HF peer JSON (bench/gpu/hf_peer_engine.py, run
+// eager decode step from CUDA events; then one prefill of 8 prompts of 1024 tokens (the users'
+// long prompts: attention grows with the length). An optional HF peer JSON (bench/gpu/hf_peer_engine.py, run
 // first in the same call) adds the ratio.
 // Tensor parallel: --tp N runs the model over N GPUs, --ep with whole experts per rank
 // (expert parallel) instead of every expert's intermediate dim split; the stage breakdown then
@@ -48,6 +49,7 @@ using namespace moebatch;
 using Clock = std::chrono::steady_clock;
 
 constexpr int kPrompt = 128, kWarmSteps = 4, kTimedSteps = 24;
+constexpr int kLongPrompts = 8, kLongPrompt = 1024;  // the long-prompt prefill line
 constexpr double kGemmPeakFlops = 787e12;  // bf16 cuBLAS 8192³ on this H200 (performance.md)
 
 // Device-to-device copy bandwidth (bytes read + written per second), median of 10.
@@ -137,20 +139,20 @@ struct Seqs {
   int width = 0;
 };
 
-Seqs make_prompts(int batch, int64_t vocab, int width, std::mt19937& rng) {
+Seqs make_prompts(int batch, int64_t vocab, int width, std::mt19937& rng, int prompt = kPrompt) {
   Seqs s;
   s.width = width;
   StepBatch& b = s.prefill;
   b.max_blocks_per_seq = width;
   for (int i = 0; i < batch; ++i) {
     for (int j = 0; j < width; ++j) b.block_tables.push_back(i * width + j);
-    for (int p = 0; p < kPrompt; ++p) {
+    for (int p = 0; p < prompt; ++p) {
       b.tokens.push_back(static_cast<int32_t>(rng() % vocab));
       b.positions.push_back(p);
       b.seq_index.push_back(i);
       b.slot_mapping.push_back((i * width + p / 16) * 16 + p % 16);
     }
-    b.logits_rows.push_back(i * kPrompt + kPrompt - 1);
+    b.logits_rows.push_back(i * prompt + prompt - 1);
     b.state_slots.push_back(i);  // linear-attention models: sequence i keeps its state in slot i
   }
   return s;
@@ -388,6 +390,19 @@ int main(int argc, char** argv) {
     for (auto& [name, t] : stages) std::printf("  %-18s %8.3f ms  %5.1f%%\n", name.c_str(), t, 100 * t / total);
     std::printf("  %-18s %8.3f ms\n", "total (eager)", total);
   }
+  // Long prompts, the users' workload: 8 prompts of 1024 tokens in one forward (attention grows
+  // with the prompt; the expert and projection GEMMs see the same 8192 rows as 64 × 128).
+  double long_prefill_tok_s = 0;
+  if (o.max_num_batched_tokens >= kLongPrompts * kLongPrompt) {
+    Seqs s = make_prompts(kLongPrompts, cfg.vocab_size, kLongPrompt / 16, rng, kLongPrompt);
+    std::vector<RowSampling> greedy(kLongPrompts);
+    std::vector<int32_t> next;
+    be.forward_sample(s.prefill, greedy, next, nullptr);
+    t0 = Clock::now();
+    be.forward_sample(s.prefill, greedy, next, nullptr);
+    long_prefill_tok_s = double(kLongPrompts) * kLongPrompt / seconds_since(t0);
+    J["prefill_8x1024_tok_s"] = long_prefill_tok_s;
+  }
   J["graphs_captured"] = be.num_graphs();
   if (peer.is_object()) J["peer"] = peer;
   std::ofstream(args.out_path) << J.dump(2) << "\n";
@@ -404,6 +419,8 @@ int main(int argc, char** argv) {
                 100 * r.roof_ms / r.step_ms, r.tok_s, r.eager_ms, r.all_reduce_ms, r.gather_ms,
                 r.peer_step_ms, r.peer_step_ms > 0 ? r.peer_step_ms / r.step_ms : 0.0);
   }
+  if (long_prefill_tok_s > 0)
+    std::printf("prefill of %d prompts of %d tokens: %.0f tok/s\n", kLongPrompts, kLongPrompt, long_prefill_tok_s);
   if (args.tp > 1)
     std::printf("AR ms: the %lld all-reduces of one eager decode step on cuda:%d's stream (incl. "
                 "waiting for the peers; peer-to-peer ones include the add + RMSNorm fused into "
