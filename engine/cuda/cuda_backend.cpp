@@ -154,16 +154,6 @@ void CudaBackend::init(const std::filesystem::path* model_dir, uint64_t seed) {
   if (model_dir) ckpt = open_model_files(*model_dir).weights;  // header errors before allocating
   // Which linear weights stay (or become) compressed; scale and shard errors before allocating.
   for (ModelPlan& wp : wplans) assign_weight_formats(wp, cfg_, ckpt.get(), o.quantization);
-  // The sorted prefill path decodes every compressed expert into bf16 before its GEMM, a cost
-  // that rows must amortize: at 160 rows per expert (Qwen3-Next-80B FP8, 64 × 128 tokens) the
-  // grouped kernel, which decodes in registers, was 1.2× faster; at 512 (30B FP8) the sorted path
-  // 1.7× (bench/RESULTS.md 2026-12-01). So compressed experts need 4× the rows.
-  for (int r = 0; r < world; ++r) {
-    bool packed = false;
-    for (const auto& L : wplans[r].layers)
-      packed |= !L.w_gate_up.empty() && L.w_gate_up.format != WeightFormat::Bf16;
-    ranks_[r]->sorted_moe_min_rows = o.moe_sorted_min_rows_per_expert * (packed ? 4 : 1);
-  }
   weight_groups_ = describe_weight_groups(wplans[0]);
 
   int count = 0;
@@ -177,6 +167,18 @@ void CudaBackend::init(const std::filesystem::path* model_dir, uint64_t seed) {
   for (int r = 0; r < world; ++r) {
     ranks_[r]->wgmma_experts = o.wgmma_experts && kernels::moe_wgmma_available(devices_[r]);
     ranks_[r]->wgmma_decode_min_tokens = o.wgmma_decode_min_tokens;
+  }
+  // The sorted prefill path decodes every compressed expert into bf16 before its GEMM, a cost
+  // that rows must amortize. On cuBLAS (no wgmma): at 160 rows per expert (Qwen3-Next-80B FP8,
+  // 64 × 128 tokens) the grouped kernel, which decodes in registers, was 1.2× faster, at 512 (30B
+  // FP8) the sorted path 1.7×: 4× the rows. On wgmma the sorted path won at 160 rows too (20.0k
+  // → 25.6k tok/s): 2× (bench/RESULTS.md 2026-12-01).
+  for (int r = 0; r < world; ++r) {
+    bool packed = false;
+    for (const auto& L : wplans[r].layers)
+      packed |= !L.w_gate_up.empty() && L.w_gate_up.format != WeightFormat::Bf16;
+    const int64_t packed_factor = ranks_[r]->wgmma_experts ? 2 : 4;
+    ranks_[r]->sorted_moe_min_rows = o.moe_sorted_min_rows_per_expert * (packed ? packed_factor : 1);
   }
   threads_ = std::make_unique<RankThreads>(world);
   std::vector<size_t> total(world), free(world);

@@ -74,8 +74,9 @@ struct CudaBackendOptions {
   /// A non-decode step whose routed pairs average at least this many per local expert runs its
   /// experts as one tensor-core library GEMM each on gathered rows (prefill) instead of the
   /// grouped decode GEMM: tall operands pay for the per-expert launches and the host round trip
-  /// of the offsets, short ones do not (bench/RESULTS.md). 0: never. Compressed experts need 4×
-  /// this (their decode into bf16 is per expert, whatever the rows).
+  /// of the offsets, short ones do not (bench/RESULTS.md). 0: never. Compressed experts need 2×
+  /// this on the wgmma kernel, 4× on cuBLAS (their decode into bf16 is per expert, whatever the
+  /// rows).
   int64_t moe_sorted_min_rows_per_expert = 64;
   /// That path's bf16 experts on the wgmma kernel (kernels/moe_wgmma.cuh) where the GPU is a
   /// Hopper and the build has its sm_90a code; false (or any other GPU): the cuBLAS grouped GEMM.
