@@ -1,8 +1,9 @@
 // The expert MLP of many-token steps (prefill) as dense GEMMs per expert: the routed (token, k)
 // pairs' inputs gathered into moe_align's sorted order, so each expert's rows are one contiguous
 // block a library GEMM takes (cuBLAS on tensor cores), and the map back from pairs to those
-// rows for moe_combine. Decode-sized steps use moe_gemm instead (kernels/moe_gemm.cuh), which
-// needs no host round trip and can be captured in a graph.
+// rows for moe_combine. This is the path of GPUs without the wgmma kernel (kernels/moe_wgmma.cuh
+// gathers in its own loads); decode-sized steps use moe_gemm (kernels/moe_gemm.cuh), which needs
+// no host round trip and can be captured in a graph.
 #pragma once
 
 #include <cstdint>
