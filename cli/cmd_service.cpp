@@ -99,7 +99,7 @@ void run_queue_demo(const std::string& file_flag, bool keep) {
 
     // 1. An OpenAI Batch file through the same importer `moebatch submit --file` uses.
     BatchFile batch = read_batch_file(example, "demo", store.options().limits, BatchFileLimits{});
-    if (!batch.errors.empty()) throw InputError(batch.errors.front());
+    if (!batch.errors.empty()) throw InputError(batch.errors.front().text());
     auto ids = store.submit_many(batch.specs);
     std::cout << "\nimported " << ids.size() << " requests from " << example.string() << "\n";
 
@@ -192,7 +192,8 @@ void register_demo_command(CLI::App& app) {
 }
 
 // `maintenance --now` leaves a request row that a running service takes at its next poll (the
-// insert moves PRAGMA data_version, which the service watches); without --now it lists cycles.
+// insert moves SQLite's PRAGMA data_version, or sends PostgreSQL's NOTIFY, which the service
+// watches); without --now it lists cycles.
 void register_maintenance_command(CLI::App& app) {
   auto db = std::make_shared<std::string>();
   auto now = std::make_shared<bool>(false);
@@ -205,12 +206,13 @@ void register_maintenance_command(CLI::App& app) {
   cmd->add_flag("--now", *now, "Ask the running service for a cycle now");
   cmd->add_flag("--json", *as_json, "Print JSON");
   cmd->callback([db, now, as_json] {
-    const std::filesystem::path path = db->empty() ? default_db_path() : std::filesystem::path(*db);
-    if (parse_store_location(path.string()).kind == StoreKind::Postgres)
-      throw InputError("maintenance: the service tables are SQLite-only for now (docs/postgres.md)");
-    if (!std::filesystem::exists(path))
-      throw InputError("no job database at " + path.string() + " (start the service first)");
-    ServiceDb sdb(path);
+    const std::string location = db->empty() ? default_db_path().string() : *db;
+    // A SQLite file must exist (a typo would otherwise create a database no service reads); a
+    // PostgreSQL database is migrated on open, as every store does.
+    if (parse_store_location(location).kind == StoreKind::Sqlite &&
+        !std::filesystem::exists(location))
+      throw InputError("no job database at " + location + " (start the service first)");
+    ServiceDb sdb(location);
     if (*now) {
       const int64_t id = sdb.add_request("maintenance", SystemClock().now_ms());
       if (*as_json) {

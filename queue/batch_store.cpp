@@ -1,19 +1,18 @@
+// BatchStore: ids, argument checks and the status timestamps; the SQL is the backend's
+// (sqlite_batch_store.cpp, pg_batch_store.cpp).
 #include "queue/batch_store.h"
 
 #include <random>
 
 #include "common/error.h"
-#include "queue/sqlite_db.h"
+#include "queue/batch_store_backend.h"
+#include "queue/store_url.h"
 
 namespace moebatch {
 namespace {
 
-const char* const kBatchColumns =
-    "id, input_file_id, endpoint, completion_window, metadata, status, total, errors, "
-    "output_file_id, error_file_id, created_at, in_progress_at, finalizing_at, completed_at, "
-    "failed_at, cancelling_at, cancelled_at, expires_at";
-
-// 96 random bits in hex: ids that do not reveal how many files or batches exist.
+// 96 random bits in hex: ids that do not reveal how many files or batches exist, and that
+// hosts sharing one database pick without coordinating.
 std::string random_id(const std::string& prefix) {
   static thread_local std::mt19937_64 rng{std::random_device{}()};
   static const char* hex = "0123456789abcdef";
@@ -22,30 +21,8 @@ std::string random_id(const std::string& prefix) {
   return id;
 }
 
-BatchRecord read_batch(const Stmt& s) {
-  BatchRecord b;
-  b.id = s.text(0);
-  b.input_file_id = s.text(1);
-  b.endpoint = s.text(2);
-  b.completion_window = s.text(3);
-  b.metadata = s.opt_text(4);
-  b.status = s.text(5);
-  b.total = s.i64(6);
-  b.errors = s.opt_text(7);
-  b.output_file_id = s.opt_text(8);
-  b.error_file_id = s.opt_text(9);
-  b.created_at = s.i64(10);
-  b.in_progress_at = s.opt_i64(11);
-  b.finalizing_at = s.opt_i64(12);
-  b.completed_at = s.opt_i64(13);
-  b.failed_at = s.opt_i64(14);
-  b.cancelling_at = s.opt_i64(15);
-  b.cancelled_at = s.opt_i64(16);
-  b.expires_at = s.opt_i64(17);
-  return b;
-}
-
-// The timestamp column a status sets when a batch enters it.
+// The timestamp column a status sets when a batch enters it (also what keeps `to` out of the
+// SQL text unless it is one of these names).
 std::string at_column(const std::string& status) {
   if (status == "in_progress" || status == "finalizing" || status == "completed" ||
       status == "failed" || status == "cancelling" || status == "cancelled")
@@ -53,56 +30,35 @@ std::string at_column(const std::string& status) {
   throw Error("batch status '" + status + "' has no timestamp");
 }
 
-StoredFile insert_file(Db& db, const std::string& purpose, const std::string& filename,
-                       const std::string& content, int64_t now_s) {
-  StoredFile f{random_id("file-"), purpose, filename, static_cast<int64_t>(content.size()), now_s};
-  Stmt& s = db.prepare(
-      "INSERT INTO files (id, purpose, filename, bytes, created_at, content) "
-      "VALUES (?1, ?2, ?3, ?4, ?5, ?6)");
-  s.bind(1, std::string_view(f.id)).bind(2, std::string_view(purpose));
-  s.bind(3, std::string_view(filename)).bind(4, f.bytes).bind(5, now_s);
-  s.bind(6, std::string_view(content));
-  s.step();
-  return f;
+// Pages of `limit` + 1 rows tell whether there is more.
+template <class T>
+std::vector<T> page(std::vector<T> rows, int64_t limit, bool& has_more) {
+  has_more = static_cast<int64_t>(rows.size()) > limit;
+  if (has_more) rows.pop_back();
+  return rows;
 }
 
 }  // namespace
 
-BatchStore::BatchStore(const std::filesystem::path& path) : db_(std::make_unique<Db>(path)) {
-  SQLITE_CHECK(db_->get(), sqlite3_busy_timeout(db_->get(), 5000));
-  db_->exec("PRAGMA journal_mode=WAL");
-  MB_CHECK(
-      db_->query_i64("SELECT count(*) FROM sqlite_master WHERE name IN ('files', 'batches')") == 2,
-      "the database has no files/batches tables (open a JobStore first to migrate it)");
+BatchStore::BatchStore(const std::string& location) {
+  const StoreLocation loc = parse_store_location(location);
+  impl_ = loc.kind == StoreKind::Postgres ? make_pg_batch_store(loc.target)
+                                          : make_sqlite_batch_store(loc.target);
 }
 
 BatchStore::~BatchStore() = default;
 
 StoredFile BatchStore::add_file(const std::string& purpose, const std::string& filename,
                                 const std::string& content, int64_t now_s) {
-  Transaction tx(*db_, true);
-  StoredFile f = insert_file(*db_, purpose, filename, content, now_s);
-  tx.commit();
+  StoredFile f{random_id("file-"), purpose, filename, static_cast<int64_t>(content.size()), now_s};
+  impl_->add_file(f, content);
   return f;
 }
 
-std::optional<StoredFile> BatchStore::file(const std::string& id) {
-  Stmt& s =
-      db_->prepare("SELECT id, purpose, filename, bytes, created_at FROM files WHERE id = ?1");
-  s.bind(1, std::string_view(id));
-  if (!s.step()) return std::nullopt;
-  StoredFile f{s.text(0), s.text(1), s.text(2), s.i64(3), s.i64(4)};
-  s.reset();
-  return f;
-}
+std::optional<StoredFile> BatchStore::file(const std::string& id) { return impl_->file(id); }
 
 std::optional<std::string> BatchStore::file_content(const std::string& id) {
-  Stmt& s = db_->prepare("SELECT content FROM files WHERE id = ?1");
-  s.bind(1, std::string_view(id));
-  if (!s.step()) return std::nullopt;
-  std::string content = s.text(0);
-  s.reset();
-  return content;
+  return impl_->file_content(id);
 }
 
 std::vector<StoredFile> BatchStore::list_files(const std::optional<std::string>& after,
@@ -110,74 +66,30 @@ std::vector<StoredFile> BatchStore::list_files(const std::optional<std::string>&
                                                const std::optional<std::string>& purpose,
                                                bool& has_more) {
   MB_CHECK(limit >= 1, "list_files: limit must be >= 1");
-  Stmt& s = db_->prepare(
-      "SELECT id, purpose, filename, bytes, created_at FROM files WHERE (?1 IS NULL OR rowid < "
-      "(SELECT rowid FROM files WHERE id = ?1)) AND (?2 IS NULL OR purpose = ?2) "
-      "ORDER BY rowid DESC LIMIT ?3");
-  s.bind(1, after).bind(2, purpose).bind(3, limit + 1);
-  std::vector<StoredFile> out;
-  while (s.step()) out.push_back({s.text(0), s.text(1), s.text(2), s.i64(3), s.i64(4)});
-  has_more = static_cast<int64_t>(out.size()) > limit;
-  if (has_more) out.pop_back();
-  return out;
+  return page(impl_->list_files(after, limit + 1, purpose), limit, has_more);
 }
 
-bool BatchStore::delete_file(const std::string& id) {
-  Transaction tx(*db_, true);
-  Stmt& s = db_->prepare("DELETE FROM files WHERE id = ?1");
-  s.bind(1, std::string_view(id));
-  s.step();
-  const bool gone = db_->changes() > 0;
-  tx.commit();
-  return gone;
-}
+bool BatchStore::delete_file(const std::string& id) { return impl_->delete_file(id); }
 
 BatchRecord BatchStore::add_batch(BatchRecord b) {
   b.id = random_id("batch_");
   b.status = "validating";
-  Transaction tx(*db_, true);
-  Stmt& s = db_->prepare(
-      "INSERT INTO batches (id, input_file_id, endpoint, completion_window, metadata, status, "
-      "created_at, expires_at) VALUES (?1, ?2, ?3, ?4, ?5, 'validating', ?6, ?7)");
-  s.bind(1, std::string_view(b.id)).bind(2, std::string_view(b.input_file_id));
-  s.bind(3, std::string_view(b.endpoint)).bind(4, std::string_view(b.completion_window));
-  s.bind(5, b.metadata).bind(6, b.created_at).bind(7, b.expires_at);
-  s.step();
-  tx.commit();
+  impl_->add_batch(b);
   return b;
 }
 
-std::optional<BatchRecord> BatchStore::batch(const std::string& id) {
-  Stmt& s = db_->prepare(std::string("SELECT ") + kBatchColumns + " FROM batches WHERE id = ?1");
-  s.bind(1, std::string_view(id));
-  if (!s.step()) return std::nullopt;
-  BatchRecord b = read_batch(s);
-  s.reset();
-  return b;
-}
+std::optional<BatchRecord> BatchStore::batch(const std::string& id) { return impl_->batch(id); }
 
 std::vector<BatchRecord> BatchStore::list_batches(const std::optional<std::string>& after,
                                                   int64_t limit, bool& has_more) {
   MB_CHECK(limit >= 1, "list_batches: limit must be >= 1");
-  // rowid order is insertion order: newest first, and `after` pages on from a known id.
-  Stmt& s = db_->prepare(std::string("SELECT ") + kBatchColumns +
-                         " FROM batches WHERE ?1 IS NULL OR rowid < "
-                         "(SELECT rowid FROM batches WHERE id = ?1) ORDER BY rowid DESC LIMIT ?2");
-  s.bind(1, after).bind(2, limit + 1);
-  std::vector<BatchRecord> out;
-  while (s.step()) out.push_back(read_batch(s));
-  has_more = static_cast<int64_t>(out.size()) > limit;
-  if (has_more) out.pop_back();
-  return out;
+  return page(impl_->list_batches(after, limit + 1), limit, has_more);
 }
 
 std::vector<BatchRecord> BatchStore::batches_with_status(const std::vector<std::string>& statuses) {
   std::vector<BatchRecord> out;
   for (const std::string& st : statuses) {
-    Stmt& s = db_->prepare(std::string("SELECT ") + kBatchColumns +
-                           " FROM batches WHERE status = ?1 ORDER BY rowid");
-    s.bind(1, std::string_view(st));
-    while (s.step()) out.push_back(read_batch(s));
+    for (BatchRecord& b : impl_->batches_with_status(st)) out.push_back(std::move(b));
   }
   return out;
 }
@@ -185,46 +97,28 @@ std::vector<BatchRecord> BatchStore::batches_with_status(const std::vector<std::
 bool BatchStore::transition(const std::string& id, const std::string& from, const std::string& to,
                             int64_t now_s, std::optional<int64_t> total,
                             const std::optional<std::string>& errors) {
-  Transaction tx(*db_, true);
-  Stmt& s = db_->prepare("UPDATE batches SET status = ?3, " + at_column(to) +
-                         " = ?4, total = coalesce(?5, total), errors = coalesce(?6, errors) "
-                         "WHERE id = ?1 AND status = ?2");
-  s.bind(1, std::string_view(id)).bind(2, std::string_view(from)).bind(3, std::string_view(to));
-  s.bind(4, now_s).bind(5, total).bind(6, errors);
-  s.step();
-  const bool moved = db_->changes() > 0;
-  tx.commit();
-  return moved;
+  return impl_->transition(id, from, to, at_column(to), now_s, total, errors);
 }
 
 bool BatchStore::finish(const std::string& id, const std::string& from, const std::string& to,
                         const std::string& output, const std::string& errors, int64_t now_s) {
-  Transaction tx(*db_, true);
-  Stmt& check = db_->prepare("SELECT status FROM batches WHERE id = ?1");
-  check.bind(1, std::string_view(id));
-  const bool there = check.step() && check.text(0) == from;
-  check.reset();
-  if (!there) return false;
+  const std::string column = at_column(to);
+  std::vector<StoredFile> files;
+  std::vector<std::string_view> contents;
   std::optional<std::string> out_id, err_id;
-  if (!output.empty())
-    out_id = insert_file(*db_, "batch_output", id + "_output.jsonl", output, now_s).id;
-  if (!errors.empty())
-    err_id = insert_file(*db_, "batch_output", id + "_error.jsonl", errors, now_s).id;
-  Stmt& s = db_->prepare("UPDATE batches SET status = ?2, finalizing_at = ?3, " + at_column(to) +
-                         " = ?3, output_file_id = ?4, error_file_id = ?5 WHERE id = ?1");
-  s.bind(1, std::string_view(id)).bind(2, std::string_view(to)).bind(3, now_s);
-  s.bind(4, out_id).bind(5, err_id);
-  s.step();
-  tx.commit();
-  return true;
+  auto add = [&](const std::string& content, const char* suffix) {
+    files.push_back({random_id("file-"), "batch_output", id + suffix,
+                     static_cast<int64_t>(content.size()), now_s});
+    contents.push_back(content);
+    return files.back().id;
+  };
+  if (!output.empty()) out_id = add(output, "_output.jsonl");
+  if (!errors.empty()) err_id = add(errors, "_error.jsonl");
+  return impl_->finish(id, from, to, column, files, contents, out_id, err_id, now_s);
 }
 
 std::map<std::string, int64_t> BatchStore::job_counts(const std::string& batch_id) {
-  Stmt& s = db_->prepare("SELECT state, count(*) FROM jobs WHERE batch_id = ?1 GROUP BY state");
-  s.bind(1, std::string_view(batch_id));
-  std::map<std::string, int64_t> out;
-  while (s.step()) out[s.text(0)] = s.i64(1);
-  return out;
+  return impl_->job_counts(batch_id);
 }
 
 }  // namespace moebatch

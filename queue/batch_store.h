@@ -10,8 +10,12 @@
 // restarts half-way redoes only the step it had not committed (validation re-submits with the
 // same idempotency keys; finalizing writes the files and the new status in one transaction).
 //
-// Thread-safety: one BatchStore = one SQLite connection = one thread, like JobStore. Open it
-// after a JobStore has brought the file to the current schema.
+// The SQL of each database (SQLite, PostgreSQL) lives behind BatchStoreBackend
+// (queue/batch_store_backend.h).
+//
+// Thread-safety: one BatchStore = one database connection = one thread, like JobStore. On SQLite
+// open it after a JobStore has brought the file to the current schema; on PostgreSQL it
+// migrates the database itself.
 #pragma once
 
 #include <cstdint>
@@ -24,7 +28,7 @@
 
 namespace moebatch {
 
-class Db;
+class BatchStoreBackend;
 
 /// A stored file's metadata.
 struct StoredFile {
@@ -54,8 +58,9 @@ struct BatchRecord {
 /// The files and batches tables over one connection; see the file comment.
 class BatchStore {
  public:
-  /// Opens the database (WAL, busy timeout 5 s); Error when the tables are missing.
-  explicit BatchStore(const std::filesystem::path& path);
+  /// Opens the database at `location`, a SQLite file (WAL, busy timeout 5 s; Error when the
+  /// tables are missing) or a postgresql:// URL (lock timeout 5 s).
+  explicit BatchStore(const std::string& location);
   ~BatchStore();
   BatchStore(const BatchStore&) = delete;
   BatchStore& operator=(const BatchStore&) = delete;
@@ -98,7 +103,7 @@ class BatchStore {
   std::map<std::string, int64_t> job_counts(const std::string& batch_id);
 
  private:
-  std::unique_ptr<Db> db_;
+  std::unique_ptr<BatchStoreBackend> impl_;
 };
 
 }  // namespace moebatch

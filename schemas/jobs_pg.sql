@@ -127,3 +127,66 @@ CREATE TABLE batches (
 );
 CREATE INDEX batches_open ON batches (status) WHERE status IN ('validating', 'in_progress',
   'cancelling');
+
+-- @migration 2
+-- The service's own tables (SQLite keeps them outside its migration list, created by the
+-- daemon; see service/service_db.h). Times are ms since the epoch except
+-- service_final_events.at, which is seconds (it only ages rows out).
+CREATE TABLE service_cycles (
+  id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  worker       text NOT NULL,
+  trigger      text NOT NULL CHECK (trigger IN ('schedule', 'request')),
+  started_at   bigint NOT NULL,
+  ended_at     bigint NOT NULL,
+  downtime_ms  bigint NOT NULL,
+  drained      bigint NOT NULL,
+  requeued     bigint NOT NULL,
+  mem_before   bigint NOT NULL,
+  mem_after    bigint NOT NULL,
+  warmup_ms    bigint NOT NULL,
+  result       text NOT NULL CHECK (result IN ('ok', 'failed')),
+  error        text
+);
+CREATE TABLE service_requests (
+  id            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  kind          text NOT NULL CHECK (kind IN ('maintenance')),
+  requested_at  bigint NOT NULL,
+  taken_by      text,
+  taken_at      bigint
+);
+-- A request is a change a daemon must notice: it takes requests when its data_version moves.
+CREATE TRIGGER service_requests_notify AFTER INSERT ON service_requests
+  REFERENCING NEW TABLE AS changed
+  FOR EACH STATEMENT EXECUTE FUNCTION moebatch_jobs_notify();
+
+-- The final-transition log. A reader keeps an "after id" cursor, which is only safe when ids
+-- become visible in increasing order. A sequence alone does not give that (a transaction that
+-- took id 7 may commit before the one that took id 6, and a reader at 7 would skip 6 for
+-- good), so the trigger takes a transaction-scoped advisory lock before nextval: the next
+-- finishing transaction waits until this one has committed (or rolled back), and ids commit in
+-- order. Transactions that finish jobs are serialized by it from the trigger on to their commit;
+-- the service commits results in groups, so this costs one short wait per group. The trigger
+-- itself is created by the daemon (service/service_db_pg.cpp), so no rows pile up in a
+-- database no daemon reads and prunes.
+CREATE TABLE service_final_events (
+  id      bigint PRIMARY KEY,
+  job_id  bigint NOT NULL,
+  state   text NOT NULL,
+  at      bigint NOT NULL
+);
+CREATE SEQUENCE service_final_events_id_seq OWNED BY service_final_events.id;
+CREATE FUNCTION moebatch_final_event() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  -- "moebatch-final-events" key: 7885632945765245801.
+  PERFORM pg_advisory_xact_lock(7885632945765245801);
+  INSERT INTO service_final_events (id, job_id, state, at)
+  VALUES (nextval('service_final_events_id_seq'), NEW.id, NEW.state,
+          floor(extract(epoch FROM clock_timestamp()))::bigint);
+  RETURN NULL;
+END $$;
+
+-- @migration 3
+-- As SQLite's migration 8: the OpenAI request fields `user` (end_user; `user` is reserved) and
+-- `metadata` (a JSON object of string values), kept and returned but not used by the engine.
+ALTER TABLE jobs ADD COLUMN end_user text;
+ALTER TABLE jobs ADD COLUMN metadata text;

@@ -227,14 +227,9 @@ void validate_config(const ServiceConfig& cfg) {
       throw InputError(std::string(k.name) + ": longer than " + std::to_string(k.max_bytes));
   }
   if (cfg.db.empty()) throw InputError("db: required");
-  // InputError for a scheme that is not supported, before anything is created under its name.
-  if (parse_store_location(cfg.db).kind == StoreKind::Postgres) {
-    throw InputError(
-        "db: serving from PostgreSQL is not supported yet: the service's own tables (maintenance "
-        "cycles, the final-event log) and the Batch API records are SQLite-only "
-        "(docs/postgres.md); the queue commands (submit, status, result, list, cancel, stats, "
-        "export) work on it");
-  }
+  // InputError for a scheme that is not supported, before anything is created under its name;
+  // a SQLite file or a postgresql:// URL (docs/postgres.md) is served alike.
+  parse_store_location(cfg.db);
   if (cfg.model.empty()) throw InputError("model: required");
   if (cfg.backend != "cpu" && cfg.backend != "cuda")
     throw InputError("backend: expected cpu or cuda, got '" + cfg.backend + "'");

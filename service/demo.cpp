@@ -2,7 +2,6 @@
 
 #include <spdlog/fmt/fmt.h>
 #include <spdlog/spdlog.h>
-#include <sqlite3.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,10 +12,12 @@
 
 #include "common/error.h"
 #include "queue/job_store.h"
+#include "queue/store_url.h"
 #include "queue/zmq/client.h"
 #include "queue/zmq/ingress.h"
 #include "service/demo_model.h"
 #include "service/service.h"
+#include "service/service_db.h"
 
 namespace moebatch {
 namespace {
@@ -46,33 +47,33 @@ std::string chat_prompt(int64_t i) {
   return m.dump();
 }
 
-// An external producer: plain SQL INSERTs in one transaction, as schemas/README.md describes.
-void insert_with_sql(const std::filesystem::path& db_path, int64_t first, int64_t count,
-                     int64_t max_tokens) {
-  sqlite3* db = nullptr;
-  if (sqlite3_open(db_path.c_str(), &db) != SQLITE_OK) {
-    sqlite3_close(db);
-    throw Error("demo: cannot open " + db_path.string());
+// A string as an SQL literal that SQLite and PostgreSQL read alike: quotes doubled, nothing
+// else escaped (PostgreSQL's standard_conforming_strings, on by default since 9.1).
+std::string sql_literal(const std::string& v) {
+  std::string out = "'";
+  for (char c : v) {
+    out += c;
+    if (c == '\'') out += '\'';
   }
-  sqlite3_busy_timeout(db, 5000);
-  std::string sql = "BEGIN IMMEDIATE;";
+  return out + "'";
+}
+
+// An external producer: plain SQL INSERTs in one transaction, as schemas/README.md describes;
+// the same statements on either database.
+void insert_with_sql(ServiceDb& db, int64_t first, int64_t count, int64_t max_tokens) {
+  std::string sql;
   for (int64_t i = first; i < first + count; ++i) {
-    char* quoted = sqlite3_mprintf(
+    sql += fmt::format(
         "INSERT INTO jobs (client_key, batch_id, prompt_kind, prompt, max_tokens, temperature, "
-        "priority) VALUES ('demo-sql-%lld', 'demo-sql', '%q', %Q, %lld, 0, %d);",
-        static_cast<long long>(i), i % 2 ? "chat" : "text",
-        (i % 2 ? chat_prompt(i) : text_prompt(i)).c_str(), static_cast<long long>(max_tokens),
-        i % 10 == 0 ? 5 : 0);
-    sql += quoted;
-    sqlite3_free(quoted);
+        "priority) VALUES ('demo-sql-{}', 'demo-sql', '{}', {}, {}, 0, {});\n",
+        i, i % 2 ? "chat" : "text", sql_literal(i % 2 ? chat_prompt(i) : text_prompt(i)),
+        max_tokens, i % 10 == 0 ? 5 : 0);
   }
-  sql += "COMMIT;";
-  char* err = nullptr;
-  const int rc = sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &err);
-  const std::string msg = err ? err : "";
-  sqlite3_free(err);
-  sqlite3_close(db);
-  if (rc != SQLITE_OK) throw Error("demo: SQL producer failed: " + msg);
+  try {
+    db.exec_producer_sql(sql);
+  } catch (const Error& e) {
+    throw Error(std::string("demo: SQL producer failed: ") + e.what());
+  }
 }
 
 // Jobs submitted by the ZeroMQ producer, with their idempotency keys.
@@ -104,39 +105,6 @@ struct ZmqTally {
   int64_t sends = 0;
   int64_t resent_known = 0;
 };
-
-struct Latencies {
-  std::vector<double> wait, ttft, total;
-  int64_t completion_tokens = 0;
-  int64_t min_enqueued = 0, max_finished = 0;
-};
-
-Latencies read_latencies(const std::filesystem::path& db_path) {
-  sqlite3* db = nullptr;
-  Latencies l;
-  if (sqlite3_open_v2(db_path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) {
-    sqlite3_close(db);
-    throw Error("demo: cannot open " + db_path.string());
-  }
-  sqlite3_stmt* st = nullptr;
-  sqlite3_prepare_v2(db,
-                     "SELECT l.queue_wait_ms, l.ttft_ms, l.total_ms, j.completion_tokens, "
-                     "j.enqueued_at, j.finished_at FROM job_latency l JOIN jobs j ON j.id = "
-                     "l.job_id",
-                     -1, &st, nullptr);
-  l.min_enqueued = INT64_MAX;
-  while (st && sqlite3_step(st) == SQLITE_ROW) {
-    l.wait.push_back(static_cast<double>(sqlite3_column_int64(st, 0)));
-    l.ttft.push_back(static_cast<double>(sqlite3_column_int64(st, 1)));
-    l.total.push_back(static_cast<double>(sqlite3_column_int64(st, 2)));
-    l.completion_tokens += sqlite3_column_int64(st, 3);
-    l.min_enqueued = std::min<int64_t>(l.min_enqueued, sqlite3_column_int64(st, 4));
-    l.max_finished = std::max<int64_t>(l.max_finished, sqlite3_column_int64(st, 5));
-  }
-  sqlite3_finalize(st);
-  sqlite3_close(db);
-  return l;
-}
 
 int64_t done_in_batch(JobStore& store, const char* batch) {
   ListFilter f;
@@ -170,17 +138,18 @@ int run_service_demo(const DemoOptions& o, std::ostream& out) {
       << "      results with latency records.\n\n";
   const auto model = ensure_demo_model(default_cache_dir(), find_bundled_tokenizer(), spec);
 
+  // A SQLite file or a postgresql:// URL (--db); a temporary SQLite file without one.
   std::filesystem::path dir;
-  std::filesystem::path db_path = o.db;
+  std::string db_path = o.db;
   if (db_path.empty()) {
     std::string tmpl = (std::filesystem::temp_directory_path() / "moebatch-demo-XXXXXX").string();
     if (!mkdtemp(tmpl.data())) throw Error("cannot create a temporary directory for the demo");
     dir = tmpl;
-    db_path = dir / "jobs.db";
+    db_path = (dir / "jobs.db").string();
   }
 
   ServiceConfig cfg;
-  cfg.db = db_path.string();
+  cfg.db = db_path;
   cfg.model = model.string();
   cfg.max_num_seqs = o.max_num_seqs;
   cfg.max_num_batched_tokens = std::max<int64_t>(4096, o.max_num_seqs);
@@ -202,7 +171,8 @@ int run_service_demo(const DemoOptions& o, std::ostream& out) {
   out << fmt::format(
       "model   {} (random weights)\ndatabase {}\ningress {} (ZeroMQ ROUTER)\nhealth  "
       "http://127.0.0.1:{}/health and /metrics while it runs\n\n",
-      model.string(), db_path.string(), ingress.router_endpoint(), service.http_port());
+      model.string(), store_location_for_display(db_path), ingress.router_endpoint(),
+      service.http_port());
 
   int service_code = 0;
   std::thread service_thread([&] { service_code = service.run(); });
@@ -220,6 +190,7 @@ int run_service_demo(const DemoOptions& o, std::ostream& out) {
     StoreOptions so;
     so.path = db_path;
     JobStore store(so);
+    ServiceDb producer_db(db_path);
     zmq_ingress::ClientOptions co;
     co.endpoint = ingress.router_endpoint();
     zmq_ingress::LazyPirateClient client(co);
@@ -227,7 +198,7 @@ int run_service_demo(const DemoOptions& o, std::ostream& out) {
     for (int64_t w = 0; w < waves; ++w) {
       const int64_t lo = o.jobs * w / waves, hi = o.jobs * (w + 1) / waves;
       const int64_t half = (hi - lo) / 2;
-      insert_with_sql(db_path, lo, half, o.max_tokens);
+      insert_with_sql(producer_db, lo, half, o.max_tokens);
       sql_jobs += half;
       // Messages of at most 25 jobs, each acked after its commit.
       for (const SubmitResult& r :
@@ -268,7 +239,7 @@ int run_service_demo(const DemoOptions& o, std::ostream& out) {
   so.path = db_path;
   JobStore store(so);
   const QueueStats st = store.stats();
-  const Latencies l = read_latencies(db_path);
+  const LatencySamples l = ServiceDb(db_path).latency_samples();
   const int64_t sql_done = done_in_batch(store, "demo-sql");
   const int64_t zmq_done = done_in_batch(store, "demo-zmq");
   out << "\n";
@@ -306,8 +277,7 @@ int run_service_demo(const DemoOptions& o, std::ostream& out) {
   }
   if (!dir.empty()) {
     if (o.keep) {
-      out << "\nkept: " << db_path.string() << " (try: moebatch stats --db " << db_path.string()
-          << ")\n";
+      out << "\nkept: " << db_path << " (try: moebatch stats --db " << db_path << ")\n";
     } else {
       std::filesystem::remove_all(dir);
     }

@@ -16,6 +16,7 @@
 #include "engine/tokenizer/tokenizer.h"
 #include "queue/batch_store.h"
 #include "queue/job_store.h"
+#include "queue/store_url.h"
 #include "service/api_call.h"
 #include "service/engine_worker.h"
 #include "service/http_server.h"
@@ -154,8 +155,9 @@ int Service::metrics_port() const { return metrics_http_ ? metrics_http_->port()
 
 void Service::log_start() const {
   const EngineInfo info = worker_engine_->info();
-  spdlog::info("moebatch service {} starting; effective config: {}", worker_,
-               config_to_json(cfg_).dump());
+  nlohmann::json shown = config_to_json(cfg_);
+  shown["db"] = store_location_for_display(cfg_.db);  // a URL's password stays out of logs
+  spdlog::info("moebatch service {} starting; effective config: {}", worker_, shown.dump());
   spdlog::info("engine: {}; {}", info.model, info.backend.description);
   for (const DeviceUsage& d : info.backend.devices) {
     spdlog::info(
@@ -213,7 +215,7 @@ int Service::run() {
   arm_poll();
   arm_renew();
   write_ready_file();
-  spdlog::info("serving: db {}, http {}", cfg_.db,
+  spdlog::info("serving: db {}, http {}", store_location_for_display(cfg_.db),
                http_ ? cfg_.http_host + ":" + std::to_string(http_->port()) : "off");
   if (const auto p = read_process_stats()) {
     const double since_start =

@@ -1,6 +1,8 @@
-// The service's own tables, kept in the job database file but outside the queue's migration
-// list (schemas/jobs.sql): created with CREATE TABLE IF NOT EXISTS, so the queue's
-// PRAGMA user_version is untouched and either side can evolve alone.
+// The service's own tables, kept in the job database beside the queue. On SQLite they stay
+// outside the queue's migration list (schemas/jobs.sql): created with CREATE TABLE IF NOT
+// EXISTS, so the queue's PRAGMA user_version is untouched and either side can evolve alone. On
+// PostgreSQL they are migration 2 of schemas/jobs_pg.sql. The SQL of each database lives
+// behind ServiceDbBackend (service/service_db_backend.h).
 //
 //   service_cycles    one row per maintenance cycle (start, end, downtime, memory, result)
 //   service_requests  operator requests the daemon polls for ("maintenance", from
@@ -9,12 +11,14 @@
 //                     a trigger on jobs (created by the daemon), so the daemon sees every final
 //                     transition whoever made it: its own results, a cancel from the CLI or the
 //                     ingress, a row the store failed inside claim (invalid, or lease attempts
-//                     exhausted). A running daemon prunes rows older than an hour.
+//                     exhausted). A running daemon prunes rows older than an hour. Ids
+//                     become visible in increasing order on both databases, so a reader's
+//                     "after id" cursor never skips a row.
 //
 // Also here: StoreHealth, the io thread's record of whether the store takes writes, which
 // /health and /metrics read instead of touching the store.
 //
-// Thread-safety: one ServiceDb = one SQLite connection = one thread, like JobStore.
+// Thread-safety: one ServiceDb = one database connection = one thread, like JobStore.
 #pragma once
 
 #include <chrono>
@@ -28,7 +32,7 @@
 
 namespace moebatch {
 
-class Db;
+class ServiceDbBackend;
 
 /// One maintenance cycle as recorded.
 struct CycleRecord {
@@ -57,14 +61,21 @@ struct FinalEvent {
   std::optional<std::string> error;       ///< the job's error
 };
 
+/// Latency rows of every completed job, with its completion tokens (the demo's report).
+struct LatencySamples {
+  std::vector<double> wait, ttft, total;  ///< job_latency ms: queue wait, TTFT, total
+  int64_t completion_tokens = 0;          ///< summed over those jobs
+};
+
 /// The service tables over one connection.
 class ServiceDb {
  public:
-  /// Opens `path` (WAL) and creates the service tables if missing, waiting up to 5 s for
-  /// another writer; afterwards writes wait `busy_timeout` for another writer's lock. With
-  /// `final_log` (the daemon; the jobs table must exist) also the final-transition log and its
+  /// Opens the database at `location` (a SQLite file, WAL; or a postgresql:// URL) and creates
+  /// the service tables if missing (SQLite) or migrates the schema (PostgreSQL), waiting up to
+  /// 5 s for another writer; afterwards writes wait `busy_timeout` for another writer's lock.
+  /// With `final_log` (the daemon; the jobs table must exist) also the final-transition log's
   /// trigger; others leave it alone, so no rows pile up where no daemon reads and prunes them.
-  explicit ServiceDb(const std::filesystem::path& path,
+  explicit ServiceDb(const std::string& location,
                      std::chrono::milliseconds busy_timeout = std::chrono::seconds(5),
                      bool final_log = false);
   ~ServiceDb();
@@ -82,6 +93,11 @@ class ServiceDb {
                                       int64_t now_ms);
   /// Jobs per state ("queued" → n, ...), every state present.
   std::map<std::string, int64_t> job_counts();
+  /// Every job_latency row with its job's completion tokens.
+  LatencySamples latency_samples();
+  /// Runs plain SQL as an external producer writes it (schemas/README.md: statements that
+  /// both databases accept) in one transaction; Error with the database's message.
+  void exec_producer_sql(const std::string& sql);
 
   /// The newest final event's seq (0 when none): where a new reader starts.
   int64_t last_final_event();
@@ -91,7 +107,7 @@ class ServiceDb {
   int64_t prune_final_events(int64_t max_age_s);
 
  private:
-  std::unique_ptr<Db> db_;
+  std::unique_ptr<ServiceDbBackend> impl_;
 };
 
 /// Whether the job store takes writes, as the io thread's own writes found it. Every store
@@ -108,6 +124,11 @@ class StoreHealth {
   void write_ok();
   /// A write failed at `now_ms` with `error` (the exception's text).
   void write_failed(const std::string& error, int64_t now_ms);
+  /// Whether a store error's text says another connection holds a lock: SQLite's "is locked"
+  /// (SQLITE_BUSY / SQLITE_LOCKED), or a PostgreSQL SQLSTATE 55P03 (lock_timeout), 40P01
+  /// (deadlock) or 40001 (serialization). Anything else (53100 disk full, a lost connection,
+  /// SQLite's "full") is not.
+  static bool is_lock_failure(const std::string& error);
   /// True since a write failed and until one commits.
   bool failing() const { return failing_since_ms_ >= 0; }
   /// Failing for longer than the grace, or with something other than a held lock.

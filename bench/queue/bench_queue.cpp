@@ -1,5 +1,7 @@
 // Job queue throughput on a real SQLite file: ingest rows/s with one transaction per row versus
 // submit_many batches, and claim + complete_many jobs/s, for synchronous NORMAL and FULL.
+// With --db (a SQLite file or a postgresql:// URL; repeatable) it measures claim scaling
+// instead: 1, 2, 4 (--workers) concurrent claimers draining one queue (bench_workers.h).
 // Prints a table; --json PATH writes the same numbers.
 #include <unistd.h>
 
@@ -14,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/queue/bench_workers.h"
 #include "queue/job_store.h"
 
 namespace {
@@ -103,6 +106,49 @@ std::vector<Row> bench_mode(const std::filesystem::path& dir, Synchronous sync, 
   return rows;
 }
 
+// The --db mode: a table of jobs/s and claims/s per store and worker count.
+int run_scaling(const std::vector<std::string>& dbs, const std::vector<int>& workers, int64_t jobs,
+                int64_t claim_batch, const std::string& json_path) {
+  std::vector<moebatch::bench::WorkerRun> runs;
+  try {
+    for (const std::string& db : dbs) {
+      auto r = moebatch::bench::run_worker_bench(db, workers, jobs, claim_batch);
+      runs.insert(runs.end(), r.begin(), r.end());
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_queue: %s\n", e.what());
+    return 1;
+  }
+  std::printf("%-9s %7s %11s %8s %8s %10s %10s %12s\n", "store", "workers", "claim batch", "jobs",
+              "wall s", "jobs/s", "claims/s", "double claims");
+  nlohmann::json out = {{"benchmark", "queue_workers"}, {"results", nlohmann::json::array()}};
+  bool ok = true;
+  for (const auto& r : runs) {
+    std::printf("%-9s %7d %11lld %8lld %8.3f %10.0f %10.0f %12lld\n", r.store.c_str(), r.workers,
+                static_cast<long long>(r.claim_batch), static_cast<long long>(r.jobs), r.seconds,
+                static_cast<double>(r.jobs) / r.seconds, static_cast<double>(r.claims) / r.seconds,
+                static_cast<long long>(r.double_claims));
+    ok = ok && r.double_claims == 0 && r.jobs > 0;
+    out["results"].push_back({{"store", r.store},
+                              {"workers", r.workers},
+                              {"claim_batch", r.claim_batch},
+                              {"jobs", r.jobs},
+                              {"claims", r.claims},
+                              {"seconds", r.seconds},
+                              {"double_claims", r.double_claims}});
+  }
+  if (!json_path.empty()) {
+    std::ofstream f(json_path);
+    f << out.dump(2) << "\n";
+    if (!f) {
+      std::fprintf(stderr, "bench_queue: cannot write %s\n", json_path.c_str());
+      return 1;
+    }
+  }
+  if (!ok) std::fprintf(stderr, "bench_queue: a job was claimed twice or nothing ran\n");
+  return ok ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -121,7 +167,18 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"normal", "full", "both"}));
   app.add_option("--dir", dir_flag, "Directory for the database files (default: a temp dir)");
   app.add_option("--json", json_path, "Write results as JSON to this path");
+  std::vector<std::string> dbs;
+  std::vector<int> workers{1, 2, 4};
+  int64_t worker_jobs = 20000;
+  app.add_option("--db", dbs,
+                 "Claim scaling on this database (SQLite file or postgresql:// URL; its jobs "
+                 "are DELETED); repeatable");
+  app.add_option("--workers", workers, "Claimer counts for --db (default 1 2 4)")
+      ->check(CLI::Range(1, 256));
+  app.add_option("--worker-jobs", worker_jobs, "Jobs drained per --db run")
+      ->check(CLI::Range(1, 10000000));
   CLI11_PARSE(app, argc, argv);
+  if (!dbs.empty()) return run_scaling(dbs, workers, worker_jobs, claim_batch, json_path);
 
   std::filesystem::path dir = dir_flag.empty() ? std::filesystem::temp_directory_path() /
                                                      ("moebatch-bench-" + std::to_string(getpid()))

@@ -1,21 +1,25 @@
 // The Files and Batch API records: files round-trip, batches move forward only (each transition
 // conditional on the current status), finish writes both files and the status at once, and
-// listing pages newest first.
+// listing pages newest first; on SQLite and on PostgreSQL
+// (Stores/BatchStoreTest.*/sqlite|postgres).
 #include <gtest/gtest.h>
 
 #include "common/error.h"
 #include "queue/batch_store.h"
 #include "queue/job_store.h"
 #include "tests/common/files.h"
+#include "tests/queue/pg_test_util.h"
 #include "tests/queue/queue_test_util.h"
 
 namespace moebatch {
 namespace {
 
-TEST(BatchStore, FilesRoundTripAndDelete) {
-  test::TempDir dir;
-  JobStore jobs(test::store_options(dir.path() / "jobs.db"));  // migrates the file
-  BatchStore store(dir.path() / "jobs.db");
+using BatchStoreTest = test::StoreKindTest;
+MB_INSTANTIATE_STORE_TESTS(BatchStoreTest);
+
+TEST_P(BatchStoreTest, FilesRoundTripAndDelete) {
+  JobStore jobs(test::store_options(location()));  // migrates the database
+  BatchStore store(location());
   const StoredFile f = store.add_file("batch", "in.jsonl", "{\"a\":1}\n", 100);
   EXPECT_EQ(f.id.rfind("file-", 0), 0u);
   EXPECT_EQ(f.bytes, 8);
@@ -35,10 +39,9 @@ TEST(BatchStore, FilesRoundTripAndDelete) {
   EXPECT_FALSE(store.file_content("file-nope"));
 }
 
-TEST(BatchStore, BatchesMoveForwardOnlyAndFinishAtomically) {
-  test::TempDir dir;
-  JobStore jobs(test::store_options(dir.path() / "jobs.db"));
-  BatchStore store(dir.path() / "jobs.db");
+TEST_P(BatchStoreTest, BatchesMoveForwardOnlyAndFinishAtomically) {
+  JobStore jobs(test::store_options(location()));
+  BatchStore store(location());
   BatchRecord in;
   in.input_file_id = "file-x";
   in.endpoint = "/v1/completions";
@@ -82,10 +85,9 @@ TEST(BatchStore, BatchesMoveForwardOnlyAndFinishAtomically) {
   EXPECT_EQ(store.batch(bad.id)->errors, std::optional<std::string>(R"([{"line":1}])"));
 }
 
-TEST(BatchStore, ListPagesNewestFirst) {
-  test::TempDir dir;
-  JobStore jobs(test::store_options(dir.path() / "jobs.db"));
-  BatchStore store(dir.path() / "jobs.db");
+TEST_P(BatchStoreTest, ListPagesNewestFirst) {
+  JobStore jobs(test::store_options(location()));
+  BatchStore store(location());
   std::vector<std::string> ids;
   for (int i = 0; i < 5; ++i) {
     BatchRecord b;
@@ -104,6 +106,31 @@ TEST(BatchStore, ListPagesNewestFirst) {
   ASSERT_EQ(page.size(), 3u);
   EXPECT_FALSE(more);
   EXPECT_EQ(page.back().id, ids[0]);
+}
+
+TEST_P(BatchStoreTest, TwoStoresFinishOneBatchOnceAndUnstorableUploadsAreRefused) {
+  JobStore jobs(test::store_options(location()));
+  BatchStore a(location()), b(location());
+  BatchRecord in;
+  in.input_file_id = "f";
+  in.endpoint = "/v1/completions";
+  in.completion_window = "24h";
+  const BatchRecord batch = a.add_batch(in);
+  ASSERT_TRUE(a.transition(batch.id, "validating", "in_progress", 1, 1));
+  // Two hosts finishing one batch: the second finds it moved on and writes no second file.
+  EXPECT_TRUE(a.finish(batch.id, "in_progress", "completed", "out\n", "err\n", 2));
+  EXPECT_FALSE(b.finish(batch.id, "in_progress", "completed", "out\n", "err\n", 3));
+  bool more = true;
+  EXPECT_EQ(b.list_files(std::nullopt, 10, std::string("batch_output"), more).size(), 2u);
+  EXPECT_EQ(b.batch(batch.id)->error_file_id, a.batch(batch.id)->error_file_id);
+  const std::string bad("a\0b\xff", 4);
+  if (postgres()) {
+    // PostgreSQL text holds neither: refused with the reason, nothing stored.
+    EXPECT_THROW(a.add_file("batch", "in.jsonl", bad, 4), InputError);
+    EXPECT_EQ(b.list_files(std::nullopt, 10, std::string("batch"), more).size(), 0u);
+  } else {
+    EXPECT_EQ(a.file_content(a.add_file("batch", "in.jsonl", bad, 4).id), bad);
+  }
 }
 
 }  // namespace

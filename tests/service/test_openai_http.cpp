@@ -1,7 +1,8 @@
 // The OpenAI-compatible API of an in-process service on the demo model, at the HTTP level:
 // requests become high-priority jobs with latency rows; streamed text equals the stored text and
 // stops before a stop string; a client that leaves cancels its job and frees its slot; errors
-// (400/401/404/405/413/429/503) have OpenAI's shape; keys and the loopback rule.
+// (400/401/404/405/413/429/503) have OpenAI's shape; keys and the loopback rule. Files and
+// batches run on a SQLite file and on PostgreSQL (Stores/OpenAiHttpStore.*/sqlite|postgres).
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -13,6 +14,7 @@
 #include "tests/common/files.h"
 #include "tests/common/sqlite.h"
 #include "tests/common/wait.h"
+#include "tests/queue/pg_test_util.h"
 #include "tests/service/test_util.h"
 
 namespace moebatch {
@@ -303,9 +305,14 @@ TEST(OpenAiHttp, MaintenanceAnswers503WhileTheStreamInFlightFinishes) {
       [&] { return post(r.port(), "/v1/chat/completions", chat_body()).status == 200; }, 20s));
 }
 
-TEST(OpenAiHttp, FilesAndBatchesRefuseBadInputNamingTheField) {
-  test::TempDir dir;
-  Running r(api_config(dir.path()));
+using OpenAiHttpStore = test::StoreKindTest;
+MB_INSTANTIATE_STORE_TESTS(OpenAiHttpStore);
+
+TEST_P(OpenAiHttpStore, FilesAndBatchesRefuseBadInputNamingTheField) {
+  ServiceConfig cfg = api_config(scratch());
+  cfg.db = location();
+  Running r(cfg);
+  test::SideConnection side(location());
   const int p = r.port();
   auto upload = [&](const std::string& purpose, const std::string& content) {
     const std::string body = "--b\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\n" +
@@ -355,7 +362,7 @@ TEST(OpenAiHttp, FilesAndBatchesRefuseBadInputNamingTheField) {
   const json failed = json::parse(create(b).body);
   EXPECT_EQ(failed["status"], "failed");
   EXPECT_EQ(failed["errors"]["data"][0]["line"], 1);
-  EXPECT_EQ(test::query_i64(dir.path() / "jobs.db", "SELECT count(*) FROM jobs"), 0);
+  EXPECT_EQ(side.query_i64("SELECT count(*) FROM jobs"), 0);
 
   const json done = json::parse(create(good).body);
   EXPECT_EQ(done["status"], "in_progress");
@@ -380,6 +387,14 @@ TEST(OpenAiHttp, FilesAndBatchesRefuseBadInputNamingTheField) {
   const json list = json::parse(test::http_request(p, "GET", "/v1/batches?limit=1").body);
   EXPECT_EQ(list["data"].size(), 1u);
   EXPECT_EQ(list["has_more"], true);
+  // The output file holds the request's result.
+  const json finished = json::parse(
+      test::http_request(p, "GET", "/v1/batches/" + done["id"].get<std::string>()).body);
+  const auto output = test::http_request(
+      p, "GET", "/v1/files/" + finished["output_file_id"].get<std::string>() + "/content");
+  EXPECT_EQ(output.status, 200);
+  EXPECT_EQ(json::parse(output.body)["custom_id"], "a") << output.body;
+  EXPECT_EQ(side.query_i64("SELECT count(*) FROM jobs WHERE state = 'done'"), 1);
   EXPECT_EQ(test::http_request(p, "GET", "/health").status, 200);
 }
 

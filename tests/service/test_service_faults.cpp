@@ -2,7 +2,8 @@
 // process's descriptors (the HTTP listener backs off instead of spinning and logging, and
 // /health answers once descriptors are free), and the PUB socket announcing every final
 // transition, not only the service's own results (a cancel, a row the store finds invalid, a
-// dead worker's job whose attempts ran out), seen through a real ZeroMQ SUB socket.
+// dead worker's job whose attempts ran out), seen through a real ZeroMQ SUB socket, with the
+// queue in a SQLite file and in PostgreSQL (Stores/ServiceFaultsStore.*/sqlite|postgres).
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -17,10 +18,11 @@
 #include <zmq_addon.hpp>
 
 #include "queue/job_store.h"
+#include "queue/zmq/client.h"
 #include "tests/common/files.h"
-#include "tests/common/sqlite.h"
 #include "tests/common/subprocess.h"
 #include "tests/common/wait.h"
+#include "tests/queue/pg_test_util.h"
 #include "tests/queue/queue_test_util.h"
 #include "tests/service/test_util.h"
 
@@ -30,20 +32,21 @@ namespace {
 using namespace std::chrono_literals;
 
 /// `moebatch serve` on the demo model with the ingress on free ports; `pre` runs it through a
-/// shell line first (e.g. a ulimit), `extra` are more serve flags.
+/// shell line first (e.g. a ulimit), `extra` are more serve flags, `db` the database (default
+/// `dir`/jobs.db).
 struct Serve {
   test::Child child;
   nlohmann::json ports;  // {"router", "pub", "http_port"}
 
   Serve(const std::filesystem::path& dir, const std::string& pre,
-        const std::vector<std::string>& extra)
-      : child(argv(dir, pre, extra), dir / "serve.log") {}
+        const std::vector<std::string>& extra, const std::string& db = "")
+      : child(argv(db.empty() ? (dir / "jobs.db").string() : db, pre, extra), dir / "serve.log") {}
 
-  static std::vector<std::string> argv(const std::filesystem::path& dir, const std::string& pre,
+  static std::vector<std::string> argv(const std::string& db, const std::string& pre,
                                        const std::vector<std::string>& extra) {
     std::vector<std::string> a =
-        test::join_args({{test::moebatch_bin(), "serve", "--db", (dir / "jobs.db").string(),
-                          "--bind", "tcp://127.0.0.1:*", "--http-port", "0", "--poll-ms", "10"},
+        test::join_args({{test::moebatch_bin(), "serve", "--db", db, "--bind", "tcp://127.0.0.1:*",
+                          "--http-port", "0", "--poll-ms", "10"},
                          test::demo_model_flags(),
                          test::small_engine_flags(2),
                          extra});
@@ -169,13 +172,16 @@ struct Notices {
   }
 };
 
-TEST(ServiceFaults, PubAnnouncesEveryFinalTransition) {
-  test::TempDir dir;
-  const auto db = dir.path() / "jobs.db";
-  Serve s(dir.path(), "", {"--pub", "tcp://127.0.0.1:*"});
+using ServiceFaultsStore = test::StoreKindTest;
+MB_INSTANTIATE_STORE_TESTS(ServiceFaultsStore);
+
+TEST_P(ServiceFaultsStore, PubAnnouncesEveryFinalTransition) {
+  const std::string db = location();
+  { JobStore create(test::store_options(db)); }  // serve would too; the SQL below needs it now
+  Serve s(scratch(), "", {"--pub", "tcp://127.0.0.1:*"}, db);
   ASSERT_TRUE(s.ready()) << s.child.read_log();
   Notices notices(s.ports["pub"].get<std::string>());
-  test::SqlConnection sql(db);
+  test::SideConnection sql(db);
   // A subscription reaches the publisher asynchronously: finish small jobs until one's notice
   // arrives, so the cases below cannot be lost to a late subscription.
   bool subscribed = false;
@@ -191,8 +197,8 @@ TEST(ServiceFaults, PubAnnouncesEveryFinalTransition) {
   // A queued job cancelled from another connection (as `moebatch cancel` does): not due for
   // an hour, so the service cannot have claimed it.
   ASSERT_EQ(sql.exec("INSERT INTO jobs (prompt, client_key, not_before) VALUES ('later', "
-                     "'n-cancel', CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) "
-                     "+ 3600000)"),
+                     "'n-cancel', " +
+                     std::to_string(SystemClock().now_ms() + 3600000) + ")"),
             "");
   JobStore store(test::store_options(db));
   ASSERT_TRUE(store.cancel(store.get_by_key("n-cancel")->id));
@@ -206,13 +212,23 @@ TEST(ServiceFaults, PubAnnouncesEveryFinalTransition) {
                      "lease_owner, lease_expires_at, started_at) VALUES ('orphan', 'n-lease', "
                      "'running', 1, 1, 'ghost:1:1', 1, 1)"),
             "");
+  // A job through the daemon's own ZeroMQ ingress, into the same database.
+  zmq_ingress::ClientOptions co;
+  co.endpoint = s.ports["router"].get<std::string>();
+  zmq_ingress::LazyPirateClient client(co);
+  JobSpec zspec = test::text_job("over zmq", "n-zmq");
+  zspec.sampling.max_tokens = 2;
+  zspec.sampling.temperature = 0;
+  ASSERT_TRUE(client.submit_jobs({zspec}).at(0).created);
   test::wait_until(
       [&] {
         notices.receive(100ms);
         return notices.by_key.count("n-cancel") && notices.by_key.count("n-invalid") &&
-               notices.by_key.count("n-lease");
+               notices.by_key.count("n-lease") && notices.by_key.count("n-zmq");
       },
       8s);
+  ASSERT_EQ(notices.by_key.count("n-zmq"), 1u) << "no notice for the ZeroMQ job";
+  EXPECT_EQ(notices.by_key["n-zmq"]["state"], "done");
   ASSERT_EQ(notices.by_key.count("n-cancel"), 1u) << "no notice for the cancelled job";
   EXPECT_EQ(notices.by_key["n-cancel"]["state"], "cancelled");
   ASSERT_EQ(notices.by_key.count("n-invalid"), 1u) << "no notice for the invalid row";

@@ -1,6 +1,7 @@
-// The service in-process on the demo model: real SQLite file, real engine thread, real HTTP.
-// End to end with latency rows, bad jobs failing alone, priorities, static batching, and the
-// nightly cycle under load with an injected clock.
+// The service in-process on the demo model: real database (a SQLite file, or a PostgreSQL
+// database: Stores/ServiceInProc.*/sqlite|postgres), real engine thread, real HTTP. End to end
+// with latency rows, bad jobs failing alone, priorities, static batching, and the nightly
+// cycle under load with an injected clock.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -11,8 +12,8 @@
 #include "service/service.h"
 #include "service/service_db.h"
 #include "tests/common/files.h"
-#include "tests/common/sqlite.h"
 #include "tests/common/wait.h"
+#include "tests/queue/pg_test_util.h"
 #include "tests/queue/queue_test_util.h"
 #include "tests/service/test_util.h"
 
@@ -32,8 +33,9 @@ class OffsetClock final : public Clock {
   std::atomic<int64_t> offset_;
 };
 
-ServiceConfig base_config(const std::filesystem::path& dir) {
+ServiceConfig base_config(const std::filesystem::path& dir, const std::string& db) {
   ServiceConfig c = test::demo_service_config(dir);
+  c.db = db;
   c.max_num_seqs = 8;
   c.max_num_batched_tokens = 512;
   c.warmup_seqs = 2;
@@ -41,6 +43,18 @@ ServiceConfig base_config(const std::filesystem::path& dir) {
 }
 
 using Running = test::RunningService;
+
+/// Each test on a fresh SQLite file and on a fresh PostgreSQL database.
+class ServiceInProc : public test::StoreKindTest {
+ protected:
+  /// The config of base_config on this test's database.
+  ServiceConfig config() { return base_config(scratch(), location()); }
+  /// A single integer by plain SQL on the database.
+  int64_t sql_i64(const std::string& sql) {
+    return test::SideConnection(location()).query_i64(sql);
+  }
+};
+MB_INSTANTIATE_STORE_TESTS(ServiceInProc);
 
 JobSpec spec(const std::string& prompt, int64_t max_tokens, int64_t priority = 0) {
   JobSpec s;
@@ -63,9 +77,8 @@ bool wait_final(JobStore& store, int64_t expected_final, std::chrono::seconds ti
   return false;
 }
 
-TEST(ServiceInProc, SubmitToDoneWithLatencyRowsHealthAndMetrics) {
-  test::TempDir dir;
-  ServiceConfig cfg = base_config(dir.path());
+TEST_P(ServiceInProc, SubmitToDoneWithLatencyRowsHealthAndMetrics) {
+  ServiceConfig cfg = config();
   std::vector<std::pair<int64_t, JobState>> finals;
   ServiceHooks hooks;
   hooks.on_final = [&](const FinalNotice& n) { finals.emplace_back(n.job_id, n.state); };
@@ -89,37 +102,34 @@ TEST(ServiceInProc, SubmitToDoneWithLatencyRowsHealthAndMetrics) {
   EXPECT_EQ(test::http_get(run.svc.http_port(), "/nope").first, 404);
   EXPECT_EQ(run.stop(), 0);
 
-  EXPECT_EQ(test::query_i64(cfg.db,
-                            "SELECT count(*) FROM jobs WHERE state = 'done' AND "
-                            "completion_tokens BETWEEN 1 AND 6 AND prompt_tokens > 0 AND "
-                            "result_text IS NOT NULL AND finish_reason IN ('stop','length')"),
+  EXPECT_EQ(sql_i64("SELECT count(*) FROM jobs WHERE state = 'done' AND "
+                    "completion_tokens BETWEEN 1 AND 6 AND prompt_tokens > 0 AND "
+                    "result_text IS NOT NULL AND finish_reason IN ('stop','length')"),
             12);
-  EXPECT_EQ(test::query_i64(cfg.db,
-                            "SELECT count(*) FROM job_latency WHERE total_ms >= "
-                            "queue_wait_ms AND ttft_ms IS NOT NULL AND decode_ms >= 0"),
+  EXPECT_EQ(sql_i64("SELECT count(*) FROM job_latency WHERE total_ms >= "
+                    "queue_wait_ms AND ttft_ms IS NOT NULL AND decode_ms >= 0"),
             12);
   EXPECT_EQ(finals.size(), 12u);
   for (const auto& [id, state] : finals) EXPECT_EQ(state, JobState::Done) << "job " << id;
   // The chat job's prompt was rendered with the template: many more tokens than its text.
-  EXPECT_GT(test::query_i64(cfg.db, "SELECT prompt_tokens FROM jobs WHERE id = 4"), 5);
+  EXPECT_GT(sql_i64("SELECT prompt_tokens FROM jobs WHERE id = 4"), 5);
 }
 
-TEST(ServiceInProc, BadJobsFailAloneWithAReason) {
-  test::TempDir dir;
-  ServiceConfig cfg = base_config(dir.path());
+TEST_P(ServiceInProc, BadJobsFailAloneWithAReason) {
+  ServiceConfig cfg = config();
   cfg.max_model_len = 64;
   { JobStore create(test::store_options(cfg.db)); }
   // External producers: good rows around bad ones (too long for the context, malformed stop
   // list, non-array chat, negative max_tokens).
-  ASSERT_EQ(test::exec_sql(
-                cfg.db,
-                "INSERT INTO jobs (prompt, max_tokens, temperature) VALUES ('good one', 4, 0);"
+  ASSERT_EQ(
+      test::SideConnection(location())
+          .exec("INSERT INTO jobs (prompt, max_tokens, temperature) VALUES ('good one', 4, 0);"
                 "INSERT INTO jobs (prompt, max_tokens) VALUES ('too long for the context', 200);"
                 "INSERT INTO jobs (prompt, stop) VALUES ('bad stop', '[1,2]');"
                 "INSERT INTO jobs (prompt, prompt_kind) VALUES ('{\"a\":1}', 'chat');"
                 "INSERT INTO jobs (prompt, max_tokens) VALUES ('negative', -5);"
                 "INSERT INTO jobs (prompt, max_tokens, temperature) VALUES ('good two', 4, 0);"),
-            "");
+      "");
   Running run(cfg);
   JobStore store(test::store_options(cfg.db));
   ASSERT_TRUE(wait_final(store, 6, std::chrono::seconds(60)));
@@ -135,9 +145,8 @@ TEST(ServiceInProc, BadJobsFailAloneWithAReason) {
       << *store.get(2)->error;
 }
 
-TEST(ServiceInProc, HigherPriorityRunsFirstAndStaticBatchingCompletes) {
-  test::TempDir dir;
-  ServiceConfig cfg = base_config(dir.path());
+TEST_P(ServiceInProc, HigherPriorityRunsFirstAndStaticBatchingCompletes) {
+  ServiceConfig cfg = config();
   cfg.max_num_seqs = 2;
   cfg.batching = BatchingMode::Static;
   cfg.static_batch_wait_ms = 20;
@@ -150,14 +159,11 @@ TEST(ServiceInProc, HigherPriorityRunsFirstAndStaticBatchingCompletes) {
   ASSERT_TRUE(wait_final(store, 10, std::chrono::seconds(60)));
   EXPECT_EQ(run.stop(), 0);
   // The urgent job (id 10, submitted last) started no later than any other.
-  EXPECT_EQ(
-      test::query_i64(cfg.db, "SELECT id FROM jobs ORDER BY started_at, priority DESC LIMIT 1"),
-      10);
-  EXPECT_EQ(test::query_i64(cfg.db, "SELECT count(*) FROM jobs WHERE state = 'done'"), 10);
+  EXPECT_EQ(sql_i64("SELECT id FROM jobs ORDER BY started_at, priority DESC LIMIT 1"), 10);
+  EXPECT_EQ(sql_i64("SELECT count(*) FROM jobs WHERE state = 'done'"), 10);
 }
 
-TEST(ServiceInProc, NightlyCycleUnderLoadLosesAndDuplicatesNothing) {
-  test::TempDir dir;
+TEST_P(ServiceInProc, NightlyCycleUnderLoadLosesAndDuplicatesNothing) {
   // 03:00 local time today; the clock starts well before it (the service takes a moment to
   // load) and is moved to 1.5 s before it once the service is up.
   std::time_t now = std::time(nullptr);
@@ -171,7 +177,7 @@ TEST(ServiceInProc, NightlyCycleUnderLoadLosesAndDuplicatesNothing) {
   auto clock = std::make_shared<OffsetClock>(0);
   clock->place_at(target - 60000);
 
-  ServiceConfig cfg = base_config(dir.path());
+  ServiceConfig cfg = config();
   cfg.restart_at = "03:00";
   cfg.drain_timeout_s = 0;  // force the requeue path for whatever is in flight at 03:00
   ServiceHooks hooks;
@@ -204,17 +210,16 @@ TEST(ServiceInProc, NightlyCycleUnderLoadLosesAndDuplicatesNothing) {
   EXPECT_GT(cycles[0].mem_before, 0);
   EXPECT_GT(cycles[0].mem_after, 0);
   // None lost, none duplicated: every job done exactly once with one latency record.
-  EXPECT_EQ(test::query_i64(cfg.db, "SELECT count(*) FROM jobs WHERE state = 'done'"), submitted);
-  EXPECT_EQ(test::query_i64(cfg.db, "SELECT count(*) FROM job_latency"), submitted);
+  EXPECT_EQ(sql_i64("SELECT count(*) FROM jobs WHERE state = 'done'"), submitted);
+  EXPECT_EQ(sql_i64("SELECT count(*) FROM job_latency"), submitted);
   // A requeued job keeps its attempt count: released, not failed.
-  EXPECT_EQ(test::query_i64(cfg.db, "SELECT max(attempts) FROM jobs"), 1);
+  EXPECT_EQ(sql_i64("SELECT max(attempts) FROM jobs"), 1);
 }
 
 // A stop string that the text reaches early ends generation at that step: few completion
 // tokens, the stop string absent from the text, finish_reason "stop".
-TEST(ServiceInProc, StopStringEndsGenerationEarly) {
-  test::TempDir dir;
-  ServiceConfig cfg = base_config(dir.path());
+TEST_P(ServiceInProc, StopStringEndsGenerationEarly) {
+  ServiceConfig cfg = config();
   Running run(cfg);
   JobStore store(test::store_options(cfg.db));
   const int64_t free_id = store.submit(spec("Write about the sea", 48)).id;
@@ -249,9 +254,8 @@ TEST(ServiceInProc, StopStringEndsGenerationEarly) {
 
 // Cancelling a running job takes it out of the engine within a second, and its slot serves
 // the next job.
-TEST(ServiceInProc, CancelledRunningJobLeavesTheEngineAndFreesItsSlot) {
-  test::TempDir dir;
-  ServiceConfig cfg = base_config(dir.path());
+TEST_P(ServiceInProc, CancelledRunningJobLeavesTheEngineAndFreesItsSlot) {
+  ServiceConfig cfg = config();
   cfg.max_num_seqs = 1;  // one slot: the next job runs only once the cancelled one is gone
   Running run(cfg);
   JobStore store(test::store_options(cfg.db));

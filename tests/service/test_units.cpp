@@ -219,6 +219,23 @@ TEST(StoreHealth, LockGraceBackoffAndRecovery) {
   EXPECT_TRUE(h.unwritable(6000));  // a full disk needs no grace
   EXPECT_EQ(h.failures_in_a_row(), 1);
   EXPECT_EQ(h.failures(), 13);
+  // PostgreSQL's errors as PgError words them: a lock wait, a deadlock and a serialization
+  // failure are another session's lock; a full disk and a lost connection are not. (The
+  // lock_timeout case is also produced by a real server in ServiceDbPg.*.)
+  for (const char* state : {"55P03", "40P01", "40001"}) {
+    EXPECT_TRUE(StoreHealth::is_lock_failure(
+        std::string("PostgreSQL (db on /tmp) failed (UPDATE jobs ...): ERROR: x [SQLSTATE ") +
+        state + "]"))
+        << state;
+  }
+  EXPECT_FALSE(StoreHealth::is_lock_failure(
+      "PostgreSQL (db) failed (COMMIT): ERROR: could not extend file [SQLSTATE 53100]"));
+  EXPECT_FALSE(StoreHealth::is_lock_failure("PostgreSQL connection to db lost: no route"));
+  h.write_ok();
+  h.write_failed("PostgreSQL (db) failed (INSERT): ERROR: deadlock detected [SQLSTATE 40P01]",
+                 7000);
+  EXPECT_FALSE(h.unwritable(7000));
+  EXPECT_TRUE(h.unwritable(7300));
 }
 
 // Every sample belongs to a family declared with # TYPE before it (histograms by their

@@ -1,0 +1,58 @@
+// The seam between BatchStore and the database under it (internal to the queue module), as
+// JobStoreBackend is for JobStore. BatchStore picks ids and checks arguments; a backend runs
+// one database's SQL with the same contract:
+//   - SQLite (sqlite_batch_store.cpp): migration 4 of schemas/jobs.sql; lists page by rowid.
+//   - PostgreSQL (pg_batch_store.cpp): migration 1 of schemas/jobs_pg.sql; lists page by the
+//     identity column seq, which is in insertion order as rowid is there.
+// Every status change is one UPDATE conditioned on the current status, so of two hosts moving
+// one batch at most one succeeds on either database.
+//
+// Thread-safety: one backend = one connection = one thread.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "queue/batch_store.h"
+
+namespace moebatch {
+
+/// One database's implementation of BatchStore; see BatchStore for each method's contract.
+/// `at_column` arguments are already checked column names ("completed_at", ...).
+class BatchStoreBackend {
+ public:
+  virtual ~BatchStoreBackend() = default;
+  virtual void add_file(const StoredFile& f, const std::string& content) = 0;
+  virtual std::optional<StoredFile> file(const std::string& id) = 0;
+  virtual std::optional<std::string> file_content(const std::string& id) = 0;
+  /// Up to `limit` files, newest first.
+  virtual std::vector<StoredFile> list_files(const std::optional<std::string>& after, int64_t limit,
+                                             const std::optional<std::string>& purpose) = 0;
+  virtual bool delete_file(const std::string& id) = 0;
+  virtual void add_batch(const BatchRecord& b) = 0;
+  virtual std::optional<BatchRecord> batch(const std::string& id) = 0;
+  /// Up to `limit` batches, newest first.
+  virtual std::vector<BatchRecord> list_batches(const std::optional<std::string>& after,
+                                                int64_t limit) = 0;
+  virtual std::vector<BatchRecord> batches_with_status(const std::string& status) = 0;
+  virtual bool transition(const std::string& id, const std::string& from, const std::string& to,
+                          const std::string& at_column, int64_t now_s, std::optional<int64_t> total,
+                          const std::optional<std::string>& errors) = 0;
+  /// Stores `files` (already named) and moves the batch, in one transaction; false (nothing
+  /// written) when it was not in `from`.
+  virtual bool finish(const std::string& id, const std::string& from, const std::string& to,
+                      const std::string& at_column, const std::vector<StoredFile>& files,
+                      const std::vector<std::string_view>& contents,
+                      const std::optional<std::string>& output_id,
+                      const std::optional<std::string>& error_id, int64_t now_s) = 0;
+  virtual std::map<std::string, int64_t> job_counts(const std::string& batch_id) = 0;
+};
+
+/// The SQLite implementation over the file at `path`.
+std::unique_ptr<BatchStoreBackend> make_sqlite_batch_store(const std::string& path);
+/// The PostgreSQL implementation over the database at `url`.
+std::unique_ptr<BatchStoreBackend> make_pg_batch_store(const std::string& url);
+
+}  // namespace moebatch
