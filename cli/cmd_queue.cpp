@@ -1,26 +1,23 @@
-// CLI commands of the queue module: submit, status, result, list, cancel, stats, export.
-// Each opens the job database (--db, default common/paths.h default_db_path()), does one thing,
-// and prints human text to stdout, or JSON with --json. Bad input throws InputError (exit 2);
-// a job in the wrong state for the request throws Error (exit 1).
+// CLI commands of the queue module: submit, status, result, list, cancel, stats, export (the
+// batch verbs are in cmd_batch.cpp). Each opens the job database (--db, default
+// common/paths.h default_db_path()), does one thing, and prints human text to stdout, or JSON
+// with --json. Bad input throws InputError (exit 2); a job in the wrong state for the request
+// throws Error (exit 1).
 #include <spdlog/spdlog.h>
-#include <unistd.h>
 
-#include <charconv>
+#include <algorithm>
 #include <cstdio>
-#include <ctime>
 #include <fstream>
 #include <iostream>
 #include <memory>
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/queue_cli.h"
 #include "common/error.h"
-#include "common/paths.h"
 #include "queue/job_json.h"
 #include "queue/job_store.h"
-#include "queue/job_validate.h"
 #include "queue/openai_batch.h"
-#include "queue/store_url.h"
 #include "queue/zmq/client.h"
 
 namespace moebatch::cli {
@@ -28,155 +25,108 @@ namespace {
 
 using nlohmann::json;
 
-/// Flags every queue command shares.
-struct CommonFlags {
-  std::string db;
-  bool json = false;
-};
-
-void add_common(CLI::App* cmd, CommonFlags& f) {
-  cmd->add_option("--db", f.db, "Job database (default $MOEBATCH_DB or the user data dir)");
-  cmd->add_flag("--json", f.json, "Print JSON instead of text");
-}
-
-// --db: a SQLite file (its directory is created) or a postgresql:// URL; any other scheme is a
-// usage error.
-std::unique_ptr<JobStore> open_store(const CommonFlags& f) {
-  const std::string db = f.db.empty() ? default_db_path().string() : f.db;
-  StoreOptions o;
-  o.path = prepare_store_location(db).target;
-  return std::make_unique<JobStore>(o);
-}
-
-// Job fields come from producers: a key or an error text holding ESC [ ... could rewrite the
-// operator's terminal. Text output shows C0/C1 controls, DEL and bytes that are not UTF-8 as
-// \xNN (C1 as \u00NN) instead; everything else passes unchanged.
-std::string printable(std::string_view s) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  auto hex = [](std::string& out, const char* prefix, unsigned v) {
-    out += prefix;
-    out.push_back(kHex[(v >> 4) & 15]);
-    out.push_back(kHex[v & 15]);
-  };
-  std::string out;
-  out.reserve(s.size());
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    if (c < 0x20 || c == 0x7f) {
-      hex(out, "\\x", c);
-      ++i;
-      continue;
-    }
-    if (c < 0x80) {
-      out.push_back(static_cast<char>(c));
-      ++i;
-      continue;
-    }
-    const size_t len = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
-    if (len == 0 || i + len > s.size() || !is_valid_utf8(s.substr(i, len))) {
-      hex(out, "\\x", c);
-      ++i;
-      continue;
-    }
-    if (c == 0xC2 && static_cast<unsigned char>(s[i + 1]) < 0xA0) {
-      hex(out, "\\u00", static_cast<unsigned char>(s[i + 1]));  // C1 control, U+0080..U+009F
-    } else {
-      out.append(s.substr(i, len));
-    }
-    i += len;
-  }
-  return out;
-}
-
-// CLI11 reads integers with strtoll in base 0: "99999999999999999999" became INT64_MAX and "010"
-// octal 8. Integer flags and arguments are checked as plain decimal int64 first and handed on
-// in canonical form; a failed check is a usage error (exit 2).
-CLI::Validator decimal_int() {
-  return CLI::Validator(
-      [](std::string& s) -> std::string {
-        int64_t v = 0;
-        const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-        if (ec == std::errc::result_out_of_range) return "'" + s + "' is out of the 64-bit range";
-        if (s.empty() || ec != std::errc() || end != s.data() + s.size()) {
-          return "'" + s + "' is not a decimal integer";
-        }
-        s = std::to_string(v);  // canonical: CLI11 would read "010" as octal
-        return "";
-      },
-      "INT");
-}
-
-// Results may hold arbitrary model bytes; never let a stray byte abort the output.
-std::string dump(const json& j, int indent = -1) {
-  return j.dump(indent, ' ', false, json::error_handler_t::replace);
-}
-
-std::string format_time(std::optional<int64_t> ms) {
-  if (!ms) return "-";
-  std::time_t secs = static_cast<std::time_t>(*ms / 1000);
-  std::tm tm{};
-  gmtime_r(&secs, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm);
-  return std::string(buf) + "." + fmt::format("{:03d}", static_cast<int>(*ms % 1000)) + "Z";
-}
-
-/// A one-line progress bar on stderr, drawn only when stderr is a terminal.
-class ProgressBar {
- public:
-  ProgressBar(std::string label, bool enabled) : label_(std::move(label)), on_(enabled) {}
-  ~ProgressBar() {
-    if (drawn_) std::fputc('\n', stderr);
-  }
-  void update(size_t done, size_t total) {
-    if (!on_ || total == 0) return;
-    const int width = 40;
-    const auto filled = static_cast<int>(width * std::min(done, total) / total);
-    std::fprintf(stderr, "\r%s [%s%s] %zu/%zu", label_.c_str(), std::string(filled, '#').c_str(),
-                 std::string(width - filled, '.').c_str(), done, total);
-    drawn_ = true;
-  }
-
- private:
-  std::string label_;
-  bool on_;
-  bool drawn_ = false;
-};
-
 /// Options of `submit`.
 struct SubmitFlags {
   CommonFlags common;
-  std::string prompt, file, batch, key;
-  bool chat = false, no_progress = false;
+  std::string prompt, file, batch, key, error_file;
+  bool chat = false, no_progress = false, strict = false;
   JobSpec spec;
   std::optional<int64_t> seed;
   zmq_ingress::RemoteSubmitFlags remote;  ///< --endpoint: submit through the ZeroMQ ingress
 };
 
-void run_submit_file(SubmitFlags& f, JobStore& store) {
+// Where a forgiving import reports its bad lines: --error-file, else beside the input
+// (requests.jsonl -> requests.errors.jsonl).
+std::filesystem::path error_file_path(const SubmitFlags& f) {
+  if (!f.error_file.empty()) return f.error_file;
+  std::filesystem::path p(f.file);
+  return p.parent_path() / (p.stem().string() + ".errors.jsonl");
+}
+
+void write_error_file(const std::filesystem::path& path,
+                      const std::vector<BatchLineError>& errors) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) throw InputError("cannot write the error file '" + path.string() + "'");
+  for (const BatchLineError& e : errors) out << dump(batch_error_line(e)) << "\n";
+  out.flush();
+  if (!out) throw Error("writing the error file '" + path.string() + "' failed");
+}
+
+// Local import. Without --strict a key conflict (a line whose request changed since an earlier
+// import of the batch) rejects that line only: it joins the bad lines and the rest is
+// submitted again (the failed transaction wrote nothing).
+std::vector<SubmitResult> import_local(JobStore& store, BatchFile& parsed, bool strict,
+                                       ProgressBar& bar) {
+  for (;;) {
+    try {
+      return store.submit_many(parsed.specs,
+                               [&](size_t done) { bar.update(done, parsed.specs.size()); });
+    } catch (const KeyConflictError& e) {
+      if (strict) throw;
+      const size_t i = e.index();
+      parsed.errors.push_back({parsed.spec_lines[i], "custom_id",
+                               "the request differs from the one imported before as job " +
+                                   std::to_string(e.existing_id()),
+                               parsed.specs[i].custom_id});
+      std::fprintf(stderr, "%s\n", printable(parsed.errors.back().text()).c_str());
+      parsed.specs.erase(parsed.specs.begin() + static_cast<std::ptrdiff_t>(i));
+      parsed.spec_lines.erase(parsed.spec_lines.begin() + static_cast<std::ptrdiff_t>(i));
+      if (parsed.specs.empty()) return {};
+    }
+  }
+}
+
+void run_submit_file(SubmitFlags& f, JobStore* store) {
   std::filesystem::path path(f.file);
   std::string batch = f.batch.empty() ? path.stem().string() : f.batch;
-  const bool bar = !f.no_progress && ::isatty(STDERR_FILENO);
+  const bool bar = progress_wanted(f.no_progress);
+  BatchFileLimits file_limits;
+  // Forgiving imports report every bad line; strict ones stop after max_errors, as nothing
+  // will be imported anyway.
+  if (!f.strict) file_limits.max_errors = file_limits.max_lines + 1;
   BatchFile parsed;
   {
     ProgressBar read_bar("reading ", bar);
-    parsed = read_batch_file(path, batch, store.options().limits, BatchFileLimits{},
-                             [&](size_t done, size_t total) { read_bar.update(done, total); });
+    parsed =
+        read_batch_file(path, batch, store ? store->options().limits : JobLimits{}, file_limits,
+                        [&](size_t done, size_t total) { read_bar.update(done, total); });
   }
-  // All or nothing: one bad line means nothing from the file is queued, so a fixed file can be
-  // imported again without duplicates or gaps.
-  if (!parsed.errors.empty()) {
-    for (const std::string& e : parsed.errors) std::fprintf(stderr, "%s\n", e.c_str());
-    throw InputError(std::to_string(parsed.errors.size()) + " bad line(s) in '" + f.file +
-                     "'; nothing was imported (fix the file and submit it again)");
+  const size_t shown = std::min<size_t>(parsed.errors.size(), 20);
+  for (size_t i = 0; i < shown; ++i) {
+    std::fprintf(stderr, "%s:%s\n", printable(f.file).c_str(),
+                 printable(parsed.errors[i].text()).c_str());
   }
-  if (parsed.specs.empty()) throw InputError("'" + f.file + "' holds no requests");
+  if (parsed.errors.size() > shown) {
+    std::fprintf(stderr, "... and %zu more\n", parsed.errors.size() - shown);
+  }
+  // --strict: all or nothing, so a fixed file can be imported again without duplicates or gaps.
+  if (f.strict && !parsed.errors.empty()) {
+    throw InputError(std::to_string(parsed.errors.size()) + (parsed.stopped_early ? "+" : "") +
+                     " bad line(s) in '" + f.file +
+                     "'; nothing was imported (--strict; fix the file and submit it again)");
+  }
+  if (parsed.specs.empty() && parsed.errors.empty()) {
+    throw InputError("'" + f.file + "' holds no requests");
+  }
   std::vector<SubmitResult> ids;
   {
     ProgressBar insert_bar("queueing", bar);
-    ids = store.submit_many(parsed.specs,
-                            [&](size_t done) { insert_bar.update(done, parsed.specs.size()); });
+    if (store) {
+      ids = import_local(*store, parsed, f.strict, insert_bar);
+    } else if (!parsed.specs.empty()) {
+      zmq_ingress::LazyPirateClient client(zmq_ingress::client_options_from(f.remote));
+      client.on_progress([&](size_t done) { insert_bar.update(done, parsed.specs.size()); });
+      ids = client.submit_jobs(parsed.specs);
+    }
+  }
+  std::optional<std::filesystem::path> error_file;
+  if (!parsed.errors.empty()) {
+    // Key conflicts were found after the parse errors; the file lists them in line order.
+    std::stable_sort(
+        parsed.errors.begin(), parsed.errors.end(),
+        [](const BatchLineError& a, const BatchLineError& b) { return a.line < b.line; });
+    error_file = error_file_path(f);
+    write_error_file(*error_file, parsed.errors);
   }
   size_t created = 0;
   for (const auto& r : ids) created += r.created ? 1 : 0;
@@ -184,27 +134,35 @@ void run_submit_file(SubmitFlags& f, JobStore& store) {
     json out = {{"batch_id", batch},
                 {"created", created},
                 {"existing", ids.size() - created},
+                {"rejected", parsed.errors.size()},
+                {"error_file", error_file ? json(error_file->string()) : json(nullptr)},
                 {"ids", json::array()}};
     for (const auto& r : ids) out["ids"].push_back(r.id);
     std::cout << dump(out) << "\n";
   } else {
-    std::cout << "batch " << batch << ": " << created << " job(s) queued";
+    std::cout << "batch " << printable(batch) << ": " << created << " job(s) queued";
     if (created != ids.size()) std::cout << ", " << ids.size() - created << " already present";
     if (!ids.empty()) std::cout << " (ids " << ids.front().id << ".." << ids.back().id << ")";
+    if (error_file) {
+      std::cout << "; " << parsed.errors.size() << " line(s) rejected, see "
+                << printable(error_file->string());
+    }
     std::cout << "\n";
   }
+  if (ids.empty()) throw InputError("no line of '" + f.file + "' could be imported");
+  if (!parsed.errors.empty()) throw CLI::RuntimeError(1);  // imported, but not everything
 }
 
 void run_submit(SubmitFlags& f) {
   if (f.prompt.empty() == f.file.empty()) {
     throw InputError("submit needs exactly one of a PROMPT argument or --file");
   }
-  if (!f.remote.endpoint.empty() && !f.file.empty()) {
-    throw InputError("--endpoint takes a PROMPT; import --file into the local database");
+  if (f.file.empty() && (f.strict || !f.error_file.empty())) {
+    throw InputError("--strict and --error-file go with --file");
   }
-  // With --endpoint the job goes to a remote ingress; no local database is opened.
+  // With --endpoint the jobs go to a remote ingress; no local database is opened.
   auto store = f.remote.endpoint.empty() ? open_store(f.common) : nullptr;
-  if (!f.file.empty()) return run_submit_file(f, *store);
+  if (!f.file.empty()) return run_submit_file(f, store.get());
   JobSpec spec = f.spec;
   spec.sampling.seed = f.seed;
   if (!f.batch.empty()) spec.batch_id = f.batch;
@@ -231,7 +189,7 @@ Job find_job(JobStore& store, int64_t id, const std::string& key) {
   return *j;
 }
 
-void print_status(const Job& j) {
+void print_status(const Job& j, const std::optional<LatencyRecord>& latency) {
   std::cout << "job " << j.id << ": " << job_state_to_string(j.state) << "\n";
   auto row = [](const char* k, const std::string& v) {
     std::cout << fmt::format("  {:<12} {}\n", k, v);
@@ -250,6 +208,14 @@ void print_status(const Job& j) {
   if (j.result) {
     row("tokens", std::to_string(j.result->prompt_tokens) + " prompt, " +
                       std::to_string(j.result->completion_tokens) + " completion");
+  }
+  if (latency) {
+    auto ms = [](std::optional<int64_t> v) { return v ? std::to_string(*v) + " ms" : "-"; };
+    row("queue wait", ms(latency->queue_wait_ms));
+    row("ttft", ms(latency->ttft_ms));
+    row("decode", ms(latency->decode_ms));
+    row("total", ms(latency->total_ms));
+    row("tokens/s", latency->tokens_per_s ? fmt::format("{:.1f}", *latency->tokens_per_s) : "-");
   }
 }
 
@@ -273,6 +239,50 @@ void print_stats(const QueueStats& st) {
   line("tokens/s", st.tokens_per_s);
 }
 
+std::ofstream open_output(const std::string& path) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  if (!f) throw InputError("cannot write '" + path + "'");
+  return f;
+}
+
+// OpenAI's two files: done jobs in the output, failed and cancelled ones in the error file
+// (with the output when no error file is named). Unfinished jobs are counted and skipped.
+void run_export(const CommonFlags& common, const std::string& batch, const std::string& output,
+                const std::string& error_file) {
+  auto store = open_store(common);
+  std::ofstream out_file, err_file;
+  if (!output.empty()) out_file = open_output(output);
+  if (!error_file.empty()) err_file = open_output(error_file);
+  std::ostream& out = output.empty() ? std::cout : out_file;
+  std::ostream& err = error_file.empty() ? out : err_file;
+  ListFilter filter;
+  filter.batch_id = batch;
+  filter.limit = 10000;
+  size_t done = 0, failed = 0, pending = 0;
+  for (;;) {
+    std::vector<Job> page = store->list(filter);
+    if (page.empty()) break;
+    for (const Job& j : page) {
+      if (!job_state_is_final(j.state)) {
+        ++pending;
+      } else if (j.state == JobState::Done) {
+        out << dump(batch_output_line(j)) << "\n";
+        ++done;
+      } else {
+        err << dump(batch_output_line(j)) << "\n";
+        ++failed;
+      }
+    }
+    filter.after_id = page.back().id;
+  }
+  out.flush();
+  err.flush();
+  if (!out || !err) throw Error("writing the export failed");
+  if (done + failed + pending == 0) throw InputError("no jobs in batch '" + batch + "'");
+  spdlog::info("exported batch {}: {} done, {} failed or cancelled; {} not finished yet",
+               printable(batch), done, failed, pending);
+}
+
 }  // namespace
 
 void register_queue_commands(CLI::App& app) {
@@ -282,8 +292,13 @@ void register_queue_commands(CLI::App& app) {
   add_common(submit, sf->common);
   submit->add_option("prompt", sf->prompt, "Prompt text");
   submit->add_option("--file", sf->file,
-                     "OpenAI Batch input JSONL (/v1/chat/completions, /v1/completions). "
-                     "All or nothing: any bad line and nothing is queued");
+                     "OpenAI Batch input JSONL (/v1/chat/completions, /v1/completions). Bad "
+                     "lines are rejected one by one (exit 1) into --error-file");
+  submit->add_flag("--strict", sf->strict,
+                   "--file: all or nothing; any bad line and nothing is queued (exit 2)");
+  submit->add_option("--error-file", sf->error_file,
+                     "--file: where rejected lines go, as OpenAI error lines (default: "
+                     "beside the input, NAME.errors.jsonl)");
   submit->add_option("--batch", sf->batch, "Batch id (default for --file: the file name stem)");
   submit->add_option("--key", sf->key, "Idempotency key: resubmitting it returns the same job");
   submit->add_flag("--chat", sf->chat, "Send the prompt as one user chat message");
@@ -300,16 +315,7 @@ void register_queue_commands(CLI::App& app) {
   submit->add_option("--max-attempts", sf->spec.max_attempts, "Attempts before failing (default 3)")
       ->transform(decimal_int());
   submit->add_flag("--no-progress", sf->no_progress, "Never draw the import progress bar");
-  submit->add_option("--endpoint", sf->remote.endpoint,
-                     "Submit through a ZeroMQ ingress (tcp://...), retrying Lazy-Pirate style");
-  submit->add_option("--timeout-ms", sf->remote.timeout_ms, "--endpoint: wait per try (3000)")
-      ->transform(decimal_int());
-  submit->add_option("--attempts", sf->remote.attempts, "--endpoint: tries before giving up (4)")
-      ->transform(decimal_int());
-  submit->add_option("--curve-server-key", sf->remote.curve_server_key,
-                     "--endpoint: server public key file (enables CURVE)");
-  submit->add_option("--curve-secret", sf->remote.curve_secret,
-                     "--endpoint: client secret key file (CURVE)");
+  add_remote(submit, sf->remote);
   submit->callback([sf] { run_submit(*sf); });
 
   struct IdFlags {
@@ -327,10 +333,13 @@ void register_queue_commands(CLI::App& app) {
       throw InputError("status needs exactly one of ID or --key");
     auto store = open_store(st->common);
     Job j = find_job(*store, st->id, st->key);
+    const std::optional<LatencyRecord> latency = store->latency(j.id);
     if (st->common.json) {
-      std::cout << dump(job_to_json(j)) << "\n";
+      json out = job_to_json(j);
+      out["latency"] = latency ? latency_to_json(*latency) : json(nullptr);
+      std::cout << dump(out) << "\n";
     } else {
-      print_status(j);
+      print_status(j, latency);
     }
   });
 
@@ -358,15 +367,18 @@ void register_queue_commands(CLI::App& app) {
     CommonFlags common;
     std::string state, batch;
     int64_t limit = 100, after = 0;
+    bool all = false;
   };
   auto lf = std::make_shared<ListFlags>();
   auto* list = app.add_subcommand("list", "List jobs, oldest first");
   add_common(list, lf->common);
   list->add_option("--state", lf->state, "queued|running|done|failed|cancelled");
   list->add_option("--batch", lf->batch, "Only this batch id");
-  list->add_option("--limit", lf->limit, "At most this many (default 100)")
+  list->add_option("--limit", lf->limit, "At most this many per page (default 100)")
       ->transform(decimal_int());
-  list->add_option("--after", lf->after, "Only ids above this (paging)")->transform(decimal_int());
+  list->add_option("--after", lf->after, "Only ids above this (the next page)")
+      ->transform(decimal_int());
+  list->add_flag("--all", lf->all, "Every page, not just the first --limit rows");
   list->callback([lf] {
     ListFilter filter;
     if (!lf->state.empty()) {
@@ -377,21 +389,34 @@ void register_queue_commands(CLI::App& app) {
     filter.limit = lf->limit;
     filter.after_id = lf->after;
     auto store = open_store(lf->common);
-    std::vector<Job> jobs = store->list(filter);
-    if (lf->common.json) {
-      json out = json::array();
-      for (const Job& j : jobs) out.push_back(job_to_json(j));
-      std::cout << dump(out) << "\n";
-      return;
+    // Pages are read one at a time and printed as they come, so --all holds one page in memory.
+    json out = json::array();
+    if (!lf->common.json) {
+      std::cout << fmt::format("{:>8}  {:<9} {:>5} {:>4}  {:<16} {:<24} {}\n", "id", "state",
+                               "prio", "try", "batch", "key", "enqueued");
     }
-    std::cout << fmt::format("{:>8}  {:<9} {:>5} {:>4}  {:<16} {:<24} {}\n", "id", "state", "prio",
-                             "try", "batch", "key", "enqueued");
-    for (const Job& j : jobs) {
-      std::cout << fmt::format(
-          "{:>8}  {:<9} {:>5} {:>4}  {:<16} {:<24} {}\n", j.id, job_state_to_string(j.state),
-          j.spec.priority, j.attempts, printable(j.spec.batch_id.value_or("-")),
-          printable(j.spec.client_key.value_or("-")), format_time(j.enqueued_at));
+    for (;;) {
+      std::vector<Job> jobs = store->list(filter);
+      for (const Job& j : jobs) {
+        if (lf->common.json) {
+          out.push_back(job_to_json(j));
+          continue;
+        }
+        std::cout << fmt::format(
+            "{:>8}  {:<9} {:>5} {:>4}  {:<16} {:<24} {}\n", j.id, job_state_to_string(j.state),
+            j.spec.priority, j.attempts, printable(j.spec.batch_id.value_or("-")),
+            printable(j.spec.client_key.value_or("-")), format_time(j.enqueued_at));
+      }
+      if (static_cast<int64_t>(jobs.size()) < filter.limit) break;
+      filter.after_id = jobs.back().id;
+      if (!lf->all) {
+        // A full page: there may be more. Say how to get them, off stdout.
+        std::fprintf(stderr, "(%lld rows shown; next page: --after %lld, or --all)\n",
+                     static_cast<long long>(jobs.size()), static_cast<long long>(filter.after_id));
+        break;
+      }
     }
+    if (lf->common.json) std::cout << dump(out) << "\n";
   });
 
   auto cf = std::make_shared<IdFlags>();
@@ -425,45 +450,18 @@ void register_queue_commands(CLI::App& app) {
 
   struct ExportFlags {
     CommonFlags common;
-    std::string batch, output;
+    std::string batch, output, error_file;
   };
   auto ef = std::make_shared<ExportFlags>();
-  auto* exp =
-      app.add_subcommand("export", "Write a batch's finished jobs as OpenAI Batch output JSONL");
+  auto* exp = app.add_subcommand(
+      "export", "Write a batch's finished jobs as OpenAI Batch output (and error) JSONL");
   add_common(exp, ef->common);
   exp->add_option("--batch", ef->batch, "Batch id")->required();
   exp->add_option("--output,-o", ef->output, "Output file (default stdout)");
-  exp->callback([ef] {
-    auto store = open_store(ef->common);
-    std::ofstream file;
-    if (!ef->output.empty()) {
-      file.open(ef->output, std::ios::binary | std::ios::trunc);
-      if (!file) throw InputError("cannot write '" + ef->output + "'");
-    }
-    std::ostream& out = ef->output.empty() ? std::cout : file;
-    ListFilter filter;
-    filter.batch_id = ef->batch;
-    filter.limit = 10000;
-    size_t written = 0, pending = 0;
-    for (;;) {
-      std::vector<Job> page = store->list(filter);
-      if (page.empty()) break;
-      for (const Job& j : page) {
-        if (!job_state_is_final(j.state)) {
-          ++pending;
-          continue;
-        }
-        out << dump(batch_output_line(j)) << "\n";
-        ++written;
-      }
-      filter.after_id = page.back().id;
-    }
-    out.flush();
-    if (!out) throw Error("writing the export failed");
-    if (written + pending == 0) throw InputError("no jobs in batch '" + ef->batch + "'");
-    spdlog::info("exported {} finished job(s) of batch {}; {} not finished yet", written, ef->batch,
-                 pending);
-  });
+  exp->add_option("--error-file", ef->error_file,
+                  "Failed and cancelled jobs go here, as OpenAI's error file (default: with "
+                  "the done ones in the output)");
+  exp->callback([ef] { run_export(ef->common, ef->batch, ef->output, ef->error_file); });
 }
 
 }  // namespace moebatch::cli

@@ -42,6 +42,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   moebatch::cli::register_queue_commands(app);
+  moebatch::cli::register_batch_commands(app);
   moebatch::cli::register_engine_commands(app);
   moebatch::cli::register_tokenizer_commands(app);
   moebatch::cli::register_chat_commands(app);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A moebatch producer in shell: the sqlite3 command-line tool inserts a batch into the daemon's
-# job database, waits until no job of it is queued or running, then `moebatch export` writes the
-# results as OpenAI Batch output lines. Needs sqlite3 (Debian: apt-get install sqlite3) and the
+# job database, `moebatch batch wait` waits until no job of it is queued or running, then
+# `moebatch export` writes the results as OpenAI Batch output lines. Needs sqlite3 (Debian: apt-get install sqlite3) and the
 # moebatch binary ($MOEBATCH, else `moebatch` on PATH).
 #
 #   examples/shell_producer.sh jobs.db nightly-2026-12-01 prompts.txt > results.jsonl
@@ -32,14 +32,12 @@ sql() { sqlite3 -batch -cmd ".timeout 10000" "$db" "$@"; }
 } | sql
 echo "batch $batch: $(sql "SELECT count(*) FROM jobs WHERE batch_id = $(q "$batch")") job(s)" >&2
 
-deadline=$((SECONDS + timeout_s))
-until [ "$(sql "SELECT count(*) FROM jobs WHERE batch_id = $(q "$batch")
-                AND state IN ('queued', 'running')")" = 0 ]; do
-  if [ $SECONDS -ge $deadline ]; then echo "batch $batch: not finished" >&2; exit 1; fi
-  sleep 0.2
-done
-
+# batch wait exits 0 when every job is done, 1 when one failed or was cancelled or the timeout
+# passed; its summary goes to stderr so that stdout holds only the results.
+status=0
+"$moebatch" batch wait --db "$db" "$batch" --timeout "$timeout_s" --interval-ms 200 >&2 ||
+  status=$?
 "$moebatch" export --db "$db" --batch "$batch"
 not_done=$(sql "SELECT count(*) FROM jobs WHERE batch_id = $(q "$batch") AND state != 'done'")
 echo "batch $batch: finished, $not_done job(s) not done" >&2
-[ "$not_done" = 0 ]
+exit "$status"

@@ -45,6 +45,9 @@ struct JobSpec {
   std::optional<std::string> batch_id;    ///< group id (one imported file, one client run)
   std::optional<std::string> custom_id;   ///< OpenAI Batch custom_id, echoed on export
   std::optional<std::string> model;       ///< model the request named (informative only)
+  std::optional<std::string> user;        ///< OpenAI `user`: the end user (stored, informative)
+  /// OpenAI `metadata`: a JSON object of up to 16 string values (stored, informative).
+  std::optional<std::string> metadata;
   int64_t priority = 0;                   ///< higher runs first
   PromptKind prompt_kind = PromptKind::Text;
   std::string prompt;  ///< text, or JSON array of {role, content} objects

@@ -1,5 +1,7 @@
 #include "queue/job_json.h"
 
+#include "common/error.h"
+
 namespace moebatch {
 namespace {
 
@@ -31,6 +33,8 @@ json job_to_json(const Job& job) {
       {"batch_id", opt(s.batch_id)},
       {"custom_id", opt(s.custom_id)},
       {"model", opt(s.model)},
+      {"user", opt(s.user)},
+      {"metadata", s.metadata ? json::parse(*s.metadata, nullptr, false) : json(nullptr)},
       {"priority", s.priority},
       {"prompt_kind", prompt_kind_to_string(s.prompt_kind)},
       {"prompt", prompt},
@@ -65,6 +69,14 @@ json job_to_json(const Job& job) {
   return j;
 }
 
+json latency_to_json(const LatencyRecord& l) {
+  return {{"queue_wait_ms", l.queue_wait_ms},
+          {"ttft_ms", opt(l.ttft_ms)},
+          {"decode_ms", opt(l.decode_ms)},
+          {"total_ms", l.total_ms},
+          {"tokens_per_s", opt(l.tokens_per_s)}};
+}
+
 json stats_to_json(const QueueStats& stats) {
   json counts = json::object();
   for (const auto& [state, n] : stats.counts) counts[std::string(job_state_to_string(state))] = n;
@@ -74,6 +86,48 @@ json stats_to_json(const QueueStats& stats) {
             {"ttft_ms", percentiles_to_json(stats.ttft_ms)},
             {"total_ms", percentiles_to_json(stats.total_ms)},
             {"tokens_per_s", percentiles_to_json(stats.tokens_per_s)}}}};
+}
+
+json batch_counts_to_json(const std::string& batch_id, const BatchCounts& c) {
+  json counts = json::object();
+  for (const auto& [state, n] : c.counts) counts[std::string(job_state_to_string(state))] = n;
+  auto opt_i = [](const std::optional<int64_t>& v) { return v ? json(*v) : json(nullptr); };
+  return {{"batch_id", batch_id},
+          {"total", c.total},
+          {"counts", counts},
+          {"prompt_tokens", c.prompt_tokens},
+          {"completion_tokens", c.completion_tokens},
+          {"first_enqueued_at", opt_i(c.first_enqueued_at)},
+          {"last_finished_at", opt_i(c.last_finished_at)}};
+}
+
+BatchCounts batch_counts_from_json(const json& j) {
+  auto integer = [&](const char* k) {
+    if (!j.is_object() || !j.contains(k) || !j[k].is_number_integer()) {
+      throw Error(std::string("malformed batch reply: ") + k);
+    }
+    return j[k].get<int64_t>();
+  };
+  auto opt_integer = [&](const char* k) -> std::optional<int64_t> {
+    if (j.contains(k) && j[k].is_null()) return std::nullopt;
+    return integer(k);
+  };
+  BatchCounts c;
+  c.total = integer("total");
+  c.prompt_tokens = integer("prompt_tokens");
+  c.completion_tokens = integer("completion_tokens");
+  c.first_enqueued_at = opt_integer("first_enqueued_at");
+  c.last_finished_at = opt_integer("last_finished_at");
+  const json& counts = j.value("counts", json());
+  for (JobState s : {JobState::Queued, JobState::Running, JobState::Done, JobState::Failed,
+                     JobState::Cancelled}) {
+    const std::string name(job_state_to_string(s));
+    if (!counts.is_object() || !counts.contains(name) || !counts[name].is_number_integer()) {
+      throw Error("malformed batch reply: counts." + name);
+    }
+    c.counts[s] = counts[name].get<int64_t>();
+  }
+  return c;
 }
 
 }  // namespace moebatch

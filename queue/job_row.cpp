@@ -10,7 +10,7 @@ const char* const kJobColumns =
     "temperature, top_p, top_k, seed, stop, state, attempts, max_attempts, lease_owner, "
     "lease_expires_at, error, enqueued_at, not_before, started_at, first_token_at, finished_at, "
     "result_text, prompt_tokens, completion_tokens, finish_reason, chat_template_kwargs, "
-    "lease_token";
+    "lease_token, end_user, metadata";
 
 namespace {
 
@@ -46,7 +46,9 @@ enum Col {
   kCompletionTokens,
   kFinishReason,
   kChatTemplateKwargs,
-  kLeaseToken
+  kLeaseToken,
+  kEndUser,
+  kMetadata
 };
 
 const char* type_name(RowSource::Type t) {
@@ -154,6 +156,8 @@ JobRow decode_job_row(const RowSource& s) {
   spec.batch_id = r.opt_text(kBatchId, "batch_id");
   spec.custom_id = r.opt_text(kCustomId, "custom_id");
   spec.model = r.opt_text(kModel, "model");
+  spec.user = r.opt_text(kEndUser, "end_user");
+  spec.metadata = r.opt_text(kMetadata, "metadata");
   spec.priority = r.req_int(kPriority, "priority");
   std::string kind = r.req_text(kPromptKind, "prompt_kind");
   if (auto k = prompt_kind_from_string(kind)) {

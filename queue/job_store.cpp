@@ -185,6 +185,29 @@ int64_t JobStore::release(const std::string& worker, const std::vector<int64_t>&
 
 bool JobStore::cancel(int64_t id) { return backend_->cancel(id, options_.clock->now_ms()); }
 
+std::optional<LatencyRecord> JobStore::latency(int64_t id) { return backend_->latency(id); }
+
+BatchCounts JobStore::batch_counts(const std::string& batch_id) {
+  BatchCounts c = backend_->batch_counts(batch_id);
+  for (JobState s : {JobState::Queued, JobState::Running, JobState::Done, JobState::Failed,
+                     JobState::Cancelled}) {
+    c.counts.try_emplace(s, 0);
+  }
+  return c;
+}
+
+int64_t JobStore::cancel_batch(const std::string& batch_id) {
+  return backend_->cancel_batch(batch_id, options_.clock->now_ms());
+}
+
+int64_t JobStore::retry_batch(const std::string& batch_id) {
+  return backend_->retry_batch(batch_id, options_.clock->now_ms());
+}
+
+PurgeOutcome JobStore::purge_batch(const std::string& batch_id) {
+  return backend_->purge_batch(batch_id);
+}
+
 int64_t JobStore::requeue_expired() { return backend_->requeue_expired(options_.clock->now_ms()); }
 
 QueueStats JobStore::stats() {

@@ -122,6 +122,24 @@ struct QueueStats {
   Percentiles tokens_per_s;            ///< decode throughput per job
 };
 
+/// One batch's jobs at one moment (JobStore::batch_counts).
+struct BatchCounts {
+  std::map<JobState, int64_t> counts;        ///< every state, zero when empty
+  int64_t total = 0;                         ///< jobs of the batch
+  int64_t prompt_tokens = 0;                 ///< summed over done jobs
+  int64_t completion_tokens = 0;             ///< summed over done jobs
+  std::optional<int64_t> first_enqueued_at;  ///< oldest job's enqueue time
+  std::optional<int64_t> last_finished_at;   ///< newest final transition
+  /// Jobs not final yet (queued + running).
+  int64_t unfinished() const { return counts.at(JobState::Queued) + counts.at(JobState::Running); }
+};
+
+/// What purge_batch did.
+struct PurgeOutcome {
+  int64_t deleted = 0;     ///< jobs removed (with their latency rows)
+  int64_t unfinished = 0;  ///< queued or running jobs that made the purge refuse; 0 on success
+};
+
 /// The job queue over one database connection. See the file comment for thread-safety.
 class JobStore {
  public:
@@ -182,6 +200,23 @@ class JobStore {
   int64_t release(const std::string& worker, const std::vector<int64_t>& ids);
   /// Cancels a queued or running job; false when it is already final or does not exist.
   bool cancel(int64_t id);
+  /// The latency record complete() wrote for a done job; nullopt for any other job.
+  std::optional<LatencyRecord> latency(int64_t id);
+
+  /// Counts by state and token totals of the jobs whose batch_id is `batch_id` (all zero for
+  /// a batch without jobs).
+  BatchCounts batch_counts(const std::string& batch_id);
+  /// Cancels every queued or running job of the batch in one transaction; returns how many.
+  /// Final jobs keep their state. Workers holding a cancelled job lose the lease as with cancel.
+  int64_t cancel_batch(const std::string& batch_id);
+  /// Puts every failed job of the batch back in the queue in one transaction (attempts 0, error
+  /// cleared, claimable now); returns how many. The one way out of a final state, an operator's:
+  /// the lease token is kept, so each new run still ends in exactly one final result.
+  int64_t retry_batch(const std::string& batch_id);
+  /// Deletes every job of the batch and its latency rows in one transaction, only when none is
+  /// queued or running (else deletes nothing and reports how many are unfinished).
+  PurgeOutcome purge_batch(const std::string& batch_id);
+
   /// Running jobs whose lease ended before now go back to queued, or to failed when their
   /// attempts are exhausted. Returns how many rows changed. claim() calls this itself.
   int64_t requeue_expired();

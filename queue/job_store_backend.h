@@ -72,6 +72,13 @@ class JobStoreBackend {
   virtual bool cancel(int64_t id, int64_t now) = 0;
   virtual int64_t requeue_expired(int64_t now) = 0;
   virtual StatsSamples stats() = 0;
+
+  virtual std::optional<LatencyRecord> latency(int64_t id) = 0;
+  /// counts holds only the states present; total and the rest are filled.
+  virtual BatchCounts batch_counts(const std::string& batch_id) = 0;
+  virtual int64_t cancel_batch(const std::string& batch_id, int64_t now) = 0;
+  virtual int64_t retry_batch(const std::string& batch_id, int64_t now) = 0;
+  virtual PurgeOutcome purge_batch(const std::string& batch_id) = 0;
 };
 
 /// Delay before attempt `attempts` + 1 after a retryable failure: base * 2^(attempts-1), capped.

@@ -13,13 +13,7 @@ namespace {
 std::optional<std::string> check_id(const char* field, const std::optional<std::string>& v,
                                     const JobLimits& limits) {
   if (!v) return std::nullopt;
-  if (v->empty()) return std::string(field) + ": must not be empty (omit it instead)";
-  if (v->size() > limits.max_id_bytes) {
-    return std::string(field) + ": " + std::to_string(v->size()) + " bytes exceeds the limit of " +
-           std::to_string(limits.max_id_bytes);
-  }
-  if (!is_valid_utf8(*v)) return std::string(field) + ": not valid UTF-8";
-  return std::nullopt;
+  return find_id_error(field, *v, limits);
 }
 
 std::optional<std::string> check_stop_strings(const std::vector<std::string>& stop,
@@ -51,6 +45,37 @@ std::string fmt_double(double v) {
 }
 
 }  // namespace
+
+std::optional<std::string> find_id_error(const char* field, std::string_view v,
+                                         const JobLimits& limits) {
+  if (v.empty()) return std::string(field) + ": must not be empty (omit it instead)";
+  if (v.size() > limits.max_id_bytes) {
+    return std::string(field) + ": " + std::to_string(v.size()) + " bytes exceeds the limit of " +
+           std::to_string(limits.max_id_bytes);
+  }
+  if (!is_valid_utf8(v)) return std::string(field) + ": not valid UTF-8";
+  return std::nullopt;
+}
+
+std::optional<std::string> find_metadata_error(std::string_view json) {
+  std::string problem;
+  const nlohmann::json j = parse_json_strict(json, &problem);
+  if (!problem.empty() && problem != "not valid JSON") return "metadata: " + problem;
+  if (j.is_discarded() || !j.is_object()) return "metadata: must be a JSON object";
+  // OpenAI's bounds: 16 pairs, keys up to 64 and values up to 512 characters.
+  if (j.size() > 16) return "metadata: " + std::to_string(j.size()) + " keys exceeds 16";
+  for (const auto& [k, v] : j.items()) {
+    if (k.size() > 64) return "metadata." + k.substr(0, 64) + "...: key longer than 64 bytes";
+    if (!is_valid_utf8(k)) return "metadata: a key is not valid UTF-8";
+    if (!v.is_string()) return "metadata." + k + ": must be a string";
+    if (v.get_ref<const std::string&>().size() > 512) {
+      return "metadata." + k + ": longer than 512 bytes";
+    }
+    if (!is_valid_utf8(v.get_ref<const std::string&>()))
+      return "metadata." + k + ": not valid UTF-8";
+  }
+  return std::nullopt;
+}
 
 bool is_valid_utf8(std::string_view s) {
   size_t i = 0;
@@ -144,6 +169,10 @@ std::optional<std::string> find_job_spec_error(const JobSpec& spec, const JobLim
   if (auto e = check_id("batch_id", spec.batch_id, limits)) return e;
   if (auto e = check_id("custom_id", spec.custom_id, limits)) return e;
   if (auto e = check_id("model", spec.model, limits)) return e;
+  if (auto e = check_id("user", spec.user, limits)) return e;
+  if (spec.metadata) {
+    if (auto e = find_metadata_error(*spec.metadata)) return e;
+  }
   if (spec.priority < -limits.max_abs_priority || spec.priority > limits.max_abs_priority) {
     return "priority: " + std::to_string(spec.priority) + " is outside [-" +
            std::to_string(limits.max_abs_priority) + ", " +

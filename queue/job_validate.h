@@ -32,6 +32,15 @@ bool is_valid_utf8(std::string_view s);
 /// First problem with a chat prompt (a JSON array of {"role","content"} objects), or nullopt.
 std::optional<std::string> find_chat_messages_error(std::string_view json, const JobLimits& limits);
 
+/// First problem with an id-like field (client_key, batch_id, custom_id, model, user) as
+/// "field: reason": empty, longer than limits.max_id_bytes, or not UTF-8; nullopt when fine.
+std::optional<std::string> find_id_error(const char* field, std::string_view v,
+                                         const JobLimits& limits);
+
+/// First problem with a metadata object (JSON: at most 16 string values, keys <= 64 bytes,
+/// values <= 512 bytes, as OpenAI bounds it), or nullopt.
+std::optional<std::string> find_metadata_error(std::string_view json);
+
 /// First problem with a stored stop list (a JSON array of strings), or nullopt.
 std::optional<std::string> find_stop_json_error(std::string_view json, const JobLimits& limits);
 

@@ -150,6 +150,10 @@ std::string job_payload_hash(const JobSpec& s) {
   e.i64('L', static_cast<int64_t>(p.stop.size()));
   for (const std::string& stop : p.stop) e.bytes('X', stop);
   e.i64('A', s.max_attempts);
+  // Added after v1 shipped: encoded only when set, so the hashes of jobs without them (every
+  // stored one) stay what they were.
+  if (s.user) e.bytes('R', *s.user);
+  if (s.metadata) e.bytes('D', *s.metadata);
   return sha256_hex(e.str());
 }
 

@@ -74,6 +74,8 @@ void check_storable(const JobSpec& s, size_t index, size_t count) {
   check("model", s.model);
   check("prompt", s.prompt);
   check("chat_template_kwargs", s.chat_template_kwargs);
+  check("user", s.user);
+  check("metadata", s.metadata);
   for (size_t i = 0; i < s.sampling.stop.size(); ++i) {
     check(("stop[" + std::to_string(i) + "]").c_str(), s.sampling.stop[i]);
   }
@@ -183,13 +185,15 @@ SubmitResult PgJobStore::insert_one(const JobSpec& spec, size_t index, int64_t n
   params.add(std::string_view(spec.prompt)).add(p.max_tokens).add(p.temperature);
   params.add(p.top_p).add(p.top_k).add(p.seed).add(stop_list_to_json(p.stop));
   params.add(spec.max_attempts).add(now).add(spec.chat_template_kwargs).add(hash);
+  params.add(spec.user).add(spec.metadata);
   // A key inserted by another session since the lookup: ON CONFLICT waits for that session to
   // end, inserts nothing, and the key is then looked up again.
   PgResult r = conn_->exec(
       "INSERT INTO jobs (client_key, batch_id, custom_id, model, priority, prompt_kind, prompt, "
       "max_tokens, temperature, top_p, top_k, seed, stop, max_attempts, enqueued_at, not_before, "
-      "chat_template_kwargs, payload_hash) "
-      "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, 0, $16, $17) "
+      "chat_template_kwargs, payload_hash, end_user, metadata) "
+      "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, 0, $16, $17, $18, "
+      "$19) "
       "ON CONFLICT (client_key) DO NOTHING RETURNING id",
       params);
   if (r.rows() == 1) return {r.i64(0, 0), true};

@@ -47,6 +47,11 @@ class PgJobStore : public JobStoreBackend {
   bool cancel(int64_t id, int64_t now) override;
   int64_t requeue_expired(int64_t now) override;
   StatsSamples stats() override;
+  std::optional<LatencyRecord> latency(int64_t id) override;
+  BatchCounts batch_counts(const std::string& batch_id) override;
+  int64_t cancel_batch(const std::string& batch_id, int64_t now) override;
+  int64_t retry_batch(const std::string& batch_id, int64_t now) override;
+  PurgeOutcome purge_batch(const std::string& batch_id) override;
 
  private:
   void migrate();

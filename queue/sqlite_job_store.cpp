@@ -87,15 +87,16 @@ SubmitResult SqliteJobStore::insert_one(const JobSpec& spec, size_t index, int64
   Stmt& ins = db_->prepare(
       "INSERT INTO jobs (client_key, batch_id, custom_id, model, priority, prompt_kind, prompt, "
       "max_tokens, temperature, top_p, top_k, seed, stop, max_attempts, enqueued_at, not_before, "
-      "chat_template_kwargs, payload_hash) "
-      "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, 0, ?16, ?17)");
+      "chat_template_kwargs, payload_hash, end_user, metadata) "
+      "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, 0, ?16, ?17, ?18, "
+      "?19)");
   const SamplingParams& p = spec.sampling;
   ins.bind(1, spec.client_key).bind(2, spec.batch_id).bind(3, spec.custom_id).bind(4, spec.model);
   ins.bind(5, spec.priority).bind(6, prompt_kind_to_string(spec.prompt_kind));
   ins.bind(7, std::string_view(spec.prompt)).bind(8, p.max_tokens).bind(9, p.temperature);
   ins.bind(10, p.top_p).bind(11, p.top_k).bind(12, p.seed).bind(13, stop_list_to_json(p.stop));
   ins.bind(14, spec.max_attempts).bind(15, now).bind(16, spec.chat_template_kwargs);
-  ins.bind(17, hash);
+  ins.bind(17, hash).bind(18, spec.user).bind(19, spec.metadata);
   ins.step();
   ins.reset();
   return {db_->last_insert_rowid(), true};

@@ -150,3 +150,10 @@ WHERE client_key = batch_id || '/' || custom_id
 -- well as on the worker id. A worker whose lease expired and was claimed again, even by a
 -- process that reuses its worker id, finds no row to change.
 ALTER TABLE jobs ADD COLUMN lease_token INTEGER NOT NULL DEFAULT 0;
+
+-- @migration 8
+-- OpenAI request fields the queue keeps but the engine does not use: `user` (the end user a
+-- request is for; `user` is reserved in SQL, hence end_user) and `metadata` (a JSON object of
+-- string values). Both are returned by status and export; NULL when the request had none.
+ALTER TABLE jobs ADD COLUMN end_user TEXT;
+ALTER TABLE jobs ADD COLUMN metadata TEXT;

@@ -99,8 +99,8 @@ json LazyPirateClient::call(json request) {
     }
     return reply;
   }
-  throw Error("giving up on " + options_.endpoint + " after " +
-              std::to_string(options_.attempts) + " attempt(s): " + last_problem);
+  throw Error("giving up on " + options_.endpoint + " after " + std::to_string(options_.attempts) +
+              " attempt(s): " + last_problem);
 }
 
 std::vector<SubmitResult> LazyPirateClient::submit_jobs(std::vector<JobSpec> specs,
@@ -109,18 +109,29 @@ std::vector<SubmitResult> LazyPirateClient::submit_jobs(std::vector<JobSpec> spe
   const std::string key_prefix = "zmq-" + random_hex_token() + "-";
   std::vector<SubmitResult> out;
   out.reserve(specs.size());
-  for (size_t start = 0; start < specs.size(); start += per_message) {
-    const size_t end = std::min(specs.size(), start + per_message);
+  // A message ends at per_message jobs or before its body would pass max_request_bytes (the
+  // ingress's limit), whichever comes first; one job alone over the limit is sent anyway and
+  // gets the ingress's too_large answer.
+  const size_t envelope = 128;  // {"v":1,"cmd":"submit","id":"...","jobs":[...]}
+  size_t start = 0;
+  while (start < specs.size()) {
     json jobs = json::array();
-    for (size_t i = start; i < end; ++i) {
-      if (!specs[i].client_key) specs[i].client_key = key_prefix + std::to_string(i);
-      jobs.push_back(job_spec_to_json(specs[i]));
+    size_t bytes = envelope;
+    size_t end = start;
+    while (end < specs.size() && end - start < per_message) {
+      if (!specs[end].client_key) specs[end].client_key = key_prefix + std::to_string(end);
+      json j = job_spec_to_json(specs[end]);
+      const size_t size = dump_json(j).size() + 1;
+      if (end > start && bytes + size > options_.max_request_bytes) break;
+      bytes += size;
+      jobs.push_back(std::move(j));
+      ++end;
     }
     json reply = call({{"v", kProtocolVersion}, {"cmd", "submit"}, {"jobs", std::move(jobs)}});
     if (!reply["ok"].get<bool>()) {
       const json& e = reply["error"];
-      std::string msg = e.is_object() ? e.value("message", std::string("rejected"))
-                                      : std::string("rejected");
+      std::string msg =
+          e.is_object() ? e.value("message", std::string("rejected")) : std::string("rejected");
       // Jobs [0, start) are committed; say so, because the caller may want to resume.
       msg = "submit rejected: " + msg + " (" + std::to_string(start) + " job(s) acked before)";
       if (e.is_object() && e.value("retryable", false)) throw Error(msg);
@@ -137,8 +148,23 @@ std::vector<SubmitResult> LazyPirateClient::submit_jobs(std::vector<JobSpec> spe
       }
       out.push_back({a["id"].get<int64_t>(), a["created"].get<bool>()});
     }
+    if (progress_) progress_(out.size());
+    start = end;
   }
   return out;
+}
+
+json LazyPirateClient::call_batch(std::string_view cmd, const std::string& batch_id) {
+  json reply = call({{"v", kProtocolVersion}, {"cmd", std::string(cmd)}, {"batch_id", batch_id}});
+  if (!reply["ok"].get<bool>()) {
+    const json& e = reply["error"];
+    const std::string msg =
+        e.is_object() ? e.value("message", std::string("rejected")) : std::string("rejected");
+    if (e.is_object() && e.value("retryable", false)) throw Error(std::string(cmd) + ": " + msg);
+    throw InputError(std::string(cmd) + ": " + msg);
+  }
+  if (!reply.contains("batch")) throw Error("malformed batch reply from " + options_.endpoint);
+  return reply;
 }
 
 ClientOptions client_options_from(const RemoteSubmitFlags& flags) {

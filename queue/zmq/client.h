@@ -9,10 +9,12 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 #include <zmq.hpp>
 
@@ -29,12 +31,14 @@ struct ClientCurve {
 
 /// How a client talks to an ingress.
 struct ClientOptions {
-  std::string endpoint;                       ///< e.g. tcp://127.0.0.1:5555
-  std::chrono::milliseconds timeout{3000};    ///< wait for one reply
-  int attempts = 4;                           ///< sends before giving up (>= 1)
+  std::string endpoint;                         ///< e.g. tcp://127.0.0.1:5555
+  std::chrono::milliseconds timeout{3000};      ///< wait for one reply
+  int attempts = 4;                             ///< sends before giving up (>= 1)
   std::chrono::milliseconds busy_backoff{100};  ///< first wait after a "busy" reply (doubles)
-  int64_t max_reply_bytes = 64 << 20;         ///< ZMQ_MAXMSGSIZE on the client socket
-  std::optional<ClientCurve> curve;           ///< CURVE when set
+  int64_t max_reply_bytes = 64 << 20;           ///< ZMQ_MAXMSGSIZE on the client socket
+  /// submit_jobs keeps each message's body under this (the ingress's --max-request-bytes).
+  size_t max_request_bytes = 4u << 20;
+  std::optional<ClientCurve> curve;  ///< CURVE when set
 };
 
 /// A Lazy-Pirate request/reply client. See the file comment.
@@ -55,6 +59,13 @@ class LazyPirateClient {
   /// and returns one result per spec, in order. Jobs without a client key get a fresh random
   /// one so retries stay idempotent. Throws InputError for a rejected job, Error otherwise.
   std::vector<SubmitResult> submit_jobs(std::vector<JobSpec> specs, size_t per_message = 500);
+  /// Called after each acked message of submit_jobs with the jobs acked so far.
+  void on_progress(std::function<void(size_t)> progress) { progress_ = std::move(progress); }
+
+  /// One batch_* command ("batch_status", "batch_cancel", ...) for batch_id: the ok reply, which
+  /// carries "batch" (queue/job_json.h batch_counts_to_json) and the command's own members.
+  /// Throws InputError when the ingress refuses the request, Error when it cannot answer.
+  nlohmann::json call_batch(std::string_view cmd, const std::string& batch_id);
 
   /// Sends so far, counting retries (for tests and the benchmark).
   int sends() const { return sends_; }
@@ -68,6 +79,7 @@ class LazyPirateClient {
   uint64_t next_id_ = 1;
   std::string id_prefix_;
   int sends_ = 0;
+  std::function<void(size_t)> progress_;
 };
 
 /// A random 128-bit hex string, for request ids and generated idempotency keys.

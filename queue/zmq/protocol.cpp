@@ -128,6 +128,14 @@ void check_known(const json& doc, std::initializer_list<std::string_view> allowe
   }
 }
 
+std::optional<Command> batch_command(std::string_view name) {
+  if (name == "batch_status") return Command::BatchStatus;
+  if (name == "batch_cancel") return Command::BatchCancel;
+  if (name == "batch_retry") return Command::BatchRetry;
+  if (name == "batch_purge") return Command::BatchPurge;
+  return std::nullopt;
+}
+
 }  // namespace
 
 JobSpec job_spec_from_json(const json& j, const std::string& path,
@@ -136,7 +144,8 @@ JobSpec job_spec_from_json(const json& j, const std::string& path,
   if (!j.is_object()) invalid(path, "must be an object");
   check_known(j,
               {"prompt", "messages", "key", "batch_id", "custom_id", "model", "priority",
-               "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "max_attempts"},
+               "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "max_attempts",
+               "user", "metadata", "chat_template_kwargs"},
               path);
   JobSpec s;
   const json* prompt = find(j, "prompt");
@@ -188,6 +197,16 @@ JobSpec job_spec_from_json(const json& j, const std::string& path,
   if (const json* v = find(j, "max_attempts")) {
     s.max_attempts = get_int(*v, child(path, "max_attempts"));
   }
+  if (const json* v = find(j, "user")) s.user = get_string(*v, child(path, "user"));
+  // Objects are kept as their JSON text; the store's checks bound and validate them.
+  auto object_text = [&](const char* name) -> std::optional<std::string> {
+    const json* v = find(j, name);
+    if (v == nullptr) return std::nullopt;
+    if (!v->is_object()) invalid(child(path, name), "must be an object");
+    return v->dump(-1, ' ', false, json::error_handler_t::strict);
+  };
+  s.metadata = object_text("metadata");
+  s.chat_template_kwargs = object_text("chat_template_kwargs");
   if (auto e = find_job_spec_error(s, limits)) rethrow_spec_error(*e, path, s.prompt_kind);
   return s;
 }
@@ -211,14 +230,17 @@ json job_spec_to_json(const JobSpec& s) {
   if (s.sampling.seed) j["seed"] = *s.sampling.seed;
   if (!s.sampling.stop.empty()) j["stop"] = s.sampling.stop;
   j["max_attempts"] = s.max_attempts;
+  if (s.user) j["user"] = *s.user;
+  if (s.metadata) j["metadata"] = json::parse(*s.metadata);
+  if (s.chat_template_kwargs) j["chat_template_kwargs"] = json::parse(*s.chat_template_kwargs);
   return j;
 }
 
 Request parse_request(std::string_view body, const ProtocolLimits& limits, json* id_out) {
   if (body.size() > limits.max_request_bytes) {
-    fail(error_code::kTooLarge,
-         "request of " + std::to_string(body.size()) + " bytes exceeds the limit of " +
-             std::to_string(limits.max_request_bytes));
+    fail(error_code::kTooLarge, "request of " + std::to_string(body.size()) +
+                                    " bytes exceeds the limit of " +
+                                    std::to_string(limits.max_request_bytes));
   }
   if (nests_deeper_than(body, kMaxJsonDepth)) {
     fail(error_code::kBadJson, "JSON nests deeper than " + std::to_string(kMaxJsonDepth));
@@ -236,8 +258,8 @@ Request parse_request(std::string_view body, const ProtocolLimits& limits, json*
   const json* v = find(doc, "v");
   if (v == nullptr || !v->is_number_integer() || v->get<int64_t>() != kProtocolVersion) {
     fail(error_code::kBadVersion,
-         "unsupported protocol version (this service speaks v=" +
-             std::to_string(kProtocolVersion) + ")",
+         "unsupported protocol version (this service speaks v=" + std::to_string(kProtocolVersion) +
+             ")",
          "v");
   }
   const json* cmd = find(doc, "cmd");
@@ -274,16 +296,27 @@ Request parse_request(std::string_view body, const ProtocolLimits& limits, json*
       }
     }
   } else if (name == "status" || name == "result" || name == "cancel") {
-    r.cmd = name == "status" ? Command::Status
-                             : (name == "result" ? Command::Result : Command::Cancel);
+    r.cmd =
+        name == "status" ? Command::Status : (name == "result" ? Command::Result : Command::Cancel);
     check_known(doc, {"v", "cmd", "id", "job_id", "key"}, "");
     parse_job_ref(doc, r);
   } else if (name == "stats") {
     r.cmd = Command::Stats;
     check_known(doc, {"v", "cmd", "id"}, "");
+  } else if (auto batch_cmd = batch_command(name)) {
+    r.cmd = *batch_cmd;
+    check_known(doc, {"v", "cmd", "id", "batch_id"}, "");
+    const json* b = find(doc, "batch_id");
+    if (b == nullptr) invalid("batch_id", "required");
+    r.batch_id = get_string(*b, "batch_id");
+    if (auto e = find_id_error("batch_id", r.batch_id, limits.jobs)) {
+      rethrow_spec_error(*e, "", PromptKind::Text);
+    }
   } else {
     fail(error_code::kUnknownCommand,
-         "unknown command '" + name.substr(0, 64) + "' (submit|status|result|cancel|stats)",
+         "unknown command '" + name.substr(0, 64) +
+             "' (submit|status|result|cancel|stats|batch_status|batch_cancel|batch_retry|"
+             "batch_purge)",
          "cmd");
   }
   return r;

@@ -1,6 +1,7 @@
 // The ZeroMQ ingress protocol, version 1 (schemas/zmq-request.json, zmq-reply.json,
 // zmq-notice.json; docs/zmq.md). A request is one JSON object
-//   {"v": 1, "cmd": "submit"|"status"|"result"|"cancel"|"stats", "id": <request id>, ...}
+//   {"v": 1, "cmd": "submit"|"status"|"result"|"cancel"|"stats"|"batch_status"|"batch_cancel"|
+//    "batch_retry"|"batch_purge", "id": <request id>, ...}
 // and every request gets exactly one reply echoing "id": {"v":1,"id":..,"ok":true,...} or
 // {"v":1,"id":..,"ok":false,"error":{"code","message","field","retryable"}}.
 //
@@ -70,7 +71,17 @@ struct ProtocolLimits {
 };
 
 /// The commands of version 1.
-enum class Command { Submit, Status, Result, Cancel, Stats };
+enum class Command {
+  Submit,
+  Status,
+  Result,
+  Cancel,
+  Stats,
+  BatchStatus,  ///< counts of one batch's jobs by state, tokens
+  BatchCancel,  ///< cancel the batch's queued and running jobs
+  BatchRetry,   ///< requeue the batch's failed jobs
+  BatchPurge,   ///< delete a finished batch's jobs
+};
 
 /// A parsed, validated request.
 struct Request {
@@ -80,6 +91,7 @@ struct Request {
   bool single_job = false;     ///< submit: sent as "job" (object), not "jobs" (array)
   std::optional<int64_t> job_id;           ///< status/result/cancel by id
   std::optional<std::string> client_key;   ///< status/result/cancel by key
+  std::string batch_id;                    ///< the batch_* commands
 };
 
 /// Parses and validates one request body. Throws ProtocolException on any problem; the error's

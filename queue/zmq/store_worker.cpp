@@ -18,12 +18,12 @@ constexpr size_t kMaxItemsPerRound = 256;
 /// "internal"; both are retryable because nothing was committed.
 ProtocolError store_error(const Error& e) {
   const std::string what = e.what();
-  const bool locked = what.find("locked") != std::string::npos ||
-                      what.find("busy") != std::string::npos;
-  return ProtocolError{std::string(locked ? error_code::kBusy : error_code::kInternal),
-                       locked ? "the job store is busy; retry later"
-                              : std::string("job store error: ") + what,
-                       std::nullopt, true};
+  const bool locked =
+      what.find("locked") != std::string::npos || what.find("busy") != std::string::npos;
+  return ProtocolError{
+      std::string(locked ? error_code::kBusy : error_code::kInternal),
+      locked ? "the job store is busy; retry later" : std::string("job store error: ") + what,
+      std::nullopt, true};
 }
 
 }  // namespace
@@ -151,8 +151,8 @@ void StoreWorker::commit_submits(std::vector<RoutedRequest>& items, size_t begin
     // disagree; answer each request alone so one bad message cannot fail its neighbours.
     spdlog::error("ingress: store rejected a pre-validated group: {}", e.what());
     for (size_t k = begin; k < end; ++k) {
-      reply_error(items[k], ProtocolError{std::string(error_code::kInvalid), e.what(),
-                                          std::nullopt, false});
+      reply_error(items[k],
+                  ProtocolError{std::string(error_code::kInvalid), e.what(), std::nullopt, false});
     }
     return;
   } catch (const Error& e) {
@@ -199,6 +199,11 @@ void StoreWorker::answer_one(RoutedRequest& item) {
                                   {"ingress", std::move(ingress)}}));
       return;
     }
+    if (r.cmd == Command::BatchStatus || r.cmd == Command::BatchCancel ||
+        r.cmd == Command::BatchRetry || r.cmd == Command::BatchPurge) {
+      answer_batch(item);
+      return;
+    }
     std::optional<Job> job = r.job_id ? store_->get(*r.job_id) : store_->get_by_key(*r.client_key);
     if (!job) {
       const bool by_id = r.job_id.has_value();
@@ -228,6 +233,24 @@ void StoreWorker::answer_one(RoutedRequest& item) {
   } catch (const Error& e) {
     reply_error(item, store_error(e));
   }
+}
+
+// The batch verbs: one store call each, then the batch's counts as they stand after it. A batch
+// id without jobs is not an error here (its counts are zero), as for the CLI.
+void StoreWorker::answer_batch(const RoutedRequest& item) {
+  const Request& r = item.request;
+  json body = json::object();
+  if (r.cmd == Command::BatchCancel) {
+    body["jobs_cancelled"] = store_->cancel_batch(r.batch_id);
+  } else if (r.cmd == Command::BatchRetry) {
+    body["jobs_requeued"] = store_->retry_batch(r.batch_id);
+  } else if (r.cmd == Command::BatchPurge) {
+    const PurgeOutcome p = store_->purge_batch(r.batch_id);
+    body["jobs_deleted"] = p.deleted;
+    body["jobs_unfinished"] = p.unfinished;
+  }
+  body["batch"] = batch_counts_to_json(r.batch_id, store_->batch_counts(r.batch_id));
+  reply(item, ok_reply(r.id, std::move(body)));
 }
 
 void StoreWorker::reply(const RoutedRequest& item, const std::string& body) {

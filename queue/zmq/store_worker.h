@@ -88,6 +88,7 @@ class StoreWorker {
   void process(std::vector<RoutedRequest>& items);
   void commit_submits(std::vector<RoutedRequest>& items, size_t begin, size_t end);
   void answer_one(RoutedRequest& item);
+  void answer_batch(const RoutedRequest& item);
   void reply(const RoutedRequest& item, const std::string& body);
   void reply_error(const RoutedRequest& item, const ProtocolError& err);
   void crash_if(CrashPoint point);

@@ -3,10 +3,14 @@
 // chat_template_kwargs, OpenAI Batch lines), and max_tokens given twice refused.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <variant>
+
 #include "common/error.h"
 #include "queue/job_validate.h"
 #include "queue/json_strict.h"
 #include "queue/openai_batch.h"
+#include "tests/common/files.h"
 #include "tests/queue/queue_test_util.h"
 
 namespace moebatch {
@@ -79,6 +83,92 @@ TEST(QueueJobInput, BatchLinesWithAmbiguousFieldsAreRefused) {
             std::string::npos);
   EXPECT_NE(reason(head + R"("body":{)" + msgs + R"(,"top_p\u0000":1}})").find("NUL"),
             std::string::npos);
+}
+
+// An OpenAI request line for /v1/chat/completions with these extra body members.
+std::string chat_line(const std::string& custom_id, const std::string& extra) {
+  return R"({"custom_id":")" + custom_id +
+         R"(","method":"POST","url":"/v1/chat/completions","body":{"model":"m",)" +
+         R"("messages":[{"role":"user","content":"hi"}])" + extra + "}}";
+}
+
+TEST(QueueJobInput, BatchLinesHonourOpenAiFieldsTheEngineSupports) {
+  const JobLimits limits;
+  auto spec = [&](const std::string& line) {
+    auto r = parse_batch_request(line, 1, "b", limits);
+    if (auto* e = std::get_if<BatchLineError>(&r)) ADD_FAILURE() << e->text();
+    return std::holds_alternative<JobSpec>(r) ? std::get<JobSpec>(r) : JobSpec{};
+  };
+  // Text content parts are joined by newlines; user and metadata are kept.
+  JobSpec s = spec(R"({"custom_id":"c","method":"POST","url":"/v1/chat/completions","body":{)"
+                   R"("messages":[{"role":"user","content":[{"type":"text","text":"a"},)"
+                   R"({"type":"text","text":"b"}]}],"user":"u-1","metadata":{"k":"v"}}})");
+  EXPECT_EQ(s.prompt, R"([{"content":"a\nb","role":"user"}])");
+  EXPECT_EQ(s.user, "u-1");
+  EXPECT_EQ(s.metadata, R"({"k":"v"})");
+  // What SDKs send by default is accepted and changes nothing.
+  s = spec(chat_line("c", R"(,"frequency_penalty":0,"presence_penalty":0.0,"logprobs":false,)"
+                          R"("response_format":{"type":"text"},"tools":[],"store":false,)"
+                          R"("top_k":-1,"stop":null,"n":1,"stream":false,"logit_bias":{})"));
+  EXPECT_EQ(s.sampling.top_k, 0);
+  EXPECT_TRUE(s.sampling.stop.empty());
+  s = spec(R"({"custom_id":"c","method":"POST","url":"/v1/completions","body":{)"
+           R"("prompt":["one"],"echo":false,"best_of":1,"suffix":null}})");
+  EXPECT_EQ(s.prompt, "one");
+}
+
+TEST(QueueJobInput, BatchLineErrorsNameTheLineAndTheField) {
+  const JobLimits limits;
+  auto error = [&](const std::string& line) {
+    auto r = parse_batch_request(line, 7, "b", limits);
+    return std::holds_alternative<BatchLineError>(r) ? std::get<BatchLineError>(r)
+                                                     : BatchLineError{};
+  };
+  BatchLineError e = error(chat_line("c", R"(,"frequency_penalty":0.5)"));
+  EXPECT_EQ(e.line, 7u);
+  EXPECT_EQ(e.field, "body.frequency_penalty");
+  EXPECT_EQ(e.custom_id, "c");
+  EXPECT_EQ(e.text(), "line 7: body.frequency_penalty: not supported by this engine (only 0)");
+  EXPECT_EQ(error(chat_line("c", R"(,"response_format":{"type":"json_object"})")).field,
+            "body.response_format");
+  EXPECT_EQ(error(chat_line("c", R"(,"tools":[{"type":"function"}])")).field, "body.tools");
+  EXPECT_EQ(error(chat_line("c", R"(,"colour":"red")")).message, "unknown field");
+  EXPECT_EQ(error(chat_line("c", R"(,"metadata":{"k":1})")).field, "body.metadata");
+  EXPECT_EQ(error(chat_line("c", R"(,"max_tokens":0)")).field, "max_tokens");
+  e = error(R"({"custom_id":"c","method":"POST","url":"/v1/chat/completions","body":{)"
+            R"("messages":[{"role":"user","content":[{"type":"image_url","image_url":{}}]}]}})");
+  EXPECT_EQ(e.text(),
+            "line 7: body.messages[0].content[0].type: 'image_url' is not supported (text only)");
+  e = error("{not json");
+  EXPECT_EQ(e.field, "line");
+  EXPECT_FALSE(e.custom_id);
+}
+
+TEST(QueueJobInput, BatchFileKeepsGoodLinesAndReportsBadOnesInOpenAiErrorLines) {
+  test::TempDir dir;
+  const auto path = dir.path() / "in.jsonl";
+  std::ofstream(path) << chat_line("a", "") << "\n"
+                      << chat_line("b", R"(,"user":17)") << "\n\n"
+                      << chat_line("a", "") << "\n"
+                      << chat_line("c", R"(,"user":"u")") << "\n";
+  BatchFileLimits fl;
+  BatchFile f = read_batch_file(path, "in", JobLimits{}, fl);
+  ASSERT_EQ(f.specs.size(), 2u);
+  EXPECT_EQ(f.spec_lines, (std::vector<size_t>{1, 5}));
+  ASSERT_EQ(f.errors.size(), 2u);
+  EXPECT_EQ(f.errors[0].text(), "line 2: body.user: must be a string");
+  EXPECT_EQ(f.errors[1].text(), "line 4: custom_id: 'a' repeats an earlier line");
+  const nlohmann::json line = batch_error_line(f.errors[0]);
+  EXPECT_EQ(line["custom_id"], "b");
+  EXPECT_EQ(line["error"], nullptr);
+  EXPECT_EQ(line["response"]["status_code"], 400);
+  EXPECT_EQ(line["response"]["body"]["error"]["param"], "body.user");
+  EXPECT_EQ(line["response"]["body"]["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(line["response"]["body"]["error"]["line"], 2);
+  fl.max_errors = 1;
+  f = read_batch_file(path, "in", JobLimits{}, fl);
+  EXPECT_TRUE(f.stopped_early);
+  EXPECT_EQ(f.errors.size(), 1u);
 }
 
 }  // namespace

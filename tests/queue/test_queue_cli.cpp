@@ -3,9 +3,12 @@
 // a SQLite file and on a PostgreSQL database (--db postgresql://...).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "queue/job_store.h"
 #include "tests/common/files.h"
@@ -96,7 +99,7 @@ TEST_P(QueueCli, BadPromptFlagsAreRejectedNamingTheField) {
   EXPECT_NE(r.err.find("--state"), std::string::npos) << r.err;
 }
 
-TEST_P(QueueCli, MalformedJsonlImportsNothingAndNamesLinesAndFields) {
+TEST_P(QueueCli, StrictImportOfAMalformedFileImportsNothingAndNamesLinesAndFields) {
   std::string text =
       chat_line("a") + chat_line("b", R"(,"max_tokens":-1)") + "\n" +
       chat_line("c", R"(,"logprobs":true)") + "{not json\n" +
@@ -104,10 +107,11 @@ TEST_P(QueueCli, MalformedJsonlImportsNothingAndNamesLinesAndFields) {
       R"({"custom_id":"f","method":"POST","url":"/v1/completions","body":{"prompt":"x"},"extra":1})" +
       "\n" + chat_line("a");
   std::string file = write_file("bad.jsonl", text);
-  RunResult r = mb({"submit", "--file", file});
+  RunResult r = mb({"submit", "--file", file, "--strict"});
   EXPECT_EQ(r.exit_code, 2);
   for (const char* want :
-       {"bad.jsonl:line 2: max_tokens: -1 is outside", "line 4: body.logprobs: unknown field",
+       {"bad.jsonl:line 2: max_tokens: -1 is outside",
+        "line 4: body.logprobs: not supported by this engine (only false)",
         "line 5: line: not valid JSON", "line 6: url: '/v1/embeddings' is not supported",
         "line 7: extra: unknown field", "line 8: custom_id: 'a' repeats an earlier line",
         "nothing was imported"}) {
@@ -115,6 +119,181 @@ TEST_P(QueueCli, MalformedJsonlImportsNothingAndNamesLinesAndFields) {
   }
   EXPECT_EQ(r.err.find("line 1:"), std::string::npos) << r.err;
   EXPECT_TRUE(store().list({}).empty());
+  EXPECT_FALSE(std::filesystem::exists(scratch() / "bad.errors.jsonl"));
+}
+
+TEST_P(QueueCli, ImportKeepsGoodLinesAndWritesBadOnesAsOpenAiErrorLines) {
+  std::string file = write_file(
+      "mixed.jsonl",
+      chat_line("ok1", R"(,"user":"u-7","metadata":{"team":"docs"},"frequency_penalty":0)") +
+          chat_line("bad1", R"(,"frequency_penalty":0.5)") +
+          R"({"custom_id":"ok2","method":"POST","url":"/v1/chat/completions","body":{"messages":)"
+          R"([{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}]}})"
+          "\n" +
+          chat_line("bad2", R"(,"response_format":{"type":"json_object"})"));
+  RunResult r = mb({"submit", "--file", file, "--json"});
+  EXPECT_EQ(r.exit_code, 1) << "imported, but not every line: " << r.err;
+  json out = json::parse(r.out);
+  EXPECT_EQ(out["created"], 2);
+  EXPECT_EQ(out["rejected"], 2);
+  const std::string errors_path = (scratch() / "mixed.errors.jsonl").string();
+  EXPECT_EQ(out["error_file"], errors_path);
+  EXPECT_NE(r.err.find("mixed.jsonl:line 2: body.frequency_penalty: not supported"),
+            std::string::npos)
+      << r.err;
+  std::ifstream in(errors_path);
+  std::vector<json> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(json::parse(line));
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[0]["custom_id"], "bad1");
+  EXPECT_EQ(lines[0]["response"]["status_code"], 400);
+  EXPECT_EQ(lines[0]["response"]["body"]["error"]["param"], "body.frequency_penalty");
+  EXPECT_EQ(lines[0]["response"]["body"]["error"]["line"], 2);
+  EXPECT_EQ(lines[1]["custom_id"], "bad2");
+  EXPECT_EQ(lines[1]["response"]["body"]["error"]["param"], "body.response_format");
+  {
+    JobStore s = store();
+    auto ok1 = s.get_by_key("mixed/ok1");
+    ASSERT_TRUE(ok1);
+    EXPECT_EQ(ok1->spec.user, "u-7");
+    EXPECT_EQ(ok1->spec.metadata, R"({"team":"docs"})");
+    auto ok2 = s.get_by_key("mixed/ok2");
+    ASSERT_TRUE(ok2);
+    EXPECT_EQ(json::parse(ok2->spec.prompt)[0]["content"], "a\nb");
+  }
+  // Fixed lines are imported on the next run; the good ones are not imported twice.
+  write_file("mixed.jsonl", chat_line("ok1", R"(,"user":"u-7","metadata":{"team":"docs"})") +
+                                chat_line("bad1") + chat_line("bad2"));
+  r = mb({"submit", "--file", file, "--json", "--error-file", (scratch() / "e.jsonl").string()});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(json::parse(r.out)["created"], 2);
+  EXPECT_EQ(json::parse(r.out)["existing"], 1);
+  EXPECT_EQ(store().list({}).size(), 4u);
+  // A line whose request changed since it was imported is rejected alone; the rest goes in.
+  write_file("mixed.jsonl", chat_line("ok1", R"(,"max_tokens":5)") + chat_line("new"));
+  r = mb({"submit", "--file", file, "--json"});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(json::parse(r.out)["created"], 1);
+  EXPECT_EQ(json::parse(r.out)["rejected"], 1);
+  EXPECT_NE(r.err.find("line 1: custom_id: the request differs from the one imported before"),
+            std::string::npos)
+      << r.err;
+  // --strict refuses the same file whole, and a file with no good line is a usage error.
+  write_file("mixed.jsonl", chat_line("ok1", R"(,"max_tokens":5)") + chat_line("new2"));
+  EXPECT_EQ(mb({"submit", "--file", file, "--strict"}).exit_code, 2);
+  EXPECT_FALSE(store().get_by_key("mixed/new2"));
+  write_file("mixed.jsonl", chat_line("x", R"(,"user":1)"));
+  r = mb({"submit", "--file", file});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("no line of"), std::string::npos) << r.err;
+  EXPECT_EQ(mb({"submit", "p", "--strict"}).exit_code, 2);
+}
+
+TEST_P(QueueCli, BatchVerbsFollowABatchToItsEnd) {
+  std::string file = write_file("b1.jsonl", chat_line("q1") + chat_line("q2") + chat_line("q3"));
+  ASSERT_EQ(mb({"submit", "--file", file}).exit_code, 0);
+  int64_t done_id = 0;
+  {
+    JobStore s = store();
+    auto jobs = s.claim("w", 2, milliseconds(60000));
+    ASSERT_EQ(jobs.size(), 2u);
+    done_id = jobs[0].id;
+    ASSERT_TRUE(s.complete("w", jobs[0].id, {"a", 5, 2, "stop", {}}, {3, 4, 5, 12, 400.0}));
+    ASSERT_EQ(s.fail("w", jobs[1].id, "boom", false), FailOutcome::Failed);
+  }
+  RunResult r = mb({"batch", "status", "b1", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  json st = json::parse(r.out);
+  EXPECT_EQ(st["total"], 3);
+  EXPECT_EQ(st["counts"]["done"], 1);
+  EXPECT_EQ(st["counts"]["failed"], 1);
+  EXPECT_EQ(st["counts"]["queued"], 1);
+  EXPECT_EQ(st["completion_tokens"], 2);
+  r = mb({"batch", "status", "b1"});
+  EXPECT_NE(r.out.find("batch b1: 3 job(s)"), std::string::npos) << r.out;
+  // status shows the done job's latency record.
+  r = mb({"status", std::to_string(done_id)});
+  EXPECT_NE(r.out.find("ttft         4 ms"), std::string::npos) << r.out;
+  EXPECT_EQ(
+      json::parse(mb({"status", std::to_string(done_id), "--json"}).out)["latency"]["total_ms"],
+      12);
+
+  r = mb({"batch", "wait", "b1", "--timeout", "1", "--interval-ms", "50"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("timed out"), std::string::npos) << r.err;
+  EXPECT_EQ(mb({"batch", "purge", "b1"}).exit_code, 1) << "one job is still queued";
+  r = mb({"batch", "cancel", "b1", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(json::parse(r.out)["cancelled"], 1);
+  EXPECT_EQ(mb({"batch", "cancel", "b1"}).exit_code, 1) << "nothing left to cancel";
+  r = mb({"batch", "wait", "b1", "--json"});
+  EXPECT_EQ(r.exit_code, 1) << "finished, but one failed and one was cancelled";
+  EXPECT_EQ(json::parse(r.out)["counts"]["cancelled"], 1);
+
+  // export: done jobs in the output, failed and cancelled ones in the error file.
+  const std::string out_path = (scratch() / "out.jsonl").string();
+  const std::string err_path = (scratch() / "err.jsonl").string();
+  ASSERT_EQ(mb({"export", "--batch", "b1", "-o", out_path, "--error-file", err_path}).exit_code, 0);
+  auto count_lines = [](const std::string& p) {
+    std::ifstream in(p);
+    size_t n = 0;
+    for (std::string line; std::getline(in, line);) ++n;
+    return n;
+  };
+  EXPECT_EQ(count_lines(out_path), 1u);
+  EXPECT_EQ(count_lines(err_path), 2u);
+
+  r = mb({"batch", "retry", "b1"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("requeued 1 failed job(s)"), std::string::npos) << r.out;
+  EXPECT_EQ(mb({"batch", "retry", "b1"}).exit_code, 1) << "no failed job left";
+  {
+    JobStore s = store();
+    auto jobs = s.claim("w", 5, milliseconds(60000));
+    ASSERT_EQ(jobs.size(), 1u);
+    ASSERT_TRUE(s.complete("w", jobs[0].id, {"b", 5, 2, "stop", {}}, {3, 4, 5, 12, 400.0}));
+  }
+  // A batch whose jobs all succeeded: wait exits 0.
+  std::string file2 = write_file("b2.jsonl", chat_line("z"));
+  ASSERT_EQ(mb({"submit", "--file", file2}).exit_code, 0);
+  {
+    JobStore s = store();
+    auto jobs = s.claim("w", 5, milliseconds(60000));
+    ASSERT_EQ(jobs.size(), 1u);
+    ASSERT_TRUE(s.complete("w", jobs[0].id, {"c", 5, 2, "stop", {}}, {3, 4, 5, 12, 400.0}));
+  }
+  r = mb({"batch", "wait", "b2"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+
+  r = mb({"batch", "purge", "b1", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(json::parse(r.out)["deleted"], 3);
+  EXPECT_EQ(store().list({}).size(), 1u);
+  for (const char* verb : {"status", "wait", "cancel", "retry", "purge"}) {
+    r = mb({"batch", verb, "b1"});
+    EXPECT_EQ(r.exit_code, 2) << verb;
+    EXPECT_NE(r.err.find("no jobs in batch 'b1'"), std::string::npos) << verb << ": " << r.err;
+  }
+  EXPECT_EQ(mb({"batch", "status"}).exit_code, 2);
+  EXPECT_EQ(mb({"batch", "frobnicate", "b2"}).exit_code, 2);
+}
+
+TEST_P(QueueCli, ListPagesPastItsLimit) {
+  for (int i = 0; i < 5; ++i) ASSERT_EQ(mb({"submit", "p" + std::to_string(i)}).exit_code, 0);
+  RunResult r = mb({"list", "--limit", "2", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(json::parse(r.out).size(), 2u);
+  EXPECT_NE(r.err.find("next page: --after 2"), std::string::npos) << r.err;
+  r = mb({"list", "--limit", "2", "--after", "4", "--json"});
+  EXPECT_EQ(json::parse(r.out).size(), 1u);
+  EXPECT_EQ(r.err.find("next page"), std::string::npos) << r.err;
+  r = mb({"list", "--limit", "2", "--all", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  json all = json::parse(r.out);
+  ASSERT_EQ(all.size(), 5u);
+  EXPECT_EQ(all[4]["id"], 5);
+  r = mb({"list", "--limit", "2", "--all"});
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 6) << "a header and 5 rows:\n" << r.out;
 }
 
 TEST_P(QueueCli, ImportRunExportRoundTrip) {
@@ -254,6 +433,46 @@ TEST_P(QueueCli, KeyReusedWithAnotherPayloadExitsTwo) {
   EXPECT_EQ(store().list({}).size(), 1u);
 }
 
+// On a terminal, batch wait draws its bar: finished / total, tokens per second and the ETA.
+// util-linux's `script` gives the command a pseudo-terminal.
+TEST(QueueCliWait, DrawsItsProgressBarOnATerminal) {
+  if (!std::filesystem::exists("/usr/bin/script")) GTEST_SKIP() << "no /usr/bin/script";
+  TempDir dir;
+  const std::string db = dir.file("jobs.db");
+  {
+    JobStore s(test::store_options(db));
+    for (const char* key : {"tty/1", "tty/2"}) {
+      JobSpec spec = test::text_job("p", key);
+      spec.batch_id = "tty";
+      s.submit(spec);
+    }
+    auto jobs = s.claim("w", 2, milliseconds(60000));
+    ASSERT_EQ(jobs.size(), 2u);
+    ASSERT_TRUE(s.complete("w", jobs[0].id, {"a", 5, 8, "stop", {}}, {1, 2, 3, 6, 100.0}));
+  }
+  // The second job finishes while wait is polling.
+  std::thread finisher([&] {
+    std::this_thread::sleep_for(milliseconds(1200));
+    JobStore s(test::store_options(db));
+    auto j = s.get_by_key("tty/2");
+    ASSERT_TRUE(j);
+    EXPECT_TRUE(s.complete("w", j->id, {"b", 5, 8, "stop", {}}, {1, 2, 3, 6, 100.0}));
+  });
+  RunResult r = test::run_command(
+      {"/usr/bin/script", "-q", "-e", "-c",
+       test::moebatch_bin() + " batch wait tty --interval-ms 100 --db " + db, "/dev/null"});
+  finisher.join();
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("waiting  ["), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("] 1/2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("] 2/2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("tok/s  ETA"), std::string::npos) << r.out;
+  // Without a terminal (every other test) nothing of the bar is drawn.
+  r = test::run_cli({"batch", "wait", "tty", "--db", db});
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_EQ(r.err.find("waiting"), std::string::npos) << r.err;
+}
+
 TEST(QueueCliDb, AnUnsupportedSchemeIsAUsageErrorAndCreatesNothing) {
   // The CLI runs in this process's directory, where a SQLite path "mysql://u@h/jobs" would
   // create the directory "mysql:".
@@ -270,11 +489,17 @@ TEST(QueueCliDb, AnUnsupportedSchemeIsAUsageErrorAndCreatesNothing) {
     EXPECT_NE(r.err.find("unsupported scheme 'mysql://'"), std::string::npos) << r.err;
   }
   EXPECT_FALSE(std::filesystem::exists(trap)) << "a directory was created for the URL";
-  // The service side is not on PostgreSQL yet: refused with a pointer, never a SQLite file.
+  // maintenance on PostgreSQL opens the service tables there (migrating a fresh database),
+  // never a SQLite file named after the URL.
   test::PgTestDatabase pg;
-  RunResult r = run_cli({"maintenance", "--db", pg.url()});
-  EXPECT_EQ(r.exit_code, 2) << r.err;
-  EXPECT_NE(r.err.find("docs/postgres.md"), std::string::npos) << r.err;
+  RunResult r = run_cli({"maintenance", "--db", pg.url(), "--json"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(json::parse(r.out), json::array()) << r.out;
+  r = run_cli({"maintenance", "--now", "--db", pg.url(), "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(json::parse(r.out)["request"], 1) << r.out;
+  test::PgSqlConnection side(pg.url());
+  EXPECT_EQ(side.query_i64("SELECT count(*) FROM service_requests WHERE taken_at IS NULL"), 1);
 }
 
 TEST(QueueCliDemo, RunsToCompletionWithoutInventingOutput) {

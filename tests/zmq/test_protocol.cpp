@@ -199,5 +199,52 @@ TEST(ProtocolSchemas, ReplyErrorCodesAndNoticeFieldsMatchTheCode) {
   EXPECT_EQ(body.size(), notice["required"].size());
 }
 
+TEST(Protocol, BatchCommandsNeedABoundedBatchId) {
+  for (const char* cmd : {"batch_status", "batch_cancel", "batch_retry", "batch_purge"}) {
+    json req = {{"v", 1}, {"cmd", cmd}, {"id", 3}, {"batch_id", "docs-1"}};
+    Request r = parse_request(req.dump(), {}, nullptr);
+    EXPECT_EQ(r.batch_id, "docs-1") << cmd;
+  }
+  EXPECT_EQ(parse_request(R"({"v":1,"cmd":"batch_purge","id":1,"batch_id":"b"})", {}, nullptr).cmd,
+            Command::BatchPurge);
+  ProtocolError e = parse_error(R"({"v":1,"cmd":"batch_status","id":1})");
+  EXPECT_EQ(e.code, "invalid");
+  EXPECT_EQ(e.field, "batch_id");
+  e = parse_error(R"({"v":1,"cmd":"batch_status","id":1,"batch_id":7})");
+  EXPECT_EQ(e.field, "batch_id");
+  e = parse_error(R"({"v":1,"cmd":"batch_cancel","id":1,"batch_id":""})");
+  EXPECT_EQ(e.field, "batch_id");
+  e = parse_error(
+      json({{"v", 1}, {"cmd", "batch_retry"}, {"id", 1}, {"batch_id", std::string(257, 'b')}})
+          .dump());
+  EXPECT_EQ(e.field, "batch_id");
+  EXPECT_NE(e.message.find("257 bytes exceeds"), std::string::npos) << e.message;
+  e = parse_error(R"({"v":1,"cmd":"batch_status","id":1,"batch_id":"b","job_id":3})");
+  EXPECT_EQ(e.field, "job_id");
+  EXPECT_EQ(e.message, "job_id: unknown field");
+}
+
+TEST(Protocol, JobsCarryUserMetadataAndTemplateVariables) {
+  json job = {{"messages", {{{"role", "user"}, {"content", "hi"}}}},
+              {"user", "u-1"},
+              {"metadata", {{"team", "docs"}}},
+              {"chat_template_kwargs", {{"enable_thinking", false}}}};
+  Request r = parse_request(submit(json::array({job})).dump(), {}, nullptr);
+  ASSERT_EQ(r.jobs.size(), 1u);
+  EXPECT_EQ(r.jobs[0].user, "u-1");
+  EXPECT_EQ(r.jobs[0].metadata, R"({"team":"docs"})");
+  EXPECT_EQ(r.jobs[0].chat_template_kwargs, R"({"enable_thinking":false})");
+  // The client's encoding reads back to the same spec.
+  json again = job_spec_to_json(r.jobs[0]);
+  Request r2 = parse_request(submit(json::array({again})).dump(), {}, nullptr);
+  EXPECT_EQ(r2.jobs[0].metadata, r.jobs[0].metadata);
+  EXPECT_EQ(r2.jobs[0].user, "u-1");
+  job["metadata"] = {{"team", 5}};
+  ProtocolError e = parse_error(submit(json::array({job})).dump());
+  EXPECT_EQ(e.field, "jobs[0].metadata.team");
+  job["metadata"] = "x";
+  EXPECT_EQ(parse_error(submit(json::array({job})).dump()).field, "jobs[0].metadata");
+}
+
 }  // namespace
 }  // namespace moebatch::zmq_ingress

@@ -135,9 +135,9 @@ TEST(ServeProcess, CliSubmitThroughEndpointIsIdempotentAndHonoursCurve) {
   }
   std::filesystem::copy_file(dir.path() / "client.pub", dir.path() / "clients.txt");
   std::string endpoint;
-  auto serve = start_serve(dir.path() / "jobs.db", "tcp://127.0.0.1:*", "", &endpoint,
-                           {"--curve-secret", d + "/server.key", "--curve-clients",
-                            d + "/clients.txt"});
+  auto serve =
+      start_serve(dir.path() / "jobs.db", "tcp://127.0.0.1:*", "", &endpoint,
+                  {"--curve-secret", d + "/server.key", "--curve-clients", d + "/clients.txt"});
   ASSERT_FALSE(endpoint.empty());
   auto submit = [&](const std::string& secret) {
     return test::run_cli({"submit", "hello over zmq", "--key", "cli-1", "--max-tokens", "9",
@@ -165,6 +165,80 @@ TEST(ServeProcess, CliSubmitThroughEndpointIsIdempotentAndHonoursCurve) {
   EXPECT_EQ(job->spec.prompt, "hello over zmq");
   EXPECT_EQ(job->spec.sampling.max_tokens, 9);
   EXPECT_EQ(store.list({}).size(), 1u);
+}
+
+// A remote producer's whole batch over the endpoint: a forgiving file import in chunks, then
+// status, wait, cancel, retry and purge, each checked against the database behind the ingress.
+TEST(ServeProcess, BatchFileAndBatchVerbsThroughTheEndpoint) {
+  TempDir dir;
+  const auto db = dir.path() / "jobs.db";
+  std::string endpoint;
+  auto serve = start_serve(db, "tcp://127.0.0.1:*", "", &endpoint);
+  ASSERT_FALSE(endpoint.empty());
+  auto line = [](const std::string& id, const std::string& extra) {
+    return R"({"custom_id":")" + id +
+           R"(","method":"POST","url":"/v1/completions","body":{"prompt":"p )" + id + "\"" + extra +
+           "}}\n";
+  };
+  const std::string file = dir.file("remote.jsonl");
+  test::write_file(file, line("a", "") + line("b", R"(,"user":"u")") +
+                             line("c", R"(,"best_of":3)") + line("d", ""));
+  auto mb = [&](std::vector<std::string> args) {
+    args.insert(args.end(), {"--endpoint", endpoint, "--timeout-ms", "2000"});
+    return test::run_cli(args);
+  };
+  auto r = mb({"submit", "--file", file, "--json"});
+  ASSERT_EQ(r.exit_code, 1) << "one line rejected: " << r.err;
+  json imp = json::parse(r.out);
+  EXPECT_EQ(imp["created"], 3);
+  EXPECT_EQ(imp["rejected"], 1);
+  EXPECT_TRUE(std::filesystem::exists(dir.path() / "remote.errors.jsonl"));
+  r = mb({"submit", "--file", file, "--json"});
+  EXPECT_EQ(json::parse(r.out)["existing"], 3) << r.err;
+
+  r = mb({"batch", "status", "remote", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(json::parse(r.out)["counts"]["queued"], 3);
+  {
+    JobStore store(test::store_options(db));
+    EXPECT_EQ(store.get_by_key("remote/b")->spec.user, "u");
+    auto jobs = store.claim("w", 1, std::chrono::milliseconds(60000));
+    ASSERT_EQ(jobs.size(), 1u);
+    ASSERT_EQ(store.fail("w", jobs[0].id, "boom", false), FailOutcome::Failed);
+  }
+  r = mb({"batch", "wait", "remote", "--timeout", "1", "--interval-ms", "50"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("timed out"), std::string::npos) << r.err;
+  EXPECT_EQ(mb({"batch", "purge", "remote"}).exit_code, 1) << "jobs are still queued";
+  r = mb({"batch", "cancel", "remote", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(json::parse(r.out)["cancelled"], 2);
+  r = mb({"batch", "retry", "remote", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(json::parse(r.out)["requeued"], 1);
+  EXPECT_EQ(json::parse(r.out)["counts"]["queued"], 1);
+  EXPECT_EQ(mb({"batch", "cancel", "remote"}).exit_code, 0);
+  r = mb({"batch", "wait", "remote"});
+  EXPECT_EQ(r.exit_code, 1) << "all final, none done";
+  r = mb({"batch", "purge", "remote", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(json::parse(r.out)["deleted"], 3);
+  r = mb({"batch", "status", "remote"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("no jobs in batch 'remote'"), std::string::npos) << r.err;
+
+  // The client splits a large import into messages under the request limit.
+  zi::ClientOptions o;
+  o.endpoint = endpoint;
+  o.max_request_bytes = 4096;
+  zi::LazyPirateClient client(o);
+  std::vector<JobSpec> specs;
+  for (int i = 0; i < 10; ++i) specs.push_back(test::text_job(std::string(1000, 'x')));
+  auto ids = client.submit_jobs(specs);
+  EXPECT_EQ(ids.size(), 10u);
+  EXPECT_GE(client.sends(), 3);
+  serve->signal(SIGTERM);
+  EXPECT_EQ(serve->wait(), 0);
 }
 
 }  // namespace
