@@ -29,11 +29,9 @@ struct ExampleDaemon {
   bool ready() {
     return test::wait_until(
         [&] {
-          const std::string log = child.read_log();
-          const auto p = log.find("{\"http_port\"");
-          if (p == std::string::npos) return false;
-          router = json::parse(log.substr(p, log.find('\n', p) - p))["router"];
-          return true;
+          const auto line = test::ready_line(child.read_log());
+          if (line) router = (*line)["router"];
+          return line.has_value();
         },
         60s);
   }

@@ -61,11 +61,9 @@ struct Serve {
   bool ready() {
     return test::wait_until(
         [&] {
-          const std::string log = child.read_log();
-          const auto p = log.find("{\"http_port\"");
-          if (p == std::string::npos) return false;
-          ports = nlohmann::json::parse(log.substr(p, log.find('\n', p) - p));
-          return true;
+          const auto line = test::ready_line(child.read_log());
+          if (line) ports = *line;
+          return line.has_value();
         },
         30s);
   }

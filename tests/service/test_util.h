@@ -95,6 +95,14 @@ inline std::vector<std::string> small_engine_flags(int max_num_seqs) {
           "2"};
 }
 
+/// The ready line a daemon prints on stdout ({"http_port": ..., "pub", "router"}) in `log`, the
+/// child's output so far; nullopt until it is there.
+inline std::optional<nlohmann::json> ready_line(const std::string& log) {
+  const auto p = log.find("{\"http_port\"");
+  if (p == std::string::npos) return std::nullopt;
+  return nlohmann::json::parse(log.substr(p, log.find('\n', p) - p));
+}
+
 /// The daemon's ready file (JSON: ports, worker name) once it appears complete; nullopt when it
 /// does not within `timeout`.
 inline std::optional<nlohmann::json> wait_ready(const std::filesystem::path& file,
