@@ -41,17 +41,12 @@ struct ServeFlags {
   std::string curve_secret, curve_clients;
   size_t max_jobs_per_message = 1000;
   size_t max_request_bytes = 4u << 20;
-  std::optional<int64_t> max_message_bytes;  // unset: max_request_bytes + kFrameHeadroom
+  std::optional<int64_t> max_message_bytes;  // unset: zi::default_max_message_bytes
   size_t queue_capacity = 256;
   int hwm = 1000;
   bool full_sync = false;
   std::string test_crash;
 };
-
-// Default ZMQ_MAXMSGSIZE above the request limit: a body frame up to this much over the limit
-// still gets its too_large reply; a bigger one drops the connection. Kept small because libzmq
-// holds every frame of a multipart message before the ingress sees any (docs/zmq.md, Limits).
-constexpr int64_t kFrameHeadroom = 64 << 10;
 
 // A misspelled endpoint is a usage error (exit 2), found before the model is loaded; an
 // address that cannot be bound (in use, not ours) is found by the bind itself.
@@ -75,8 +70,7 @@ zi::IngressOptions ingress_options(const ServeFlags& f) {
   o.store.synchronous = f.full_sync ? Synchronous::Full : Synchronous::Normal;
   o.limits.max_jobs_per_message = f.max_jobs_per_message;
   o.limits.max_request_bytes = f.max_request_bytes;
-  o.max_message_bytes =
-      f.max_message_bytes.value_or(static_cast<int64_t>(f.max_request_bytes) + kFrameHeadroom);
+  o.max_message_bytes = f.max_message_bytes;
   o.rcv_hwm = f.hwm;
   o.snd_hwm = f.hwm;
   o.worker.capacity = f.queue_capacity;

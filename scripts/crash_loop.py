@@ -12,7 +12,12 @@ undisturbed daemon finishes the queue and the exactly-once audit runs:
   - every done job has one result and one latency row; no latency row for another state;
   - no job is left leased (lease_owner / lease_expires_at NULL everywhere).
 
+A shortened run: --kill-phase-s S (or SIGUSR1 to the script) ends the kill cycles and the
+producers' new jobs after S seconds; jobs being retried still finish, so the audit covers exactly
+the cycles run and the jobs acknowledged, which the summary reports.
+
 Usage: scripts/crash_loop.py [--jobs 10000] [--cycles 200] [--bin build/moebatch] [--seed 1]
+                             [--kill-phase-s S]
 Exit 0 when the audit passes; the summary (and the failures) print at the end.
 """
 import argparse
@@ -42,6 +47,8 @@ def parse_args():
     p.add_argument("--uptime", type=float, nargs=2, default=(0.3, 3.0), metavar=("MIN", "MAX"),
                    help="seconds a daemon serves after it is ready, before the kill")
     p.add_argument("--zmq-workers", type=int, default=3, help="parallel ZeroMQ submitters")
+    p.add_argument("--kill-phase-s", type=float, default=None,
+                   help="end the kill cycles and new submissions after this many seconds")
     return p.parse_args()
 
 
@@ -62,6 +69,10 @@ class Run:
         self.errors = []
         self.retries = {"sql": 0, "cli": 0, "zmq": 0}
         self.model = None
+        self.stop = threading.Event()  # kill phase over: no new cycle, no new job
+
+    def producing(self):
+        return not self.stop.is_set()
 
     def ack(self, key, producer):
         with self.lock:
@@ -114,7 +125,7 @@ class Run:
     def sql_producer(self, keys, rng):
         conn = sqlite3.connect(self.db, timeout=10, isolation_level=None)
         i = 0
-        while i < len(keys):
+        while i < len(keys) and self.producing():
             chunk = keys[i:i + rng.randint(1, 20)]
             try:
                 conn.execute("BEGIN IMMEDIATE")
@@ -155,14 +166,14 @@ class Run:
 
     def cli_producer(self, keys, rng):
         for k in keys:
-            if not self.cli_submit(k, "cli", ["--db", self.db]):
+            if not self.producing() or not self.cli_submit(k, "cli", ["--db", self.db]):
                 return
             time.sleep(rng.uniform(0, 0.01))
 
     def zmq_producer(self, keys):
+        flags = ["--endpoint", self.endpoint, "--timeout-ms", "1500", "--attempts", "2"]
         for k in keys:
-            if not self.cli_submit(k, "zmq", ["--endpoint", self.endpoint, "--timeout-ms", "1500",
-                                              "--attempts", "2"]):
+            if not self.producing() or not self.cli_submit(k, "zmq", flags):
                 return
 
 
@@ -217,6 +228,7 @@ def main():
     run = Run(a, work)
     rng = random.Random(a.seed)
     t0 = time.time()
+    signal.signal(signal.SIGUSR1, lambda *_: run.stop.set())
     run.prepare()
     n = a.jobs // 3
     sql_keys = [f"sql-{i}" for i in range(a.jobs - 2 * n)]
@@ -230,7 +242,12 @@ def main():
     for t in producers:
         t.start()
     killed_leased = 0
+    cycles = 0
     for cycle in range(a.cycles):
+        if a.kill_phase_s is not None and time.time() - t0 > a.kill_phase_s:
+            run.stop.set()
+        if run.stop.is_set():
+            break
         p = run.serve(cycle)
         time.sleep(rng.uniform(*a.uptime))
         with sqlite3.connect(run.db, timeout=10) as c:
@@ -238,13 +255,15 @@ def main():
             killed_leased += c.execute(running).fetchone()[0]
         p.send_signal(signal.SIGKILL)
         p.wait()
+        cycles += 1
         if (cycle + 1) % 10 == 0:
             with run.lock:
                 acked = len(run.acked)
             print(f"cycle {cycle + 1}/{a.cycles}: {acked} acked, {time.time() - t0:.0f} s",
                   flush=True)
     # The last daemon runs undisturbed until the producers are done and every job is final.
-    p = run.serve(a.cycles)
+    kill_phase = time.time() - t0
+    p = run.serve(cycles)
     for t in producers:
         t.join()
     deadline = time.time() + 3600
@@ -262,7 +281,11 @@ def main():
         fails.append(f"the last daemon exited {rc} on SIGTERM")
     fails += run.errors
     print(json.dumps({
-        "jobs": len(run.acked), "cycles": a.cycles, "kills_with_running_jobs": killed_leased,
+        "jobs": len(run.acked), "jobs_planned": a.jobs, "cycles": cycles,
+        "cycles_planned": a.cycles, "kill_phase_seconds": round(kill_phase),
+        "acked_by_producer": {pr: sum(1 for v in run.acked.values() if v == pr)
+                              for pr in ("sql", "cli", "zmq")},
+        "kills_with_running_jobs": killed_leased,
         "states": states, "max_attempts_used": attempts[0],
         "mean_attempts": round(attempts[1] or 0, 3), "producer_retries": run.retries,
         "seconds": round(time.time() - t0), "workdir": work}))

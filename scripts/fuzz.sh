@@ -5,7 +5,9 @@
 # build-fuzz/findings/<target>/; the summary line of each run prints at the end. Exit 1 on any
 # finding. Installs what it needs: the project's dependencies, clang and libFuzzer (Debian:
 # clang libfuzzer-14-dev). Results so far: docs/reliability.md.
-# Usage: scripts/fuzz.sh [SECONDS] [TARGET...]
+# FUZZ_RUNS=N stops each target after N executions instead (SECONDS then bounds it too; 0 = no
+# time bound): FUZZ_RUNS=1000000 scripts/fuzz.sh 0 fuzz_gguf.
+# Usage: [FUZZ_RUNS=N] scripts/fuzz.sh [SECONDS] [TARGET...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_PER=${1:-60}
@@ -40,20 +42,27 @@ for t in "${TARGETS[@]}"; do
   # finding, not a slow run. -max_len 65536: headers, configs and templates fit. Each job logs
   # to fuzz-<n>.log in the working directory.
   extra=()
+  if [ -n "${FUZZ_RUNS:-}" ]; then extra+=(-runs="$FUZZ_RUNS"); fi
   case $t in
     # Every input commits to SQLite, whose caches grow between inputs, so libFuzzer would run a
     # full LeakSanitizer scan after almost every one (20 inputs a second instead of ~1000).
     # Leaks are still reported when the process exits, only not pinned to one input.
-    fuzz_sql_row) extra=(-detect_leaks=0) ;;
+    fuzz_sql_row) extra+=(-detect_leaks=0) ;;
   esac
+  started=$SECONDS
   (cd "$root" && rm -f fuzz-*.log &&
    "./$t" "$corpus" -max_total_time="$SECONDS_PER" -jobs="$jobs" -workers="$jobs" \
      -rss_limit_mb=2048 -timeout=10 -max_len=65536 -artifact_prefix="$findings/" \
      -print_final_stats=1 "${extra[@]}" >"$t.log" 2>&1) || status=1
-  execs=$(cat "$root"/fuzz-*.log "$root/$t.log" 2>/dev/null |
+  # The jobs' own logs (fuzz-<n>.log) hold their final stats; the main log may repeat a
+  # finished job's log, so it is read only when there are none.
+  logs=("$root"/fuzz-*.log)
+  [ -f "${logs[0]}" ] || logs=("$root/$t.log")
+  execs=$(cat "${logs[@]}" 2>/dev/null |
           grep -o "stat::number_of_executed_units: *[0-9]*" | awk '{s += $2} END {print s + 0}')
   found=$(find "$findings" -type f | wc -l)
-  echo "$t: $execs executions ($(( execs / SECONDS_PER ))/s) in ${SECONDS_PER}s on $jobs job(s)," \
+  took=$(( SECONDS - started > 0 ? SECONDS - started : 1 ))
+  echo "$t: $execs executions ($(( execs / took ))/s) in ${took}s on $jobs job(s)," \
        "$found findings ($findings)"
   [ "$found" -eq 0 ] || status=1
 done

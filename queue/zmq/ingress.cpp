@@ -70,7 +70,9 @@ Ingress::Ingress(IngressOptions options)
       control_in_(ctx_, zmq::socket_type::pair),
       notices_out_(ctx_, zmq::socket_type::push),
       control_out_(ctx_, zmq::socket_type::pair) {
-  if (options_.max_message_bytes <= static_cast<int64_t>(options_.limits.max_request_bytes)) {
+  if (!options_.max_message_bytes)
+    options_.max_message_bytes = default_max_message_bytes(options_.limits);
+  if (*options_.max_message_bytes <= static_cast<int64_t>(options_.limits.max_request_bytes)) {
     throw InputError("max_message_bytes must exceed max_request_bytes, so that oversize "
                      "requests get a too_large reply rather than a dropped connection");
   }
@@ -94,7 +96,7 @@ Ingress::Ingress(IngressOptions options)
   control_out_.connect(kControlEndpoint);
 
   router_.set(zmq::sockopt::router_mandatory, 1);
-  router_.set(zmq::sockopt::maxmsgsize, options_.max_message_bytes);
+  router_.set(zmq::sockopt::maxmsgsize, *options_.max_message_bytes);
   router_.set(zmq::sockopt::rcvhwm, options_.rcv_hwm);
   router_.set(zmq::sockopt::sndhwm, options_.snd_hwm);
   // Replies already committed deserve a moment to leave on shutdown.

@@ -50,7 +50,9 @@ struct IngressOptions {
   std::optional<std::string> pub;             ///< PUB endpoint for completion notices
   StoreOptions store;                         ///< the job database
   ProtocolLimits limits;                      ///< request-level limits
-  int64_t max_message_bytes = 16 << 20;       ///< ZMQ_MAXMSGSIZE, per frame, > max_request_bytes
+  /// ZMQ_MAXMSGSIZE, per frame; must exceed limits.max_request_bytes. Unset:
+  /// default_max_message_bytes(limits).
+  std::optional<int64_t> max_message_bytes;
   int rcv_hwm = 1000;                         ///< ROUTER ZMQ_RCVHWM, messages
   int snd_hwm = 1000;                         ///< ROUTER ZMQ_SNDHWM, messages per peer
   int pub_hwm = 100000;                       ///< PUB ZMQ_SNDHWM per subscriber
@@ -58,6 +60,18 @@ struct IngressOptions {
   StoreWorkerOptions worker;                  ///< store queue capacity, group commit, hooks
   std::optional<CurveServerConfig> curve;     ///< CURVE on both sockets when set
 };
+
+/// Default ZMQ_MAXMSGSIZE headroom over the request limit: a body frame up to this much over
+/// the limit still gets its too_large reply; a bigger one drops the connection. Kept small
+/// because libzmq holds every frame of a multipart message before the ingress sees any
+/// (docs/zmq.md, Limits).
+inline constexpr int64_t kFrameHeadroom = 64 << 10;
+
+/// The ZMQ_MAXMSGSIZE an ingress uses when IngressOptions::max_message_bytes is unset:
+/// max_request_bytes + kFrameHeadroom. The one place that decides it (serve, the demo, tests).
+inline int64_t default_max_message_bytes(const ProtocolLimits& limits) {
+  return static_cast<int64_t>(limits.max_request_bytes) + kFrameHeadroom;
+}
 
 /// One job reaching a final state, as announced on the PUB socket.
 struct CompletionNotice {

@@ -154,6 +154,26 @@ TEST(IngressLimits, LockedStoreRepliesBusyWithNothingCommitted) {
   EXPECT_EQ(r["jobs"][0]["created"], true);
 }
 
+// Without max_message_bytes the ingress takes ZMQ_MAXMSGSIZE from its request limit
+// (default_max_message_bytes, the one default serve and the demo use too): a body a little over
+// the limit is answered too_large, a frame past the headroom drops only its connection.
+TEST(IngressLimits, MessageLimitDefaultsJustAboveTheRequestLimit) {
+  TempDir dir;
+  auto opts = loopback_options(dir);
+  opts.limits.max_request_bytes = 64 << 10;
+  ASSERT_FALSE(opts.max_message_bytes.has_value());
+  EXPECT_EQ(zi::default_max_message_bytes(opts.limits), (64 << 10) + zi::kFrameHeadroom);
+  zi::Ingress ingress(opts);
+  zmq::context_t ctx;
+  Peer peer(ctx, ingress.router_endpoint());
+  peer.send_frames({std::string((64 << 10) + zi::kFrameHeadroom - 1000, ' ')});
+  expect_error(peer.recv(), "too_large");
+  Peer huge(ctx, ingress.router_endpoint());
+  huge.send_frames({std::string((64 << 10) + zi::kFrameHeadroom + 1000, ' ')});
+  EXPECT_FALSE(huge.recv_frames(500).has_value()) << "a frame over the default limit was read";
+  EXPECT_EQ(peer.call(stats_request())["ok"], true);
+}
+
 TEST(IngressLimits, OptionsThatCannotWorkAreRefused) {
   TempDir dir;
   auto opts = loopback_options(dir);
