@@ -68,19 +68,37 @@ void expert_gemm(kernels::MoeGemmParams p, const DeviceTensor& w, int tokens, cu
   no_kernel("expert_gemm", w.format);
 }
 
+namespace {
+
+// A many-token expert stage's weights: the stack's [experts, n, k] and how many of its experts
+// one batch takes (compressed stacks are decoded into the scratch a batch at a time, then
+// multiplied like bf16; bf16 stacks are one batch).
+struct ExpertStack {
+  int experts, n, k, per_batch;
+  bool packed;
+  size_t expert_elems() const { return static_cast<size_t>(n) * k; }
+};
+
+ExpertStack expert_stack(const GemmContext& g, const DeviceTensor& w, const std::string& op) {
+  MB_CHECK(w.shape.size() == 3, op + ": weights must be [num_experts, n, k]");
+  MB_CHECK(w.format != WeightFormat::F32, op + ": no CUDA kernel for f32 weights");
+  ExpertStack s{static_cast<int>(w.shape[0]), static_cast<int>(w.shape[1]), static_cast<int>(w.shape[2]), 0,
+                w.format != WeightFormat::Bf16};
+  s.per_batch = s.packed ? static_cast<int>(std::min<size_t>(g.scratch_elems / s.expert_elems(), s.experts))
+                         : s.experts;
+  MB_CHECK(s.per_batch > 0, op + ": scratch smaller than one expert");
+  return s;
+}
+
+}  // namespace
+
 void expert_gemm_sorted(const GemmContext& g, bf16* out, const bf16* in, const DeviceTensor& w,
                         const int32_t* offsets, int stage) {
-  MB_CHECK(w.shape.size() == 3, "expert_gemm_sorted: weights must be [num_experts, n, k]");
-  MB_CHECK(w.format != WeightFormat::F32, "expert_gemm_sorted: no CUDA kernel for f32 weights");
-  const int experts = static_cast<int>(w.shape[0]), n = static_cast<int>(w.shape[1]),
-            k = static_cast<int>(w.shape[2]);
+  const ExpertStack st = expert_stack(g, w, "expert_gemm_sorted");
+  const int experts = st.experts, n = st.n, k = st.k;
   MB_CHECK(stage >= 0 && stage < kGroupedStages && experts <= g.group_cap,
            "expert_gemm_sorted: pointer staging too small");
-  const bool packed = w.format != WeightFormat::Bf16;
-  const size_t expert_elems = static_cast<size_t>(n) * k;
-  // Compressed experts are decoded into the scratch a batch at a time, then multiplied like bf16.
-  const size_t per_batch = packed ? g.scratch_elems / expert_elems : static_cast<size_t>(experts);
-  MB_CHECK(per_batch > 0, "expert_gemm_sorted: scratch smaller than one expert");
+  const size_t expert_elems = st.expert_elems();
   std::vector<bf16*> outs;
   std::vector<const bf16*> xs, ws;
   std::vector<int> ms;
@@ -102,7 +120,7 @@ void expert_gemm_sorted(const GemmContext& g, bf16* out, const bf16* in, const D
     MB_CHECK(row0 >= 0 && rows >= 0, "expert_gemm_sorted: bad expert offsets");
     if (rows == 0) continue;
     const bf16* weight = nullptr;
-    if (packed) {
+    if (st.packed) {
       bf16* slot = g.scratch + ms.size() * expert_elems;
       kernels::dequantize(w.rows_from(static_cast<int64_t>(e) * n).matrix(), n, k, slot, g.stream);
       weight = slot;
@@ -113,30 +131,25 @@ void expert_gemm_sorted(const GemmContext& g, bf16* out, const bf16* in, const D
     xs.push_back(in + static_cast<size_t>(row0) * k);
     ws.push_back(weight);
     ms.push_back(rows);
-    if (ms.size() == per_batch) flush();
+    if (static_cast<int>(ms.size()) == st.per_batch) flush();
   }
   if (!ms.empty()) flush();
 }
 
 void expert_gemm_wgmma(const GemmContext& g, kernels::MoeWgmmaParams p, const DeviceTensor& w) {
-  MB_CHECK(w.shape.size() == 3, "expert_gemm_wgmma: weights must be [num_experts, n, k]");
-  MB_CHECK(w.format != WeightFormat::F32, "expert_gemm_wgmma: no CUDA kernel for f32 weights");
-  const int experts = static_cast<int>(w.shape[0]), n = static_cast<int>(w.shape[1]),
-            k = static_cast<int>(w.shape[2]);
-  MB_CHECK(p.num_experts == experts && p.n == n && p.k == k, "expert_gemm_wgmma: operands and weights disagree");
-  if (w.format == WeightFormat::Bf16) {
+  const ExpertStack st = expert_stack(g, w, "expert_gemm_wgmma");
+  MB_CHECK(p.num_experts == st.experts && p.n == st.n && p.k == st.k,
+           "expert_gemm_wgmma: operands and weights disagree");
+  if (!st.packed) {
     p.weight = w.as_bf16();
     kernels::moe_wgmma(p, g.stream);
     return;
   }
-  const size_t expert_elems = static_cast<size_t>(n) * k;
-  const int per_batch = static_cast<int>(std::min<size_t>(g.scratch_elems / expert_elems, experts));
-  MB_CHECK(per_batch > 0, "expert_gemm_wgmma: scratch smaller than one expert");
   const int32_t* offsets = p.expert_offsets;
-  for (int e0 = 0; e0 < experts; e0 += per_batch) {
-    const int count = std::min(per_batch, experts - e0);
-    kernels::dequantize(w.rows_from(static_cast<int64_t>(e0) * n).matrix(), static_cast<int64_t>(count) * n, k,
-                        g.scratch, g.stream);
+  for (int e0 = 0; e0 < st.experts; e0 += st.per_batch) {
+    const int count = std::min(st.per_batch, st.experts - e0);
+    kernels::dequantize(w.rows_from(static_cast<int64_t>(e0) * st.n).matrix(),
+                        static_cast<int64_t>(count) * st.n, st.k, g.scratch, g.stream);
     p.weight = g.scratch;
     p.expert_offsets = offsets + e0;  // absolute row offsets: the slice's rows stay where they are
     p.num_experts = count;
@@ -154,7 +167,7 @@ size_t dequant_scratch_elems(const ModelPlan& plan) {
     for (const TensorPlan* t : {&L.wqkv, &L.wo, &L.mlp_gate_up, &L.mlp_down, &L.router,
                                 &L.shared_gate_up, &L.shared_down, &L.shared_gate})
       consider(*t);
-    // expert_gemm_sorted decodes up to kDequantExperts experts of a stack at a time
+    // expert_gemm_sorted / expert_gemm_wgmma decode up to kDequantExperts experts of a stack at a time
     for (const TensorPlan* t : {&L.w_gate_up, &L.w_down})
       if (!t->empty() && t->format != WeightFormat::Bf16)
         most = std::max(most, static_cast<size_t>(std::min<int64_t>(t->shape[0], kDequantExperts) *
