@@ -47,7 +47,7 @@ void moe_wgmma_prepare();
 
 /// out rows of every expert = in rows · W_eᵀ (SiLU·mul of the halves with silu_gate_up).
 /// Requires moe_wgmma_available and moe_wgmma_prepare for the current device; n (n / 2 with
-/// silu_gate_up) and k multiples of 8, 16-byte aligned operands. Capturable in a CUDA graph.
+/// silu_gate_up) and k multiples of 8, 16-byte aligned operands.
 void moe_wgmma(const MoeWgmmaParams& p, cudaStream_t stream);
 
 }  // namespace moebatch::kernels

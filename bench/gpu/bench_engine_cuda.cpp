@@ -17,11 +17,9 @@
 // --quantization fp8|nvfp4 quantizes the linear weights on the GPU (router, embeddings and
 // lm_head stay bf16); the rooflines count the bytes each format holds.
 // --moe-sorted-min-rows N sets when prefill experts take the sorted path (0: never);
-// --disable-wgmma-experts runs that path's bf16 experts on cuBLAS instead of the wgmma kernel;
-// --wgmma-decode-min-tokens N: decode batches from N tokens take the wgmma path too (0: never).
+// --disable-wgmma-experts runs that path's experts on cuBLAS instead of the wgmma kernel.
 // Usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--disable-custom-all-reduce]
-//                                   [--disable-wgmma-experts] [--wgmma-decode-min-tokens N]
-//                                   [--quantization Q]
+//                                   [--disable-wgmma-experts] [--quantization Q]
 //                                   [--moe-sorted-min-rows N] [out.json]
 //                                   [peer.json]
 #include <cuda_profiler_api.h>
@@ -187,7 +185,6 @@ struct Args {
   bool ep = false;
   bool custom_all_reduce = true;
   bool wgmma_experts = true;             ///< --disable-wgmma-experts: prefill experts on cuBLAS
-  int64_t wgmma_decode_min_tokens = -1;  ///< --wgmma-decode-min-tokens N (−1: the default)
   Quantization quant = Quantization::None;
 };
 
@@ -204,8 +201,6 @@ Args parse_args(int argc, char** argv) {
       a.custom_all_reduce = false;
     } else if (arg == "--disable-wgmma-experts") {
       a.wgmma_experts = false;
-    } else if (arg == "--wgmma-decode-min-tokens" && i + 1 < argc) {
-      a.wgmma_decode_min_tokens = std::stoll(argv[++i]);
     } else if (arg == "--shape" && i + 1 < argc) {
       a.shape = argv[++i];
     } else if (arg == "--moe-sorted-min-rows" && i + 1 < argc) {
@@ -213,7 +208,7 @@ Args parse_args(int argc, char** argv) {
     } else if (arg == "--quantization" && i + 1 < argc) {
       a.quant = parse_quantization(argv[++i]);
     } else if (arg.rfind("--", 0) == 0) {
-      std::fprintf(stderr, "usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--disable-custom-all-reduce] [--disable-wgmma-experts] [--wgmma-decode-min-tokens N] [--quantization Q] [--moe-sorted-min-rows N] [out.json] [peer.json]\n");
+      std::fprintf(stderr, "usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--disable-custom-all-reduce] [--disable-wgmma-experts] [--quantization Q] [--moe-sorted-min-rows N] [out.json] [peer.json]\n");
       std::exit(2);
     } else if (positional++ == 0) {
       a.out_path = arg;
@@ -257,7 +252,6 @@ int main(int argc, char** argv) {
   o.quantization = args.quant;
   if (args.sorted_min_rows >= 0) o.moe_sorted_min_rows_per_expert = args.sorted_min_rows;
   o.wgmma_experts = args.wgmma_experts;
-  if (args.wgmma_decode_min_tokens >= 0) o.wgmma_decode_min_tokens = args.wgmma_decode_min_tokens;
   const double lin = linear_bytes_per_param(args.quant);
   auto t0 = Clock::now();
   CudaBackend be(cfg, 20261129, o);
@@ -283,7 +277,6 @@ int main(int argc, char** argv) {
   J["quantization"] = quantization_name(args.quant);
   J["moe_sorted_min_rows_per_expert"] = o.moe_sorted_min_rows_per_expert;
   J["wgmma_experts"] = o.wgmma_experts;
-  J["wgmma_decode_min_tokens"] = o.wgmma_decode_min_tokens;
   J["memory_plan"] = {{"weights", be.memory_plan().weights},
                       {"activations", be.memory_plan().activations},
                       {"kv", be.memory_plan().kv},
@@ -302,16 +295,19 @@ int main(int argc, char** argv) {
     std::stringstream ss(env);
     for (std::string item; std::getline(ss, item, ',');) batches.push_back(std::stoi(item));
   }
+  // A prefill's seconds: once to warm up (the same k/v are rewritten), then timed.
+  auto time_prefill = [&](const Seqs& s, std::vector<RowSampling>& greedy, std::vector<int32_t>& next) {
+    be.forward_sample(s.prefill, greedy, next, nullptr);
+    const auto start = Clock::now();
+    be.forward_sample(s.prefill, greedy, next, nullptr);
+    return seconds_since(start);
+  };
   for (int batch : batches) {
     const int width = (kPrompt + kWarmSteps + kTimedSteps + 16) / 16 + 1;
     Seqs s = make_prompts(batch, cfg.vocab_size, width, rng);
     std::vector<RowSampling> greedy(batch);
     std::vector<int32_t> next;
-    // prefill: once to warm up (the same k/v are rewritten), then timed
-    be.forward_sample(s.prefill, greedy, next, nullptr);
-    t0 = Clock::now();
-    be.forward_sample(s.prefill, greedy, next, nullptr);
-    const double prefill_s = seconds_since(t0);
+    const double prefill_s = time_prefill(s, greedy, next);
     const double ptoks = double(batch) * kPrompt;
     // where a prefill's time goes (one eager run with CUDA events per stage)
     nlohmann::json pst = nlohmann::json::object();
@@ -397,10 +393,7 @@ int main(int argc, char** argv) {
     Seqs s = make_prompts(kLongPrompts, cfg.vocab_size, kLongPrompt / 16, rng, kLongPrompt);
     std::vector<RowSampling> greedy(kLongPrompts);
     std::vector<int32_t> next;
-    be.forward_sample(s.prefill, greedy, next, nullptr);
-    t0 = Clock::now();
-    be.forward_sample(s.prefill, greedy, next, nullptr);
-    long_prefill_tok_s = double(kLongPrompts) * kLongPrompt / seconds_since(t0);
+    long_prefill_tok_s = double(kLongPrompts) * kLongPrompt / time_prefill(s, greedy, next);
     J["prefill_8x1024_tok_s"] = long_prefill_tok_s;
   }
   J["graphs_captured"] = be.num_graphs();

@@ -76,8 +76,6 @@ void CudaBackend::check_options() const {
                      std::to_string(world));
   if (o.moe_sorted_min_rows_per_expert < 0)
     throw InputError("cuda backend: moe_sorted_min_rows_per_expert must be >= 0");
-  if (o.wgmma_decode_min_tokens < 0)
-    throw InputError("cuda backend: wgmma_decode_min_tokens must be >= 0");
   for (size_t i = 0; i < devices_.size(); ++i) {
     if (devices_[i] < 0) throw InputError("cuda backend: negative device ordinal");
     if (std::find(devices_.begin(), devices_.begin() + i, devices_[i]) != devices_.begin() + i)
@@ -164,10 +162,8 @@ void CudaBackend::init(const std::filesystem::path* model_dir, uint64_t seed) {
                                    d, derr == cudaSuccess ? count : 0, cudaGetErrorString(derr)));
     }
   }
-  for (int r = 0; r < world; ++r) {
+  for (int r = 0; r < world; ++r)
     ranks_[r]->wgmma_experts = o.wgmma_experts && kernels::moe_wgmma_available(devices_[r]);
-    ranks_[r]->wgmma_decode_min_tokens = o.wgmma_decode_min_tokens;
-  }
   // The sorted prefill path decodes every compressed expert into bf16 before its GEMM, a cost
   // that rows must amortize. On cuBLAS (no wgmma): at 160 rows per expert (Qwen3-Next-80B FP8,
   // 64 × 128 tokens) the grouped kernel, which decodes in registers, was 1.2× faster, at 512 (30B

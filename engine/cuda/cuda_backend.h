@@ -81,12 +81,6 @@ struct CudaBackendOptions {
   /// That path's bf16 experts on the wgmma kernel (kernels/moe_wgmma.cuh) where the GPU is a
   /// Hopper and the build has its sm_90a code; false (or any other GPU): the cuBLAS grouped GEMM.
   bool wgmma_experts = true;
-  /// Decode steps of at least this many tokens also run their bf16 experts on that path (sorted
-  /// rows, wgmma; captured in the decode graphs). 0 (default): decode always uses the grouped
-  /// decode GEMM, which measured faster at every batch (30B shape, batch 256: 21.4 vs 26.5 ms a
-  /// step; with ~16 rows per expert the wgmma kernel's two slices in flight per SM do not keep
-  /// HBM busy; bench/RESULTS.md).
-  int64_t wgmma_decode_min_tokens = 0;
 
   /// The ordinal of every rank (`devices`, or the consecutive range).
   std::vector<int> device_list() const;

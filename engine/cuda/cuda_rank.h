@@ -86,7 +86,6 @@ class CudaRank {
   int32_t* host_offsets = nullptr;  ///< pinned [E + 1]: expert offsets of a many-token step
   int64_t sorted_moe_min_rows = 64;  ///< moe_sorted_min_rows_per_expert (×4 for compressed experts)
   bool wgmma_experts = false;        ///< that path's bf16 experts on kernels::moe_wgmma
-  int64_t wgmma_decode_min_tokens = 0;  ///< decode steps this large take it too (0: never)
   cublasHandle_t cublas = nullptr;  ///< bound to `stream`, fixed workspace
 
  private:

@@ -302,19 +302,15 @@ std::optional<k::MoeCombineParams> moe(const Step& s, const DeviceLayerWeights& 
 
   k::MoeCombineParams combine = s.combine;
   const int experts = s.gate_up.num_experts, pairs = s.gate_up.num_pairs;
-  const int64_t min_rows = s.r.sorted_moe_min_rows, decode_min = s.r.wgmma_decode_min_tokens;
-  // Many tokens (prefill), or a large decode batch with bf16 experts on Hopper: tensor-core
-  // GEMMs over each expert's rows in sorted order. On Hopper: one wgmma launch per stage (per
-  // batch of decoded experts when compressed) that reads the offsets on the device and gathers
-  // the tokens' rows itself (capturable in the decode graphs). Otherwise the rows are gathered
-  // first and each expert is one library GEMM, for which the offsets come to the host (never on
-  // a decode step: not capturable).
-  const bool wgmma = s.r.wgmma_experts;
-  const bool bf16 = L.w_gate_up.format == WeightFormat::Bf16 && L.w_down.format == WeightFormat::Bf16;
-  const bool sorted = s.decode ? wgmma && bf16 && decode_min > 0 && s.n >= decode_min
-                               : min_rows > 0 && pairs >= min_rows * experts;
-  if (sorted) {
-    if (wgmma) {
+  const int64_t min_rows = s.r.sorted_moe_min_rows;
+  if (!s.decode && min_rows > 0 && pairs >= min_rows * experts) {
+    // Many tokens (prefill): tensor-core GEMMs over each expert's rows in sorted order. On
+    // Hopper: one wgmma launch per stage (per batch of decoded experts when compressed) that
+    // reads the offsets on the device and gathers the tokens' rows itself. Otherwise the rows are
+    // gathered first and each expert is one library GEMM, for which the offsets come to the host
+    // (this path is never captured in a graph). Decode steps stay on the grouped decode GEMM,
+    // faster at every batch measured (bench/RESULTS.md).
+    if (s.r.wgmma_experts) {
       expert_gemm_wgmma(s.gemm,
                         {.out = B.act, .in = B.h, .expert_offsets = B.expert_offsets, .num_experts = experts,
                          .n = 2 * s.gate_up.n, .k = s.H, .rows_cap = B.sorted_rows, .silu_gate_up = true,

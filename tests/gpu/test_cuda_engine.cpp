@@ -293,31 +293,6 @@ TEST_P(CudaFixture, DecodeWithCacheMatchesRecompute) {
                     GetParam() + " decode vs recompute");
 }
 
-// Decode steps on the sorted wgmma path (every decode batch, replayed from CUDA graphs) against
-// a recompute of the same tokens on the grouped kernel: within bf16 tolerance. On a GPU without
-// the wgmma kernel both engines take the grouped path and the test checks nothing new.
-TEST_P(CudaFixture, DecodeOnWgmmaExpertsMatchesRecompute) {
-  std::mt19937 rng(std::random_device{}());
-  CudaBackendOptions wgmma = small_options(), grouped = small_options();
-  wgmma.wgmma_decode_min_tokens = 1;
-  grouped.moe_sorted_min_rows_per_expert = 0;
-  grouped.wgmma_decode_min_tokens = 0;
-  EngineOptions eo{.max_num_seqs = 8, .max_num_batched_tokens = 64};
-  Engine a(std::make_unique<CudaBackend>(fixture_path(GetParam()), wgmma), eo);
-  Engine b(std::make_unique<CudaBackend>(fixture_path(GetParam()), grouped), eo);
-  const int64_t V = a.config().vocab_size;
-  auto prompt = random_prompt(rng, 20, V);
-  a.add(request(1, prompt, 12, true));
-  auto fin = run_to_completion(a);
-  ASSERT_EQ(fin.size(), 1u);
-  auto all = prompt;
-  all.insert(all.end(), fin[0].tokens.begin(), fin[0].tokens.end() - 1);
-  auto full = b.score(all);
-  std::vector<float> recompute(full.begin() + (prompt.size() - 1) * V, full.end());
-  expect_rows_close(row_errors(fin[0].logits, recompute, V), GetParam() == "qwen3_dense_tiny",
-                    GetParam() + " wgmma decode vs grouped recompute");
-}
-
 // A sequence's logits alone and inside a batch of others (different padding bucket, split
 // count and GEMM shapes): equal within bf16 tolerance.
 TEST_P(CudaFixture, BatchInvariance) {
