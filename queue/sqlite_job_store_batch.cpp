@@ -5,6 +5,22 @@
 #include "queue/sqlite_job_store.h"
 
 namespace moebatch {
+namespace {
+
+// One UPDATE of a batch's jobs (?1 the batch id, ?2 now) in its own write transaction; the
+// number of jobs it changed.
+int64_t update_batch(Db& db, const char* sql, const std::string& batch_id, int64_t now) {
+  Transaction tx(db, /*immediate=*/true);
+  Stmt& up = db.prepare(sql);
+  up.bind(1, std::string_view(batch_id)).bind(2, now);
+  up.step();
+  up.reset();
+  const int64_t n = db.changes();
+  tx.commit();
+  return n;
+}
+
+}  // namespace
 
 std::optional<LatencyRecord> SqliteJobStore::latency(int64_t id) {
   Stmt& s = db_->prepare(
@@ -45,32 +61,20 @@ BatchCounts SqliteJobStore::batch_counts(const std::string& batch_id) {
 }
 
 int64_t SqliteJobStore::cancel_batch(const std::string& batch_id, int64_t now) {
-  Transaction tx(*db_, /*immediate=*/true);
-  Stmt& up = db_->prepare(
-      "UPDATE jobs SET state = 'cancelled', finished_at = ?2, error = 'cancelled', "
-      "lease_owner = NULL, lease_expires_at = NULL "
-      "WHERE batch_id = ?1 AND state IN ('queued', 'running')");
-  up.bind(1, std::string_view(batch_id)).bind(2, now);
-  up.step();
-  up.reset();
-  const int64_t n = db_->changes();
-  tx.commit();
-  return n;
+  return update_batch(*db_,
+                      "UPDATE jobs SET state = 'cancelled', finished_at = ?2, error = 'cancelled', "
+                      "lease_owner = NULL, lease_expires_at = NULL "
+                      "WHERE batch_id = ?1 AND state IN ('queued', 'running')",
+                      batch_id, now);
 }
 
 int64_t SqliteJobStore::retry_batch(const std::string& batch_id, int64_t now) {
-  Transaction tx(*db_, /*immediate=*/true);
   // lease_token is kept: it only grows, so a write under any earlier lease stays refused.
-  Stmt& up = db_->prepare(
-      "UPDATE jobs SET state = 'queued', attempts = 0, error = NULL, finished_at = NULL, "
-      "started_at = NULL, first_token_at = NULL, not_before = ?2 "
-      "WHERE batch_id = ?1 AND state = 'failed'");
-  up.bind(1, std::string_view(batch_id)).bind(2, now);
-  up.step();
-  up.reset();
-  const int64_t n = db_->changes();
-  tx.commit();
-  return n;
+  return update_batch(*db_,
+                      "UPDATE jobs SET state = 'queued', attempts = 0, error = NULL, finished_at = NULL, "
+                      "started_at = NULL, first_token_at = NULL, not_before = ?2 "
+                      "WHERE batch_id = ?1 AND state = 'failed'",
+                      batch_id, now);
 }
 
 PurgeOutcome SqliteJobStore::purge_batch(const std::string& batch_id) {
