@@ -207,7 +207,7 @@ void EngineWorker::push_result(WorkResult r) {
 void EngineWorker::add(WorkItem item) {
   const auto added = SteadyClock::now();
   Request r;
-  r.id = static_cast<uint64_t>(item.job_id);
+  r.id = item.ticket;
   r.prompt = std::move(item.prompt);
   r.sampling.temperature = item.temperature;
   r.sampling.top_k = item.top_k;
@@ -227,14 +227,21 @@ void EngineWorker::add(WorkItem item) {
     // alone and the batch goes on.
     WorkResult res;
     res.job_id = item.job_id;
+    res.ticket = item.ticket;
     res.outcome = WorkOutcome::Rejected;
     res.error = e.what();
     push_result(std::move(res));
     return;
   }
-  active_.push_back(
-      {item.job_id, Active{item.claimed, added, std::move(tap), prompt_tokens, kv_tokens, 0}});
+  active_.push_back({item.ticket, Active{item.job_id, item.claimed, added, std::move(tap),
+                                         prompt_tokens, kv_tokens, 0}});
   update_occupancy();
+}
+
+std::vector<std::pair<Ticket, EngineWorker::Active>>::iterator EngineWorker::find_active(
+    Ticket ticket) {
+  return std::find_if(active_.begin(), active_.end(),
+                      [&](const auto& a) { return a.first == ticket; });
 }
 
 // The engine admits its waiting sequences first come, first served, and active_ keeps the
@@ -255,20 +262,18 @@ void EngineWorker::update_occupancy() {
 void EngineWorker::count_step_tokens(const std::vector<FinishedSequence>& finished) {
   int64_t generated = 0, prompt = 0;
   for (const FinishedSequence& f : finished) {
-    const auto id = static_cast<int64_t>(f.id);
-    auto it =
-        std::find_if(active_.begin(), active_.end(), [&](const auto& a) { return a.first == id; });
+    const auto it = find_active(f.id);
     if (it == active_.end()) continue;
     if (it->second.counted == 0) prompt += f.prompt_tokens;
     generated += static_cast<int64_t>(f.tokens.size()) - it->second.counted;
   }
   for (auto& entry : active_) {
     // Not a structured binding: clang before 16 cannot capture one in a lambda.
-    const int64_t id = entry.first;
+    const Ticket ticket = entry.first;
     auto& a = entry.second;
     if (a.tap->seen <= a.counted) continue;
     if (std::none_of(finished.begin(), finished.end(),
-                     [&](const FinishedSequence& f) { return static_cast<int64_t>(f.id) == id; })) {
+                     [&](const FinishedSequence& f) { return f.id == ticket; })) {
       if (a.counted == 0) prompt += a.prompt_tokens;
       generated += a.tap->seen - a.counted;
       a.counted = a.tap->seen;
@@ -313,30 +318,29 @@ bool EngineWorker::admit(std::chrono::milliseconds wait) {
   return added;
 }
 
-void EngineWorker::cancel(const std::vector<int64_t>& job_ids) {
-  if (job_ids.empty()) return;
+void EngineWorker::cancel(const std::vector<Ticket>& tickets) {
+  if (tickets.empty()) return;
   // First out of the hand-off, then the request to the engine thread: an item the engine
   // thread popped before the removal is active by the time it reads the request (it adds what
   // it pops before it looks at requests again), so every cancelled job is caught one way.
   input_.remove_if([&](const WorkItem& w) {
-    return std::find(job_ids.begin(), job_ids.end(), w.job_id) != job_ids.end();
+    return std::find(tickets.begin(), tickets.end(), w.ticket) != tickets.end();
   });
   std::lock_guard lock(mu_);
-  cancel_requests_.insert(cancel_requests_.end(), job_ids.begin(), job_ids.end());
+  cancel_requests_.insert(cancel_requests_.end(), tickets.begin(), tickets.end());
 }
 
 // Aborts the sequences of cancelled jobs, freeing their slots and KV for the next step.
 void EngineWorker::apply_cancellations() {
-  std::vector<int64_t> ids;
+  std::vector<Ticket> tickets;
   {
     std::lock_guard lock(mu_);
-    ids.swap(cancel_requests_);
+    tickets.swap(cancel_requests_);
   }
-  for (int64_t id : ids) {
-    auto it =
-        std::find_if(active_.begin(), active_.end(), [&](const auto& a) { return a.first == id; });
+  for (Ticket t : tickets) {
+    const auto it = find_active(t);
     if (it == active_.end()) continue;  // already finished, or never reached the engine
-    engine_->abort(static_cast<uint64_t>(id));
+    engine_->abort(t);
     active_.erase(it);
   }
   update_occupancy();
@@ -350,12 +354,11 @@ void EngineWorker::step() {
   count_step_tokens(finished);
   bool any = false;
   for (FinishedSequence& f : finished) {
-    const auto id = static_cast<int64_t>(f.id);
-    auto it =
-        std::find_if(active_.begin(), active_.end(), [&](const auto& a) { return a.first == id; });
+    const auto it = find_active(f.id);
     MB_CHECK(it != active_.end(), "engine finished a sequence the worker did not add");
     WorkResult r;
-    r.job_id = id;
+    r.job_id = it->second.job_id;
+    r.ticket = f.id;
     r.outcome = WorkOutcome::Finished;
     r.hit_stop_token = f.reason == FinishReason::StopToken;
     r.hit_stop_string = f.reason == FinishReason::StopString;
@@ -378,9 +381,9 @@ void EngineWorker::step() {
 // were any. Finished sequences are reported by their result instead (it holds every token).
 bool EngineWorker::report_progress() {
   std::vector<WorkProgress> fresh;
-  for (auto& [id, a] : active_) {
+  for (auto& [ticket, a] : active_) {
     if (a.tap->fresh.empty()) continue;
-    fresh.push_back({id, std::move(a.tap->fresh)});
+    fresh.push_back({a.job_id, ticket, std::move(a.tap->fresh)});
     a.tap->fresh.clear();
   }
   if (fresh.empty()) return false;
@@ -390,9 +393,10 @@ bool EngineWorker::report_progress() {
 }
 
 void EngineWorker::abort_active(const std::string& reason) {
-  for (auto& [id, a] : active_) {
+  for (auto& [ticket, a] : active_) {
     WorkResult r;
-    r.job_id = id;
+    r.job_id = a.job_id;
+    r.ticket = ticket;
     r.outcome = WorkOutcome::Aborted;
     r.error = reason;
     push_result(std::move(r));

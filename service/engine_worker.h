@@ -81,10 +81,10 @@ class EngineWorker {
   void start();
   /// The bounded input: the dispatcher try_push()es claimed, tokenized jobs here.
   Handoff<WorkItem>& input() { return input_; }
-  /// Stops work on these jobs (cancelled, or their lease lost): a running sequence is aborted
-  /// and its slot freed before the next step; one still in the hand-off is dropped when taken.
+  /// Stops work on these claims (job cancelled, or its lease lost): a running sequence is
+  /// aborted and its slot freed before the next step; one still in the hand-off is dropped.
   /// Nothing is reported for them.
-  void cancel(const std::vector<int64_t>& job_ids);
+  void cancel(const std::vector<Ticket>& tickets);
   /// Results reported since the last call (finished, rejected or aborted items). With
   /// `progress`, also the tokens streaming jobs (WorkItem::stream) generated since the last
   /// call, in step order, taken under the same lock: every progress report of a run comes out
@@ -122,6 +122,7 @@ class EngineWorker {
  private:
   enum class Command { None, Maintenance, Stop };
   struct Active {
+    int64_t job_id = 0;
     std::chrono::steady_clock::time_point claimed, added;
     std::shared_ptr<TokenTap> tap;  // counts every job's tokens; keeps a streaming job's
     int64_t prompt_tokens = 0;      // prompt length
@@ -135,6 +136,7 @@ class EngineWorker {
   bool fits_beside() const;
   bool admit(std::chrono::milliseconds wait);
   void add(WorkItem item);
+  std::vector<std::pair<Ticket, Active>>::iterator find_active(Ticket ticket);
   void apply_cancellations();
   void step();
   bool report_progress();
@@ -148,14 +150,13 @@ class EngineWorker {
   std::function<void()> notify_;
   Handoff<WorkItem> input_;
   std::unique_ptr<Engine> engine_;                  // engine thread only (after start)
-  std::vector<std::pair<int64_t, Active>> active_;  // engine thread only
-  std::vector<int64_t> cancelled_pending_;  // engine thread only: cancelled before being taken
+  std::vector<std::pair<Ticket, Active>> active_;  // engine thread only; the engine's ids
   EngineCounters counters_;
 
   mutable std::mutex mu_;  // guards everything below
   std::vector<WorkResult> results_;
   std::vector<WorkProgress> progress_;
-  std::vector<int64_t> cancel_requests_;
+  std::vector<Ticket> cancel_requests_;
   std::optional<CycleReport> cycle_report_;
   Command command_ = Command::None;
   std::chrono::steady_clock::time_point command_deadline_;

@@ -30,6 +30,7 @@ struct InFlightJob {
   std::vector<std::string> stop;          ///< stop strings, applied on the text
   std::optional<std::string> client_key;  ///< for the completion notice
   std::optional<std::string> batch_id;    ///< for the completion notice
+  Ticket ticket = 0;                      ///< this claim's WorkItem::ticket
 };
 
 /// The WorkItem for `job`, or a reason ("field: problem") when it cannot run. Never throws:

@@ -223,6 +223,7 @@ class Service {
 
   // io-thread state.
   std::map<int64_t, InFlightJob> in_flight_;  // claimed and not yet reported
+  Ticket last_ticket_ = 0;                    // the newest claim's WorkItem::ticket
   std::vector<PendingResult> pending_;        // reported, not yet in the store
   StoreHealth store_health_;
   int64_t final_seq_ = 0;  // the last final event announced

@@ -167,6 +167,8 @@ bool Service::api_streaming(int64_t job_id) const {
 // Tokens of the last steps → text deltas on the streams that asked for them.
 void Service::api_progress(std::vector<WorkProgress>& progress) {
   for (WorkProgress& p : progress) {
+    auto f = in_flight_.find(p.job_id);
+    if (f == in_flight_.end() || f->second.ticket != p.ticket) continue;  // a claim given up
     auto it = api_calls_.find(p.job_id);
     if (it == api_calls_.end() || !it->second->deltas) continue;
     ApiCall& c = *it->second;
@@ -247,8 +249,9 @@ void Service::api_client_gone(int64_t job_id) {
     spdlog::error("api: cancelling job {}: {} (it will run to the end)", job_id, e.what());
     return;
   }
-  if (in_flight_.erase(job_id) > 0) {
-    worker_engine_->cancel({job_id});
+  if (auto it = in_flight_.find(job_id); it != in_flight_.end()) {
+    worker_engine_->cancel({it->second.ticket});
+    in_flight_.erase(it);
     claim_now_ = true;
   }
 }

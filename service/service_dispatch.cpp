@@ -137,7 +137,13 @@ void Service::claim() {
       pending_.push_back(std::move(p));
       continue;
     }
+    if (auto old = in_flight_.find(job.id); old != in_flight_.end()) {
+      // Our lease on it expired and we took the job again before noticing: the old claim's
+      // work is stale.
+      worker_engine_->cancel({old->second.ticket});
+    }
     InFlightJob f;
+    f.ticket = ++last_ticket_;
     f.enqueued_at = job.enqueued_at;
     f.started_at = job.started_at.value_or(hooks_.clock->now_ms());
     f.stop = job.spec.sampling.stop;
@@ -145,6 +151,7 @@ void Service::claim() {
     f.batch_id = job.spec.batch_id;
     in_flight_[job.id] = std::move(f);
     WorkItem& item = std::get<WorkItem>(prepared);
+    item.ticket = last_ticket_;
     item.stream = api_streaming(job.id);
     // Higher priority (API requests) overtakes batch work claimed earlier.
     const bool placed = handoff.try_push_ordered(
@@ -171,8 +178,9 @@ void Service::drain_results() {
   const bool dead = worker_engine_->dead();
   for (WorkResult& r : results) {
     auto it = in_flight_.find(r.job_id);
-    if (it == in_flight_.end()) {
-      spdlog::warn("result for job {} that is not in flight; ignored", r.job_id);
+    if (it == in_flight_.end() || it->second.ticket != r.ticket) {
+      // The claim it belongs to was given up (lease lost, job cancelled) while it finished.
+      spdlog::info("job {}: result of a claim no longer held; ignored", r.job_id);
       continue;
     }
     const InFlightJob job = std::move(it->second);
@@ -352,11 +360,14 @@ void Service::stop_lost_jobs() {
   for (const auto& [id, job] : in_flight_) ids.push_back(id);
   const std::vector<int64_t> lost = store_->not_held(worker_, ids);
   if (lost.empty()) return;
+  std::vector<Ticket> tickets;
   for (int64_t id : lost) {
-    in_flight_.erase(id);
+    auto it = in_flight_.find(id);
+    tickets.push_back(it->second.ticket);
+    in_flight_.erase(it);
     spdlog::info("job {}: lease no longer held (cancelled or taken over); engine work stopped", id);
   }
-  worker_engine_->cancel(lost);
+  worker_engine_->cancel(tickets);
   claim_now_ = true;            // the freed slots can take queued jobs
   api_resolve(/*force=*/true);  // an API request whose job was cancelled or taken over
 }

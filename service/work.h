@@ -14,9 +14,16 @@
 
 namespace moebatch {
 
+/// Names one claim of a job in this process: the engine's sequence id, and what results,
+/// progress and cancellations are matched by. Never reused, so when a job's lease is lost and
+/// the job is claimed here again, nothing meant for the old claim (a cancellation still on its
+/// way to the engine thread, a late result) can touch the new one.
+using Ticket = uint64_t;
+
 /// One tokenized, validated job ready for the engine.
 struct WorkItem {
   int64_t job_id = 0;                             ///< jobs.id
+  Ticket ticket = 0;                              ///< this claim (set by the dispatcher)
   std::vector<int32_t> prompt;                    ///< rendered and tokenized prompt
   int64_t max_tokens = 1;                         ///< generated-token budget (>= 1)
   float temperature = 0.0f;                       ///< 0 = greedy
@@ -36,6 +43,7 @@ struct WorkItem {
 /// arrive before its last progress: the result is complete, later progress is stale.
 struct WorkProgress {
   int64_t job_id = 0;           ///< jobs.id
+  Ticket ticket = 0;            ///< the claim it belongs to
   std::vector<int32_t> tokens;  ///< new tokens
 };
 
@@ -49,6 +57,7 @@ enum class WorkOutcome {
 /// The engine thread's report on one WorkItem.
 struct WorkResult {
   int64_t job_id = 0;  ///< jobs.id
+  Ticket ticket = 0;   ///< the claim it belongs to
   WorkOutcome outcome = WorkOutcome::Finished;
   std::vector<int32_t> tokens;  ///< generated ids (a stop token included)
   bool hit_stop_token = false;   ///< ended on a stop id (the last token)

@@ -128,9 +128,23 @@ TEST(MultiHost, ThreeServesDrainOneDatabaseThroughAKillAndAPause) {
   EXPECT_EQ(api.wait(), 0);
   EXPECT_EQ(sql.wait(), 0);
   zmq.join();
+  // What a stuck drain looks like from the database and from each daemon's log.
+  auto diagnosis = [&] {
+    std::string d = std::to_string(count("state = 'queued'")) + " queued, " +
+                    std::to_string(count("state = 'running'")) + " running, of which " +
+                    std::to_string(count("state = 'running' AND lease_expires_at < "
+                                         "(extract(epoch FROM clock_timestamp()) * 1000)::bigint")) +
+                    " past their lease\n";
+    for (size_t i = 0; i < hosts.size(); ++i) {
+      const std::string log = hosts[i]->child.read_log();
+      d += "--- serve" + std::to_string(i) + " log (last 4000 bytes):\n" +
+           log.substr(log.size() > 4000 ? log.size() - 4000 : 0) + "\n";
+    }
+    return d;
+  };
   ASSERT_TRUE(test::wait_until(
       [&] { return count("state IN ('done', 'failed', 'cancelled')") == n; }, 180s))
-      << count("state = 'queued'") << " queued, " << count("state = 'running'") << " running";
+      << diagnosis();
   const double drain_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // One cycle for the one request, by one daemon.
