@@ -117,8 +117,5 @@ bool BatchStore::finish(const std::string& id, const std::string& from, const st
   return impl_->finish(id, from, to, column, files, contents, out_id, err_id, now_s);
 }
 
-std::map<std::string, int64_t> BatchStore::job_counts(const std::string& batch_id) {
-  return impl_->job_counts(batch_id);
-}
 
 }  // namespace moebatch

@@ -99,9 +99,6 @@ class BatchStore {
   bool finish(const std::string& id, const std::string& from, const std::string& to,
               const std::string& output, const std::string& errors, int64_t now_s);
 
-  /// The batch's jobs by state ("queued" → n, ...); states without jobs are absent.
-  std::map<std::string, int64_t> job_counts(const std::string& batch_id);
-
  private:
   std::unique_ptr<BatchStoreBackend> impl_;
 };

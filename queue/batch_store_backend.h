@@ -47,7 +47,6 @@ class BatchStoreBackend {
                       const std::vector<std::string_view>& contents,
                       const std::optional<std::string>& output_id,
                       const std::optional<std::string>& error_id, int64_t now_s) = 0;
-  virtual std::map<std::string, int64_t> job_counts(const std::string& batch_id) = 0;
 };
 
 /// The SQLite implementation over the file at `path`.

@@ -5,6 +5,7 @@
 
 #include "common/error.h"
 #include "queue/json_strict.h"
+#include "queue/openai_content.h"
 
 namespace moebatch {
 namespace {
@@ -15,9 +16,7 @@ constexpr std::string_view kChatUrl = "/v1/chat/completions";
 constexpr std::string_view kCompletionsUrl = "/v1/completions";
 
 // Thrown inside the line parser and caught at its top, so each check is one line.
-struct Bad {
-  std::string field, message;
-};
+using Bad = FieldError;
 
 [[noreturn]] void bad(const std::string& field, const std::string& message) {
   throw Bad{field, message};
@@ -41,31 +40,6 @@ const std::string& get_string(const json& v, const std::string& field) {
   return v.get_ref<const std::string&>();
 }
 
-// Message content: a string, or an array of {"type": "text", "text": "..."} parts joined by
-// newlines (as vLLM joins them). Images and audio have nowhere to go in a text model.
-std::string content_text(const json& c, const std::string& field) {
-  if (c.is_string()) return c.get<std::string>();
-  if (!c.is_array()) bad(field, "must be a string or an array of text parts");
-  if (c.empty()) bad(field, "must not be an empty array");
-  std::string text;
-  for (size_t i = 0; i < c.size(); ++i) {
-    const std::string where = field + "[" + std::to_string(i) + "]";
-    const json& part = c[i];
-    if (!part.is_object()) bad(where, "must be an object");
-    if (!part.contains("type")) bad(where + ".type", "missing");
-    const std::string& type = get_string(part["type"], where + ".type");
-    if (type != "text") bad(where + ".type", "'" + type + "' is not supported (text only)");
-    for (const auto& [k, v] : part.items()) {
-      (void)v;
-      if (k != "type" && k != "text") bad(where + "." + k, "unknown field of a text part");
-    }
-    if (!part.contains("text")) bad(where + ".text", "missing");
-    if (i > 0) text += "\n";
-    text += get_string(part["text"], where + ".text");
-  }
-  return text;
-}
-
 // messages -> the stored chat prompt [{role, content[, name]}], content parts joined. Roles and
 // limits are checked with the rest of the job by find_job_spec_error.
 std::string chat_prompt(const json& v, const std::string& field) {
@@ -80,7 +54,7 @@ std::string chat_prompt(const json& v, const std::string& field) {
       if (k == "role" || k == "name") {
         sm[k] = get_string(x, where + "." + k);
       } else if (k == "content") {
-        sm[k] = content_text(x, where + ".content");
+        sm[k] = message_content_text(x, where + ".content");
       } else {
         bad(where + "." + k, "not supported (role, content, name)");
       }

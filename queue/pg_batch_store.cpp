@@ -176,14 +176,6 @@ class PgBatchStore final : public BatchStoreBackend {
     return true;
   }
 
-  std::map<std::string, int64_t> job_counts(const std::string& batch_id) override {
-    PgResult r = conn_->exec("SELECT state, count(*) FROM jobs WHERE batch_id = $1 GROUP BY state",
-                             PgParams().add(batch_id));
-    std::map<std::string, int64_t> out;
-    for (int i = 0; i < r.rows(); ++i) out[r.text(i, 0)] = r.i64(i, 1);
-    return out;
-  }
-
  private:
   std::unique_ptr<PgConn> conn_;
 };

@@ -180,14 +180,6 @@ class SqliteBatchStore final : public BatchStoreBackend {
     return true;
   }
 
-  std::map<std::string, int64_t> job_counts(const std::string& batch_id) override {
-    Stmt& s = db_->prepare("SELECT state, count(*) FROM jobs WHERE batch_id = ?1 GROUP BY state");
-    s.bind(1, std::string_view(batch_id));
-    std::map<std::string, int64_t> out;
-    while (s.step()) out[s.text(0)] = s.i64(1);
-    return out;
-  }
-
  private:
   std::unique_ptr<Db> db_;
 };

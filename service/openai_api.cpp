@@ -3,32 +3,22 @@
 #include <cmath>
 #include <limits>
 
+#include "queue/openai_content.h"
+
 namespace moebatch {
 namespace {
 
 using nlohmann::json;
 
 // Thrown inside the parser, caught at its top: each check is one line.
-struct Bad {
-  std::string param, message;
-};
+using Bad = FieldError;
 
 [[noreturn]] void bad(const std::string& param, const std::string& message) {
   throw Bad{param, message};
 }
 
-std::string type_of(const json& v) {
-  if (v.is_null()) return "null";
-  if (v.is_boolean()) return "a boolean";
-  if (v.is_number_integer() || v.is_number_unsigned()) return "an integer";
-  if (v.is_number()) return "a number";
-  if (v.is_string()) return "a string";
-  if (v.is_array()) return "an array";
-  return "an object";
-}
-
 double number(const json& v, const std::string& param, double lo, double hi) {
-  if (!v.is_number()) bad(param, "expected a number, got " + type_of(v));
+  if (!v.is_number()) bad(param, "expected a number, got " + json_type_name(v));
   const double x = v.get<double>();
   if (!(x >= lo && x <= hi)) {
     bad(param, "must be in [" + json(lo).dump() + ", " + json(hi).dump() + "], got " + v.dump());
@@ -41,7 +31,7 @@ int64_t integer(const json& v, const std::string& param, int64_t lo, int64_t hi)
     bad(param,
         "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + v.dump());
   }
-  if (!v.is_number_integer()) bad(param, "expected an integer, got " + type_of(v));
+  if (!v.is_number_integer()) bad(param, "expected an integer, got " + json_type_name(v));
   const auto x = v.get<int64_t>();
   if (x < lo || x > hi) {
     bad(param, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " +
@@ -51,45 +41,18 @@ int64_t integer(const json& v, const std::string& param, int64_t lo, int64_t hi)
 }
 
 const std::string& string_of(const json& v, const std::string& param) {
-  if (!v.is_string()) bad(param, "expected a string, got " + type_of(v));
+  if (!v.is_string()) bad(param, "expected a string, got " + json_type_name(v));
   return v.get_ref<const std::string&>();
 }
 
 bool boolean(const json& v, const std::string& param) {
-  if (!v.is_boolean()) bad(param, "expected a boolean, got " + type_of(v));
+  if (!v.is_boolean()) bad(param, "expected a boolean, got " + json_type_name(v));
   return v.get<bool>();
-}
-
-// Message content: a string, or an array of {"type": "text", "text": "..."} parts joined by
-// newlines (as vLLM joins them). Images and audio have nowhere to go in a text model.
-std::string content_text(const json& c, const std::string& param) {
-  if (c.is_string()) return c.get<std::string>();
-  if (!c.is_array()) bad(param, "expected a string or an array of text parts, got " + type_of(c));
-  if (c.empty()) bad(param, "must not be an empty array");
-  std::string text;
-  for (size_t i = 0; i < c.size(); ++i) {
-    const std::string where = param + "[" + std::to_string(i) + "]";
-    const json& part = c[i];
-    if (!part.is_object()) bad(where, "expected an object, got " + type_of(part));
-    auto type = part.find("type");
-    if (type == part.end()) bad(where + ".type", "missing");
-    if (string_of(*type, where + ".type") != "text") {
-      bad(where + ".type", "'" + type->get<std::string>() + "' is not supported (text only)");
-    }
-    for (const auto& [k, v] : part.items()) {
-      if (k != "type" && k != "text") bad(where + "." + k, "unknown field of a text part");
-    }
-    auto t = part.find("text");
-    if (t == part.end()) bad(where + ".text", "missing");
-    if (i > 0) text += "\n";
-    text += string_of(*t, where + ".text");
-  }
-  return text;
 }
 
 // messages → the stored chat prompt ([{role, content[, name]}]) and the template's messages.
 void parse_messages(const json& v, const JobLimits& limits, ApiRequest& out) {
-  if (!v.is_array()) bad("messages", "expected an array, got " + type_of(v));
+  if (!v.is_array()) bad("messages", "expected an array, got " + json_type_name(v));
   if (v.empty()) bad("messages", "must hold at least one message");
   if (v.size() > limits.max_chat_messages) {
     bad("messages", std::to_string(v.size()) + " messages exceeds the limit of " +
@@ -99,7 +62,7 @@ void parse_messages(const json& v, const JobLimits& limits, ApiRequest& out) {
   for (size_t i = 0; i < v.size(); ++i) {
     const std::string where = "messages[" + std::to_string(i) + "]";
     const json& m = v[i];
-    if (!m.is_object()) bad(where, "expected an object, got " + type_of(m));
+    if (!m.is_object()) bad(where, "expected an object, got " + json_type_name(m));
     std::string role, content;
     std::optional<std::string> name;
     bool have_role = false, have_content = false;
@@ -108,7 +71,7 @@ void parse_messages(const json& v, const JobLimits& limits, ApiRequest& out) {
         role = string_of(x, where + ".role");
         have_role = true;
       } else if (k == "content") {
-        content = content_text(x, where + ".content");
+        content = message_content_text(x, where + ".content");
         have_content = true;
       } else if (k == "name") {
         name = string_of(x, where + ".name");
@@ -148,7 +111,7 @@ void parse_stop(const json& v, SamplingParams& sp) {
     sp.stop = {v.get<std::string>()};
     return;
   }
-  if (!v.is_array()) bad("stop", "expected a string or an array of strings, got " + type_of(v));
+  if (!v.is_array()) bad("stop", "expected a string or an array of strings, got " + json_type_name(v));
   for (size_t i = 0; i < v.size(); ++i) sp.stop.push_back(string_of(v[i], "stop"));
 }
 
@@ -222,7 +185,7 @@ void parse_fields(const json& body, const std::string& served_model, const JobLi
       out.stream = boolean(v, key);
     } else if (key == "stream_options") {
       if (v.is_null()) continue;
-      if (!v.is_object()) bad(key, "expected an object, got " + type_of(v));
+      if (!v.is_object()) bad(key, "expected an object, got " + json_type_name(v));
       for (const auto& [k, x] : v.items()) {
         if (k == "include_usage") {
           out.include_usage = x.is_null() ? false : boolean(x, "stream_options.include_usage");
@@ -282,7 +245,7 @@ json envelope(const ApiResponseId& rid, bool chunk) {
 
 std::variant<ChatOptions, std::string> chat_options_from_kwargs(const json& kwargs) {
   if (!kwargs.is_object())
-    return "chat_template_kwargs: expected an object, got " + type_of(kwargs);
+    return "chat_template_kwargs: expected an object, got " + json_type_name(kwargs);
   ChatOptions o;
   for (const auto& [k, v] : kwargs.items()) {
     if (k == "enable_thinking") {
@@ -312,8 +275,8 @@ std::variant<ApiRequest, ApiError> parse_api_request(ApiKind kind, std::string_v
     }
   } catch (const Bad& b) {
     // Messages that already start with their field (the queue's, the template's) stay as they are.
-    const bool named = b.param.empty() || b.message.rfind(b.param, 0) == 0;
-    return invalid_request(named ? b.message : b.param + ": " + b.message, b.param);
+    const bool named = b.field.empty() || b.message.rfind(b.field, 0) == 0;
+    return invalid_request(named ? b.message : b.field + ": " + b.message, b.field);
   } catch (const ApiError& e) {
     return e;
   }

@@ -67,11 +67,8 @@ json file_json(const StoredFile& f) {
           {"status_details", nullptr}};
 }
 
-json batch_json(const BatchRecord& b, const std::map<std::string, int64_t>& counts) {
-  auto count = [&](const char* s) {
-    auto it = counts.find(s);
-    return it == counts.end() ? int64_t{0} : it->second;
-  };
+json batch_json(const BatchRecord& b, const BatchCounts& counts) {
+  auto count = [&](JobState s) { return counts.counts.at(s); };
   json errors = nullptr;
   if (b.errors) errors = {{"object", "list"}, {"data", json::parse(*b.errors, nullptr, false)}};
   return {{"id", b.id},
@@ -94,8 +91,8 @@ json batch_json(const BatchRecord& b, const std::map<std::string, int64_t>& coun
           {"cancelled_at", opt(b.cancelled_at)},
           {"request_counts",
            {{"total", b.total},
-            {"completed", count("done")},
-            {"failed", count("failed") + count("cancelled")}}},
+            {"completed", count(JobState::Done)},
+            {"failed", count(JobState::Failed) + count(JobState::Cancelled)}}},
           {"metadata", b.metadata ? json::parse(*b.metadata, nullptr, false) : json(nullptr)}};
 }
 
@@ -267,7 +264,7 @@ void Service::batches_create(const std::shared_ptr<HttpExchange>& ex) {
   b = batches_->add_batch(std::move(b));
   batch_validate(b);
   const auto stored = batches_->batch(b.id);
-  ex->reply(json_reply(batch_json(*stored, batches_->job_counts(b.id))));
+  ex->reply(json_reply(batch_json(*stored, store_->batch_counts(b.id))));
 }
 
 // Reads the input file; every line must be a request to the batch's endpoint with a unique
@@ -343,7 +340,7 @@ void Service::batch_validate(const BatchRecord& b) {
 void Service::batches_get(const std::shared_ptr<HttpExchange>& ex) {
   const std::string& id = ex->request().params.at(0);
   if (auto b = batches_->batch(id)) {
-    ex->reply(json_reply(batch_json(*b, batches_->job_counts(id))));
+    ex->reply(json_reply(batch_json(*b, store_->batch_counts(id))));
   } else {
     ex->reply(not_found("batch", id));
   }
@@ -356,7 +353,7 @@ void Service::batches_list(const std::shared_ptr<HttpExchange>& ex) {
   bool has_more = false;
   const auto batches = batches_->list_batches(query_param(q, "after"), limit, has_more);
   json data = json::array();
-  for (const BatchRecord& b : batches) data.push_back(batch_json(b, batches_->job_counts(b.id)));
+  for (const BatchRecord& b : batches) data.push_back(batch_json(b, store_->batch_counts(b.id)));
   ex->reply(json_reply({{"object", "list"},
                         {"data", data},
                         {"first_id", batches.empty() ? json(nullptr) : json(batches.front().id)},
@@ -389,7 +386,7 @@ void Service::batches_cancel(const std::shared_ptr<HttpExchange>& ex) {
   stop_lost_jobs();  // ours are cancels from this connection: data_version will not tell
   spdlog::info("batch {}: cancelling ({} requests cancelled)", id, cancelled);
   batches_tick(/*force=*/true);
-  ex->reply(json_reply(batch_json(*batches_->batch(id), batches_->job_counts(id))));
+  ex->reply(json_reply(batch_json(*batches_->batch(id), store_->batch_counts(id))));
 }
 
 // Open batches: a batch left validating by a crash is validated again; one whose jobs are all
@@ -401,12 +398,7 @@ void Service::batches_tick(bool force) {
   last_batch_tick_ms_ = now;
   for (const BatchRecord& b : batches_->batches_with_status({"validating"})) batch_validate(b);
   for (const BatchRecord& b : batches_->batches_with_status({"in_progress", "cancelling"})) {
-    const auto counts = batches_->job_counts(b.id);
-    auto count = [&](const char* s) {
-      auto it = counts.find(s);
-      return it == counts.end() ? int64_t{0} : it->second;
-    };
-    if (count("queued") + count("running") == 0) batch_finalize(b);
+    if (store_->batch_counts(b.id).unfinished() == 0) batch_finalize(b);
   }
 }
 

@@ -61,12 +61,15 @@ TEST_P(BatchStoreTest, BatchesMoveForwardOnlyAndFinishAtomically) {
   EXPECT_EQ(now.metadata, in.metadata);
   EXPECT_EQ(store.batches_with_status({"in_progress"}).size(), 1u);
 
-  // Jobs of the batch are counted by state.
+  // Jobs of the batch are counted by state (what the batch object's request_counts show).
   JobSpec s = test::text_job("p");
   s.batch_id = b.id;
   jobs.submit(s);
   jobs.submit(s);
-  EXPECT_EQ(store.job_counts(b.id), (std::map<std::string, int64_t>{{"queued", 2}}));
+  const BatchCounts counts = jobs.batch_counts(b.id);
+  EXPECT_EQ(counts.total, 2);
+  EXPECT_EQ(counts.counts.at(JobState::Queued), 2);
+  EXPECT_EQ(counts.counts.at(JobState::Done), 0);
 
   EXPECT_TRUE(store.finish(b.id, "in_progress", "completed", "out\n", "", 20));
   EXPECT_FALSE(store.finish(b.id, "in_progress", "completed", "again\n", "", 21));
