@@ -32,19 +32,49 @@ size_t utf8_len_at(std::string_view s, size_t i) {
 
 }  // namespace
 
+namespace {
+
+// A double as PostgreSQL reads it back exactly (its spellings of to_chars' "inf" and "nan").
+std::string double_text(double v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "Infinity" : "-Infinity";
+  char buf[64];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+  MB_CHECK(ec == std::errc(), "double does not fit its text buffer");
+  return std::string(buf, end);
+}
+
+// An array literal of n elements: each quoted (backslash before '"' and '\\'), so any text
+// is one element, or an unquoted NULL where elem(i) gives nullopt.
+template <typename Elem>
+std::string array_literal(size_t n, Elem elem) {
+  std::string s = "{";
+  for (size_t i = 0; i < n; ++i) {
+    if (i) s += ',';
+    const std::optional<std::string> e = elem(i);
+    if (!e) {
+      s += "NULL";
+      continue;
+    }
+    s += '"';
+    for (char c : *e) {
+      if (c == '"' || c == '\\') s += '\\';
+      s += c;
+    }
+    s += '"';
+  }
+  return s + '}';
+}
+
+}  // namespace
+
 PgParams& PgParams::add(int64_t v) {
   values_.emplace_back(std::to_string(v));
   return *this;
 }
 
 PgParams& PgParams::add(double v) {
-  // PostgreSQL's spellings of the values to_chars writes as "inf" and "nan".
-  if (std::isnan(v)) return add(std::string_view("NaN"));
-  if (std::isinf(v)) return add(std::string_view(v > 0 ? "Infinity" : "-Infinity"));
-  char buf[64];
-  auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
-  MB_CHECK(ec == std::errc(), "double does not fit its text buffer");
-  values_.emplace_back(std::string(buf, end));
+  values_.emplace_back(double_text(v));
   return *this;
 }
 
@@ -65,13 +95,28 @@ PgParams& PgParams::add_null() {
 }
 
 PgParams& PgParams::add_array(const std::vector<int64_t>& v) {
-  std::string s = "{";
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (i) s += ',';
-    s += std::to_string(v[i]);
-  }
-  s += '}';
-  values_.emplace_back(std::move(s));
+  values_.emplace_back(array_literal(
+      v.size(), [&](size_t i) -> std::optional<std::string> { return std::to_string(v[i]); }));
+  return *this;
+}
+
+PgParams& PgParams::add_array(const std::vector<std::optional<int64_t>>& v) {
+  values_.emplace_back(array_literal(v.size(), [&](size_t i) -> std::optional<std::string> {
+    return v[i] ? std::optional(std::to_string(*v[i])) : std::nullopt;
+  }));
+  return *this;
+}
+
+PgParams& PgParams::add_array(const std::vector<std::optional<double>>& v) {
+  values_.emplace_back(array_literal(v.size(), [&](size_t i) -> std::optional<std::string> {
+    return v[i] ? std::optional(double_text(*v[i])) : std::nullopt;
+  }));
+  return *this;
+}
+
+PgParams& PgParams::add_array(const std::vector<std::string>& v) {
+  values_.emplace_back(
+      array_literal(v.size(), [&](size_t i) -> std::optional<std::string> { return v[i]; }));
   return *this;
 }
 

@@ -43,6 +43,11 @@ class PgParams {
   PgParams& add_null();
   /// A bigint[] literal ('{1,2,3}').
   PgParams& add_array(const std::vector<int64_t>& v);
+  /// Array literals for unnest(): bigint[] and float8[] with NULL for nullopt, text[] (cast
+  /// the parameter in the statement: $n::bigint[], $n::float8[], $n::text[]).
+  PgParams& add_array(const std::vector<std::optional<int64_t>>& v);
+  PgParams& add_array(const std::vector<std::optional<double>>& v);
+  PgParams& add_array(const std::vector<std::string>& v);
   /// Number of parameters so far.
   size_t size() const { return values_.size(); }
   /// Values for PQexecParams.

@@ -5,6 +5,8 @@
 //   - every write under a lease is one UPDATE conditioned on state = 'running', the owner and
 //     the fencing token; under READ COMMITTED PostgreSQL re-checks that condition on the newest
 //     row version after any lock wait, so of two writers racing for one job at most one matches.
+#include <map>
+
 #include "common/error.h"
 #include "queue/pg_job_store.h"
 
@@ -150,46 +152,72 @@ std::vector<bool> PgJobStore::complete(const std::string& worker,
                                        const std::vector<Completion>& completions,
                                        const std::vector<int64_t>& tokens, int64_t now) {
   std::vector<bool> out(completions.size(), false);
-  if (pg_text_problem(worker)) return out;
-  PgTransaction tx(*conn_);
+  if (completions.empty() || pg_text_problem(worker)) return out;
+  // One UPDATE for the group and one INSERT for its latency rows, whatever its size: a round
+  // trip per statement is what a PostgreSQL queue pays for (bench/RESULTS.md, "Queue"). A job
+  // listed twice is completed by its first entry.
+  std::vector<int64_t> ids, toks, prompt, completion;
+  std::vector<std::optional<int64_t>> first_token_at;
+  std::vector<std::string> text, finish;
+  std::map<int64_t, size_t> first_entry;
   for (size_t i = 0; i < completions.size(); ++i) {
     const Completion& c = completions[i];
+    if (!first_entry.emplace(c.id, i).second) continue;
+    ids.push_back(c.id);
+    toks.push_back(tokens[i]);
+    first_token_at.push_back(c.result.first_token_at);
     // Model output may end inside a UTF-8 sequence; PostgreSQL text must be valid UTF-8.
-    PgResult up = conn_->exec(
-        "UPDATE jobs SET state = 'done', finished_at = $4, first_token_at = $5, "
-        "result_text = $6, prompt_tokens = $7, completion_tokens = $8, finish_reason = $9, "
-        "error = NULL, lease_owner = NULL, lease_expires_at = NULL "
-        "WHERE id = $1 AND state = 'running' AND lease_owner = $2 AND ($3::bigint < 0 OR "
-        "lease_token = $3)",
-        PgParams()
-            .add(c.id)
-            .add(std::string_view(worker))
-            .add(tokens[i])
-            .add(now)
-            .add(c.result.first_token_at)
-            .add(pg_text(c.result.text))
-            .add(c.result.prompt_tokens)
-            .add(c.result.completion_tokens)
-            .add(pg_text(c.result.finish_reason)));
-    if (up.affected() != 1) continue;
-    const LatencyRecord& l = c.latency;
-    conn_->exec(
-        "INSERT INTO job_latency (job_id, queue_wait_ms, ttft_ms, decode_ms, total_ms, "
-        "tokens_per_s, recorded_at) VALUES ($1, $2, $3, $4, $5, $6, $7) "
-        "ON CONFLICT (job_id) DO UPDATE SET queue_wait_ms = EXCLUDED.queue_wait_ms, "
-        "ttft_ms = EXCLUDED.ttft_ms, decode_ms = EXCLUDED.decode_ms, "
-        "total_ms = EXCLUDED.total_ms, tokens_per_s = EXCLUDED.tokens_per_s, "
-        "recorded_at = EXCLUDED.recorded_at",
-        PgParams()
-            .add(c.id)
-            .add(l.queue_wait_ms)
-            .add(l.ttft_ms)
-            .add(l.decode_ms)
-            .add(l.total_ms)
-            .add(l.tokens_per_s)
-            .add(now));
-    out[i] = true;
+    text.push_back(pg_text(c.result.text));
+    prompt.push_back(c.result.prompt_tokens);
+    completion.push_back(c.result.completion_tokens);
+    finish.push_back(pg_text(c.result.finish_reason));
   }
+  PgTransaction tx(*conn_);
+  PgParams up;
+  up.add_array(ids).add_array(toks).add(std::string_view(worker)).add(now);
+  up.add_array(first_token_at).add_array(text).add_array(prompt).add_array(completion);
+  up.add_array(finish);
+  PgResult landed = conn_->exec(
+      std::string("UPDATE jobs j SET state = 'done', finished_at = $4, first_token_at = t.fta, "
+                  "result_text = t.txt, prompt_tokens = t.pt, completion_tokens = t.ct, "
+                  "finish_reason = t.fr, error = NULL, lease_owner = NULL, "
+                  "lease_expires_at = NULL FROM unnest($1::bigint[], $2::bigint[], "
+                  "$5::bigint[], $6::text[], $7::bigint[], $8::bigint[], $9::text[]) "
+                  "AS t(id, tok, fta, txt, pt, ct, fr) WHERE ") +
+          kHeldByT + " RETURNING j.id",
+      up);
+  if (landed.rows() == 0) return out;  // the transaction ends unchanged
+  std::vector<int64_t> lat_ids, wait, total;
+  std::vector<std::optional<int64_t>> ttft, decode;
+  std::vector<std::optional<double>> rate;
+  for (int r = 0; r < landed.rows(); ++r) {
+    const auto it = first_entry.find(landed.i64(r, 0));
+    if (it == first_entry.end()) throw Error("completed a job that was not in the group");
+    out[it->second] = true;
+    const Completion& c = completions[it->second];
+    lat_ids.push_back(c.id);
+    wait.push_back(c.latency.queue_wait_ms);
+    ttft.push_back(c.latency.ttft_ms);
+    decode.push_back(c.latency.decode_ms);
+    total.push_back(c.latency.total_ms);
+    rate.push_back(c.latency.tokens_per_s);
+  }
+  conn_->exec(
+      "INSERT INTO job_latency (job_id, queue_wait_ms, ttft_ms, decode_ms, total_ms, "
+      "tokens_per_s, recorded_at) SELECT t.*, $7 FROM unnest($1::bigint[], $2::bigint[], "
+      "$3::bigint[], $4::bigint[], $5::bigint[], $6::float8[]) AS t "
+      "ON CONFLICT (job_id) DO UPDATE SET queue_wait_ms = EXCLUDED.queue_wait_ms, "
+      "ttft_ms = EXCLUDED.ttft_ms, decode_ms = EXCLUDED.decode_ms, "
+      "total_ms = EXCLUDED.total_ms, tokens_per_s = EXCLUDED.tokens_per_s, "
+      "recorded_at = EXCLUDED.recorded_at",
+      PgParams()
+          .add_array(lat_ids)
+          .add_array(wait)
+          .add_array(ttft)
+          .add_array(decode)
+          .add_array(total)
+          .add_array(rate)
+          .add(now));
   tx.commit();
   return out;
 }

@@ -312,6 +312,51 @@ TEST_P(JobStoreTest, CompleteManyLandsOnlyOwnedJobs) {
   EXPECT_EQ(store.get(ids[2].id)->state, JobState::Queued);
 }
 
+TEST_P(JobStoreTest, CompleteManyStoresEachResultAndLatencyExactly) {
+  // Texts an array literal or a CSV would mangle, NULL and non-NULL timings side by side, and
+  // a job listed twice (its first entry counts).
+  const std::vector<std::string> texts = {"a\"b", "back\\slash", "{x,y}", "NULL", "",
+                                          "line\nbreak\ttab", "\u00e9\u6f22\U0001f642"};
+  std::vector<JobSpec> specs;
+  for (size_t i = 0; i < texts.size(); ++i) specs.push_back(text_job("p" + std::to_string(i)));
+  auto ids = store.submit_many(specs);
+  ASSERT_EQ(store.claim("w", 100, milliseconds(1000)).size(), texts.size());
+  std::vector<Completion> cs;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const auto k = static_cast<int64_t>(i);
+    LatencyRecord l{10 + k, std::nullopt, std::nullopt, 100 + k, std::nullopt};
+    if (i % 2) l = LatencyRecord{20 + k, 3 + k, 40 + k, 200 + k, 12.5 + k};
+    std::optional<int64_t> first_token_at;
+    if (i % 3 == 0) first_token_at = 5000 + k;
+    cs.push_back({ids[i].id, JobResult{texts[i], 7 + k, 1 + k, i % 2 ? "length" : "stop",
+                                       first_token_at},
+                  l});
+  }
+  cs.push_back({ids[0].id, JobResult{"second entry", 1, 1, "stop", {}}, {}});
+  const std::vector<bool> ok = store.complete_many("w", cs);
+  std::vector<bool> want(texts.size(), true);
+  want.push_back(false);
+  EXPECT_EQ(ok, want);
+  for (size_t i = 0; i < texts.size(); ++i) {
+    SCOPED_TRACE(i);
+    const auto j = store.get(ids[i].id);
+    ASSERT_TRUE(j && j->result);
+    EXPECT_EQ(j->state, JobState::Done);
+    EXPECT_EQ(j->result->text, texts[i]);
+    EXPECT_EQ(j->result->prompt_tokens, cs[i].result.prompt_tokens);
+    EXPECT_EQ(j->result->completion_tokens, cs[i].result.completion_tokens);
+    EXPECT_EQ(j->result->finish_reason, cs[i].result.finish_reason);
+    EXPECT_EQ(j->result->first_token_at, cs[i].result.first_token_at);
+    const auto l = store.latency(ids[i].id);
+    ASSERT_TRUE(l);
+    EXPECT_EQ(l->queue_wait_ms, cs[i].latency.queue_wait_ms);
+    EXPECT_EQ(l->ttft_ms, cs[i].latency.ttft_ms);
+    EXPECT_EQ(l->decode_ms, cs[i].latency.decode_ms);
+    EXPECT_EQ(l->total_ms, cs[i].latency.total_ms);
+    EXPECT_EQ(l->tokens_per_s, cs[i].latency.tokens_per_s);
+  }
+}
+
 TEST_P(JobStoreTest, ListFiltersByStateAndBatch) {
   JobSpec a = text_job("a");
   a.batch_id = "B1";
