@@ -1,13 +1,16 @@
-// `moebatch batch status|wait|cancel|retry|purge NAME`: the lifecycle of a batch, i.e. of the
-// jobs sharing one batch_id (an imported file, a client run). Each verb acts on the local
-// database (--db) or, with --endpoint, through a ZeroMQ ingress (the batch_* commands of
-// docs/zmq.md); both paths end in the same JobStore calls, and the exit codes are the same:
+// `moebatch batch status|wait|cancel|retry|purge NAME` and `moebatch export --batch NAME`: the
+// lifecycle of a batch, i.e. of the jobs sharing one batch_id (an imported file, a client run),
+// and its OpenAI output files. Each verb acts on the local database (--db) or, with --endpoint,
+// through a ZeroMQ ingress (the batch_* commands of docs/zmq.md); both paths end in the same
+// JobStore calls (export: queue/batch_export.h's pages), and the exit codes are the same:
 // 0 done, 1 the batch is not in a state for it (nothing to cancel, to retry, unfinished jobs
 // for purge; `wait`: a job failed or was cancelled, or --timeout passed), 2 usage errors and a
 // batch with no jobs.
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -16,9 +19,11 @@
 #include "cli/commands.h"
 #include "cli/queue_cli.h"
 #include "common/error.h"
+#include "queue/batch_export.h"
 #include "queue/job_json.h"
 #include "queue/job_validate.h"
 #include "queue/zmq/client.h"
+#include "queue/zmq/protocol.h"
 
 namespace moebatch::cli {
 namespace {
@@ -33,6 +38,8 @@ class BatchTarget {
   virtual int64_t cancel(const std::string& batch) = 0;
   virtual int64_t retry(const std::string& batch) = 0;
   virtual PurgeOutcome purge(const std::string& batch) = 0;
+  /// The export page after job after_id.
+  virtual BatchExportPage results(const std::string& batch, int64_t after_id) = 0;
 };
 
 class LocalTarget : public BatchTarget {
@@ -42,6 +49,10 @@ class LocalTarget : public BatchTarget {
   int64_t cancel(const std::string& b) override { return store_->cancel_batch(b); }
   int64_t retry(const std::string& b) override { return store_->retry_batch(b); }
   PurgeOutcome purge(const std::string& b) override { return store_->purge_batch(b); }
+  BatchExportPage results(const std::string& b, int64_t after_id) override {
+    return batch_export_page(*store_, b, after_id, zmq_ingress::kMaxResultsPage,
+                             zmq_ingress::kResultsPageBytes);
+  }
 
  private:
   std::unique_ptr<JobStore> store_;
@@ -64,6 +75,14 @@ class RemoteTarget : public BatchTarget {
     const json r = client_.call_batch("batch_purge", b);
     return {integer(r, "jobs_deleted"), integer(r, "jobs_unfinished")};
   }
+  BatchExportPage results(const std::string& b, int64_t after_id) override {
+    const json r = client_.call_batch(
+        "batch_results", b, {{"after_id", after_id}, {"limit", zmq_ingress::kMaxResultsPage}});
+    if (!r.contains("results")) throw Error("malformed batch reply: results");
+    BatchExportPage page = batch_export_page_from_json(r["results"]);
+    if (page.last_id && *page.last_id <= after_id) throw Error("the export page did not advance");
+    return page;
+  }
 
  private:
   static int64_t integer(const json& reply, const char* key) {
@@ -85,10 +104,12 @@ struct BatchFlags {
   bool no_progress = false;    // wait: never draw the bar
 };
 
-std::unique_ptr<BatchTarget> open_target(const BatchFlags& f) {
-  if (auto e = find_id_error("batch", f.name, JobLimits{})) throw InputError(*e);
-  if (!f.remote.endpoint.empty()) return std::make_unique<RemoteTarget>(f.remote);
-  return std::make_unique<LocalTarget>(open_store(f.common));
+std::unique_ptr<BatchTarget> open_target(const CommonFlags& common,
+                                         const zmq_ingress::RemoteSubmitFlags& remote,
+                                         const std::string& name) {
+  if (auto e = find_id_error("batch", name, JobLimits{})) throw InputError(*e);
+  if (!remote.endpoint.empty()) return std::make_unique<RemoteTarget>(remote);
+  return std::make_unique<LocalTarget>(open_store(common));
 }
 
 // A name without jobs is almost always a typo: a usage error, on every verb.
@@ -136,7 +157,7 @@ void run_wait(BatchFlags& f) {
     throw InputError("--interval-ms must be within 10..3600000");
   }
   if (f.timeout_s < 0) throw InputError("--timeout must not be negative");
-  auto target = open_target(f);
+  auto target = open_target(f.common, f.remote, f.name);
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   BatchCounts c = counts_of(*target, f.name);
@@ -171,7 +192,7 @@ void run_wait(BatchFlags& f) {
 }
 
 void run_verb(const std::string& verb, BatchFlags& f) {
-  auto target = open_target(f);
+  auto target = open_target(f.common, f.remote, f.name);
   const std::string name = printable(f.name);
   if (verb == "status") {
     print_counts(f.name, counts_of(*target, f.name), f.common.json);
@@ -203,9 +224,65 @@ void run_verb(const std::string& verb, BatchFlags& f) {
   }
 }
 
+/// Options of `export`.
+struct ExportFlags {
+  CommonFlags common;
+  zmq_ingress::RemoteSubmitFlags remote;
+  std::string batch, output, error_file;
+};
+
+std::ofstream open_output(const std::string& path) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  if (!f) throw InputError("cannot write '" + path + "'");
+  return f;
+}
+
+// OpenAI's two files: done jobs in the output, failed and cancelled ones in the error file
+// (with the output when no error file is named). Unfinished jobs are counted and skipped.
+void run_export(const ExportFlags& f) {
+  auto target = open_target(f.common, f.remote, f.batch);
+  std::ofstream out_file, err_file;
+  if (!f.output.empty()) out_file = open_output(f.output);
+  if (!f.error_file.empty()) err_file = open_output(f.error_file);
+  std::ostream& out = f.output.empty() ? std::cout : out_file;
+  std::ostream& err = f.error_file.empty() ? out : err_file;
+  size_t done = 0, failed = 0, pending = 0;
+  int64_t after = 0;
+  for (;;) {
+    const BatchExportPage page = target->results(f.batch, after);
+    for (const json& line : page.output) out << dump(line) << "\n";
+    for (const json& line : page.errors) err << dump(line) << "\n";
+    done += page.output.size();
+    failed += page.errors.size();
+    pending += static_cast<size_t>(page.unfinished);
+    if (!page.more || !page.last_id) break;
+    after = *page.last_id;
+  }
+  out.flush();
+  err.flush();
+  if (!out || !err) throw Error("writing the export failed");
+  if (done + failed + pending == 0) throw InputError("no jobs in batch '" + f.batch + "'");
+  spdlog::info("exported batch {}: {} done, {} failed or cancelled; {} not finished yet",
+               printable(f.batch), done, failed, pending);
+}
+
 }  // namespace
 
 void register_batch_commands(CLI::App& app) {
+  auto ef = std::make_shared<ExportFlags>();
+  auto* exp = app.add_subcommand(
+      "export",
+      "Write a batch's finished jobs as OpenAI Batch output (and error) JSONL, from the "
+      "database or, with --endpoint, through a ZeroMQ ingress");
+  add_common(exp, ef->common);
+  add_remote(exp, ef->remote);
+  exp->add_option("--batch", ef->batch, "Batch id")->required();
+  exp->add_option("--output,-o", ef->output, "Output file (default stdout)");
+  exp->add_option("--error-file", ef->error_file,
+                  "Failed and cancelled jobs go here, as OpenAI's error file (default: with "
+                  "the done ones in the output)");
+  exp->callback([ef] { run_export(*ef); });
+
   auto* batch = app.add_subcommand(
       "batch",
       "A batch's lifecycle: status, wait, cancel, retry, purge (the jobs of one batch id)");

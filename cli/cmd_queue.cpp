@@ -1,5 +1,5 @@
-// CLI commands of the queue module: submit, status, result, list, cancel, stats, export (the
-// batch verbs are in cmd_batch.cpp). Each opens the job database (--db, default
+// CLI commands of the queue module: submit, status, result, list, cancel, stats (the batch
+// verbs and export are in cmd_batch.cpp). Each opens the job database (--db, default
 // common/paths.h default_db_path()), does one thing, and prints human text to stdout, or JSON
 // with --json. Bad input throws InputError (exit 2); a job in the wrong state for the request
 // throws Error (exit 1).
@@ -239,50 +239,6 @@ void print_stats(const QueueStats& st) {
   line("tokens/s", st.tokens_per_s);
 }
 
-std::ofstream open_output(const std::string& path) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  if (!f) throw InputError("cannot write '" + path + "'");
-  return f;
-}
-
-// OpenAI's two files: done jobs in the output, failed and cancelled ones in the error file
-// (with the output when no error file is named). Unfinished jobs are counted and skipped.
-void run_export(const CommonFlags& common, const std::string& batch, const std::string& output,
-                const std::string& error_file) {
-  auto store = open_store(common);
-  std::ofstream out_file, err_file;
-  if (!output.empty()) out_file = open_output(output);
-  if (!error_file.empty()) err_file = open_output(error_file);
-  std::ostream& out = output.empty() ? std::cout : out_file;
-  std::ostream& err = error_file.empty() ? out : err_file;
-  ListFilter filter;
-  filter.batch_id = batch;
-  filter.limit = 10000;
-  size_t done = 0, failed = 0, pending = 0;
-  for (;;) {
-    std::vector<Job> page = store->list(filter);
-    if (page.empty()) break;
-    for (const Job& j : page) {
-      if (!job_state_is_final(j.state)) {
-        ++pending;
-      } else if (j.state == JobState::Done) {
-        out << dump(batch_output_line(j)) << "\n";
-        ++done;
-      } else {
-        err << dump(batch_output_line(j)) << "\n";
-        ++failed;
-      }
-    }
-    filter.after_id = page.back().id;
-  }
-  out.flush();
-  err.flush();
-  if (!out || !err) throw Error("writing the export failed");
-  if (done + failed + pending == 0) throw InputError("no jobs in batch '" + batch + "'");
-  spdlog::info("exported batch {}: {} done, {} failed or cancelled; {} not finished yet",
-               printable(batch), done, failed, pending);
-}
-
 }  // namespace
 
 void register_queue_commands(CLI::App& app) {
@@ -447,21 +403,6 @@ void register_queue_commands(CLI::App& app) {
       print_stats(s);
     }
   });
-
-  struct ExportFlags {
-    CommonFlags common;
-    std::string batch, output, error_file;
-  };
-  auto ef = std::make_shared<ExportFlags>();
-  auto* exp = app.add_subcommand(
-      "export", "Write a batch's finished jobs as OpenAI Batch output (and error) JSONL");
-  add_common(exp, ef->common);
-  exp->add_option("--batch", ef->batch, "Batch id")->required();
-  exp->add_option("--output,-o", ef->output, "Output file (default stdout)");
-  exp->add_option("--error-file", ef->error_file,
-                  "Failed and cancelled jobs go here, as OpenAI's error file (default: with "
-                  "the done ones in the output)");
-  exp->callback([ef] { run_export(ef->common, ef->batch, ef->output, ef->error_file); });
 }
 
 }  // namespace moebatch::cli

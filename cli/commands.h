@@ -11,8 +11,8 @@
 
 namespace moebatch::cli {
 
-void register_queue_commands(CLI::App& app);      // submit, status, result, list, cancel, stats, export
-void register_batch_commands(CLI::App& app);      // batch status|wait|cancel|retry|purge
+void register_queue_commands(CLI::App& app);      // submit, status, result, list, cancel, stats
+void register_batch_commands(CLI::App& app);      // batch status|wait|cancel|retry|purge, export
 void register_engine_commands(CLI::App& app);     // logits, generate
 void register_tokenizer_commands(CLI::App& app);  // tokenize, detokenize
 void register_chat_commands(CLI::App& app);       // render-chat

@@ -154,8 +154,11 @@ std::vector<SubmitResult> LazyPirateClient::submit_jobs(std::vector<JobSpec> spe
   return out;
 }
 
-json LazyPirateClient::call_batch(std::string_view cmd, const std::string& batch_id) {
-  json reply = call({{"v", kProtocolVersion}, {"cmd", std::string(cmd)}, {"batch_id", batch_id}});
+json LazyPirateClient::call_batch(std::string_view cmd, const std::string& batch_id,
+                                  const json& args) {
+  json request = {{"v", kProtocolVersion}, {"cmd", std::string(cmd)}, {"batch_id", batch_id}};
+  for (const auto& [k, v] : args.items()) request[k] = v;
+  json reply = call(std::move(request));
   if (!reply["ok"].get<bool>()) {
     const json& e = reply["error"];
     const std::string msg =

@@ -62,10 +62,12 @@ class LazyPirateClient {
   /// Called after each acked message of submit_jobs with the jobs acked so far.
   void on_progress(std::function<void(size_t)> progress) { progress_ = std::move(progress); }
 
-  /// One batch_* command ("batch_status", "batch_cancel", ...) for batch_id: the ok reply, which
-  /// carries "batch" (queue/job_json.h batch_counts_to_json) and the command's own members.
-  /// Throws InputError when the ingress refuses the request, Error when it cannot answer.
-  nlohmann::json call_batch(std::string_view cmd, const std::string& batch_id);
+  /// One batch_* command ("batch_status", "batch_cancel", ...) for batch_id, with `args`'
+  /// members added to the request: the ok reply, which carries "batch" (queue/job_json.h
+  /// batch_counts_to_json) and the command's own members. Throws InputError when the ingress
+  /// refuses the request, Error when it cannot answer.
+  nlohmann::json call_batch(std::string_view cmd, const std::string& batch_id,
+                            const nlohmann::json& args = nlohmann::json::object());
 
   /// Sends so far, counting retries (for tests and the benchmark).
   int sends() const { return sends_; }

@@ -133,6 +133,7 @@ std::optional<Command> batch_command(std::string_view name) {
   if (name == "batch_cancel") return Command::BatchCancel;
   if (name == "batch_retry") return Command::BatchRetry;
   if (name == "batch_purge") return Command::BatchPurge;
+  if (name == "batch_results") return Command::BatchResults;
   return std::nullopt;
 }
 
@@ -305,18 +306,32 @@ Request parse_request(std::string_view body, const ProtocolLimits& limits, json*
     check_known(doc, {"v", "cmd", "id"}, "");
   } else if (auto batch_cmd = batch_command(name)) {
     r.cmd = *batch_cmd;
-    check_known(doc, {"v", "cmd", "id", "batch_id"}, "");
+    if (r.cmd == Command::BatchResults) {
+      check_known(doc, {"v", "cmd", "id", "batch_id", "after_id", "limit"}, "");
+    } else {
+      check_known(doc, {"v", "cmd", "id", "batch_id"}, "");
+    }
     const json* b = find(doc, "batch_id");
     if (b == nullptr) invalid("batch_id", "required");
     r.batch_id = get_string(*b, "batch_id");
     if (auto e = find_id_error("batch_id", r.batch_id, limits.jobs)) {
       rethrow_spec_error(*e, "", PromptKind::Text);
     }
+    if (const json* a = find(doc, "after_id")) {
+      r.after_id = get_int(*a, "after_id");
+      if (r.after_id < 0) invalid("after_id", "must be >= 0");
+    }
+    if (const json* l = find(doc, "limit")) {
+      r.limit = get_int(*l, "limit");
+      if (r.limit < 1 || r.limit > kMaxResultsPage) {
+        invalid("limit", "must be in [1, " + std::to_string(kMaxResultsPage) + "]");
+      }
+    }
   } else {
     fail(error_code::kUnknownCommand,
          "unknown command '" + name.substr(0, 64) +
              "' (submit|status|result|cancel|stats|batch_status|batch_cancel|batch_retry|"
-             "batch_purge)",
+             "batch_purge|batch_results)",
          "cmd");
   }
   return r;

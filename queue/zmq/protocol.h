@@ -1,7 +1,7 @@
 // The ZeroMQ ingress protocol, version 1 (schemas/zmq-request.json, zmq-reply.json,
 // zmq-notice.json; docs/zmq.md). A request is one JSON object
 //   {"v": 1, "cmd": "submit"|"status"|"result"|"cancel"|"stats"|"batch_status"|"batch_cancel"|
-//    "batch_retry"|"batch_purge", "id": <request id>, ...}
+//    "batch_retry"|"batch_purge"|"batch_results", "id": <request id>, ...}
 // and every request gets exactly one reply echoing "id": {"v":1,"id":..,"ok":true,...} or
 // {"v":1,"id":..,"ok":false,"error":{"code","message","field","retryable"}}.
 //
@@ -70,6 +70,13 @@ struct ProtocolLimits {
   JobLimits jobs;                       ///< per-job limits, as the store applies them
 };
 
+/// batch_results: jobs per page at most and by default, and the output lines' bytes after
+/// which a page ends early (at least one job always; replies stay far below the client's
+/// 64 MiB ZMQ_MAXMSGSIZE).
+inline constexpr int64_t kMaxResultsPage = 1000;
+inline constexpr int64_t kDefaultResultsPage = 100;
+inline constexpr size_t kResultsPageBytes = 4u << 20;
+
 /// The commands of version 1.
 enum class Command {
   Submit,
@@ -77,10 +84,11 @@ enum class Command {
   Result,
   Cancel,
   Stats,
-  BatchStatus,  ///< counts of one batch's jobs by state, tokens
-  BatchCancel,  ///< cancel the batch's queued and running jobs
-  BatchRetry,   ///< requeue the batch's failed jobs
-  BatchPurge,   ///< delete a finished batch's jobs
+  BatchStatus,   ///< counts of one batch's jobs by state, tokens
+  BatchCancel,   ///< cancel the batch's queued and running jobs
+  BatchRetry,    ///< requeue the batch's failed jobs
+  BatchPurge,    ///< delete a finished batch's jobs
+  BatchResults,  ///< one page of the batch's OpenAI output and error lines (export)
 };
 
 /// A parsed, validated request.
@@ -92,6 +100,8 @@ struct Request {
   std::optional<int64_t> job_id;           ///< status/result/cancel by id
   std::optional<std::string> client_key;   ///< status/result/cancel by key
   std::string batch_id;                    ///< the batch_* commands
+  int64_t after_id = 0;                    ///< batch_results: the page starts after this job
+  int64_t limit = kDefaultResultsPage;     ///< batch_results: jobs in the page, 1..1000
 };
 
 /// Parses and validates one request body. Throws ProtocolException on any problem; the error's

@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 
+#include "queue/batch_export.h"
 #include "queue/job_json.h"
 
 namespace moebatch::zmq_ingress {
@@ -200,7 +201,8 @@ void StoreWorker::answer_one(RoutedRequest& item) {
       return;
     }
     if (r.cmd == Command::BatchStatus || r.cmd == Command::BatchCancel ||
-        r.cmd == Command::BatchRetry || r.cmd == Command::BatchPurge) {
+        r.cmd == Command::BatchRetry || r.cmd == Command::BatchPurge ||
+        r.cmd == Command::BatchResults) {
       answer_batch(item);
       return;
     }
@@ -235,8 +237,9 @@ void StoreWorker::answer_one(RoutedRequest& item) {
   }
 }
 
-// The batch verbs: one store call each, then the batch's counts as they stand after it. A batch
-// id without jobs is not an error here (its counts are zero), as for the CLI.
+// The batch verbs: one store call each (batch_results: one page of the export), then the batch's
+// counts as they stand after it. A batch id without jobs is not an error here (its counts are
+// zero), as for the CLI.
 void StoreWorker::answer_batch(const RoutedRequest& item) {
   const Request& r = item.request;
   json body = json::object();
@@ -248,6 +251,9 @@ void StoreWorker::answer_batch(const RoutedRequest& item) {
     const PurgeOutcome p = store_->purge_batch(r.batch_id);
     body["jobs_deleted"] = p.deleted;
     body["jobs_unfinished"] = p.unfinished;
+  } else if (r.cmd == Command::BatchResults) {
+    body["results"] = batch_export_page_to_json(
+        batch_export_page(*store_, r.batch_id, r.after_id, r.limit, kResultsPageBytes));
   }
   body["batch"] = batch_counts_to_json(r.batch_id, store_->batch_counts(r.batch_id));
   reply(item, ok_reply(r.id, std::move(body)));

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "queue/batch_export.h"
 #include "queue/job_store.h"
 #include "tests/common/files.h"
 #include "tests/queue/pg_test_util.h"
@@ -355,6 +356,62 @@ TEST_P(JobStoreTest, CompleteManyStoresEachResultAndLatencyExactly) {
     EXPECT_EQ(l->total_ms, cs[i].latency.total_ms);
     EXPECT_EQ(l->tokens_per_s, cs[i].latency.tokens_per_s);
   }
+}
+
+TEST_P(JobStoreTest, ExportPagesWalkABatchInIdOrderWithinTheirBounds) {
+  std::vector<JobSpec> specs;
+  for (int i = 0; i < 5; ++i) {
+    specs.push_back(text_job("p" + std::to_string(i), "k" + std::to_string(i)));
+    specs.back().batch_id = "exp";
+    specs.back().custom_id = "c" + std::to_string(i);
+  }
+  specs.push_back(text_job("other batch"));
+  const auto ids = store.submit_many(specs);
+  ASSERT_EQ(store.claim("w", 3, milliseconds(1000)).size(), 3u);
+  ASSERT_TRUE(store.complete("w", ids[0].id, JobResult{std::string(300, 'x'), 1, 1, "stop", {}},
+                             {}));
+  ASSERT_EQ(store.fail("w", ids[1].id, "boom", false), FailOutcome::Failed);
+  ASSERT_TRUE(store.complete("w", ids[2].id, JobResult{"short", 1, 1, "stop", {}}, {}));
+  ASSERT_TRUE(store.cancel(ids[3].id));  // ids[4] stays queued
+
+  // Two jobs a page: three pages, the last one short.
+  BatchExportPage p = batch_export_page(store, "exp", 0, 2, 1 << 20);
+  ASSERT_EQ(p.output.size(), 1u);
+  ASSERT_EQ(p.errors.size(), 1u);
+  EXPECT_EQ(p.output[0]["custom_id"], "c0");
+  EXPECT_EQ(p.errors[0]["error"]["message"], "boom");
+  EXPECT_EQ(p.last_id, ids[1].id);
+  EXPECT_TRUE(p.more);
+  p = batch_export_page(store, "exp", *p.last_id, 2, 1 << 20);
+  EXPECT_EQ(p.output.size(), 1u);
+  EXPECT_EQ(p.errors.size(), 1u);
+  EXPECT_EQ(p.errors[0]["error"]["code"], "cancelled");
+  p = batch_export_page(store, "exp", *p.last_id, 2, 1 << 20);
+  EXPECT_TRUE(p.output.empty() && p.errors.empty());
+  EXPECT_EQ(p.unfinished, 1);
+  EXPECT_EQ(p.last_id, ids[4].id);
+  EXPECT_FALSE(p.more);
+  EXPECT_FALSE(batch_export_page(store, "exp", ids[4].id, 2, 1 << 20).last_id);
+
+  // A byte bound smaller than the first line still yields that line, then ends the page.
+  p = batch_export_page(store, "exp", 0, 100, 10);
+  EXPECT_EQ(p.output.size(), 1u);
+  EXPECT_TRUE(p.errors.empty());
+  EXPECT_EQ(p.last_id, ids[0].id);
+  EXPECT_TRUE(p.more);
+
+  // The wire form round-trips; a malformed one is refused, as is a "more" that cannot advance.
+  const BatchExportPage back = batch_export_page_from_json(batch_export_page_to_json(p));
+  EXPECT_EQ(back.output, p.output);
+  EXPECT_EQ(back.last_id, p.last_id);
+  EXPECT_EQ(back.more, p.more);
+  nlohmann::json bad = batch_export_page_to_json(p);
+  bad["last_id"] = nullptr;
+  EXPECT_THROW(batch_export_page_from_json(bad), Error);
+  bad = batch_export_page_to_json(p);
+  bad["output"] = nlohmann::json::array({1});
+  EXPECT_THROW(batch_export_page_from_json(bad), Error);
+  EXPECT_THROW(batch_export_page_from_json(nlohmann::json::array()), Error);
 }
 
 TEST_P(JobStoreTest, ListFiltersByStateAndBatch) {

@@ -224,6 +224,33 @@ TEST(Protocol, BatchCommandsNeedABoundedBatchId) {
   EXPECT_EQ(e.message, "job_id: unknown field");
 }
 
+TEST(Protocol, BatchResultsPagesAreBounded) {
+  Request r = parse_request(R"({"v":1,"cmd":"batch_results","id":1,"batch_id":"b"})", {}, nullptr);
+  EXPECT_EQ(r.cmd, Command::BatchResults);
+  EXPECT_EQ(r.after_id, 0);
+  EXPECT_EQ(r.limit, kDefaultResultsPage);
+  r = parse_request(
+      R"({"v":1,"cmd":"batch_results","id":1,"batch_id":"b","after_id":41,"limit":1000})", {},
+      nullptr);
+  EXPECT_EQ(r.after_id, 41);
+  EXPECT_EQ(r.limit, 1000);
+  for (const char* bad : {R"("after_id":-1)", R"("after_id":"7")", R"("after_id":1e3)",
+                          R"("after_id":18446744073709551615)"}) {
+    ProtocolError e = parse_error(std::string(R"({"v":1,"cmd":"batch_results","id":1,)") +
+                                  R"("batch_id":"b",)" + bad + "}");
+    EXPECT_EQ(e.field, "after_id") << bad;
+  }
+  for (const char* bad : {"0", "1001", "-5", "true"}) {
+    ProtocolError e = parse_error(
+        std::string(R"({"v":1,"cmd":"batch_results","id":1,"batch_id":"b","limit":)") + bad + "}");
+    EXPECT_EQ(e.field, "limit") << bad;
+  }
+  // Paging fields belong to batch_results alone.
+  ProtocolError e = parse_error(R"({"v":1,"cmd":"batch_status","id":1,"batch_id":"b","limit":5})");
+  EXPECT_EQ(e.field, "limit");
+  EXPECT_EQ(e.message, "limit: unknown field");
+}
+
 TEST(Protocol, JobsCarryUserMetadataAndTemplateVariables) {
   json job = {{"messages", {{{"role", "user"}, {"content", "hi"}}}},
               {"user", "u-1"},

@@ -227,6 +227,33 @@ TEST(ServeProcess, BatchFileAndBatchVerbsThroughTheEndpoint) {
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("no jobs in batch 'remote'"), std::string::npos) << r.err;
 
+  // export through the endpoint writes the files an export on the database host writes: one
+  // done job in the output, a failed and a cancelled one in the error file, one still queued.
+  test::write_file(file, line("a", "") + line("b", "") + line("c", "") + line("d", ""));
+  ASSERT_EQ(mb({"submit", "--file", file}).exit_code, 0);
+  {
+    JobStore store(test::store_options(db));
+    auto jobs = store.claim("w", 2, std::chrono::milliseconds(60000));
+    ASSERT_EQ(jobs.size(), 2u);
+    ASSERT_TRUE(store.complete("w", jobs[0].id, JobResult{"out \"a\"\n", 3, 2, "stop", {}}, {}));
+    ASSERT_EQ(store.fail("w", jobs[1].id, "boom", false), FailOutcome::Failed);
+    ASSERT_TRUE(store.cancel(store.get_by_key("remote/c")->id));
+  }
+  r = mb({"export", "--batch", "remote", "-o", dir.file("remote.out"), "--error-file",
+          dir.file("remote.err")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("1 done, 2 failed or cancelled; 1 not finished yet"), std::string::npos)
+      << r.err;
+  r = test::run_cli({"export", "--db", db.string(), "--batch", "remote", "-o",
+                     dir.file("local.out"), "--error-file", dir.file("local.err")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(test::read_file(dir.file("remote.out")), test::read_file(dir.file("local.out")));
+  EXPECT_EQ(test::read_file(dir.file("remote.err")), test::read_file(dir.file("local.err")));
+  const json done = json::parse(test::read_file(dir.file("remote.out")));
+  EXPECT_EQ(done["custom_id"], "a");
+  EXPECT_EQ(done["response"]["body"]["choices"][0]["text"], "out \"a\"\n");
+  EXPECT_EQ(mb({"export", "--batch", "nothing-here"}).exit_code, 2);
+
   // The client splits a large import into messages under the request limit.
   zi::ClientOptions o;
   o.endpoint = endpoint;

@@ -1,0 +1,36 @@
+// A batch's results as OpenAI's two Batch files, read page by page: `moebatch export` reads the
+// pages from the database, or from an ingress (the batch_results command, docs/zmq.md), which
+// serves the same pages to remote producers. One page function for both, so a file exported
+// over ZeroMQ is byte for byte the file exported on the database host.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace moebatch {
+
+class JobStore;
+
+/// One page: the batch's jobs in id order after some id.
+struct BatchExportPage {
+  std::vector<nlohmann::json> output;  ///< done jobs' output lines (batch_output_line)
+  std::vector<nlohmann::json> errors;  ///< failed and cancelled jobs' lines
+  int64_t unfinished = 0;              ///< queued or running jobs of the page (skipped)
+  std::optional<int64_t> last_id;      ///< the page's last job: the next page starts after it
+  bool more = false;                   ///< the batch may hold jobs after last_id
+};
+
+/// Reads up to `limit` jobs of batch_id after after_id. Stops early, with `more` set, once the
+/// lines pass max_bytes (serialized), keeping at least one job so that every page advances.
+BatchExportPage batch_export_page(JobStore& store, const std::string& batch_id, int64_t after_id,
+                                  int64_t limit, size_t max_bytes);
+
+/// The page as a reply member, and back; from_json throws Error on a malformed object.
+nlohmann::json batch_export_page_to_json(const BatchExportPage& page);
+BatchExportPage batch_export_page_from_json(const nlohmann::json& j);
+
+}  // namespace moebatch
