@@ -250,10 +250,10 @@ void run_export(const ExportFlags& f) {
   int64_t after = 0;
   for (;;) {
     const BatchExportPage page = target->results(f.batch, after);
-    for (const json& line : page.output) out << dump(line) << "\n";
-    for (const json& line : page.errors) err << dump(line) << "\n";
-    done += page.output.size();
-    failed += page.errors.size();
+    for (const BatchExportLine& l : page.lines) {
+      (l.done ? out : err) << dump(l.line) << "\n";
+      ++(l.done ? done : failed);
+    }
     pending += static_cast<size_t>(page.unfinished);
     if (!page.more || !page.last_id) break;
     after = *page.last_id;

@@ -1,5 +1,7 @@
 #include "queue/batch_export.h"
 
+#include <algorithm>
+
 #include "common/error.h"
 #include "queue/job_store.h"
 #include "queue/openai_batch.h"
@@ -10,34 +12,42 @@ using nlohmann::json;
 
 BatchExportPage batch_export_page(JobStore& store, const std::string& batch_id, int64_t after_id,
                                   int64_t limit, size_t max_bytes) {
+  constexpr int64_t kRowsPerRead = 32;
+  BatchExportPage page;
+  size_t bytes = 0;
+  int64_t seen = 0;
   ListFilter filter;
   filter.batch_id = batch_id;
   filter.after_id = after_id;
-  filter.limit = limit;
-  const std::vector<Job> jobs = store.list(filter);
-  BatchExportPage page;
-  page.more = static_cast<int64_t>(jobs.size()) == limit;
-  size_t bytes = 0;
-  for (const Job& j : jobs) {
-    if (bytes > max_bytes) {
-      page.more = true;
-      break;
+  while (seen < limit) {
+    filter.limit = std::min(kRowsPerRead, limit - seen);
+    const std::vector<Job> jobs = store.list(filter);
+    for (const Job& j : jobs) {
+      if (bytes > max_bytes) {
+        page.more = true;
+        return page;
+      }
+      page.last_id = j.id;
+      ++seen;
+      if (!job_state_is_final(j.state)) {
+        ++page.unfinished;
+        continue;
+      }
+      json line = batch_output_line(j);
+      bytes += line.dump(-1, ' ', false, json::error_handler_t::replace).size() + 1;
+      page.lines.push_back({j.state == JobState::Done, std::move(line)});
     }
-    page.last_id = j.id;
-    if (!job_state_is_final(j.state)) {
-      ++page.unfinished;
-      continue;
-    }
-    json line = batch_output_line(j);
-    bytes += line.dump(-1, ' ', false, json::error_handler_t::replace).size() + 1;
-    (j.state == JobState::Done ? page.output : page.errors).push_back(std::move(line));
+    if (static_cast<int64_t>(jobs.size()) < filter.limit) return page;  // the batch ends here
+    filter.after_id = jobs.back().id;
   }
+  page.more = true;
   return page;
 }
 
 json batch_export_page_to_json(const BatchExportPage& page) {
-  return {{"output", page.output},
-          {"errors", page.errors},
+  json lines = json::array();
+  for (const BatchExportLine& l : page.lines) lines.push_back({{"done", l.done}, {"line", l.line}});
+  return {{"lines", std::move(lines)},
           {"unfinished", page.unfinished},
           {"last_id", page.last_id ? json(*page.last_id) : json(nullptr)},
           {"more", page.more}};
@@ -47,16 +57,17 @@ BatchExportPage batch_export_page_from_json(const json& j) {
   auto bad = [](const char* what) { return Error(std::string("malformed export page: ") + what); };
   if (!j.is_object()) throw bad("not an object");
   BatchExportPage page;
-  for (const char* key : {"output", "errors"}) {
-    auto it = j.find(key);
-    if (it == j.end() || !it->is_array()) throw bad(key);
-    for (const json& line : *it) {
-      if (!line.is_object()) throw bad(key);
-      (key[0] == 'o' ? page.output : page.errors).push_back(line);
-    }
+  auto lines = j.find("lines");
+  if (lines == j.end() || !lines->is_array()) throw bad("lines");
+  for (const json& l : *lines) {
+    if (!l.is_object() || !l.contains("done") || !l["done"].is_boolean() || !l.contains("line") ||
+        !l["line"].is_object())
+      throw bad("lines");
+    page.lines.push_back({l["done"].get<bool>(), l["line"]});
   }
   auto unfinished = j.find("unfinished");
-  if (unfinished == j.end() || !unfinished->is_number_integer()) throw bad("unfinished");
+  if (unfinished == j.end() || !unfinished->is_number_integer() || unfinished->get<int64_t>() < 0)
+    throw bad("unfinished");
   page.unfinished = unfinished->get<int64_t>();
   auto last = j.find("last_id");
   if (last == j.end() || !(last->is_null() || last->is_number_integer())) throw bad("last_id");

@@ -15,17 +15,24 @@ namespace moebatch {
 
 class JobStore;
 
+/// One final job's line (batch_output_line): done jobs go to the output file, failed and
+/// cancelled ones to the error file.
+struct BatchExportLine {
+  bool done = false;
+  nlohmann::json line;
+};
+
 /// One page: the batch's jobs in id order after some id.
 struct BatchExportPage {
-  std::vector<nlohmann::json> output;  ///< done jobs' output lines (batch_output_line)
-  std::vector<nlohmann::json> errors;  ///< failed and cancelled jobs' lines
+  std::vector<BatchExportLine> lines;  ///< the final jobs, in id order
   int64_t unfinished = 0;              ///< queued or running jobs of the page (skipped)
   std::optional<int64_t> last_id;      ///< the page's last job: the next page starts after it
   bool more = false;                   ///< the batch may hold jobs after last_id
 };
 
-/// Reads up to `limit` jobs of batch_id after after_id. Stops early, with `more` set, once the
-/// lines pass max_bytes (serialized), keeping at least one job so that every page advances.
+/// Reads up to `limit` jobs of batch_id after after_id, a few rows at a time (a row holds its
+/// prompt, up to a MiB). Stops early, with `more` set, once the lines pass max_bytes
+/// (serialized), keeping at least one job so that every page advances.
 BatchExportPage batch_export_page(JobStore& store, const std::string& batch_id, int64_t after_id,
                                   int64_t limit, size_t max_bytes);
 

@@ -494,6 +494,8 @@ void EngineWorker::run() {
       const bool busy = !engine_->idle();
       if (cmd != Command::None && (!busy || SteadyClock::now() >= deadline)) {
         const auto aborted = static_cast<int64_t>(active_.size());
+        // Out of the engine too: a maintenance cycle whose rebuild fails keeps serving on it.
+        for (const auto& entry : active_) engine_->abort(entry.first);
         abort_active(cmd == Command::Stop ? "shutdown" : "maintenance drain timeout");
         if (cmd == Command::Stop) break;
         CycleReport report;

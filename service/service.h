@@ -182,7 +182,7 @@ class Service {
   void api_progress(std::vector<WorkProgress>& progress);
   void api_finished(const Completion& c);
   void api_failed(int64_t job_id, const ApiError& e);
-  void api_aborted(int64_t job_id);
+  bool api_run_starts(int64_t job_id, const ApiError& e);
   void api_client_gone(int64_t job_id);
   void api_resolve(bool force);
   void api_close_all(const std::string& why);

@@ -219,24 +219,25 @@ void Service::api_failed(int64_t job_id, const ApiError& e) {
   }
 }
 
-// A run was given back unfinished (maintenance drain deadline): the job runs again later. A
-// stream that has sent no text yet simply waits for the rerun; one that has cannot take the
-// text back, so its job is cancelled and the stream ends with an error.
-void Service::api_aborted(int64_t job_id) {
+// A run of an API job starts over: it was claimed (again, after its lease was lost), or its run
+// was given back unfinished (maintenance drain deadline) to run again later. A stream that has
+// sent no text yet restarts its decoder; one that has cannot take the text back, so its job is
+// cancelled and the stream ends with `e`: false then, and the job must not run.
+bool Service::api_run_starts(int64_t job_id, const ApiError& e) {
   auto it = api_calls_.find(job_id);
-  if (it == api_calls_.end() || !it->second->stream) return;
+  if (it == api_calls_.end() || !it->second->stream) return true;
   ApiCall& c = *it->second;
   if (c.sent.empty()) {
     c.deltas.emplace(*tokenizer_, c.stop);
-    return;
+    return true;
   }
   try {
     store_->cancel(job_id);
-  } catch (const std::exception& e) {
-    spdlog::error("api: cancelling job {}: {}", job_id, e.what());
+  } catch (const std::exception& ex) {
+    spdlog::error("api: cancelling job {}: {}", job_id, ex.what());
   }
-  api_failed(job_id, {503, "the engine restarted while this response was streaming", "",
-                      "engine_restarting", "server_error"});
+  api_failed(job_id, e);
+  return false;
 }
 
 // The client went away: cancel its job (durably), and stop the engine's work on it now, since

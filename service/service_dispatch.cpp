@@ -124,6 +124,16 @@ void Service::claim() {
   claim_now_ = false;
   std::vector<int64_t> unplaced;
   for (const Job& job : jobs) {
+    if (auto old = in_flight_.find(job.id); old != in_flight_.end()) {
+      // Our lease on it expired and we took the job again before noticing: the old claim's
+      // work is stale.
+      worker_engine_->cancel({old->second.ticket});
+      in_flight_.erase(old);
+    }
+    // A streaming API response that already sent text cannot restart with this run.
+    if (!api_run_starts(job.id, {503, "this response's job was taken over while streaming", "",
+                                 "lease_lost", "server_error"}))
+      continue;
     auto prepared = prepare_work(job, *tokenizer_, limits_);
     if (auto* reason = std::get_if<std::string>(&prepared)) {
       // A bad job fails alone, for good: retrying cannot fix its input.
@@ -136,11 +146,6 @@ void Service::claim() {
       p.batch_id = job.spec.batch_id;
       pending_.push_back(std::move(p));
       continue;
-    }
-    if (auto old = in_flight_.find(job.id); old != in_flight_.end()) {
-      // Our lease on it expired and we took the job again before noticing: the old claim's
-      // work is stale.
-      worker_engine_->cancel({old->second.ticket});
     }
     InFlightJob f;
     f.ticket = ++last_ticket_;
@@ -236,7 +241,12 @@ bool Service::flush_results() {
       std::erase_if(pending_, [](const PendingResult& p) {
         return p.outcome == WorkOutcome::Aborted && !p.count_attempt;
       });
-      for (int64_t id : released) replies.emplace_back([this, id] { api_aborted(id); });
+      for (int64_t id : released) {
+        replies.emplace_back([this, id] {
+          api_run_starts(id, {503, "the engine restarted while this response was streaming", "",
+                              "engine_restarting", "server_error"});
+        });
+      }
     }
     for (auto it = pending_.begin(); it != pending_.end();) {
       if (it->outcome == WorkOutcome::Finished) {

@@ -374,42 +374,53 @@ TEST_P(JobStoreTest, ExportPagesWalkABatchInIdOrderWithinTheirBounds) {
   ASSERT_TRUE(store.complete("w", ids[2].id, JobResult{"short", 1, 1, "stop", {}}, {}));
   ASSERT_TRUE(store.cancel(ids[3].id));  // ids[4] stays queued
 
-  // Two jobs a page: three pages, the last one short.
+  // Two jobs a page: three pages, the last one short; lines keep the jobs' order.
   BatchExportPage p = batch_export_page(store, "exp", 0, 2, 1 << 20);
-  ASSERT_EQ(p.output.size(), 1u);
-  ASSERT_EQ(p.errors.size(), 1u);
-  EXPECT_EQ(p.output[0]["custom_id"], "c0");
-  EXPECT_EQ(p.errors[0]["error"]["message"], "boom");
+  ASSERT_EQ(p.lines.size(), 2u);
+  EXPECT_TRUE(p.lines[0].done);
+  EXPECT_EQ(p.lines[0].line["custom_id"], "c0");
+  EXPECT_FALSE(p.lines[1].done);
+  EXPECT_EQ(p.lines[1].line["error"]["message"], "boom");
   EXPECT_EQ(p.last_id, ids[1].id);
   EXPECT_TRUE(p.more);
   p = batch_export_page(store, "exp", *p.last_id, 2, 1 << 20);
-  EXPECT_EQ(p.output.size(), 1u);
-  EXPECT_EQ(p.errors.size(), 1u);
-  EXPECT_EQ(p.errors[0]["error"]["code"], "cancelled");
+  ASSERT_EQ(p.lines.size(), 2u);
+  EXPECT_TRUE(p.lines[0].done);
+  EXPECT_EQ(p.lines[1].line["error"]["code"], "cancelled");
   p = batch_export_page(store, "exp", *p.last_id, 2, 1 << 20);
-  EXPECT_TRUE(p.output.empty() && p.errors.empty());
+  EXPECT_TRUE(p.lines.empty());
   EXPECT_EQ(p.unfinished, 1);
   EXPECT_EQ(p.last_id, ids[4].id);
   EXPECT_FALSE(p.more);
   EXPECT_FALSE(batch_export_page(store, "exp", ids[4].id, 2, 1 << 20).last_id);
+  // One page over the whole batch (read a few rows at a time inside).
+  p = batch_export_page(store, "exp", 0, 1000, 1 << 20);
+  EXPECT_EQ(p.lines.size(), 4u);
+  EXPECT_EQ(p.unfinished, 1);
+  EXPECT_FALSE(p.more);
 
   // A byte bound smaller than the first line still yields that line, then ends the page.
   p = batch_export_page(store, "exp", 0, 100, 10);
-  EXPECT_EQ(p.output.size(), 1u);
-  EXPECT_TRUE(p.errors.empty());
+  ASSERT_EQ(p.lines.size(), 1u);
+  EXPECT_EQ(p.lines[0].line["custom_id"], "c0");
   EXPECT_EQ(p.last_id, ids[0].id);
   EXPECT_TRUE(p.more);
 
   // The wire form round-trips; a malformed one is refused, as is a "more" that cannot advance.
   const BatchExportPage back = batch_export_page_from_json(batch_export_page_to_json(p));
-  EXPECT_EQ(back.output, p.output);
+  ASSERT_EQ(back.lines.size(), 1u);
+  EXPECT_EQ(back.lines[0].line, p.lines[0].line);
+  EXPECT_EQ(back.lines[0].done, p.lines[0].done);
   EXPECT_EQ(back.last_id, p.last_id);
   EXPECT_EQ(back.more, p.more);
   nlohmann::json bad = batch_export_page_to_json(p);
   bad["last_id"] = nullptr;
   EXPECT_THROW(batch_export_page_from_json(bad), Error);
   bad = batch_export_page_to_json(p);
-  bad["output"] = nlohmann::json::array({1});
+  bad["lines"] = nlohmann::json::array({1});
+  EXPECT_THROW(batch_export_page_from_json(bad), Error);
+  bad = batch_export_page_to_json(p);
+  bad["unfinished"] = -1;
   EXPECT_THROW(batch_export_page_from_json(bad), Error);
   EXPECT_THROW(batch_export_page_from_json(nlohmann::json::array()), Error);
 }
