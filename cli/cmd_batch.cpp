@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <iostream>
@@ -229,6 +230,7 @@ struct ExportFlags {
   CommonFlags common;
   zmq_ingress::RemoteSubmitFlags remote;
   std::string batch, output, error_file;
+  bool no_progress = false;
 };
 
 std::ofstream open_output(const std::string& path) {
@@ -248,15 +250,21 @@ void run_export(const ExportFlags& f) {
   std::ostream& err = f.error_file.empty() ? out : err_file;
   size_t done = 0, failed = 0, pending = 0;
   int64_t after = 0;
-  for (;;) {
-    const BatchExportPage page = target->results(f.batch, after);
-    for (const BatchExportLine& l : page.lines) {
-      (l.done ? out : err) << dump(l.line) << "\n";
-      ++(l.done ? done : failed);
+  {
+    // On a terminal: jobs read so far of the batch's total (as counted when the export began).
+    ProgressBar bar("exporting ", progress_wanted(f.no_progress));
+    const auto total = bar.on() ? static_cast<size_t>(target->counts(f.batch).total) : 0;
+    for (;;) {
+      const BatchExportPage page = target->results(f.batch, after);
+      for (const BatchExportLine& l : page.lines) {
+        (l.done ? out : err) << dump(l.line) << "\n";
+        ++(l.done ? done : failed);
+      }
+      pending += static_cast<size_t>(page.unfinished);
+      bar.update(std::min(done + failed + pending, total), total);
+      if (!page.more || !page.last_id) break;
+      after = *page.last_id;
     }
-    pending += static_cast<size_t>(page.unfinished);
-    if (!page.more || !page.last_id) break;
-    after = *page.last_id;
   }
   out.flush();
   err.flush();
@@ -281,6 +289,7 @@ void register_batch_commands(CLI::App& app) {
   exp->add_option("--error-file", ef->error_file,
                   "Failed and cancelled jobs go here, as OpenAI's error file (default: with "
                   "the done ones in the output)");
+  exp->add_flag("--no-progress", ef->no_progress, "Never draw the progress bar");
   exp->callback([ef] { run_export(*ef); });
 
   auto* batch = app.add_subcommand(

@@ -59,6 +59,8 @@ class ProgressBar {
   ProgressBar& operator=(const ProgressBar&) = delete;
   /// Redraws "label [####....] done/total suffix".
   void update(size_t done, size_t total, const std::string& suffix = "");
+  /// Whether it draws at all.
+  bool on() const { return on_; }
 
  private:
   std::string label_;
