@@ -30,10 +30,6 @@ size_t utf8_len_at(std::string_view s, size_t i) {
   return is_valid_utf8(s.substr(i, len)) ? len : 0;
 }
 
-}  // namespace
-
-namespace {
-
 // A double as PostgreSQL reads it back exactly (its spellings of to_chars' "inf" and "nan").
 std::string double_text(double v) {
   if (std::isnan(v)) return "NaN";

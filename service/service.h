@@ -173,6 +173,7 @@ class Service {
   void prune_finals();
   bool store_refuses(const std::shared_ptr<HttpExchange>& ex);
   void stop_lost_jobs();
+  bool give_up_claims(const std::vector<int64_t>& job_ids);
   void arm_renew();
   int64_t release_handoff();
 

@@ -250,11 +250,7 @@ void Service::api_client_gone(int64_t job_id) {
     spdlog::error("api: cancelling job {}: {} (it will run to the end)", job_id, e.what());
     return;
   }
-  if (auto it = in_flight_.find(job_id); it != in_flight_.end()) {
-    worker_engine_->cancel({it->second.ticket});
-    in_flight_.erase(it);
-    claim_now_ = true;
-  }
+  if (give_up_claims({job_id})) claim_now_ = true;
 }
 
 // Calls whose job is not running here: queued, finished by another daemon, cancelled from the

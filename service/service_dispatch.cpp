@@ -124,12 +124,9 @@ void Service::claim() {
   claim_now_ = false;
   std::vector<int64_t> unplaced;
   for (const Job& job : jobs) {
-    if (auto old = in_flight_.find(job.id); old != in_flight_.end()) {
-      // Our lease on it expired and we took the job again before noticing: the old claim's
-      // work is stale.
-      worker_engine_->cancel({old->second.ticket});
-      in_flight_.erase(old);
-    }
+    // Our lease on it expired and we took the job again before noticing: the old claim's work
+    // (if any is still in flight) is stale.
+    give_up_claims({job.id});
     // A streaming API response that already sent text cannot restart with this run.
     if (!api_run_starts(job.id, {503, "this response's job was taken over while streaming", "",
                                  "lease_lost", "server_error"}))
@@ -370,16 +367,26 @@ void Service::stop_lost_jobs() {
   for (const auto& [id, job] : in_flight_) ids.push_back(id);
   const std::vector<int64_t> lost = store_->not_held(worker_, ids);
   if (lost.empty()) return;
-  std::vector<Ticket> tickets;
-  for (int64_t id : lost) {
-    auto it = in_flight_.find(id);
-    tickets.push_back(it->second.ticket);
-    in_flight_.erase(it);
+  for (int64_t id : lost)
     spdlog::info("job {}: lease no longer held (cancelled or taken over); engine work stopped", id);
-  }
-  worker_engine_->cancel(tickets);
+  give_up_claims(lost);
   claim_now_ = true;            // the freed slots can take queued jobs
   api_resolve(/*force=*/true);  // an API request whose job was cancelled or taken over
+}
+
+// The one way a claim leaves in_flight_ without a result: its engine work is cancelled by
+// ticket, so a later claim of the same job is untouched. Ids not in flight are skipped; true
+// when any was.
+bool Service::give_up_claims(const std::vector<int64_t>& job_ids) {
+  std::vector<Ticket> tickets;
+  for (int64_t id : job_ids) {
+    auto it = in_flight_.find(id);
+    if (it == in_flight_.end()) continue;
+    tickets.push_back(it->second.ticket);
+    in_flight_.erase(it);
+  }
+  worker_engine_->cancel(tickets);
+  return !tickets.empty();
 }
 
 void Service::arm_renew() {
