@@ -14,6 +14,7 @@
 
 #include "kernels/cuda_check.cuh"
 #include "kernels/device_common.cuh"
+#include "kernels/moe_tiles.cuh"
 #if MOEBATCH_WGMMA
 #include "kernels/wgmma.cuh"
 #endif
@@ -33,56 +34,21 @@ constexpr int kOutPitch = kBN + 8;     // epilogue staging row (elements): 16 by
 constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + slack to align the base to 1024
 static_assert(kBM * kOutPitch * 2 <= kStages * kStageBytes, "the output tile reuses the stages");
 
-// Row tile m of the launch: expert `expert`'s rows [row0, row0 + rows), rows ≤ kBM.
-struct Tile {
-  int expert, row0, rows;
-};
-
 #if MOEBATCH_WGMMA
-
-// Warp 0 only: the m-th row tile when every expert's rows are cut into ceil(rows / kBM) tiles in
-// expert order; false past the last one. 32 experts per step: tile counts, a warp scan, a ballot.
-__device__ bool find_tile(const int32_t* off, int experts, int m, Tile& tile) {
-  const int lane = threadIdx.x & 31;
-  int before = 0;  // tiles of the experts of earlier steps
-  for (int base = 0; base < experts; base += 32) {
-    const int e = base + lane;
-    const int row0 = e < experts ? off[e] : 0;
-    const int rows = e < experts ? off[e + 1] - row0 : 0;
-    const int tiles = rows > 0 ? (rows + kBM - 1) / kBM : 0;
-    int incl = tiles;
-#pragma unroll
-    for (int d = 1; d < 32; d <<= 1) {
-      const int v = __shfl_up_sync(~0u, incl, d);
-      if (lane >= d) incl += v;
-    }
-    const int start = before + incl - tiles;
-    const unsigned hit = __ballot_sync(~0u, m >= start && m < start + tiles);
-    if (hit != 0) {
-      if (lane == __ffs(hit) - 1) {
-        const int local = (m - start) * kBM;
-        tile = {e, row0 + local, min(kBM, rows - local)};
-      }
-      return true;
-    }
-    before += __shfl_sync(~0u, incl, 31);
-  }
-  return false;
-}
 
 template <bool kSilu>
 __global__ void __launch_bounds__(kThreads, 1) moe_wgmma_kernel(MoeWgmmaParams p, int n_tiles) {
   extern __shared__ uint8_t smem_raw[];
-  __shared__ Tile tile;
+  __shared__ MoeTile tile;
   __shared__ int found;
   const int m = static_cast<int>(blockIdx.x / n_tiles), n_tile = static_cast<int>(blockIdx.x % n_tiles);
   if (threadIdx.x < 32) {
-    const bool f = find_tile(p.expert_offsets, p.num_experts, m, tile);
+    const bool f = find_moe_tile<kBM>(p.expert_offsets, p.num_experts, m, tile);
     if (threadIdx.x == 0) found = f;
   }
   __syncthreads();
   if (!found) return;
-  const Tile t = tile;
+  const MoeTile t = tile;
 
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
@@ -216,9 +182,7 @@ template <bool kSilu>
 void launch(const MoeWgmmaParams& p, cudaStream_t stream) {
   const int out_cols = kSilu ? p.n / 2 : p.n, tile_cols = kSilu ? kBN / 2 : kBN;
   const int n_tiles = (out_cols + tile_cols - 1) / tile_cols;
-  // Row tiles: Σ ceil(rows_e / kBM) ≤ rows / kBM + experts; blocks past the last tile exit.
-  const int64_t m_tiles = static_cast<int64_t>(p.rows_cap) / kBM + p.num_experts + 1;
-  const int64_t blocks = m_tiles * n_tiles;
+  const int64_t blocks = moe_row_tiles_bound(p.rows_cap, p.num_experts, kBM) * n_tiles;
   MB_CHECK(blocks < (int64_t{1} << 31), "moe_wgmma: too many tiles");
   moe_wgmma_kernel<kSilu><<<static_cast<unsigned>(blocks), kThreads, kSmemBytes, stream>>>(p, n_tiles);
   CUDA_CHECK_LAST();
@@ -234,6 +198,7 @@ void moe_wgmma_prepare() {
 #if MOEBATCH_WGMMA
   CUDA_CHECK(cudaFuncSetAttribute(moe_wgmma_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   CUDA_CHECK(cudaFuncSetAttribute(moe_wgmma_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  detail::moe_wgmma_fp8_prepare();
 #endif
 }
 

@@ -1,4 +1,5 @@
-// The expert GEMMs of many-token steps (prefill) on Hopper's warpgroup tensor-core instructions:
+// The expert GEMMs of many-token steps (prefill) on Hopper's warpgroup tensor-core instructions
+// (bf16, and W8A8 for FP8-block experts):
 // the routed rows gathered in moe_align's sorted order (moe_gather_sorted) times each expert's
 // bf16 weights, every expert in one launch; the gate+up stage gathers the tokens' rows itself.
 // Each block finds the expert of its row tile in
@@ -37,17 +38,56 @@ struct MoeWgmmaParams {
   int32_t* row_of_pair = nullptr;
 };
 
+/// Inputs per scale group of the W8A8 expert GEMM: FP8 block-128 weights (the checkpoint layout
+/// and --quantization fp8's), activations quantized per row and 128 columns.
+constexpr int kWgmmaFp8Group = 128;
+
+/// Operands of moe_wgmma_fp8: W8A8, e4m3 rows and weights with fp32 scales per 128 inputs
+/// (value = e4m3 · scale), the MMAs on FP8 tensor cores, each 128-wide k slice's fp32 partial
+/// sums scaled by its row and weight scales into fp32 accumulators. Rows, tiles and gather as
+/// MoeWgmmaParams. With silu_gate_up the output is the down stage's input, quantized the same
+/// way: silu(gate)·up from the accumulators, per row and 128 output columns scale = amax / 448
+/// (1 for an all-zero group), codes = e4m3(v / scale), round to nearest, saturating.
+struct MoeWgmmaFp8Params {
+  void* out = nullptr;            ///< bf16 [rows_cap, n]; silu_gate_up: e4m3 [rows_cap, n / 2]
+  float* out_scales = nullptr;    ///< silu_gate_up: [rows_cap, ceil(n / 2 / 128)]
+  const uint8_t* in = nullptr;    ///< e4m3 [.., k]: sorted rows, or the tokens' rows with sorted_ids
+  const float* in_scales = nullptr;      ///< [.., ceil(k / 128)], the rows of `in`
+  const uint8_t* weight = nullptr;       ///< e4m3 [num_experts, n, k]
+  const float* weight_scales = nullptr;  ///< [num_experts · n, ceil(k / 128)] (per weight row)
+  const int32_t* expert_offsets = nullptr;  ///< [num_experts + 1] from moe_align (device)
+  int num_experts = 0;
+  int n = 0;  ///< weight rows per expert; silu_gate_up: gate rows [0, n/2), up rows [n/2, n)
+  int k = 0;  ///< multiple of 16
+  int rows_cap = 0;
+  bool silu_gate_up = false;
+  const int32_t* sorted_ids = nullptr;  ///< as MoeWgmmaParams
+  int num_pairs = 0;
+  int in_row_div = 1;
+  int32_t* row_of_pair = nullptr;
+};
+
 /// Whether moe_wgmma runs on `device`: this build holds its sm_90a code and the device is a
 /// compute capability 9.0 GPU (H100 / H200).
 bool moe_wgmma_available(int device);
 
-/// Raises the kernel's shared-memory limit on the current device: once per device before the
-/// first moe_wgmma there (outside graph capture).
+/// Raises the kernels' shared-memory limits on the current device: once per device before the
+/// first moe_wgmma or moe_wgmma_fp8 there (outside graph capture).
 void moe_wgmma_prepare();
 
 /// out rows of every expert = in rows · W_eᵀ (SiLU·mul of the halves with silu_gate_up).
 /// Requires moe_wgmma_available and moe_wgmma_prepare for the current device; n (n / 2 with
 /// silu_gate_up) and k multiples of 8, 16-byte aligned operands.
 void moe_wgmma(const MoeWgmmaParams& p, cudaStream_t stream);
+
+/// The same for FP8 operands (MoeWgmmaFp8Params). Requires moe_wgmma_available and
+/// moe_wgmma_prepare; k and the output columns (n / 2 with silu_gate_up) multiples of 16,
+/// 16-byte aligned operands.
+void moe_wgmma_fp8(const MoeWgmmaFp8Params& p, cudaStream_t stream);
+
+namespace detail {
+/// moe_wgmma_prepare's part for moe_wgmma_fp8 (kernels/moe_wgmma_fp8.cu).
+void moe_wgmma_fp8_prepare();
+}  // namespace detail
 
 }  // namespace moebatch::kernels

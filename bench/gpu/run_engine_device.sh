@@ -2,13 +2,16 @@
 # One device call for the CUDA engine: configure (engine-only), build the engine GPU tests, the
 # kernel tests and the engine benchmark; run the tests, then the HF peer (its own 61 GB, freed
 # when it exits), then the benchmark. Logs and JSON go to $OUT; summaries print last.
-# Usage: bench/gpu/run_engine_device.sh [tests|bench|all|base|quant|prefill] [peer batches, e.g. 1,64, or none]
+# Usage: bench/gpu/run_engine_device.sh [tests|bench|all|base|quant|prefill|w8a8] [peer batches, e.g. 1,64, or none]
 # `quant`: the compressed-weight run: kernel and engine tests, the quant kernel rows, the engine
 # benchmark on the 30B shape with bf16 / fp8 / nvfp4 linear weights, and the seed-class shape in
 # NVFP4 on one GPU.
 # `base`: build and run only the engine benchmark of an earlier tree, BASE_SRC (a tarball of it
 # with a top-level src/, e.g. `git archive <commit> --prefix=src/ ... | gzip`), for a before/after
 # comparison on the same machine; its JSON is bench_engine_cuda_base.json.
+# `w8a8`: the W8A8 expert GEMM: its kernel cases, engine tests (ENGINE_FILTER), the wgmma
+# kernel rows, the engine benchmark on the 30B shape in bf16, fp8 W8A8 and fp8 decoded to bf16,
+# and Qwen3-Next-80B in fp8.
 # `prefill`: kernel and engine tests, the prefill expert GEMM rows (wgmma and its cuBLAS peer),
 # the engine benchmark on the 30B shape with the wgmma experts and without them.
 set -uo pipefail
@@ -50,6 +53,23 @@ if [ "$WHAT" = quant ]; then
     timeout 100 ./build-dev/moebatch_bench_kernels "$OUT/bench_kernels_${f// /_}.json" --filter "$f" > "$OUT/bench_kernels_${f// /_}.log" 2>&1
   done
   cat "$OUT"/bench_kernels_*.log | grep -vE "^\s*$" | head -80
+  exit 0
+fi
+if [ "$WHAT" = w8a8 ]; then
+  timeout 200 ./build-dev/moebatch_gpu_tests --gtest_filter='*moe_wgmma*:*quantize*:*moe_sorted*' > "$OUT/kernel_tests.log" 2>&1
+  echo "kernel tests rc=$?"; grep -E "FAIL|^\[  PASSED|^\[==|SKIPPED" "$OUT/kernel_tests.log" | head -30
+  timeout 200 ./build-dev/moebatch_gpu_engine_tests --gtest_filter="${ENGINE_FILTER:-*}" > "$OUT/engine_tests.log" 2>&1
+  echo "engine tests rc=$?"
+  grep -E "Failure|Expected|Which is|W8A8|FAILED|^\[  PASSED|^\[==" "$OUT/engine_tests.log" | head -40
+  timeout 100 ./build-dev/moebatch_bench_kernels "$OUT/bench_kernels_wgmma.json" --filter moe_wgmma > "$OUT/bench_kernels_wgmma.log" 2>&1
+  echo "kernels rc=$?"; grep -E "moe_" "$OUT/bench_kernels_wgmma.log"
+  for v in "none" "fp8" "fp8 --disable-w8a8-experts"; do
+    tag=${v// /_}
+    timeout 120 ./build-dev/moebatch_bench_engine_cuda --quantization $v "$OUT/bench_engine_$tag.json" > "$OUT/bench_engine_$tag.log" 2>&1
+    echo "bench $v rc=$?"; tail -8 "$OUT/bench_engine_$tag.log"
+  done
+  timeout 150 ./build-dev/moebatch_bench_engine_cuda --shape qwen3-next-80b-a3b --quantization fp8 "$OUT/bench_next_fp8.json" > "$OUT/bench_next_fp8.log" 2>&1
+  echo "next fp8 rc=$?"; tail -8 "$OUT/bench_next_fp8.log"
   exit 0
 fi
 if [ "$WHAT" = prefill ]; then

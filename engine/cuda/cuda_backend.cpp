@@ -162,17 +162,22 @@ void CudaBackend::init(const std::filesystem::path* model_dir, uint64_t seed) {
                                    d, derr == cudaSuccess ? count : 0, cudaGetErrorString(derr)));
     }
   }
-  for (int r = 0; r < world; ++r)
+  for (int r = 0; r < world; ++r) {
     ranks_[r]->wgmma_experts = o.wgmma_experts && kernels::moe_wgmma_available(devices_[r]);
+    ranks_[r]->w8a8_experts = ranks_[r]->wgmma_experts && o.w8a8_experts;
+  }
   // The sorted prefill path decodes every compressed expert into bf16 before its GEMM, a cost
   // that rows must amortize. On cuBLAS (no wgmma): at 160 rows per expert (Qwen3-Next-80B FP8,
   // 64 × 128 tokens) the grouped kernel, which decodes in registers, was 1.2× faster, at 512 (30B
   // FP8) the sorted path 1.7×: 4× the rows. On wgmma the sorted path won at 160 rows too (20.0k
-  // → 25.6k tok/s): 2× (bench/RESULTS.md 2026-12-01).
+  // → 25.6k tok/s): 2× (bench/RESULTS.md 2026-12-01). W8A8 experts decode nothing: 1×.
   for (int r = 0; r < world; ++r) {
     bool packed = false;
-    for (const auto& L : wplans[r].layers)
-      packed |= !L.w_gate_up.empty() && L.w_gate_up.format != WeightFormat::Bf16;
+    for (const auto& L : wplans[r].layers) {
+      const WeightFormat f = L.w_gate_up.format;
+      const bool w8a8 = ranks_[r]->w8a8_experts && f == WeightFormat::Fp8Block;
+      packed |= !L.w_gate_up.empty() && f != WeightFormat::Bf16 && !w8a8;
+    }
     const int64_t packed_factor = ranks_[r]->wgmma_experts ? 2 : 4;
     ranks_[r]->sorted_moe_min_rows = o.moe_sorted_min_rows_per_expert * (packed ? packed_factor : 1);
   }

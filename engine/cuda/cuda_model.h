@@ -129,6 +129,7 @@ struct StepBuffers {
   int32_t* route_counter = nullptr; // [1] moe_route_small's block counter (zeroed at start)
   bf16* gate_up = nullptr;          // [max(S 2Ie, T 2I, T 2Is)]
   bf16* act = nullptr;              // half of gate_up
+  size_t gate_up_elems = 0;         // elements of gate_up (act holds half as many)
   bf16* expert_out = nullptr;       // [S, H] expert outputs by pair (or in sorted order: the
                                     //        many-token path); also the shared expert's [T, H]
   int32_t* row_of_pair = nullptr;   // [T k] sorted row of each pair (many-token path)

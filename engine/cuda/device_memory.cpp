@@ -93,6 +93,7 @@ void carve(Carver& c, const ModelConfig& cfg, const ShardDims& d, const StepCapa
   b.route_counter = c.take<int32_t>(1);
   b.gate_up = c.take<bf16>(gate_up);
   b.act = c.take<bf16>(gate_up / 2);
+  b.gate_up_elems = gate_up;
   b.expert_out = c.take<bf16>(sorted_rows * H);
   b.row_of_pair = c.take<int32_t>(T * topk);
   b.sorted_rows = static_cast<int>(sorted_rows);

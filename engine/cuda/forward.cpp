@@ -25,6 +25,7 @@
 #include "kernels/moe_wgmma.cuh"
 #include "kernels/moe_ops.cuh"
 #include "kernels/moe_routing.cuh"
+#include "kernels/quant.cuh"
 #include "kernels/rmsnorm.cuh"
 #include "kernels/rope.cuh"
 
@@ -310,7 +311,28 @@ std::optional<k::MoeCombineParams> moe(const Step& s, const DeviceLayerWeights& 
     // gathered first and each expert is one library GEMM, for which the offsets come to the host
     // (this path is never captured in a graph). Decode steps stay on the grouped decode GEMM,
     // faster at every batch measured (bench/RESULTS.md).
-    if (s.r.wgmma_experts) {
+    if (s.r.wgmma_experts && s.r.w8a8_experts && w8a8_experts(L.w_gate_up, L.w_down)) {
+      // FP8-block experts as W8A8 on FP8 tensor cores: the tokens' rows quantized per 1 × 128
+      // into gate_up (unused on this path), gate+up + SiLU·mul writing e4m3 activations and
+      // their scales into act, then down.
+      const Fp8Rows x = carve_fp8_rows(B.gate_up, B.gate_up_elems * sizeof(bf16), s.n, s.H);
+      const Fp8Rows act = carve_fp8_rows(B.act, B.gate_up_elems / 2 * sizeof(bf16), B.sorted_rows, s.gate_up.n);
+      k::quantize_fp8_rows(B.h, s.n, s.H, k::kWgmmaFp8Group, x.data, x.scales, s.st);
+      expert_gemm_wgmma_fp8(s.gemm,
+                            {.out = act.data, .out_scales = act.scales, .in = x.data, .in_scales = x.scales,
+                             .expert_offsets = B.expert_offsets, .num_experts = experts, .n = 2 * s.gate_up.n,
+                             .k = s.H, .rows_cap = B.sorted_rows, .silu_gate_up = true,
+                             .sorted_ids = B.sorted_ids, .num_pairs = pairs,
+                             .in_row_div = s.gate_up.in_row_div, .row_of_pair = B.row_of_pair},
+                            L.w_gate_up);
+      s.mark("moe_gemm_gate_up_silu");
+      expert_gemm_wgmma_fp8(s.gemm,
+                            {.out = B.expert_out, .in = act.data, .in_scales = act.scales,
+                             .expert_offsets = B.expert_offsets, .num_experts = experts, .n = s.H,
+                             .k = s.gate_up.n, .rows_cap = B.sorted_rows},
+                            L.w_down);
+      s.mark("moe_gemm_down");
+    } else if (s.r.wgmma_experts) {
       expert_gemm_wgmma(s.gemm,
                         {.out = B.act, .in = B.h, .expert_offsets = B.expert_offsets, .num_experts = experts,
                          .n = 2 * s.gate_up.n, .k = s.H, .rows_cap = B.sorted_rows, .silu_gate_up = true,

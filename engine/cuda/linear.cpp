@@ -157,6 +157,35 @@ void expert_gemm_wgmma(const GemmContext& g, kernels::MoeWgmmaParams p, const De
   }
 }
 
+Fp8Rows carve_fp8_rows(void* buf, size_t bytes, int64_t rows, int cols) {
+  MB_CHECK(rows >= 0 && cols > 0, "carve_fp8_rows: bad shape");
+  const int64_t groups = (cols + kernels::kWgmmaFp8Group - 1) / kernels::kWgmmaFp8Group;
+  const size_t data_bytes = (static_cast<size_t>(rows) * cols + 255) / 256 * 256;  // scales stay aligned
+  MB_CHECK(data_bytes + static_cast<size_t>(rows) * groups * sizeof(float) <= bytes,
+           "carve_fp8_rows: the buffer is too small for the e4m3 rows and their scales");
+  uint8_t* data = static_cast<uint8_t*>(buf);
+  return {data, reinterpret_cast<float*>(data + data_bytes)};
+}
+
+bool w8a8_experts(const DeviceTensor& gate_up, const DeviceTensor& down) {
+  auto fits = [](const DeviceTensor& w, int64_t out_cols) {
+    return w.shape.size() == 3 && w.format == WeightFormat::Fp8Block &&
+           w.group == kernels::kWgmmaFp8Group && w.shape[2] % 16 == 0 && out_cols % 16 == 0;
+  };
+  return !gate_up.empty() && !down.empty() && fits(gate_up, gate_up.shape[1] / 2) &&
+         fits(down, down.shape[1]);
+}
+
+void expert_gemm_wgmma_fp8(const GemmContext& g, kernels::MoeWgmmaFp8Params p, const DeviceTensor& w) {
+  MB_CHECK(w.shape.size() == 3 && w.format == WeightFormat::Fp8Block && w.group == kernels::kWgmmaFp8Group,
+           "expert_gemm_wgmma_fp8: weights must be FP8 blocks of 128 inputs");
+  MB_CHECK(p.num_experts == w.shape[0] && p.n == w.shape[1] && p.k == w.shape[2],
+           "expert_gemm_wgmma_fp8: operands and weights disagree");
+  p.weight = static_cast<const uint8_t*>(w.data);
+  p.weight_scales = static_cast<const float*>(w.scales);
+  kernels::moe_wgmma_fp8(p, g.stream);
+}
+
 size_t dequant_scratch_elems(const ModelPlan& plan) {
   size_t most = 0;
   auto consider = [&](const TensorPlan& t) {

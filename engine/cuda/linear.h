@@ -58,6 +58,25 @@ void expert_gemm_sorted(const GemmContext& g, bf16* out, const bf16* in, const D
 /// offsets. Nothing comes to the host.
 void expert_gemm_wgmma(const GemmContext& g, kernels::MoeWgmmaParams p, const DeviceTensor& w);
 
+/// e4m3 rows [rows, cols] and their fp32 scales per row and 128 columns (kernels::moe_wgmma_fp8's
+/// activations), carved from a step buffer.
+struct Fp8Rows {
+  uint8_t* data = nullptr;  ///< [rows, cols]
+  float* scales = nullptr;  ///< [rows, ceil(cols / 128)]
+};
+
+/// Lays out Fp8Rows for [rows, cols] in `bytes` bytes at `buf` (Error when they do not fit).
+Fp8Rows carve_fp8_rows(void* buf, size_t bytes, int64_t rows, int cols);
+
+/// Whether a layer's many-token expert GEMMs can run W8A8 on FP8 tensor cores
+/// (expert_gemm_wgmma_fp8): both stacks FP8 blocks of kernels::kWgmmaFp8Group inputs, with
+/// sizes the kernel takes (k and output columns multiples of 16).
+bool w8a8_experts(const DeviceTensor& gate_up, const DeviceTensor& down);
+
+/// expert_gemm_wgmma for FP8-block experts and e4m3 activations (kernels::moe_wgmma_fp8): `p`
+/// has every operand but the weights and their scales, taken from `w` [E, n, k].
+void expert_gemm_wgmma_fp8(const GemmContext& g, kernels::MoeWgmmaFp8Params p, const DeviceTensor& w);
+
 /// Elements of the scratch the GEMMs of a rank with weight plan `plan` need: the largest
 /// compressed 2-D weight or single expert matrix (0 when every weight is bf16).
 size_t dequant_scratch_elems(const ModelPlan& plan);

@@ -15,6 +15,8 @@
 #include "kernels/moe_sorted.cuh"
 #include "kernels/moe_routing.cuh"
 #include "kernels/cuda_check.cuh"
+#include "kernels/quant.cuh"
+#include "engine/safetensors.h"
 #include "tests/gpu/ops/op_shapes.h"
 #include "tests/gpu/ops/quant_util.h"
 
@@ -485,6 +487,11 @@ class MoeGemmCase final : public OpCase {
 
 // Sorted rows [cap, k] (every row random, padding rows too) and stacked bf16 weights [E, n, k];
 // each expert's segment of the output vs fp64, and the rows past the last segment untouched.
+// fp8 (W8A8, moe_wgmma_fp8): the rows quantized per 1 × 128 by quantize_fp8_rows, FP8-block
+// weights; the reference multiplies the decoded values in fp64, so only the kernel's fp32 sums
+// and its output rounding differ. gate+up then writes e4m3 activations: decoded vs the fp64
+// silu(gate)·up within e4m3's rounding (3 mantissa bits: ≤ 2^-4 relative per value; rel. L2 0.04,
+// the bound of quantize_fp8_rows' own case), and each scale = the group's amax / 448 (1e-3).
 class SortedExpertGemmCase final : public OpCase {
  public:
   explicit SortedExpertGemmCase(const SortedExpertGemmShape& s) : s_(s) {}
@@ -494,15 +501,31 @@ class SortedExpertGemmCase final : public OpCase {
     hit_ = make_routings(rng, s_.tokens, s_.experts, s_.top_k, s_.hot, 1, routings_, ids0_);
     kernels::moe_align(routings_[0].align(s_.tokens * s_.top_k, s_.experts), env.stream);
     offsets_ = routings_[0].offsets.download<int32_t>();
-    in_ = RandomBf16(static_cast<size_t>(s_.gather ? s_.tokens : cap()) * k(), 1.f, rng, env.stream);
+    in_ = RandomBf16(static_cast<size_t>(in_rows()) * k(), 1.f, rng, env.stream);
     if (s_.gather) {
       row_of_pair_ = DevBuf<int32_t>(pairs());
       row_of_pair_.poison();
     }
     if (!s_.cublas) kernels::moe_wgmma_prepare();
-    weight_ = RandomBf16(static_cast<size_t>(s_.experts) * n() * k(), 0.05f, rng, env.stream);
-    out_ = DevBuf<bf16>(static_cast<size_t>(cap()) * out_cols());
-    out_.poison();
+    if (s_.fp8) {
+      wq_ = RandomQuantMatrix(WeightFormat::fp8_block, static_cast<int64_t>(s_.experts) * n(), k(), 0.05f, rng);
+      in_q_ = DevBuf<uint8_t>(static_cast<size_t>(in_rows()) * k());
+      in_s_ = DevBuf<float>(static_cast<size_t>(in_rows()) * groups(k()));
+      kernels::quantize_fp8_rows(in_.get(), in_rows(), k(), kernels::kWgmmaFp8Group, in_q_.get(), in_s_.get(),
+                                 env.stream);
+      if (gate()) {
+        out_q_ = DevBuf<uint8_t>(static_cast<size_t>(cap()) * out_cols());
+        out_s_ = DevBuf<float>(static_cast<size_t>(cap()) * groups(out_cols()));
+        out_q_.poison();
+        out_s_.poison();
+      }
+    } else {
+      weight_ = RandomBf16(static_cast<size_t>(s_.experts) * n() * k(), 0.05f, rng, env.stream);
+    }
+    if (!(s_.fp8 && gate())) {
+      out_ = DevBuf<bf16>(static_cast<size_t>(cap()) * out_cols());
+      out_.poison();
+    }
     if (s_.cublas) {
       gate_up_ = DevBuf<bf16>(gate() ? static_cast<size_t>(cap()) * n() : 1);
       ptr_dev_ = DevBuf<const void*>(3 * static_cast<size_t>(s_.experts));
@@ -510,6 +533,23 @@ class SortedExpertGemmCase final : public OpCase {
     }
   }
   void run(const OpEnv& env, int) override {
+    if (s_.fp8) {
+      const kernels::QuantMatrix w = wq_.view();
+      kernels::MoeWgmmaFp8Params p{
+          .out = gate() ? static_cast<void*>(out_q_.get()) : static_cast<void*>(out_.get()),
+          .out_scales = gate() ? out_s_.get() : nullptr, .in = in_q_.get(), .in_scales = in_s_.get(),
+          .weight = static_cast<const uint8_t*>(w.data), .weight_scales = static_cast<const float*>(w.scales),
+          .expert_offsets = routings_[0].offsets.get(), .num_experts = s_.experts, .n = n(), .k = k(),
+          .rows_cap = cap(), .silu_gate_up = gate()};
+      if (s_.gather) {
+        p.sorted_ids = routings_[0].sorted.get();
+        p.num_pairs = pairs();
+        p.in_row_div = s_.top_k;
+        p.row_of_pair = row_of_pair_.get();
+      }
+      kernels::moe_wgmma_fp8(p, env.stream);
+      return;
+    }
     if (!s_.cublas) {
       kernels::MoeWgmmaParams p{.out = out_.get(), .in = in_.get(), .weight = weight_.get(),
                                 .expert_offsets = routings_[0].offsets.get(), .num_experts = s_.experts,
@@ -540,8 +580,8 @@ class SortedExpertGemmCase final : public OpCase {
     if (gate()) kernels::silu_mul(out_.get(), gate_up_.get(), offsets_[s_.experts], s_.inter, env.stream);
   }
   OpCheck check(const OpEnv& env, double tol) override {
-    const std::vector<float> x = in_.original_f(env.stream), w = weight_.original_f(env.stream);
-    const std::vector<uint16_t> got = out_.download<uint16_t>();
+    const std::vector<float> x = s_.fp8 ? decoded_rows() : in_.original_f(env.stream);
+    const std::vector<float> w = s_.fp8 ? decoded_weights() : weight_.original_f(env.stream);
     const int total = offsets_[s_.experts], cols = out_cols(), K = k();
     const std::vector<int32_t> sorted = s_.gather ? routings_[0].sorted.download<int32_t>() : std::vector<int32_t>{};
     std::vector<double> ref(static_cast<size_t>(total) * cols);
@@ -566,10 +606,15 @@ class SortedExpertGemmCase final : public OpCase {
       }
     });
     OpCheck c;
-    const std::vector<uint16_t> segments(got.begin(), got.begin() + static_cast<ptrdiff_t>(ref.size()));
-    c.rel_l2("expert rows", to_float(segments), ref, tol);
-    const std::vector<uint16_t> rest(got.begin() + static_cast<ptrdiff_t>(ref.size()), got.end());
-    c.equal("rows past the segments", rest, std::vector<uint16_t>(rest.size(), 0xffff));
+    if (s_.fp8 && gate()) {
+      check_fp8_activations(c, ref, total);
+    } else {
+      const std::vector<uint16_t> got = out_.download<uint16_t>();
+      const std::vector<uint16_t> segments(got.begin(), got.begin() + static_cast<ptrdiff_t>(ref.size()));
+      c.rel_l2("expert rows", to_float(segments), ref, tol);
+      const std::vector<uint16_t> rest(got.begin() + static_cast<ptrdiff_t>(ref.size()), got.end());
+      c.equal("rows past the segments", rest, std::vector<uint16_t>(rest.size(), 0xffff));
+    }
     if (s_.gather) {
       std::vector<int32_t> want(pairs(), -1);
       for (int i = 0; i < total; ++i)
@@ -578,9 +623,10 @@ class SortedExpertGemmCase final : public OpCase {
     }
     return c;
   }
-  // every expert hit reads its weights once, the rows in and out once
+  // every expert hit reads its weights once, the rows in and out once (fp8: bytes, scales aside)
   double bytes() const override {
-    return hit_ * 2.0 * n() * k() + 2.0 * offsets_.back() * (k() + out_cols());
+    const double elem = s_.fp8 ? 1.0 : 2.0;
+    return hit_ * elem * n() * k() + elem * offsets_.back() * k() + (s_.fp8 && gate() ? 1.0 : 2.0) * offsets_.back() * out_cols();
   }
   double flops() const override { return 2.0 * offsets_.back() * n() * k(); }
   std::string note() const override {
@@ -596,11 +642,60 @@ class SortedExpertGemmCase final : public OpCase {
   int out_cols() const { return gate() ? s_.inter : s_.hidden; }
   int pairs() const { return s_.tokens * s_.top_k; }
   int cap() const { return kernels::moe_align_capacity(pairs(), s_.experts, kMoeGemmTileM); }
+  int in_rows() const { return s_.gather ? s_.tokens : cap(); }
+  static int groups(int cols) { return (cols + kernels::kWgmmaFp8Group - 1) / kernels::kWgmmaFp8Group; }
+
+  // The e4m3 input rows as the kernel reads them, decoded: code · scale of its 128-group.
+  std::vector<float> decoded_rows() const {
+    const std::vector<uint8_t> q = in_q_.download<uint8_t>();
+    const std::vector<float> sc = in_s_.download<float>();
+    std::vector<float> x(q.size());
+    const int K = k(), G = groups(K);
+    parallel_for(static_cast<size_t>(in_rows()), [&](size_t r) {
+      for (int c = 0; c < K; ++c)
+        x[r * K + c] = fp8_e4m3_to_f32(q[r * K + c]) * sc[r * G + c / kernels::kWgmmaFp8Group];
+    });
+    return x;
+  }
+  std::vector<float> decoded_weights() const {
+    const int64_t rows = static_cast<int64_t>(s_.experts) * n(), K = k();
+    std::vector<float> w(static_cast<size_t>(rows * K));
+    parallel_for(static_cast<size_t>(rows), [&](size_t r) {
+      for (int64_t c = 0; c < K; ++c) w[r * K + c] = wq_.value(static_cast<int64_t>(r), c);
+    });
+    return w;
+  }
+  // gate+up's e4m3 output: decoded values vs ref, scales vs each group's amax / 448, and the
+  // rows past the last segment untouched.
+  void check_fp8_activations(OpCheck& c, const std::vector<double>& ref, int total) const {
+    const std::vector<uint8_t> q = out_q_.download<uint8_t>();
+    const std::vector<float> sc = out_s_.download<float>();
+    const int cols = out_cols(), G = groups(cols);
+    std::vector<float> got(ref.size());
+    std::vector<double> scale_ref(static_cast<size_t>(total) * G);
+    for (size_t r = 0; r < static_cast<size_t>(total); ++r)
+      for (int g = 0; g < G; ++g) {
+        double amax = 0;
+        for (int i = g * kernels::kWgmmaFp8Group; i < std::min(cols, (g + 1) * kernels::kWgmmaFp8Group); ++i) {
+          got[r * cols + i] = fp8_e4m3_to_f32(q[r * cols + i]) * sc[r * G + g];
+          amax = std::max(amax, std::fabs(ref[r * cols + i]));
+        }
+        scale_ref[r * G + g] = amax > 0 ? amax / 448.0 : 1.0;
+      }
+    c.rel_l2("expert rows (e4m3 decoded)", got, ref, 0.04);
+    c.rel_l2("scales", std::vector<float>(sc.begin(), sc.begin() + static_cast<ptrdiff_t>(scale_ref.size())),
+             scale_ref, 1e-3);
+    const std::vector<int32_t> rest(q.begin() + static_cast<ptrdiff_t>(ref.size()), q.end());
+    c.equal("rows past the segments", rest, std::vector<int32_t>(rest.size(), 0xff));
+  }
   SortedExpertGemmShape s_;
   std::vector<Routing> routings_;
   std::vector<int32_t> ids0_, offsets_;
   double hit_ = 0;
   RandomBf16 in_, weight_;
+  RandomQuantMatrix wq_;             // fp8: the weights
+  DevBuf<uint8_t> in_q_, out_q_;     // fp8: e4m3 rows in, gate+up's e4m3 activations out
+  DevBuf<float> in_s_, out_s_;       //      and their scales
   DevBuf<bf16> out_, gate_up_;
   DevBuf<int32_t> row_of_pair_;
   DevBuf<const void*> ptr_dev_;
@@ -668,12 +763,14 @@ OpCaseDef moe_gemm_case(const MoeGemmShape& s) {
 OpCaseDef sorted_expert_gemm_case(const SortedExpertGemmShape& s) {
   MB_CHECK(s.stage != MoeGemmStage::gate_up, "sorted expert GEMM case: gate_up_silu or down");
   MB_CHECK(!(s.gather && s.cublas), "sorted expert GEMM case: the cuBLAS path gathers beforehand");
+  MB_CHECK(!(s.fp8 && s.cublas), "sorted expert GEMM case: W8A8 is the wgmma kernel's");
   const char* stage = s.stage == MoeGemmStage::down ? "down" : "gate_up+silu";
   // fp32 accumulation of bf16 products, one bf16 rounding of the result (SiLU·mul from fp32 on
   // the wgmma path; cuBLAS rounds gate and up to bf16 first, a second rounding): 5e-3.
   // The cuBLAS peer is in the gemm family: the cases that get a cuBLAS handle.
   OpCaseDef d = op_case_def<SortedExpertGemmCase>(
-      std::string(s.cublas ? "moe_sorted cuBLAS " : "moe_wgmma ") + stage + (s.gather ? " gather" : ""),
+      std::string(s.cublas ? "moe_sorted cuBLAS " : s.fp8 ? "moe_wgmma_fp8 " : "moe_wgmma ") + stage +
+          (s.gather ? " gather" : ""),
       experts(s.tokens, s.experts, s.top_k, s.hot) + " H" + to_string(s.hidden) + " I" + to_string(s.inter),
       s.cublas ? OpFamily::gemm : OpFamily::moe_gemm, 5e-3, s);
   if (!s.cublas) d.available = &kernels::moe_wgmma_available;

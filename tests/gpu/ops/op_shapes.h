@@ -167,6 +167,8 @@ struct SortedExpertGemmShape {
   /// wgmma only: A rows gathered from the tokens' rows [tokens, k] through the sorted pair ids
   /// (the engine's gate+up stage), the pair → row map checked too.
   bool gather = false;
+  /// wgmma only: W8A8 (kernels::moe_wgmma_fp8) on FP8-block weights and e4m3 rows
+  bool fp8 = false;
 };
 OpCaseDef sorted_expert_gemm_case(const SortedExpertGemmShape& s);
 

@@ -166,6 +166,23 @@ std::vector<OpCaseDef> op_cases_test() {
           t.push_back(sorted_expert_gemm_case(s));
         }
       }
+  // W8A8 (FP8 tensor cores; k and output columns multiples of 16): H 144 and I 80 end in a
+  // partial 128-group of k and a partial last tile of columns (and of the activations' scale
+  // group); a hot expert over several row tiles; the 30B shape.
+  const SortedExpertGemmShape fp8_shapes[] = {
+      {.tokens = 300, .experts = 16, .top_k = 4, .hidden = 256, .inter = 128, .hot = 3},
+      {.tokens = 40, .experts = 64, .top_k = 2, .hidden = 144, .inter = 80, .hot = 9},
+      {.tokens = 160, .experts = 128, .top_k = 8, .hidden = 2048, .inter = 768, .hot = 5},
+  };
+  for (SortedExpertGemmShape s : fp8_shapes)
+    for (MoeGemmStage stage : {MoeGemmStage::gate_up_silu, MoeGemmStage::down})
+      for (bool gather : {false, true}) {
+        if (gather && stage == MoeGemmStage::down) continue;
+        s.stage = stage;
+        s.gather = gather;
+        s.fp8 = true;
+        t.push_back(sorted_expert_gemm_case(s));
+      }
   // moe_gemv at every pair count it rounds to (1, 2, 4, 8) with a hot expert holding all tokens
   for (int tokens : {2, 5, 8})
     for (MoeGemmStage stage : {MoeGemmStage::gate_up_silu, MoeGemmStage::down})
@@ -313,6 +330,10 @@ std::vector<OpCaseDef> op_cases_bench() {
       add(8192, sorted_expert_gemm_case({.tokens = 8192, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
                                          .stage = stage, .cublas = cublas,
                                          .gather = !cublas && stage == MoeGemmStage::gate_up_silu}));
+  for (MoeGemmStage stage : {MoeGemmStage::gate_up_silu, MoeGemmStage::down})
+    add(8192, sorted_expert_gemm_case({.tokens = 8192, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
+                                       .stage = stage, .gather = stage == MoeGemmStage::gate_up_silu,
+                                       .fp8 = true}));
   // Prefill attention: whole prompts, causal (batch column: the tokens).
   for (auto [prompts, len] : {std::pair{64, 128}, {8, 512}, {1, 2048}})
     add(prompts * len, named(attention_case({.head_dim = kD, .n_q_heads = kNq, .n_kv_heads = kNkv,

@@ -1,0 +1,316 @@
+// W8A8 grouped expert GEMM on Hopper's FP8 tensor cores (kernels/moe_wgmma.cuh,
+// MoeWgmmaFp8Params). The structure of moe_wgmma.cu (one block = a 128-row × 256-column tile of
+// one expert's output, two warpgroups of 64 rows, a 4-stage cp.async pipeline in the 128-byte
+// swizzle, device-side tile lookup, fused gather) with e4m3 operands: a 128-byte row is 128
+// values, so one stage is one 128-wide scale group of k, and DeepSeek-V3's promotion applies —
+// the tensor cores sum a stage into fresh fp32 registers, which are then scaled by the row's and
+// the weight row's scales of that group and added to the fp32 accumulators (the tensor cores'
+// own accumulation is never trusted across scale groups).
+//
+// Registers decide the shape of the inner loop: 128 accumulators (64 rows × 256 columns per
+// warpgroup) plus a stage's partial sums of 64 × 256 would be 256 registers, more than a thread
+// has, so each stage runs as two halves of 128 columns (the m64n128k32 instruction), each summed
+// into the same 64 partial registers, waited for and promoted before the next. While one
+// warpgroup promotes, the other's MMAs keep the tensor cores busy.
+//
+// Built for sm_90a only (MOEBATCH_WGMMA), like moe_wgmma.cu.
+#include <cuda_fp8.h>
+
+#include <string>
+
+#include "kernels/cuda_check.cuh"
+#include "kernels/device_common.cuh"
+#include "kernels/moe_tiles.cuh"
+#include "kernels/moe_wgmma.cuh"
+#if MOEBATCH_WGMMA
+#include "kernels/wgmma.cuh"
+#endif
+
+namespace moebatch::kernels {
+namespace {
+
+#if MOEBATCH_WGMMA
+
+constexpr int kBM = 128;     // rows per block: one 64-row slab per warpgroup
+constexpr int kBN = 256;     // weight rows per block (gate+up: 128 gate rows and the same 128 up rows)
+constexpr int kHalf = 128;   // columns per MMA half (m64n128k32)
+constexpr int kBK = kWgmmaFp8Group;  // k per stage: one 128-byte swizzled row = one scale group
+constexpr int kStages = 4;   // slots: computing, three in flight (a stage's MMAs end within it)
+constexpr int kThreads = 256;
+constexpr int kATile = kBM * kBK;  // bytes; multiples of 1024 keep every tile aligned
+constexpr int kBTile = kBN * kBK;
+constexpr int kStageBytes = kATile + kBTile;
+constexpr int kScaleBytes = (kBM + kBN) * 4;  // a stage's row scales, then its weight-row scales
+constexpr int kTileBytes = kStages * kStageBytes;
+constexpr int kSmemBytes = kTileBytes + kStages * kScaleBytes + 1024;  // + slack to align to 1024
+constexpr int kOutPitch = kBN + 8;        // bf16 epilogue staging row (elements)
+constexpr int kQuantPitch = kHalf + 16;   // e4m3 epilogue staging row (bytes)
+static_assert(kBM * kOutPitch * 2 <= kTileBytes && kBM * kQuantPitch <= kTileBytes,
+              "the output tile reuses the stages");
+constexpr float kE4m3Max = 448.f;
+
+__device__ __forceinline__ uint8_t to_e4m3(float v) {
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
+}
+
+template <bool kSilu>
+__global__ void __launch_bounds__(kThreads, 1) moe_wgmma_fp8_kernel(MoeWgmmaFp8Params p, int n_tiles) {
+  extern __shared__ uint8_t smem_raw[];
+  __shared__ MoeTile tile;
+  __shared__ int found;
+  const int m = static_cast<int>(blockIdx.x / n_tiles), n_tile = static_cast<int>(blockIdx.x % n_tiles);
+  if (threadIdx.x < 32) {
+    const bool f = find_moe_tile<kBM>(p.expert_offsets, p.num_experts, m, tile);
+    if (threadIdx.x == 0) found = f;
+  }
+  __syncthreads();
+  if (!found) return;
+  const MoeTile t = tile;
+
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  float* scale_smem = reinterpret_cast<float*>(smem + kTileBytes);  // [kStages][kBM + kBN]
+  const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const int wg = threadIdx.x >> 7;  // warpgroup: rows [64·wg, 64·wg + 64) of the tile
+  const int half = p.n / 2;         // kSilu: gate rows [0, half), up rows [half, n)
+  const int k_groups = (p.k + kBK - 1) / kBK;
+  const uint8_t* w_expert = p.weight + static_cast<size_t>(t.expert) * p.n * p.k;
+  const float* ws_expert = p.weight_scales + static_cast<size_t>(t.expert) * p.n * k_groups;
+
+  // Weight row of tile row r (0..kBN-1), -1 past the expert's rows.
+  auto weight_row = [&](int r) {
+    if constexpr (kSilu) {
+      const int c = n_tile * kHalf + (r & (kHalf - 1));
+      return c < half ? (r < kHalf ? c : half + c) : -1;
+    } else {
+      const int c = n_tile * kBN + r;
+      return c < p.n ? c : -1;
+    }
+  };
+  // Row of `in` that tile row r holds, -1 for zeros (past the segment, padding pairs).
+  auto source_row = [&](int r) {
+    if (r >= t.rows) return -1;
+    const int row = t.row0 + r;
+    if (!p.sorted_ids) return row;
+    const int id = p.sorted_ids[row];
+    return id >= 0 && id < p.num_pairs ? id / p.in_row_div : -1;
+  };
+
+  // Each thread copies 16-byte chunk (threadIdx.x % 8) of rows threadIdx.x / 8 + 32·i, and the
+  // scales of tile row threadIdx.x (threads < kBM) and of weight row threadIdx.x.
+  const int chunk = threadIdx.x & 7, row_in_pass = threadIdx.x >> 3;
+  int a_src[kBM / 32];
+#pragma unroll
+  for (int i = 0; i < kBM / 32; ++i) a_src[i] = source_row(row_in_pass + 32 * i);
+  const int scale_src = threadIdx.x < kBM ? source_row(threadIdx.x) : -1;
+  const int scale_wrow = weight_row(threadIdx.x);
+  if (p.sorted_ids && p.row_of_pair && n_tile == 0 && threadIdx.x < t.rows) {
+    const int id = p.sorted_ids[t.row0 + threadIdx.x];
+    if (id >= 0 && id < p.num_pairs) p.row_of_pair[id] = t.row0 + threadIdx.x;
+  }
+
+  auto load_stage = [&](int slot, int kt) {
+    const int col = kt * kBK + chunk * 16;
+    uint8_t* a_tile = smem + slot * kStageBytes;
+    uint8_t* b_tile = a_tile + kATile;
+#pragma unroll
+    for (int i = 0; i < kBM / 32; ++i) {
+      const int r = row_in_pass + 32 * i;
+      const bool ok = col < p.k && a_src[i] >= 0;
+      const uint8_t* src = ok ? p.in + static_cast<size_t>(a_src[i]) * p.k + col : p.in;
+      cp_async16(a_tile + wgmma::sw128_offset(r, chunk), src, ok ? 16 : 0);
+    }
+#pragma unroll
+    for (int i = 0; i < kBN / 32; ++i) {
+      const int r = row_in_pass + 32 * i;
+      const int wr = weight_row(r);
+      const bool ok = col < p.k && wr >= 0;
+      const uint8_t* src = ok ? w_expert + static_cast<size_t>(wr) * p.k + col : p.weight;
+      cp_async16(b_tile + wgmma::sw128_offset(r, chunk), src, ok ? 16 : 0);
+    }
+    float* scales = scale_smem + slot * (kBM + kBN);
+    if (threadIdx.x < kBM) {
+      const bool ok = scale_src >= 0;
+      cp_async4(&scales[threadIdx.x], ok ? p.in_scales + static_cast<size_t>(scale_src) * k_groups + kt : p.in_scales,
+                ok ? 4 : 0);
+    }
+    const bool ok = scale_wrow >= 0;
+    cp_async4(&scales[kBM + threadIdx.x], ok ? ws_expert + static_cast<size_t>(scale_wrow) * k_groups + kt : p.weight_scales,
+              ok ? 4 : 0);
+  };
+
+  // This thread's accumulator rows (kernels/wgmma.cuh layout) within the tile, and column offset.
+  const int lane = threadIdx.x & 31;
+  const int r0 = wg * 64 + ((threadIdx.x & 127) >> 5) * 16 + (lane >> 2), c0 = 2 * (lane & 3);
+
+  float acc[2][64];  // [column half][wgmma layout]
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[0][i] = acc[1][i] = 0.f;
+  float part[64];    // one half's sums over one stage
+
+  // Prologue: three slices in flight. Every iteration commits one group (possibly empty), so
+  // "all but the two newest groups done" always means "slice kt has landed".
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < k_groups) load_stage(s, s);
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < k_groups; ++kt) {
+    const int slot = kt % kStages;
+    cp_async_wait<kStages - 2>();
+    // This thread's copies of slice kt become visible to the tensor cores (async proxy), and
+    // after the barrier everyone's are; every warpgroup has also finished slice kt - 1 (its MMAs
+    // and its promotion's reads of the scales), so that slot can be refilled.
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+    if (kt + kStages - 1 < k_groups) load_stage((kt + kStages - 1) % kStages, kt + kStages - 1);
+    cp_async_commit();
+
+    const uint32_t a_addr = smem_addr + slot * kStageBytes + wg * (kATile / 2);
+    const uint32_t b_addr = smem_addr + slot * kStageBytes + kATile;
+    const float* scales = scale_smem + slot * (kBM + kBN);
+    const float sa0 = scales[r0], sa1 = scales[r0 + 8];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) wgmma::fence_operand(part[i]);
+      wgmma::fence();
+#pragma unroll
+      for (int kk = 0; kk < kBK / 32; ++kk)
+        wgmma::mma_m64n128k32_e4m3(part, wgmma::smem_desc_sw128(a_addr + kk * 32),
+                                   wgmma::smem_desc_sw128(b_addr + h * (kHalf * kBK) + kk * 32), kk > 0);
+      wgmma::commit();
+      wgmma::wait<0>();
+#pragma unroll
+      for (int i = 0; i < 64; ++i) wgmma::fence_operand(part[i]);
+      // promotion: this stage's sums times the row scale and the weight row's scale
+#pragma unroll
+      for (int j = 0; j < kHalf / 8; ++j) {
+        const float2 sb = *reinterpret_cast<const float2*>(&scales[kBM + h * kHalf + 8 * j + c0]);
+        acc[h][4 * j + 0] = fmaf(part[4 * j + 0], sa0 * sb.x, acc[h][4 * j + 0]);
+        acc[h][4 * j + 1] = fmaf(part[4 * j + 1], sa0 * sb.y, acc[h][4 * j + 1]);
+        acc[h][4 * j + 2] = fmaf(part[4 * j + 2], sa1 * sb.x, acc[h][4 * j + 2]);
+        acc[h][4 * j + 3] = fmaf(part[4 * j + 3], sa1 * sb.y, acc[h][4 * j + 3]);
+      }
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // every warpgroup is done with the stages: they hold the output tile now
+
+  if constexpr (kSilu) {
+    // silu(gate)·up, then per row of this tile's 128 output columns (one scale group, held by
+    // the 4 lanes of a quad) amax → scale → e4m3 codes, staged as bytes and stored 16 at a time.
+    float v[64], amax0 = 0.f, amax1 = 0.f;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+      const float g = acc[0][i];
+      v[i] = g / (1.f + expf(-g)) * acc[1][i];
+      if ((i & 2) == 0)
+        amax0 = fmaxf(amax0, fabsf(v[i]));
+      else
+        amax1 = fmaxf(amax1, fabsf(v[i]));
+    }
+#pragma unroll
+    for (int d = 1; d <= 2; d <<= 1) {
+      amax0 = fmaxf(amax0, __shfl_xor_sync(~0u, amax0, d));
+      amax1 = fmaxf(amax1, __shfl_xor_sync(~0u, amax1, d));
+    }
+    const float scale0 = amax0 > 0.f ? amax0 / kE4m3Max : 1.f, scale1 = amax1 > 0.f ? amax1 / kE4m3Max : 1.f;
+    const float inv0 = 1.f / scale0, inv1 = 1.f / scale1;
+    uint8_t* out_tile = smem;
+#pragma unroll
+    for (int j = 0; j < kHalf / 8; ++j) {
+      const int c = 8 * j + c0;
+      *reinterpret_cast<uint16_t*>(&out_tile[r0 * kQuantPitch + c]) =
+          static_cast<uint16_t>(to_e4m3(v[4 * j] * inv0) | (to_e4m3(v[4 * j + 1] * inv0) << 8));
+      *reinterpret_cast<uint16_t*>(&out_tile[(r0 + 8) * kQuantPitch + c]) =
+          static_cast<uint16_t>(to_e4m3(v[4 * j + 2] * inv1) | (to_e4m3(v[4 * j + 3] * inv1) << 8));
+    }
+    const int groups = (half + kWgmmaFp8Group - 1) / kWgmmaFp8Group;
+    if ((lane & 3) == 0) {
+      if (r0 < t.rows) p.out_scales[static_cast<size_t>(t.row0 + r0) * groups + n_tile] = scale0;
+      if (r0 + 8 < t.rows) p.out_scales[static_cast<size_t>(t.row0 + r0 + 8) * groups + n_tile] = scale1;
+    }
+    __syncthreads();
+    uint8_t* out = static_cast<uint8_t*>(p.out);
+    const int col0 = n_tile * kHalf, chunks_per_row = kHalf / 16;
+    for (int i = threadIdx.x; i < kBM * chunks_per_row; i += kThreads) {
+      const int row = i / chunks_per_row, col = (i % chunks_per_row) * 16;
+      if (row < t.rows && col0 + col < half)
+        *reinterpret_cast<uint4*>(out + static_cast<size_t>(t.row0 + row) * half + col0 + col) =
+            *reinterpret_cast<const uint4*>(&out_tile[row * kQuantPitch + col]);
+    }
+  } else {
+    // Accumulators → bf16 tile in shared memory, then 16-byte rows out.
+    bf16* out_tile = reinterpret_cast<bf16*>(smem);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int j = 0; j < kHalf / 8; ++j) {
+        const int c = h * kHalf + 8 * j + c0;
+        *reinterpret_cast<__nv_bfloat162*>(&out_tile[r0 * kOutPitch + c]) =
+            __floats2bfloat162_rn(acc[h][4 * j], acc[h][4 * j + 1]);
+        *reinterpret_cast<__nv_bfloat162*>(&out_tile[(r0 + 8) * kOutPitch + c]) =
+            __floats2bfloat162_rn(acc[h][4 * j + 2], acc[h][4 * j + 3]);
+      }
+    }
+    __syncthreads();
+    bf16* out = static_cast<bf16*>(p.out);
+    const int col0 = n_tile * kBN, chunks_per_row = kBN / 8;
+    for (int i = threadIdx.x; i < kBM * chunks_per_row; i += kThreads) {
+      const int row = i / chunks_per_row, col = (i % chunks_per_row) * 8;
+      if (row < t.rows && col0 + col < p.n)
+        *reinterpret_cast<uint4*>(out + static_cast<size_t>(t.row0 + row) * p.n + col0 + col) =
+            *reinterpret_cast<const uint4*>(&out_tile[row * kOutPitch + col]);
+    }
+  }
+}
+
+template <bool kSilu>
+void launch(const MoeWgmmaFp8Params& p, cudaStream_t stream) {
+  const int out_cols = kSilu ? p.n / 2 : p.n, tile_cols = kSilu ? kHalf : kBN;
+  const int n_tiles = (out_cols + tile_cols - 1) / tile_cols;
+  const int64_t blocks = moe_row_tiles_bound(p.rows_cap, p.num_experts, kBM) * n_tiles;
+  MB_CHECK(blocks < (int64_t{1} << 31), "moe_wgmma_fp8: too many tiles");
+  moe_wgmma_fp8_kernel<kSilu><<<static_cast<unsigned>(blocks), kThreads, kSmemBytes, stream>>>(p, n_tiles);
+  CUDA_CHECK_LAST();
+}
+
+#endif  // MOEBATCH_WGMMA
+
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+}  // namespace
+
+namespace detail {
+void moe_wgmma_fp8_prepare() {
+#if MOEBATCH_WGMMA
+  CUDA_CHECK(cudaFuncSetAttribute(moe_wgmma_fp8_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  CUDA_CHECK(cudaFuncSetAttribute(moe_wgmma_fp8_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+#endif
+}
+}  // namespace detail
+
+void moe_wgmma_fp8(const MoeWgmmaFp8Params& p, cudaStream_t stream) {
+  const int out_cols = p.silu_gate_up ? p.n / 2 : p.n;
+  MB_CHECK(p.num_experts > 0 && p.n > 0 && p.k > 0 && p.rows_cap >= 0, "moe_wgmma_fp8: bad shape");
+  MB_CHECK(out_cols % 16 == 0 && p.k % 16 == 0 && (!p.silu_gate_up || p.n % 2 == 0),
+           "moe_wgmma_fp8: output columns and k must be multiples of 16");
+  MB_CHECK(p.out && p.in && p.in_scales && p.weight && p.weight_scales && p.expert_offsets &&
+               (!p.silu_gate_up || p.out_scales),
+           "moe_wgmma_fp8: null operand");
+  MB_CHECK(!p.sorted_ids || (p.num_pairs >= 0 && p.in_row_div > 0), "moe_wgmma_fp8: bad gather");
+  MB_CHECK(aligned16(p.out) && aligned16(p.in) && aligned16(p.weight),
+           "moe_wgmma_fp8: operands must be 16-byte aligned");
+  if (p.rows_cap == 0) return;
+#if MOEBATCH_WGMMA
+  if (p.silu_gate_up)
+    launch<true>(p, stream);
+  else
+    launch<false>(p, stream);
+#else
+  (void)stream;
+  MB_CHECK(false, "moe_wgmma_fp8: this build has no sm_90a code (see moe_wgmma_available)");
+#endif
+}
+
+}  // namespace moebatch::kernels
