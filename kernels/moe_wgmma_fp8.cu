@@ -95,47 +95,61 @@ __global__ void __launch_bounds__(kThreads, 1) moe_wgmma_fp8_kernel(MoeWgmmaFp8P
     return id >= 0 && id < p.num_pairs ? id / p.in_row_div : -1;
   };
 
-  // Each thread copies 16-byte chunk (threadIdx.x % 8) of rows threadIdx.x / 8 + 32·i, and the
-  // scales of tile row threadIdx.x (threads < kBM) and of weight row threadIdx.x.
+  // Each thread copies 16-byte chunk (threadIdx.x % 8) of tile rows threadIdx.x / 8 + 32·i
+  // (A: i < 4, B: i < 8), the scale of tile row threadIdx.x (threads < kBM) and that of weight
+  // row weight_row(threadIdx.x). B's tile rows i and i + 4 are weight rows 128 apart, or gate
+  // and up rows `half` apart.
   const int chunk = threadIdx.x & 7, row_in_pass = threadIdx.x >> 3;
   int a_src[kBM / 32];
 #pragma unroll
   for (int i = 0; i < kBM / 32; ++i) a_src[i] = source_row(row_in_pass + 32 * i);
+  unsigned b_ok = 0;
+#pragma unroll
+  for (int i = 0; i < kBN / 32; ++i) b_ok |= (weight_row(row_in_pass + 32 * i) >= 0 ? 1u : 0u) << i;
+  const uint8_t* b_src = w_expert + static_cast<size_t>(max(weight_row(row_in_pass), 0)) * p.k + chunk * 16;
+  const size_t b_step = static_cast<size_t>(32) * p.k, b_far = static_cast<size_t>(kSilu ? half : 128) * p.k;
   const int scale_src = threadIdx.x < kBM ? source_row(threadIdx.x) : -1;
   const int scale_wrow = weight_row(threadIdx.x);
+  const float* sa_src = scale_src >= 0 ? p.in_scales + static_cast<size_t>(scale_src) * k_groups : nullptr;
+  const float* sb_src = scale_wrow >= 0 ? ws_expert + static_cast<size_t>(scale_wrow) * k_groups : nullptr;
   if (p.sorted_ids && p.row_of_pair && n_tile == 0 && threadIdx.x < t.rows) {
     const int id = p.sorted_ids[t.row0 + threadIdx.x];
     if (id >= 0 && id < p.num_pairs) p.row_of_pair[id] = t.row0 + threadIdx.x;
   }
 
-  auto load_stage = [&](int slot, int kt) {
-    const int col = kt * kBK + chunk * 16;
+  // Pacing: full[s] completes when every thread's copies into slot s have landed (one arrival
+  // per thread, made by the copies themselves); empty[s] when every thread has finished reading
+  // slot s (its MMAs waited for, its scales read). A warpgroup waits only for what it reads and
+  // for the slot it refills, so the two drift apart by up to a stage: one promotes on the CUDA
+  // cores while the other's MMAs run, which a block-wide barrier per stage would forbid.
+  __shared__ __align__(8) uint64_t bars[2 * kStages];  // full[0..kStages), empty[0..kStages)
+  const uint32_t full0 = static_cast<uint32_t>(__cvta_generic_to_shared(&bars[0]));
+  const uint32_t empty0 = full0 + kStages * 8;
+  if (threadIdx.x == 0)
+    for (int i = 0; i < 2 * kStages; ++i) wgmma::mbarrier_init(full0 + i * 8, kThreads);
+  __syncthreads();
+
+  auto load_stage = [&](int kt) {
+    const int slot = kt % kStages, col = kt * kBK + chunk * 16;
+    const bool in_k = col < p.k;
     uint8_t* a_tile = smem + slot * kStageBytes;
     uint8_t* b_tile = a_tile + kATile;
 #pragma unroll
     for (int i = 0; i < kBM / 32; ++i) {
-      const int r = row_in_pass + 32 * i;
-      const bool ok = col < p.k && a_src[i] >= 0;
+      const bool ok = in_k && a_src[i] >= 0;
       const uint8_t* src = ok ? p.in + static_cast<size_t>(a_src[i]) * p.k + col : p.in;
-      cp_async16(a_tile + wgmma::sw128_offset(r, chunk), src, ok ? 16 : 0);
+      cp_async16(a_tile + wgmma::sw128_offset(row_in_pass + 32 * i, chunk), src, ok ? 16 : 0);
     }
 #pragma unroll
     for (int i = 0; i < kBN / 32; ++i) {
-      const int r = row_in_pass + 32 * i;
-      const int wr = weight_row(r);
-      const bool ok = col < p.k && wr >= 0;
-      const uint8_t* src = ok ? w_expert + static_cast<size_t>(wr) * p.k + col : p.weight;
-      cp_async16(b_tile + wgmma::sw128_offset(r, chunk), src, ok ? 16 : 0);
+      const bool ok = in_k && (b_ok >> i & 1u);
+      const uint8_t* src = ok ? b_src + (i & 3) * b_step + (i >> 2) * b_far + kt * kBK : p.weight;
+      cp_async16(b_tile + wgmma::sw128_offset(row_in_pass + 32 * i, chunk), src, ok ? 16 : 0);
     }
     float* scales = scale_smem + slot * (kBM + kBN);
-    if (threadIdx.x < kBM) {
-      const bool ok = scale_src >= 0;
-      cp_async4(&scales[threadIdx.x], ok ? p.in_scales + static_cast<size_t>(scale_src) * k_groups + kt : p.in_scales,
-                ok ? 4 : 0);
-    }
-    const bool ok = scale_wrow >= 0;
-    cp_async4(&scales[kBM + threadIdx.x], ok ? ws_expert + static_cast<size_t>(scale_wrow) * k_groups + kt : p.weight_scales,
-              ok ? 4 : 0);
+    if (threadIdx.x < kBM) cp_async4(&scales[threadIdx.x], sa_src ? sa_src + kt : p.in_scales, sa_src ? 4 : 0);
+    cp_async4(&scales[kBM + threadIdx.x], sb_src ? sb_src + kt : p.weight_scales, sb_src ? 4 : 0);
+    wgmma::cp_async_mbarrier_arrive(full0 + slot * 8);
   };
 
   // This thread's accumulator rows (kernels/wgmma.cuh layout) within the tile, and column offset.
@@ -143,27 +157,25 @@ __global__ void __launch_bounds__(kThreads, 1) moe_wgmma_fp8_kernel(MoeWgmmaFp8P
   const int r0 = wg * 64 + ((threadIdx.x & 127) >> 5) * 16 + (lane >> 2), c0 = 2 * (lane & 3);
 
   float acc[2][64];  // [column half][wgmma layout]
-#pragma unroll
-  for (int i = 0; i < 64; ++i) acc[0][i] = acc[1][i] = 0.f;
   float part[64];    // one half's sums over one stage
-
-  // Prologue: three slices in flight. Every iteration commits one group (possibly empty), so
-  // "all but the two newest groups done" always means "slice kt has landed".
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < k_groups) load_stage(s, s);
-    cp_async_commit();
-  }
+  for (int i = 0; i < 64; ++i) acc[0][i] = acc[1][i] = part[i] = 0.f;
+
+  // Slices kStages - 1 ahead: slice kt + kStages - 1 goes into the slot slice kt - 1 used, once
+  // both warpgroups are done with it.
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s)
+    if (s < k_groups) load_stage(s);
   for (int kt = 0; kt < k_groups; ++kt) {
+    const int next = kt + kStages - 1;
+    if (next < k_groups) {
+      if (next >= kStages) wgmma::mbarrier_wait(empty0 + (next % kStages) * 8, (next / kStages - 1) & 1);
+      load_stage(next);
+    }
     const int slot = kt % kStages;
-    cp_async_wait<kStages - 2>();
-    // This thread's copies of slice kt become visible to the tensor cores (async proxy), and
-    // after the barrier everyone's are; every warpgroup has also finished slice kt - 1 (its MMAs
-    // and its promotion's reads of the scales), so that slot can be refilled.
+    wgmma::mbarrier_wait(full0 + slot * 8, (kt / kStages) & 1);
+    // the copies were made by the generic proxy; the tensor cores read through the async one
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    __syncthreads();
-    if (kt + kStages - 1 < k_groups) load_stage((kt + kStages - 1) % kStages, kt + kStages - 1);
-    cp_async_commit();
 
     const uint32_t a_addr = smem_addr + slot * kStageBytes + wg * (kATile / 2);
     const uint32_t b_addr = smem_addr + slot * kStageBytes + kATile;
@@ -192,9 +204,9 @@ __global__ void __launch_bounds__(kThreads, 1) moe_wgmma_fp8_kernel(MoeWgmmaFp8P
         acc[h][4 * j + 3] = fmaf(part[4 * j + 3], sa1 * sb.y, acc[h][4 * j + 3]);
       }
     }
+    wgmma::mbarrier_arrive(empty0 + slot * 8);
   }
-  cp_async_wait<0>();
-  __syncthreads();  // every warpgroup is done with the stages: they hold the output tile now
+  __syncthreads();  // every warpgroup is done with the stages (all copies landed): they hold the output tile now
 
   if constexpr (kSilu) {
     // silu(gate)·up, then per row of this tile's 128 output columns (one scale group, held by

@@ -1,8 +1,9 @@
 // Hopper warpgroup MMA (wgmma, PTX ISA "Asynchronous Warpgroup Level Matrix Multiply"): the
-// shared-memory operand descriptors, the one instruction shape the expert GEMM uses and the
-// fences around it. Only for code compiled for sm_90a (the arch-specific target wgmma needs);
-// kernels/moe_wgmma.cu is that code. A warpgroup is 4 consecutive warps starting at a warp index
-// divisible by 4; every thread of it executes each of these together.
+// shared-memory operand descriptors, the instruction shapes the expert GEMMs use, the fences
+// around them, and the mbarriers that pace their pipelines. Only for code compiled for sm_90a
+// (the arch-specific target wgmma needs): kernels/moe_wgmma.cu and moe_wgmma_fp8.cu. A warpgroup
+// is 4 consecutive warps starting at a warp index divisible by 4; every thread of it executes
+// each MMA, fence and wait together.
 #pragma once
 
 #include <cstdint>
@@ -103,6 +104,41 @@ __device__ __forceinline__ void mma_m64n128k32_e4m3(float (&d)[64], uint64_t des
         "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+// --- mbarriers (PTX "Parallel Synchronization and Communication Instructions: mbarrier") -----
+// A 64-bit shared-memory barrier that completes a phase when its expected number of arrivals has
+// come; waiters name the phase by its parity. Lets a warpgroup wait for exactly the data it
+// needs instead of meeting every other warp at __syncthreads.
+
+/// Sets the barrier at `addr` (shared, 8-byte aligned) to expect `count` arrivals per phase. One
+/// thread, then a __syncthreads before any other thread uses it.
+__device__ __forceinline__ void mbarrier_init(uint32_t addr, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(addr), "r"(count) : "memory");
+}
+/// This thread's arrival at the current phase (release: its earlier accesses happen before).
+__device__ __forceinline__ void mbarrier_arrive(uint32_t addr) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(addr) : "memory");
+}
+/// An arrival that happens when all of this thread's earlier cp.async copies have landed (the
+/// barrier's expected count includes it).
+__device__ __forceinline__ void cp_async_mbarrier_arrive(uint32_t addr) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(addr) : "memory");
+}
+/// Waits until the phase of parity `parity` has completed (acquire).
+__device__ __forceinline__ void mbarrier_wait(uint32_t addr, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(addr), "r"(parity)
+        : "memory");
+  } while (!done);
 }
 
 }  // namespace moebatch::kernels::wgmma
