@@ -541,12 +541,7 @@ class SortedExpertGemmCase final : public OpCase {
           .weight = static_cast<const uint8_t*>(w.data), .weight_scales = static_cast<const float*>(w.scales),
           .expert_offsets = routings_[0].offsets.get(), .num_experts = s_.experts, .n = n(), .k = k(),
           .rows_cap = cap(), .silu_gate_up = gate()};
-      if (s_.gather) {
-        p.sorted_ids = routings_[0].sorted.get();
-        p.num_pairs = pairs();
-        p.in_row_div = s_.top_k;
-        p.row_of_pair = row_of_pair_.get();
-      }
+      set_gather(p);
       kernels::moe_wgmma_fp8(p, env.stream);
       return;
     }
@@ -554,12 +549,7 @@ class SortedExpertGemmCase final : public OpCase {
       kernels::MoeWgmmaParams p{.out = out_.get(), .in = in_.get(), .weight = weight_.get(),
                                 .expert_offsets = routings_[0].offsets.get(), .num_experts = s_.experts,
                                 .n = n(), .k = k(), .rows_cap = cap(), .silu_gate_up = gate()};
-      if (s_.gather) {
-        p.sorted_ids = routings_[0].sorted.get();
-        p.num_pairs = pairs();
-        p.in_row_div = s_.top_k;
-        p.row_of_pair = row_of_pair_.get();
-      }
+      set_gather(p);
       kernels::moe_wgmma(p, env.stream);
       return;
     }
@@ -643,6 +633,15 @@ class SortedExpertGemmCase final : public OpCase {
   int pairs() const { return s_.tokens * s_.top_k; }
   int cap() const { return kernels::moe_align_capacity(pairs(), s_.experts, kMoeGemmTileM); }
   int in_rows() const { return s_.gather ? s_.tokens : cap(); }
+  // The gather operands of either wgmma kernel's params (the engine's gate+up stage).
+  template <class Params>
+  void set_gather(Params& p) const {
+    if (!s_.gather) return;
+    p.sorted_ids = routings_[0].sorted.get();
+    p.num_pairs = pairs();
+    p.in_row_div = s_.top_k;
+    p.row_of_pair = row_of_pair_.get();
+  }
   static int groups(int cols) { return (cols + kernels::kWgmmaFp8Group - 1) / kernels::kWgmmaFp8Group; }
 
   // The e4m3 input rows as the kernel reads them, decoded: code · scale of its 128-group.
