@@ -10,6 +10,7 @@
 #include <spdlog/fmt/fmt.h>
 
 #include "common/error.h"
+#include "engine/cuda/linear.h"
 #include "engine/packed_weights.h"
 #include "kernels/attention.cuh"
 #include "kernels/cuda_check.cuh"
@@ -52,8 +53,11 @@ void carve(Carver& c, const ModelConfig& cfg, const ShardDims& d, const StepCapa
   // (the many-token path, kernels/moe_sorted.cuh)
   const size_t sorted_rows = static_cast<size_t>(kernels::moe_align_capacity(
       static_cast<int>(T * topk), static_cast<int>(E), kernels::kMoeGemmTileM));
+  // gate_up also holds the step's rows quantized to e4m3 on the W8A8 expert path (forward.cpp's
+  // moe(); act, with as many bytes as gate_up has elements, holds the e4m3 activations there)
+  const size_t fp8_rows = (fp8_rows_bytes(static_cast<int64_t>(T), static_cast<int>(H)) + 1) / sizeof(bf16);
   const size_t gate_up = std::max({sorted_rows * 2 * d.moe_intermediate, T * 2 * d.intermediate,
-                                   T * 2 * d.shared_intermediate});
+                                   T * 2 * d.shared_intermediate, fp8_rows});
   b.tokens = c.take<int32_t>(T);
   b.positions = c.take<int32_t>(T);
   b.slots = c.take<int32_t>(T);

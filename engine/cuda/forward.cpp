@@ -311,12 +311,14 @@ std::optional<k::MoeCombineParams> moe(const Step& s, const DeviceLayerWeights& 
     // gathered first and each expert is one library GEMM, for which the offsets come to the host
     // (this path is never captured in a graph). Decode steps stay on the grouped decode GEMM,
     // faster at every batch measured (bench/RESULTS.md).
-    if (s.r.wgmma_experts && s.r.w8a8_experts && w8a8_experts(L.w_gate_up, L.w_down)) {
+    const size_t act_bytes = B.gate_up_elems / 2 * sizeof(bf16);
+    if (s.r.wgmma_experts && s.r.w8a8_experts && w8a8_experts(L.w_gate_up, L.w_down) &&
+        fp8_rows_bytes(B.sorted_rows, s.gate_up.n) <= act_bytes) {
       // FP8-block experts as W8A8 on FP8 tensor cores: the tokens' rows quantized per 1 × 128
       // into gate_up (unused on this path), gate+up + SiLU·mul writing e4m3 activations and
       // their scales into act, then down.
       const Fp8Rows x = carve_fp8_rows(B.gate_up, B.gate_up_elems * sizeof(bf16), s.n, s.H);
-      const Fp8Rows act = carve_fp8_rows(B.act, B.gate_up_elems / 2 * sizeof(bf16), B.sorted_rows, s.gate_up.n);
+      const Fp8Rows act = carve_fp8_rows(B.act, act_bytes, B.sorted_rows, s.gate_up.n);
       k::quantize_fp8_rows(B.h, s.n, s.H, k::kWgmmaFp8Group, x.data, x.scales, s.st);
       expert_gemm_wgmma_fp8(s.gemm,
                             {.out = act.data, .out_scales = act.scales, .in = x.data, .in_scales = x.scales,

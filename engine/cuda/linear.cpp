@@ -157,14 +157,23 @@ void expert_gemm_wgmma(const GemmContext& g, kernels::MoeWgmmaParams p, const De
   }
 }
 
+namespace {
+size_t fp8_values_bytes(int64_t rows, int cols) {
+  return (static_cast<size_t>(rows) * cols + 255) / 256 * 256;  // the scales after them stay aligned
+}
+}  // namespace
+
+size_t fp8_rows_bytes(int64_t rows, int cols) {
+  const int64_t groups = (cols + kernels::kWgmmaFp8Group - 1) / kernels::kWgmmaFp8Group;
+  return fp8_values_bytes(rows, cols) + static_cast<size_t>(rows) * groups * sizeof(float);
+}
+
 Fp8Rows carve_fp8_rows(void* buf, size_t bytes, int64_t rows, int cols) {
   MB_CHECK(rows >= 0 && cols > 0, "carve_fp8_rows: bad shape");
-  const int64_t groups = (cols + kernels::kWgmmaFp8Group - 1) / kernels::kWgmmaFp8Group;
-  const size_t data_bytes = (static_cast<size_t>(rows) * cols + 255) / 256 * 256;  // scales stay aligned
-  MB_CHECK(data_bytes + static_cast<size_t>(rows) * groups * sizeof(float) <= bytes,
+  MB_CHECK(fp8_rows_bytes(rows, cols) <= bytes,
            "carve_fp8_rows: the buffer is too small for the e4m3 rows and their scales");
   uint8_t* data = static_cast<uint8_t*>(buf);
-  return {data, reinterpret_cast<float*>(data + data_bytes)};
+  return {data, reinterpret_cast<float*>(data + fp8_values_bytes(rows, cols))};
 }
 
 bool w8a8_experts(const DeviceTensor& gate_up, const DeviceTensor& down) {

@@ -65,6 +65,9 @@ struct Fp8Rows {
   float* scales = nullptr;  ///< [rows, ceil(cols / 128)]
 };
 
+/// Bytes Fp8Rows of [rows, cols] take (the values padded to 256 bytes, then the scales).
+size_t fp8_rows_bytes(int64_t rows, int cols);
+
 /// Lays out Fp8Rows for [rows, cols] in `bytes` bytes at `buf` (Error when they do not fit).
 Fp8Rows carve_fp8_rows(void* buf, size_t bytes, int64_t rows, int cols);
 
