@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The test suite under sanitizers (CPU build, no CUDA); CI's second stage (.ci/run).
 #   asan:      ASan + UBSan over the binaries that take outside input or run threads (INPUT_TESTS:
-#              queue, ingress, service, tokenizer), in build-asan; CI runs this one;
-#   asan-full: ASan + UBSan over every test, in build-asan;
+#              queue, ingress, service, tokenizer), in build-asan;
+#   asan-full: ASan + UBSan over every test, in build-asan; CI's second stage;
 #   tsan:      TSan over the threaded parts (TSAN_TESTS: queue, ingress, service), in build-tsan,
 #              with scripts/tsan.supp (library false positives only, each one explained);
 #   tsan-ci:   TSan over the queue and ingress binaries that need no `moebatch` executable
