@@ -19,6 +19,7 @@
 #include "engine/cuda/cuda_rank.h"
 #include "engine/cuda/device_memory.h"
 #include "engine/cuda/forward.h"
+#include "engine/cuda/linear.h"
 #include "engine/cuda/rank_threads.h"
 #include "engine/cuda/stage_timer.h"
 #include "engine/cuda/step_chunk.h"
@@ -174,9 +175,8 @@ void CudaBackend::init(const std::filesystem::path* model_dir, uint64_t seed) {
   for (int r = 0; r < world; ++r) {
     bool packed = false;
     for (const auto& L : wplans[r].layers) {
-      const WeightFormat f = L.w_gate_up.format;
-      const bool w8a8 = ranks_[r]->w8a8_experts && f == WeightFormat::Fp8Block;
-      packed |= !L.w_gate_up.empty() && f != WeightFormat::Bf16 && !w8a8;
+      const bool w8a8 = ranks_[r]->w8a8_experts && w8a8_experts(L.w_gate_up, L.w_down);
+      packed |= !L.w_gate_up.empty() && L.w_gate_up.format != WeightFormat::Bf16 && !w8a8;
     }
     const int64_t packed_factor = ranks_[r]->wgmma_experts ? 2 : 4;
     ranks_[r]->sorted_moe_min_rows = o.moe_sorted_min_rows_per_expert * (packed ? packed_factor : 1);

@@ -86,7 +86,7 @@ class CudaRank {
   int32_t* host_offsets = nullptr;  ///< pinned [E + 1]: expert offsets of a many-token step
   int64_t sorted_moe_min_rows = 64;  ///< moe_sorted_min_rows_per_expert (×4 for compressed experts)
   bool wgmma_experts = false;        ///< that path's bf16 experts on kernels::moe_wgmma
-  bool w8a8_experts = false;         ///< with wgmma_experts: FP8-block experts on moe_wgmma_fp8
+  bool w8a8_experts = false;         ///< FP8-block experts on moe_wgmma_fp8 (implies wgmma_experts)
   cublasHandle_t cublas = nullptr;  ///< bound to `stream`, fixed workspace
 
  private:

@@ -312,7 +312,7 @@ std::optional<k::MoeCombineParams> moe(const Step& s, const DeviceLayerWeights& 
     // (this path is never captured in a graph). Decode steps stay on the grouped decode GEMM,
     // faster at every batch measured (bench/RESULTS.md).
     const size_t act_bytes = B.gate_up_elems / 2 * sizeof(bf16);
-    if (s.r.wgmma_experts && s.r.w8a8_experts && w8a8_experts(L.w_gate_up, L.w_down) &&
+    if (s.r.w8a8_experts && w8a8_experts(L.w_gate_up, L.w_down) &&
         fp8_rows_bytes(B.sorted_rows, s.gate_up.n) <= act_bytes) {
       // FP8-block experts as W8A8 on FP8 tensor cores: the tokens' rows quantized per 1 × 128
       // into gate_up (unused on this path), gate+up + SiLU·mul writing e4m3 activations and

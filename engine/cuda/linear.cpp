@@ -176,13 +176,26 @@ Fp8Rows carve_fp8_rows(void* buf, size_t bytes, int64_t rows, int cols) {
   return {data, reinterpret_cast<float*>(data + fp8_values_bytes(rows, cols))};
 }
 
-bool w8a8_experts(const DeviceTensor& gate_up, const DeviceTensor& down) {
-  auto fits = [](const DeviceTensor& w, int64_t out_cols) {
+namespace {
+// The rule behind both w8a8_experts overloads: it reads only shape, format and group, which a
+// plan and the tensor loaded from it share.
+template <class Tensor>
+bool w8a8_stacks(const Tensor& gate_up, const Tensor& down) {
+  auto fits = [](const Tensor& w, int64_t out_cols) {
     return w.shape.size() == 3 && w.format == WeightFormat::Fp8Block &&
            w.group == kernels::kWgmmaFp8Group && w.shape[2] % 16 == 0 && out_cols % 16 == 0;
   };
   return !gate_up.empty() && !down.empty() && fits(gate_up, gate_up.shape[1] / 2) &&
          fits(down, down.shape[1]);
+}
+}  // namespace
+
+bool w8a8_experts(const DeviceTensor& gate_up, const DeviceTensor& down) {
+  return w8a8_stacks(gate_up, down);
+}
+
+bool w8a8_experts(const TensorPlan& gate_up, const TensorPlan& down) {
+  return w8a8_stacks(gate_up, down);
 }
 
 void expert_gemm_wgmma_fp8(const GemmContext& g, kernels::MoeWgmmaFp8Params p, const DeviceTensor& w) {

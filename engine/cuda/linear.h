@@ -75,6 +75,8 @@ Fp8Rows carve_fp8_rows(void* buf, size_t bytes, int64_t rows, int cols);
 /// (expert_gemm_wgmma_fp8): both stacks FP8 blocks of kernels::kWgmmaFp8Group inputs, with
 /// sizes the kernel takes (k and output columns multiples of 16).
 bool w8a8_experts(const DeviceTensor& gate_up, const DeviceTensor& down);
+/// The same decided on a layer's weight plan, before anything is loaded.
+bool w8a8_experts(const TensorPlan& gate_up, const TensorPlan& down);
 
 /// expert_gemm_wgmma for FP8-block experts and e4m3 activations (kernels::moe_wgmma_fp8): `p`
 /// has every operand but the weights and their scales, taken from `w` [E, n, k].

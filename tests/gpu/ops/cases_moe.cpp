@@ -644,17 +644,20 @@ class SortedExpertGemmCase final : public OpCase {
   }
   static int groups(int cols) { return (cols + kernels::kWgmmaFp8Group - 1) / kernels::kWgmmaFp8Group; }
 
-  // The e4m3 input rows as the kernel reads them, decoded: code · scale of its 128-group.
-  std::vector<float> decoded_rows() const {
-    const std::vector<uint8_t> q = in_q_.download<uint8_t>();
-    const std::vector<float> sc = in_s_.download<float>();
-    std::vector<float> x(q.size());
-    const int K = k(), G = groups(K);
-    parallel_for(static_cast<size_t>(in_rows()), [&](size_t r) {
-      for (int c = 0; c < K; ++c)
-        x[r * K + c] = fp8_e4m3_to_f32(q[r * K + c]) * sc[r * G + c / kernels::kWgmmaFp8Group];
+  // The first `rows` rows of e4m3 codes [.., cols] with a scale per row and 128-group, decoded.
+  static std::vector<float> decode_e4m3(const std::vector<uint8_t>& q, const std::vector<float>& sc, size_t rows,
+                                        int cols) {
+    std::vector<float> x(rows * cols);
+    const int G = groups(cols);
+    parallel_for(rows, [&](size_t r) {
+      for (int c = 0; c < cols; ++c)
+        x[r * cols + c] = fp8_e4m3_to_f32(q[r * cols + c]) * sc[r * G + c / kernels::kWgmmaFp8Group];
     });
     return x;
+  }
+  // The e4m3 input rows as the kernel reads them, decoded.
+  std::vector<float> decoded_rows() const {
+    return decode_e4m3(in_q_.download<uint8_t>(), in_s_.download<float>(), static_cast<size_t>(in_rows()), k());
   }
   std::vector<float> decoded_weights() const {
     const int64_t rows = static_cast<int64_t>(s_.experts) * n(), K = k();
@@ -670,15 +673,13 @@ class SortedExpertGemmCase final : public OpCase {
     const std::vector<uint8_t> q = out_q_.download<uint8_t>();
     const std::vector<float> sc = out_s_.download<float>();
     const int cols = out_cols(), G = groups(cols);
-    std::vector<float> got(ref.size());
+    const std::vector<float> got = decode_e4m3(q, sc, static_cast<size_t>(total), cols);
     std::vector<double> scale_ref(static_cast<size_t>(total) * G);
     for (size_t r = 0; r < static_cast<size_t>(total); ++r)
       for (int g = 0; g < G; ++g) {
         double amax = 0;
-        for (int i = g * kernels::kWgmmaFp8Group; i < std::min(cols, (g + 1) * kernels::kWgmmaFp8Group); ++i) {
-          got[r * cols + i] = fp8_e4m3_to_f32(q[r * cols + i]) * sc[r * G + g];
+        for (int i = g * kernels::kWgmmaFp8Group; i < std::min(cols, (g + 1) * kernels::kWgmmaFp8Group); ++i)
           amax = std::max(amax, std::fabs(ref[r * cols + i]));
-        }
         scale_ref[r * G + g] = amax > 0 ? amax / 448.0 : 1.0;
       }
     c.rel_l2("expert rows (e4m3 decoded)", got, ref, 0.04);
