@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "kernels/types.cuh"
+
 namespace moebatch::kernels {
 
 /// Row tile m of a launch: expert `expert`'s rows [row0, row0 + rows), rows ≤ the tile height.
@@ -42,6 +44,48 @@ __device__ bool find_moe_tile(const int32_t* off, int experts, int m, MoeTile& t
     before += __shfl_sync(~0u, incl, 31);
   }
   return false;
+}
+
+/// Every thread of the block: the block's row tile m (find_moe_tile on warp 0, handed to all
+/// through shared memory); false past the last one, the same for every thread.
+template <int kBM>
+__device__ bool block_moe_tile(const int32_t* off, int experts, int m, MoeTile& t) {
+  __shared__ MoeTile tile;
+  __shared__ int found;
+  if (threadIdx.x < 32) {
+    const bool f = find_moe_tile<kBM>(off, experts, m, tile);
+    if (threadIdx.x == 0) found = f;
+  }
+  __syncthreads();
+  t = tile;
+  return found != 0;
+}
+
+/// Accumulators of a 64 × 256 wgmma slab (kernels/wgmma.cuh layout; this thread's rows r and
+/// r + 8, columns 8j + c and 8j + c + 1) rounded to bf16 into a shared-memory tile of `pitch`
+/// elements per row.
+__device__ __forceinline__ void stage_bf16_slab(const float (&acc)[128], bf16* tile, int pitch, int r, int c) {
+#pragma unroll
+  for (int j = 0; j < 32; ++j) {
+    *reinterpret_cast<__nv_bfloat162*>(&tile[r * pitch + 8 * j + c]) = __floats2bfloat162_rn(acc[4 * j], acc[4 * j + 1]);
+    *reinterpret_cast<__nv_bfloat162*>(&tile[(r + 8) * pitch + 8 * j + c]) =
+        __floats2bfloat162_rn(acc[4 * j + 2], acc[4 * j + 3]);
+  }
+}
+
+/// All threads of the block: a staged output tile (shared memory, `pitch` bytes per row) to rows
+/// [row0, row0 + rows) of `out` (`out_pitch` bytes per row), bytes [col0, col0 + tile_bytes) of
+/// each, 16 bytes per store; bytes at or past `out_bytes` (the row's width) are not written.
+template <int kRows, int kThreads>
+__device__ void store_tile(const uint8_t* tile, int pitch, uint8_t* out, size_t out_pitch, int row0, int rows,
+                           int col0, int tile_bytes, int out_bytes) {
+  const int chunks = tile_bytes / 16;
+  for (int i = threadIdx.x; i < kRows * chunks; i += kThreads) {
+    const int row = i / chunks, col = (i % chunks) * 16;
+    if (row < rows && col0 + col < out_bytes)
+      *reinterpret_cast<uint4*>(out + static_cast<size_t>(row0 + row) * out_pitch + col0 + col) =
+          *reinterpret_cast<const uint4*>(tile + row * pitch + col);
+  }
 }
 
 /// Row tiles a launch over `rows_cap` sorted rows and `experts` experts must cover:

@@ -1,8 +1,10 @@
 // Grouped expert GEMM on wgmma (kernels/moe_wgmma.cuh). One block computes a 128-row × 256-column
 // tile of one expert's output: two warpgroups, each a 64-row slab, share the 256 weight rows.
-// k moves through a 4-stage cp.async pipeline of 64-wide slices laid out with the 128-byte
-// swizzle wgmma reads (kernels/wgmma.cuh); the block prefetches two slices ahead of the one its
-// tensor cores work on while the previous slice's MMAs may still run. The epilogue stages the
+// k moves through a 4-stage pipeline of 64-wide slices laid out with the 128-byte swizzle wgmma
+// reads (kernels/wgmma.cuh): the weight tile by TMA (one thread, two 128-row boxes), the A rows
+// by every thread's cp.async, each stage's arrival and release tracked by mbarriers, so the two
+// warpgroups never meet at a block barrier inside the loop; a slice's MMAs overlap the next
+// slice's, and slices are fetched three ahead. The epilogue stages the
 // tile in shared memory so that every row leaves in 16-byte stores. With sorted_ids the A rows
 // come straight from the tokens' rows (the gather of the gate+up stage, fused).
 //
@@ -15,6 +17,7 @@
 #include "kernels/cuda_check.cuh"
 #include "kernels/device_common.cuh"
 #include "kernels/moe_tiles.cuh"
+#include "kernels/tensor_map.cuh"
 #if MOEBATCH_WGMMA
 #include "kernels/wgmma.cuh"
 #endif
@@ -25,7 +28,7 @@ namespace {
 constexpr int kBM = 128;     // rows per block: one 64-row slab per warpgroup
 constexpr int kBN = 256;     // weight rows per block (gate+up: 128 gate rows and the same 128 up rows)
 constexpr int kBK = 64;      // k per stage: one 128-byte swizzled row
-constexpr int kStages = 4;   // slots: computing, draining (previous MMAs), two in flight
+constexpr int kStages = 4;   // slots: computing, two landing, one refilled once the MMAs before it end
 constexpr int kThreads = 256;
 constexpr int kATile = kBM * kBK * 2;  // bytes; multiples of 1024 keep every tile aligned
 constexpr int kBTile = kBN * kBK * 2;
@@ -37,38 +40,22 @@ static_assert(kBM * kOutPitch * 2 <= kStages * kStageBytes, "the output tile reu
 #if MOEBATCH_WGMMA
 
 template <bool kSilu>
-__global__ void __launch_bounds__(kThreads, 1) moe_wgmma_kernel(MoeWgmmaParams p, int n_tiles) {
+__global__ void __launch_bounds__(kThreads, 1)
+    moe_wgmma_kernel(MoeWgmmaParams p, int n_tiles, const __grid_constant__ CUtensorMap weight_map) {
   extern __shared__ uint8_t smem_raw[];
-  __shared__ MoeTile tile;
-  __shared__ int found;
   const int m = static_cast<int>(blockIdx.x / n_tiles), n_tile = static_cast<int>(blockIdx.x % n_tiles);
-  if (threadIdx.x < 32) {
-    const bool f = find_moe_tile<kBM>(p.expert_offsets, p.num_experts, m, tile);
-    if (threadIdx.x == 0) found = f;
-  }
-  __syncthreads();
-  if (!found) return;
-  const MoeTile t = tile;
+  MoeTile t;
+  if (!block_moe_tile<kBM>(p.expert_offsets, p.num_experts, m, t)) return;
 
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   const int wg = threadIdx.x >> 7;  // warpgroup: rows [64·wg, 64·wg + 64) of the tile
   const int half = p.n / 2;         // kSilu: gate rows [0, half), up rows [half, n)
-  const bf16* w_expert = p.weight + static_cast<size_t>(t.expert) * p.n * p.k;
-
-  // Weight row of tile row r (0..kBN-1), -1 past the expert's rows.
-  auto weight_row = [&](int r) {
-    if constexpr (kSilu) {
-      const int c = n_tile * (kBN / 2) + (r & (kBN / 2 - 1));
-      return c < half ? (r < kBN / 2 ? c : half + c) : -1;
-    } else {
-      const int c = n_tile * kBN + r;
-      return c < p.n ? c : -1;
-    }
-  };
-
-  // Each thread copies 16-byte chunk (threadIdx.x % 8) of rows threadIdx.x / 8 + 32·i; a_src[i]
-  // is the row of `in` that A row i holds, -1 for zeros (past the segment, padding pairs).
+  // Each thread copies 16-byte chunk (threadIdx.x % 8) of A's tile rows threadIdx.x / 8 + 32·i;
+  // a_src[i] is the row of `in` that A row i holds, -1 for zeros (past the segment, padding
+  // pairs). Thread 0 has the weight tile brought by TMA: two boxes of 128 rows (the gate and the
+  // up rows with SiLU). Rows a box reads past the expert's own (a partial last tile) only feed
+  // output columns that are never stored.
   const int chunk = threadIdx.x & 7, row_in_pass = threadIdx.x >> 3;
   int a_src[kBM / 32];
 #pragma unroll
@@ -82,25 +69,35 @@ __global__ void __launch_bounds__(kThreads, 1) moe_wgmma_kernel(MoeWgmmaParams p
       if (real && p.row_of_pair && n_tile == 0 && chunk == 0) p.row_of_pair[id] = row;
     }
   }
-  auto load_stage = [&](int slot, int kt) {
-    const int col = kt * kBK + chunk * 8;
+  const int expert_row0 = t.expert * p.n;  // the expert's first row in the weight map
+  const int box_row[2] = {expert_row0 + (kSilu ? n_tile * (kBN / 2) : n_tile * kBN),
+                          expert_row0 + (kSilu ? half + n_tile * (kBN / 2) : n_tile * kBN + kBN / 2)};
+
+  // Pacing (as kernels/moe_wgmma_fp8.cu): full[s] completes when every thread's cp.async into
+  // slot s has landed and the TMA bytes have come; empty[s] when both warpgroups' MMAs on slot s
+  // are done. No block-wide barrier in the loop: each warpgroup waits only for its data and for
+  // the slot it refills.
+  __shared__ __align__(8) uint64_t bars[2 * kStages];  // full[0..kStages), empty[0..kStages)
+  const uint32_t full0 = static_cast<uint32_t>(__cvta_generic_to_shared(&bars[0]));
+  const uint32_t empty0 = full0 + kStages * 8;
+  wgmma::init_pipeline_barriers<kStages, kThreads>(full0, empty0);
+
+  auto load_stage = [&](int kt) {
+    const int slot = kt % kStages, col = kt * kBK + chunk * 8;
+    if (threadIdx.x == 0) {
+      const uint32_t bar = full0 + slot * 8, b_tile = smem_addr + slot * kStageBytes + kATile;
+      wgmma::mbarrier_arrive_expect_tx(bar, kBTile);
+      wgmma::tma_load_2d(b_tile, &weight_map, kt * kBK, box_row[0], bar);
+      wgmma::tma_load_2d(b_tile + kBTile / 2, &weight_map, kt * kBK, box_row[1], bar);
+    }
     uint8_t* a_tile = smem + slot * kStageBytes;
-    uint8_t* b_tile = a_tile + kATile;
 #pragma unroll
     for (int i = 0; i < kBM / 32; ++i) {
-      const int r = row_in_pass + 32 * i;
       const bool ok = col < p.k && a_src[i] >= 0;
       const bf16* src = ok ? p.in + static_cast<size_t>(a_src[i]) * p.k + col : p.in;
-      cp_async16(a_tile + wgmma::sw128_offset(r, chunk), src, ok ? 16 : 0);
+      cp_async16(a_tile + wgmma::sw128_offset(row_in_pass + 32 * i, chunk), src, ok ? 16 : 0);
     }
-#pragma unroll
-    for (int i = 0; i < kBN / 32; ++i) {
-      const int r = row_in_pass + 32 * i;
-      const int wr = weight_row(r);
-      const bool ok = col < p.k && wr >= 0;
-      const bf16* src = ok ? w_expert + static_cast<size_t>(wr) * p.k + col : p.weight;
-      cp_async16(b_tile + wgmma::sw128_offset(r, chunk), src, ok ? 16 : 0);
-    }
+    wgmma::cp_async_mbarrier_arrive(full0 + slot * 8);
   };
 
   float acc[128];
@@ -108,25 +105,18 @@ __global__ void __launch_bounds__(kThreads, 1) moe_wgmma_kernel(MoeWgmmaParams p
   for (int i = 0; i < 128; ++i) acc[i] = 0.f;
 
   const int kt_count = (p.k + kBK - 1) / kBK;
-  // Prologue: slices 0 and 1 in flight. Every iteration commits one group (possibly empty), so
-  // "all but the newest group done" always means "slice kt has landed".
+  // Slices kStages - 1 ahead. Iteration kt issues slice kt's MMAs, waits for slice kt - 1's
+  // (wait<1>: kt's may still run), releases that slot, then refills it with slice kt + 3.
 #pragma unroll
-  for (int s = 0; s < kStages - 2; ++s) {
-    if (s < kt_count) load_stage(s, s);
-    cp_async_commit();
-  }
+  for (int s = 0; s < kStages - 1; ++s)
+    if (s < kt_count) load_stage(s);
   for (int kt = 0; kt < kt_count; ++kt) {
-    cp_async_wait<kStages - 3>();
-    // This thread's copies of slice kt become visible to the tensor cores (async proxy), and
-    // after the barrier everyone's are; every warpgroup has also finished slice kt - 2's MMAs
-    // (wait<1> below), so its slot can be refilled.
+    const int slot = kt % kStages;
+    wgmma::mbarrier_wait(full0 + slot * 8, (kt / kStages) & 1);
+    // A's copies were made by the generic proxy; the tensor cores read through the async one
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    __syncthreads();
-    if (kt + kStages - 2 < kt_count) load_stage((kt + kStages - 2) % kStages, kt + kStages - 2);
-    cp_async_commit();
-
-    const uint32_t a_addr = smem_addr + (kt % kStages) * kStageBytes + wg * (kATile / 2);
-    const uint32_t b_addr = smem_addr + (kt % kStages) * kStageBytes + kATile;
+    const uint32_t a_addr = smem_addr + slot * kStageBytes + wg * (kATile / 2);
+    const uint32_t b_addr = smem_addr + slot * kStageBytes + kATile;
 #pragma unroll
     for (int i = 0; i < 128; ++i) wgmma::fence_operand(acc[i]);
     wgmma::fence();
@@ -137,12 +127,17 @@ __global__ void __launch_bounds__(kThreads, 1) moe_wgmma_kernel(MoeWgmmaParams p
 #pragma unroll
     for (int i = 0; i < 128; ++i) wgmma::fence_operand(acc[i]);
     wgmma::wait<1>();
+    if (kt > 0) wgmma::mbarrier_arrive(empty0 + ((kt - 1) % kStages) * 8);
+    const int next = kt + kStages - 1;
+    if (next < kt_count) {
+      if (next >= kStages) wgmma::mbarrier_wait(empty0 + (next % kStages) * 8, (next / kStages - 1) & 1);
+      load_stage(next);
+    }
   }
   wgmma::wait<0>();
 #pragma unroll
   for (int i = 0; i < 128; ++i) wgmma::fence_operand(acc[i]);
-  cp_async_wait<0>();
-  __syncthreads();  // every warpgroup is done with the stages: they hold the output tile now
+  __syncthreads();  // every warpgroup is done with the stages (all copies landed): they hold the output tile now
 
   // Accumulators → bf16 tile in shared memory (layout: kernels/wgmma.cuh), then 16-byte rows out.
   bf16* out_tile = reinterpret_cast<bf16*>(smem);
@@ -159,23 +154,13 @@ __global__ void __launch_bounds__(kThreads, 1) moe_wgmma_kernel(MoeWgmmaParams p
           __floats2bfloat162_rn(g[2] / (1.f + expf(-g[2])) * u[2], g[3] / (1.f + expf(-g[3])) * u[3]);
     }
   } else {
-#pragma unroll
-    for (int j = 0; j < kBN / 8; ++j) {
-      *reinterpret_cast<__nv_bfloat162*>(&out_tile[r * kOutPitch + 8 * j + c]) =
-          __floats2bfloat162_rn(acc[4 * j], acc[4 * j + 1]);
-      *reinterpret_cast<__nv_bfloat162*>(&out_tile[(r + 8) * kOutPitch + 8 * j + c]) =
-          __floats2bfloat162_rn(acc[4 * j + 2], acc[4 * j + 3]);
-    }
+    stage_bf16_slab(acc, out_tile, kOutPitch, r, c);
   }
   __syncthreads();
   const int tile_cols = kSilu ? kBN / 2 : kBN, out_cols = kSilu ? half : p.n;
-  const int col0 = n_tile * tile_cols, chunks_per_row = tile_cols / 8;
-  for (int i = threadIdx.x; i < kBM * chunks_per_row; i += kThreads) {
-    const int row = i / chunks_per_row, col = (i % chunks_per_row) * 8;
-    if (row < t.rows && col0 + col < out_cols)
-      *reinterpret_cast<uint4*>(p.out + static_cast<size_t>(t.row0 + row) * out_cols + col0 + col) =
-          *reinterpret_cast<const uint4*>(&out_tile[row * kOutPitch + col]);
-  }
+  store_tile<kBM, kThreads>(reinterpret_cast<const uint8_t*>(out_tile), kOutPitch * 2, reinterpret_cast<uint8_t*>(p.out),
+                            static_cast<size_t>(out_cols) * 2, t.row0, t.rows, n_tile * tile_cols * 2, tile_cols * 2,
+                            out_cols * 2);
 }
 
 template <bool kSilu>
@@ -184,7 +169,9 @@ void launch(const MoeWgmmaParams& p, cudaStream_t stream) {
   const int n_tiles = (out_cols + tile_cols - 1) / tile_cols;
   const int64_t blocks = moe_row_tiles_bound(p.rows_cap, p.num_experts, kBM) * n_tiles;
   MB_CHECK(blocks < (int64_t{1} << 31), "moe_wgmma: too many tiles");
-  moe_wgmma_kernel<kSilu><<<static_cast<unsigned>(blocks), kThreads, kSmemBytes, stream>>>(p, n_tiles);
+  MB_CHECK(static_cast<int64_t>(p.num_experts) * p.n < (int64_t{1} << 31), "moe_wgmma: too many weight rows");
+  const CUtensorMap map = tensor_map_2d(p.weight, TmaElement::Bf16, static_cast<int64_t>(p.num_experts) * p.n, p.k, kBN / 2);
+  moe_wgmma_kernel<kSilu><<<static_cast<unsigned>(blocks), kThreads, kSmemBytes, stream>>>(p, n_tiles, map);
   CUDA_CHECK_LAST();
 }
 

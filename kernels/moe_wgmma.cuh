@@ -55,6 +55,10 @@ struct MoeWgmmaFp8Params {
   const float* in_scales = nullptr;      ///< [.., ceil(k / 128)], the rows of `in`
   const uint8_t* weight = nullptr;       ///< e4m3 [num_experts, n, k]
   const float* weight_scales = nullptr;  ///< [num_experts · n, ceil(k / 128)] (per weight row)
+  /// Weight rows sharing each scale, aligned from row 0: 1, or 128 (FP8 checkpoints' 128 × 128
+  /// blocks; DeviceTensor::scale_rows says which) for one scale per 128-column half-tile and
+  /// stage, a cheaper promotion (taken when n, and n / 2 with SiLU, are multiples of 128)
+  int weight_scale_rows = 1;
   const int32_t* expert_offsets = nullptr;  ///< [num_experts + 1] from moe_align (device)
   int num_experts = 0;
   int n = 0;  ///< weight rows per expert; silu_gate_up: gate rows [0, n/2), up rows [n/2, n)

@@ -22,6 +22,7 @@
 #include "kernels/device_common.cuh"
 #include "kernels/moe_tiles.cuh"
 #include "kernels/moe_wgmma.cuh"
+#include "kernels/tensor_map.cuh"
 #if MOEBATCH_WGMMA
 #include "kernels/wgmma.cuh"
 #endif
@@ -53,27 +54,21 @@ __device__ __forceinline__ uint8_t to_e4m3(float v) {
   return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
 }
 
-template <bool kSilu>
-__global__ void __launch_bounds__(kThreads, 1) moe_wgmma_fp8_kernel(MoeWgmmaFp8Params p, int n_tiles) {
+// kBlockScales: the weight scales are uniform over aligned 128-row blocks (weight_scale_rows 128
+// and the launcher's alignment checks), so each half-tile has one weight scale per stage.
+template <bool kSilu, bool kBlockScales>
+__global__ void __launch_bounds__(kThreads, 1)
+    moe_wgmma_fp8_kernel(MoeWgmmaFp8Params p, int n_tiles, const __grid_constant__ CUtensorMap weight_map) {
   extern __shared__ uint8_t smem_raw[];
-  __shared__ MoeTile tile;
-  __shared__ int found;
   const int m = static_cast<int>(blockIdx.x / n_tiles), n_tile = static_cast<int>(blockIdx.x % n_tiles);
-  if (threadIdx.x < 32) {
-    const bool f = find_moe_tile<kBM>(p.expert_offsets, p.num_experts, m, tile);
-    if (threadIdx.x == 0) found = f;
-  }
-  __syncthreads();
-  if (!found) return;
-  const MoeTile t = tile;
-
+  MoeTile t;
+  if (!block_moe_tile<kBM>(p.expert_offsets, p.num_experts, m, t)) return;
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   float* scale_smem = reinterpret_cast<float*>(smem + kTileBytes);  // [kStages][kBM + kBN]
   const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   const int wg = threadIdx.x >> 7;  // warpgroup: rows [64·wg, 64·wg + 64) of the tile
   const int half = p.n / 2;         // kSilu: gate rows [0, half), up rows [half, n)
   const int k_groups = (p.k + kBK - 1) / kBK;
-  const uint8_t* w_expert = p.weight + static_cast<size_t>(t.expert) * p.n * p.k;
   const float* ws_expert = p.weight_scales + static_cast<size_t>(t.expert) * p.n * k_groups;
 
   // Weight row of tile row r (0..kBN-1), -1 past the expert's rows.
@@ -95,60 +90,60 @@ __global__ void __launch_bounds__(kThreads, 1) moe_wgmma_fp8_kernel(MoeWgmmaFp8P
     return id >= 0 && id < p.num_pairs ? id / p.in_row_div : -1;
   };
 
-  // Each thread copies 16-byte chunk (threadIdx.x % 8) of tile rows threadIdx.x / 8 + 32·i
-  // (A: i < 4, B: i < 8), the scale of tile row threadIdx.x (threads < kBM) and that of weight
-  // row weight_row(threadIdx.x). B's tile rows i and i + 4 are weight rows 128 apart, or gate
-  // and up rows `half` apart.
+  // Each thread copies 16-byte chunk (threadIdx.x % 8) of A's tile rows threadIdx.x / 8 + 32·i,
+  // the scale of tile row threadIdx.x (threads < kBM) and that of weight row
+  // weight_row(threadIdx.x) (0 past the expert's rows, which zeroes their columns); thread 0 has
+  // the weight tile brought by TMA, two boxes of 128 rows (gate and up rows with SiLU).
   const int chunk = threadIdx.x & 7, row_in_pass = threadIdx.x >> 3;
   int a_src[kBM / 32];
 #pragma unroll
   for (int i = 0; i < kBM / 32; ++i) a_src[i] = source_row(row_in_pass + 32 * i);
-  unsigned b_ok = 0;
-#pragma unroll
-  for (int i = 0; i < kBN / 32; ++i) b_ok |= (weight_row(row_in_pass + 32 * i) >= 0 ? 1u : 0u) << i;
-  const uint8_t* b_src = w_expert + static_cast<size_t>(max(weight_row(row_in_pass), 0)) * p.k + chunk * 16;
-  const size_t b_step = static_cast<size_t>(32) * p.k, b_far = static_cast<size_t>(kSilu ? half : 128) * p.k;
   const int scale_src = threadIdx.x < kBM ? source_row(threadIdx.x) : -1;
-  const int scale_wrow = weight_row(threadIdx.x);
+  // per-row scales: weight row weight_row(threadIdx.x); block scales: threads 0 and 1 take the
+  // first row of half 0 and 1
+  const int scale_wrow = kBlockScales ? (threadIdx.x < 2 ? weight_row(threadIdx.x * kHalf) : -1) : weight_row(threadIdx.x);
   const float* sa_src = scale_src >= 0 ? p.in_scales + static_cast<size_t>(scale_src) * k_groups : nullptr;
   const float* sb_src = scale_wrow >= 0 ? ws_expert + static_cast<size_t>(scale_wrow) * k_groups : nullptr;
+  const int expert_row0 = t.expert * p.n;  // the expert's first row in the weight map
+  const int box_row[2] = {expert_row0 + (kSilu ? n_tile * kHalf : n_tile * kBN),
+                          expert_row0 + (kSilu ? half + n_tile * kHalf : n_tile * kBN + kHalf)};
   if (p.sorted_ids && p.row_of_pair && n_tile == 0 && threadIdx.x < t.rows) {
     const int id = p.sorted_ids[t.row0 + threadIdx.x];
     if (id >= 0 && id < p.num_pairs) p.row_of_pair[id] = t.row0 + threadIdx.x;
   }
 
   // Pacing: full[s] completes when every thread's copies into slot s have landed (one arrival
-  // per thread, made by the copies themselves); empty[s] when every thread has finished reading
-  // slot s (its MMAs waited for, its scales read). A warpgroup waits only for what it reads and
-  // for the slot it refills, so the two drift apart by up to a stage: one promotes on the CUDA
-  // cores while the other's MMAs run, which a block-wide barrier per stage would forbid.
+  // per thread, made by the copies themselves, and thread 0's for the TMA bytes); empty[s] when
+  // every thread has finished reading slot s (its MMAs waited for, its scales read). A warpgroup
+  // waits only for what it reads and for the slot it refills, so the two drift apart by up to a
+  // stage: one promotes on the CUDA cores while the other's MMAs run.
   __shared__ __align__(8) uint64_t bars[2 * kStages];  // full[0..kStages), empty[0..kStages)
   const uint32_t full0 = static_cast<uint32_t>(__cvta_generic_to_shared(&bars[0]));
   const uint32_t empty0 = full0 + kStages * 8;
-  if (threadIdx.x == 0)
-    for (int i = 0; i < 2 * kStages; ++i) wgmma::mbarrier_init(full0 + i * 8, kThreads);
-  __syncthreads();
+  wgmma::init_pipeline_barriers<kStages, kThreads>(full0, empty0);
 
   auto load_stage = [&](int kt) {
     const int slot = kt % kStages, col = kt * kBK + chunk * 16;
-    const bool in_k = col < p.k;
     uint8_t* a_tile = smem + slot * kStageBytes;
-    uint8_t* b_tile = a_tile + kATile;
+    if (threadIdx.x == 0) {
+      const uint32_t bar = full0 + slot * 8, b_tile = smem_addr + slot * kStageBytes + kATile;
+      wgmma::mbarrier_arrive_expect_tx(bar, kBTile);
+      wgmma::tma_load_2d(b_tile, &weight_map, kt * kBK, box_row[0], bar);
+      wgmma::tma_load_2d(b_tile + kHalf * kBK, &weight_map, kt * kBK, box_row[1], bar);
+    }
 #pragma unroll
     for (int i = 0; i < kBM / 32; ++i) {
-      const bool ok = in_k && a_src[i] >= 0;
+      const bool ok = col < p.k && a_src[i] >= 0;
       const uint8_t* src = ok ? p.in + static_cast<size_t>(a_src[i]) * p.k + col : p.in;
       cp_async16(a_tile + wgmma::sw128_offset(row_in_pass + 32 * i, chunk), src, ok ? 16 : 0);
     }
-#pragma unroll
-    for (int i = 0; i < kBN / 32; ++i) {
-      const bool ok = in_k && (b_ok >> i & 1u);
-      const uint8_t* src = ok ? b_src + (i & 3) * b_step + (i >> 2) * b_far + kt * kBK : p.weight;
-      cp_async16(b_tile + wgmma::sw128_offset(row_in_pass + 32 * i, chunk), src, ok ? 16 : 0);
-    }
     float* scales = scale_smem + slot * (kBM + kBN);
     if (threadIdx.x < kBM) cp_async4(&scales[threadIdx.x], sa_src ? sa_src + kt : p.in_scales, sa_src ? 4 : 0);
-    cp_async4(&scales[kBM + threadIdx.x], sb_src ? sb_src + kt : p.weight_scales, sb_src ? 4 : 0);
+    if constexpr (kBlockScales) {
+      if (threadIdx.x < 2) cp_async4(&scales[kBM + threadIdx.x], sb_src ? sb_src + kt : p.weight_scales, sb_src ? 4 : 0);
+    } else {
+      cp_async4(&scales[kBM + threadIdx.x], sb_src ? sb_src + kt : p.weight_scales, sb_src ? 4 : 0);
+    }
     wgmma::cp_async_mbarrier_arrive(full0 + slot * 8);
   };
 
@@ -156,10 +151,10 @@ __global__ void __launch_bounds__(kThreads, 1) moe_wgmma_fp8_kernel(MoeWgmmaFp8P
   const int lane = threadIdx.x & 31;
   const int r0 = wg * 64 + ((threadIdx.x & 127) >> 5) * 16 + (lane >> 2), c0 = 2 * (lane & 3);
 
-  float acc[2][64];  // [column half][wgmma layout]
+  float acc[128];    // wgmma layout of a 64 × 256 slab: half h's sums at [64h, 64h + 64)
   float part[64];    // one half's sums over one stage
 #pragma unroll
-  for (int i = 0; i < 64; ++i) acc[0][i] = acc[1][i] = part[i] = 0.f;
+  for (int i = 0; i < 64; ++i) acc[i] = acc[64 + i] = part[i] = 0.f;
 
   // Slices kStages - 1 ahead: slice kt + kStages - 1 goes into the slot slice kt - 1 used, once
   // both warpgroups are done with it.
@@ -195,13 +190,24 @@ __global__ void __launch_bounds__(kThreads, 1) moe_wgmma_fp8_kernel(MoeWgmmaFp8P
 #pragma unroll
       for (int i = 0; i < 64; ++i) wgmma::fence_operand(part[i]);
       // promotion: this stage's sums times the row scale and the weight row's scale
+      if constexpr (kBlockScales) {
+        const float sb = scales[kBM + h], s0 = sa0 * sb, s1 = sa1 * sb;
 #pragma unroll
-      for (int j = 0; j < kHalf / 8; ++j) {
-        const float2 sb = *reinterpret_cast<const float2*>(&scales[kBM + h * kHalf + 8 * j + c0]);
-        acc[h][4 * j + 0] = fmaf(part[4 * j + 0], sa0 * sb.x, acc[h][4 * j + 0]);
-        acc[h][4 * j + 1] = fmaf(part[4 * j + 1], sa0 * sb.y, acc[h][4 * j + 1]);
-        acc[h][4 * j + 2] = fmaf(part[4 * j + 2], sa1 * sb.x, acc[h][4 * j + 2]);
-        acc[h][4 * j + 3] = fmaf(part[4 * j + 3], sa1 * sb.y, acc[h][4 * j + 3]);
+        for (int j = 0; j < kHalf / 8; ++j) {
+          acc[64 * h + 4 * j + 0] = fmaf(part[4 * j + 0], s0, acc[64 * h + 4 * j + 0]);
+          acc[64 * h + 4 * j + 1] = fmaf(part[4 * j + 1], s0, acc[64 * h + 4 * j + 1]);
+          acc[64 * h + 4 * j + 2] = fmaf(part[4 * j + 2], s1, acc[64 * h + 4 * j + 2]);
+          acc[64 * h + 4 * j + 3] = fmaf(part[4 * j + 3], s1, acc[64 * h + 4 * j + 3]);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < kHalf / 8; ++j) {
+          const float2 sb = *reinterpret_cast<const float2*>(&scales[kBM + h * kHalf + 8 * j + c0]);
+          acc[64 * h + 4 * j + 0] = fmaf(part[4 * j + 0], sa0 * sb.x, acc[64 * h + 4 * j + 0]);
+          acc[64 * h + 4 * j + 1] = fmaf(part[4 * j + 1], sa0 * sb.y, acc[64 * h + 4 * j + 1]);
+          acc[64 * h + 4 * j + 2] = fmaf(part[4 * j + 2], sa1 * sb.x, acc[64 * h + 4 * j + 2]);
+          acc[64 * h + 4 * j + 3] = fmaf(part[4 * j + 3], sa1 * sb.y, acc[64 * h + 4 * j + 3]);
+        }
       }
     }
     wgmma::mbarrier_arrive(empty0 + slot * 8);
@@ -211,11 +217,14 @@ __global__ void __launch_bounds__(kThreads, 1) moe_wgmma_fp8_kernel(MoeWgmmaFp8P
   if constexpr (kSilu) {
     // silu(gate)·up, then per row of this tile's 128 output columns (one scale group, held by
     // the 4 lanes of a quad) amax → scale → e4m3 codes, staged as bytes and stored 16 at a time.
+    // Columns past `half` (a partial last tile) hold what the gate box read past the gate rows:
+    // zero them before they reach the group's amax.
     float v[64], amax0 = 0.f, amax1 = 0.f;
 #pragma unroll
     for (int i = 0; i < 64; ++i) {
-      const float g = acc[0][i];
-      v[i] = g / (1.f + expf(-g)) * acc[1][i];
+      const float g = acc[i];
+      const bool real = n_tile * kHalf + 8 * (i / 4) + c0 + (i & 1) < half;
+      v[i] = real ? g / (1.f + expf(-g)) * acc[64 + i] : 0.f;
       if ((i & 2) == 0)
         amax0 = fmaxf(amax0, fabsf(v[i]));
       else
@@ -243,47 +252,26 @@ __global__ void __launch_bounds__(kThreads, 1) moe_wgmma_fp8_kernel(MoeWgmmaFp8P
       if (r0 + 8 < t.rows) p.out_scales[static_cast<size_t>(t.row0 + r0 + 8) * groups + n_tile] = scale1;
     }
     __syncthreads();
-    uint8_t* out = static_cast<uint8_t*>(p.out);
-    const int col0 = n_tile * kHalf, chunks_per_row = kHalf / 16;
-    for (int i = threadIdx.x; i < kBM * chunks_per_row; i += kThreads) {
-      const int row = i / chunks_per_row, col = (i % chunks_per_row) * 16;
-      if (row < t.rows && col0 + col < half)
-        *reinterpret_cast<uint4*>(out + static_cast<size_t>(t.row0 + row) * half + col0 + col) =
-            *reinterpret_cast<const uint4*>(&out_tile[row * kQuantPitch + col]);
-    }
+    store_tile<kBM, kThreads>(out_tile, kQuantPitch, static_cast<uint8_t*>(p.out), static_cast<size_t>(half), t.row0,
+                              t.rows, n_tile * kHalf, kHalf, half);
   } else {
     // Accumulators → bf16 tile in shared memory, then 16-byte rows out.
     bf16* out_tile = reinterpret_cast<bf16*>(smem);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-#pragma unroll
-      for (int j = 0; j < kHalf / 8; ++j) {
-        const int c = h * kHalf + 8 * j + c0;
-        *reinterpret_cast<__nv_bfloat162*>(&out_tile[r0 * kOutPitch + c]) =
-            __floats2bfloat162_rn(acc[h][4 * j], acc[h][4 * j + 1]);
-        *reinterpret_cast<__nv_bfloat162*>(&out_tile[(r0 + 8) * kOutPitch + c]) =
-            __floats2bfloat162_rn(acc[h][4 * j + 2], acc[h][4 * j + 3]);
-      }
-    }
+    stage_bf16_slab(acc, out_tile, kOutPitch, r0, c0);
     __syncthreads();
-    bf16* out = static_cast<bf16*>(p.out);
-    const int col0 = n_tile * kBN, chunks_per_row = kBN / 8;
-    for (int i = threadIdx.x; i < kBM * chunks_per_row; i += kThreads) {
-      const int row = i / chunks_per_row, col = (i % chunks_per_row) * 8;
-      if (row < t.rows && col0 + col < p.n)
-        *reinterpret_cast<uint4*>(out + static_cast<size_t>(t.row0 + row) * p.n + col0 + col) =
-            *reinterpret_cast<const uint4*>(&out_tile[row * kOutPitch + col]);
-    }
+    store_tile<kBM, kThreads>(smem, kOutPitch * 2, static_cast<uint8_t*>(p.out), static_cast<size_t>(p.n) * 2, t.row0,
+                              t.rows, n_tile * kBN * 2, kBN * 2, p.n * 2);
   }
 }
 
-template <bool kSilu>
+template <bool kSilu, bool kBlockScales>
 void launch(const MoeWgmmaFp8Params& p, cudaStream_t stream) {
   const int out_cols = kSilu ? p.n / 2 : p.n, tile_cols = kSilu ? kHalf : kBN;
   const int n_tiles = (out_cols + tile_cols - 1) / tile_cols;
   const int64_t blocks = moe_row_tiles_bound(p.rows_cap, p.num_experts, kBM) * n_tiles;
   MB_CHECK(blocks < (int64_t{1} << 31), "moe_wgmma_fp8: too many tiles");
-  moe_wgmma_fp8_kernel<kSilu><<<static_cast<unsigned>(blocks), kThreads, kSmemBytes, stream>>>(p, n_tiles);
+  const CUtensorMap map = tensor_map_2d(p.weight, TmaElement::U8, static_cast<int64_t>(p.num_experts) * p.n, p.k, kHalf);
+  moe_wgmma_fp8_kernel<kSilu, kBlockScales><<<static_cast<unsigned>(blocks), kThreads, kSmemBytes, stream>>>(p, n_tiles, map);
   CUDA_CHECK_LAST();
 }
 
@@ -296,8 +284,11 @@ bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 =
 namespace detail {
 void moe_wgmma_fp8_prepare() {
 #if MOEBATCH_WGMMA
-  CUDA_CHECK(cudaFuncSetAttribute(moe_wgmma_fp8_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-  CUDA_CHECK(cudaFuncSetAttribute(moe_wgmma_fp8_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  for (const void* kernel : {reinterpret_cast<const void*>(moe_wgmma_fp8_kernel<true, false>),
+                             reinterpret_cast<const void*>(moe_wgmma_fp8_kernel<false, false>),
+                             reinterpret_cast<const void*>(moe_wgmma_fp8_kernel<true, true>),
+                             reinterpret_cast<const void*>(moe_wgmma_fp8_kernel<false, true>)})
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
 #endif
 }
 }  // namespace detail
@@ -311,14 +302,19 @@ void moe_wgmma_fp8(const MoeWgmmaFp8Params& p, cudaStream_t stream) {
                (!p.silu_gate_up || p.out_scales),
            "moe_wgmma_fp8: null operand");
   MB_CHECK(!p.sorted_ids || (p.num_pairs >= 0 && p.in_row_div > 0), "moe_wgmma_fp8: bad gather");
+  MB_CHECK(static_cast<int64_t>(p.num_experts) * p.n < (int64_t{1} << 31), "moe_wgmma_fp8: too many weight rows");
   MB_CHECK(aligned16(p.out) && aligned16(p.in) && aligned16(p.weight),
            "moe_wgmma_fp8: operands must be 16-byte aligned");
   if (p.rows_cap == 0) return;
 #if MOEBATCH_WGMMA
+  // Block scales need each half-tile inside one aligned 128-row block: experts and (with SiLU)
+  // the up rows must start on one.
+  const bool block = p.weight_scale_rows == kWgmmaFp8Group && p.n % kWgmmaFp8Group == 0 &&
+                     (!p.silu_gate_up || (p.n / 2) % kWgmmaFp8Group == 0);
   if (p.silu_gate_up)
-    launch<true>(p, stream);
+    block ? launch<true, true>(p, stream) : launch<true, false>(p, stream);
   else
-    launch<false>(p, stream);
+    block ? launch<false, true>(p, stream) : launch<false, false>(p, stream);
 #else
   (void)stream;
   MB_CHECK(false, "moe_wgmma_fp8: this build has no sm_90a code (see moe_wgmma_available)");

@@ -192,23 +192,36 @@ __device__ __forceinline__ unsigned e2m1_code(float q) {
 
 // One warp per (row, group): amax, scale, then the codes.
 __global__ void quantize_fp8_kernel(const bf16* in, int64_t rows, int cols, int group,
-                                    uint8_t* data, float* scales) {
+                                    int row_block, uint8_t* data, float* scales) {
   const int lane = threadIdx.x & 31;
   const int groups = (cols + group - 1) / group;
+  const int64_t blocks = (rows + row_block - 1) / row_block;
   const int64_t wid = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
-  if (wid >= rows * groups) return;  // warp-uniform
-  const int64_t r = wid / groups;
-  const int c0 = static_cast<int>(wid % groups) * group;
+  if (wid >= blocks * groups) return;  // warp-uniform
+  const int64_t r0 = wid / groups * row_block, r1 = min(rows, r0 + row_block);
+  const int g = static_cast<int>(wid % groups), c0 = g * group;
   const int len = min(group, cols - c0);
-  const bf16* src = in + r * cols + c0;
   float amax = 0.f;
-  for (int c = lane; c < len; c += 32) amax = fmaxf(amax, fabsf(__bfloat162float(src[c])));
+  for (int64_t r = r0; r < r1; ++r)
+    for (int c = lane; c < len; c += 32) amax = fmaxf(amax, fabsf(__bfloat162float(in[r * cols + c0 + c])));
   amax = warp_max(amax);
   const float scale = amax > 0.f ? amax / kE4m3Max : 1.f;
-  if (lane == 0) scales[wid] = scale;
-  uint8_t* dst = data + r * cols + c0;
-  for (int c = lane; c < len; c += 32)
-    dst[c] = __nv_cvt_float_to_fp8(__bfloat162float(src[c]) / scale, __NV_SATFINITE, __NV_E4M3);
+  for (int64_t r = r0; r < r1; ++r) {
+    if (lane == 0) scales[r * groups + g] = scale;
+    const bf16* src = in + r * cols + c0;
+    uint8_t* dst = data + r * cols + c0;
+    for (int c = lane; c < len; c += 32)
+      dst[c] = __nv_cvt_float_to_fp8(__bfloat162float(src[c]) / scale, __NV_SATFINITE, __NV_E4M3);
+  }
+}
+
+// Clears *uniform when a row's scale differs from that of the first row of its block.
+__global__ void scales_block_uniform_kernel(const float* scales, int64_t rows, int groups, int row_block,
+                                            int* uniform) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * groups) return;
+  const int64_t r = i / groups, first = r / row_block * row_block;
+  if (scales[i] != scales[first * groups + i % groups]) *uniform = 0;
 }
 
 // One warp per row: the row amax, then 256 columns per step, lane pairs (2j, 2j + 1) sharing
@@ -383,17 +396,34 @@ void quant_linear(cublasHandle_t handle, cudaStream_t stream, float* out, const 
 }
 
 void quantize_fp8_rows(const bf16* in, int64_t rows, int cols, int group, uint8_t* data,
-                       float* scales, cudaStream_t stream) {
+                       float* scales, cudaStream_t stream, int row_block) {
   MB_CHECK(rows >= 0 && cols > 0 && cols % 16 == 0,
            "quantize_fp8_rows: cols must be a positive multiple of 16");
   MB_CHECK(group > 0 && group % 16 == 0,
            "quantize_fp8_rows: group must be a positive multiple of 16");
+  MB_CHECK(row_block > 0, "quantize_fp8_rows: row_block must be positive");
   MB_CHECK(in && data && scales, "quantize_fp8_rows: null operand");
   if (rows == 0) return;
-  const int64_t warps = rows * ((cols + group - 1) / group);
-  quantize_fp8_kernel<<<blocks_for(warps * 32), kThreads, 0, stream>>>(in, rows, cols, group, data,
-                                                                       scales);
+  const int64_t warps = (rows + row_block - 1) / row_block * ((cols + group - 1) / group);
+  quantize_fp8_kernel<<<blocks_for(warps * 32), kThreads, 0, stream>>>(in, rows, cols, group, row_block,
+                                                                       data, scales);
   CUDA_CHECK_LAST();
+}
+
+bool scales_block_uniform(const float* scales, int64_t rows, int groups, int row_block, cudaStream_t stream) {
+  MB_CHECK(rows >= 0 && groups > 0 && row_block > 0 && scales, "scales_block_uniform: bad arguments");
+  if (rows == 0) return true;
+  int* flag = nullptr;
+  CUDA_CHECK(cudaMallocAsync(&flag, sizeof(int), stream));
+  const int one = 1;
+  CUDA_CHECK(cudaMemcpyAsync(flag, &one, sizeof(int), cudaMemcpyHostToDevice, stream));
+  scales_block_uniform_kernel<<<blocks_for(rows * groups), kThreads, 0, stream>>>(scales, rows, groups, row_block, flag);
+  CUDA_CHECK_LAST();
+  int uniform = 0;
+  CUDA_CHECK(cudaMemcpyAsync(&uniform, flag, sizeof(int), cudaMemcpyDeviceToHost, stream));
+  CUDA_CHECK(cudaFreeAsync(flag, stream));
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  return uniform != 0;
 }
 
 void quantize_nvfp4_rows(const bf16* in, int64_t rows, int cols, uint8_t* data, uint8_t* scales,

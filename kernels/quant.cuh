@@ -62,12 +62,18 @@ void quant_linear(cublasHandle_t handle, cudaStream_t stream, bf16* out, const b
 void quant_linear(cublasHandle_t handle, cudaStream_t stream, float* out, const bf16* x,
                   const QuantMatrix& w, int m, int n, int k, bf16* scratch, size_t scratch_elems);
 
-/// FP8 block quantization of in [rows, cols] into the Fp8Block layout: per row and group of
-/// `group` columns (the last group of a row may be partial), scale = amax / 448 (1 when the
-/// group is all zero), data = e4m3 round-to-nearest-even, saturating, of v / scale.
-/// data [rows, cols] bytes, scales [rows, ceil(cols / group)] f32. cols % 16, group % 16 == 0.
+/// FP8 block quantization of in [rows, cols] into the Fp8Block layout: per block of `row_block`
+/// rows (counted from row 0; the last may be short) and group of `group` columns (the last group
+/// of a row may be partial), scale = amax / 448 (1 when the block is all zero), repeated in each
+/// of its rows, data = e4m3 round-to-nearest-even, saturating, of v / scale. row_block 1:
+/// activations per token and group; 128: weights in 128 × 128 blocks, as FP8 checkpoints hold
+/// them. data [rows, cols] bytes, scales [rows, ceil(cols / group)] f32. cols % 16, group % 16 == 0.
 void quantize_fp8_rows(const bf16* in, int64_t rows, int cols, int group, uint8_t* data,
-                       float* scales, cudaStream_t stream);
+                       float* scales, cudaStream_t stream, int row_block = 1);
+
+/// Whether every row's scales [rows, groups] equal those of the first row of its block of
+/// `row_block` rows (counted from row 0). Synchronizes `stream` (a load-time check).
+bool scales_block_uniform(const float* scales, int64_t rows, int groups, int row_block, cudaStream_t stream);
 
 /// NVFP4 quantization of in [rows, cols] (ModelOpt's scheme with a per-row second-level scale):
 /// row_scale = row amax / (448 · 6) (1 for an all-zero row); per 16 inputs the e4m3 group scale

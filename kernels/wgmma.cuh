@@ -141,4 +141,34 @@ __device__ __forceinline__ void mbarrier_wait(uint32_t addr, uint32_t parity) {
   } while (!done);
 }
 
+/// The pacing barriers of a pipeline of kStages slots at full0 and empty0 (kStages 8-byte
+/// barriers each, consecutive): full[s] expects one arrival per thread (its cp.async copies'
+/// arrival) plus thread 0's TMA arrival; empty[s] one arrival per thread (done reading slot s).
+/// Thread 0 sets them, then the whole block meets once so that everyone sees them.
+template <int kStages, int kThreads>
+__device__ __forceinline__ void init_pipeline_barriers(uint32_t full0, uint32_t empty0) {
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < kStages; ++i) mbarrier_init(full0 + i * 8, kThreads + 1);
+    for (int i = 0; i < kStages; ++i) mbarrier_init(empty0 + i * 8, kThreads);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the TMA unit
+  }
+  __syncthreads();
+}
+
+/// An arrival that also adds `bytes` to the transactions the current phase waits for (the
+/// bytes the TMA copies issued next will deliver).
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint32_t addr, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(addr), "r"(bytes) : "memory");
+}
+
+/// TMA: the box at (x = innermost coordinate, y) of the 2-D tensor map `tmap` (a __grid_constant__
+/// kernel parameter) into shared memory at `dst`, in the map's swizzle; completion adds the box's
+/// bytes to the barrier at `bar`. One thread issues it.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tmap, int x, int y, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(x), "r"(y), "r"(bar)
+      : "memory");
+}
+
 }  // namespace moebatch::kernels::wgmma

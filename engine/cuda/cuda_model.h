@@ -28,6 +28,10 @@ struct DeviceTensor {
   float* row_scales = nullptr;               ///< Nvfp4: f32 per row
   float* mins = nullptr;                     ///< Int8, Int4: f32 per group
   int group = 0;                             ///< inputs per scale (compressed formats)
+  /// Fp8Block: rows that share each scale, in aligned blocks from row 0 (128: the 128 × 128
+  /// blocks of FP8 checkpoints and of --quantization fp8; 1: per row). Set after loading by
+  /// looking at the scales (mark_block_scales), never assumed.
+  int scale_rows = 1;
   bool empty() const { return shape.empty(); }
   int64_t numel() const;
   /// Row width (the last dim) and rows (every other dim flattened).

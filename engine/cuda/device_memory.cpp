@@ -16,6 +16,7 @@
 #include "kernels/cuda_check.cuh"
 #include "kernels/moe_gemm.cuh"
 #include "kernels/moe_routing.cuh"
+#include "kernels/moe_wgmma.cuh"
 #include "kernels/quant.cuh"
 #include "kernels/random.cuh"
 
@@ -165,8 +166,9 @@ void quantize_rows(const bf16* in, int64_t rows, const DeviceTensor& t, int64_t 
   auto* data = static_cast<uint8_t*>(v.data);
   switch (v.format) {
     case WeightFormat::Fp8Block:
+      // in 128-row blocks, as FP8 checkpoints hold weights (mark_block_scales then finds it)
       kernels::quantize_fp8_rows(in, rows, cols, v.group, data, static_cast<float*>(v.scales),
-                                 stream);
+                                 stream, kernels::kWgmmaFp8Group);
       return;
     case WeightFormat::Nvfp4:
       kernels::quantize_nvfp4_rows(in, rows, cols, data, static_cast<uint8_t*>(v.scales),
@@ -219,6 +221,19 @@ uint64_t name_hash(const std::string& name) {
   uint64_t h = 1469598103934665603ull;
   for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
   return h;
+}
+
+// Sets scale_rows of every FP8-block tensor whose scales are uniform over aligned 128-row
+// blocks (what the W8A8 expert GEMM's cheaper promotion needs; kernels/moe_wgmma_fp8.cu).
+void mark_block_scales(DeviceModelWeights& w, cudaStream_t stream) {
+  auto mark = [&](DeviceTensor& t, const DeviceTensor&) {
+    if (t.empty() || t.format != WeightFormat::Fp8Block) return;
+    const int groups = static_cast<int>((t.cols() + t.group - 1) / t.group);
+    const int block = kernels::kWgmmaFp8Group;
+    if (kernels::scales_block_uniform(static_cast<const float*>(t.scales), t.rows(), groups, block, stream))
+      t.scale_rows = block;
+  };
+  for (auto& L : w.layers) L.zip(L, mark);
 }
 
 }  // namespace
@@ -361,6 +376,7 @@ void load_weights_device(const WeightSource& ckpt, const ModelConfig& cfg, const
   for (size_t l = 0; l < plan.layers.size(); ++l) w.layers[l].zip(plan.layers[l], copy);
   copy(w.final_norm, plan.final_norm);
   if (w.lm_head.data != w.embed.data) copy(w.lm_head, plan.lm_head);
+  mark_block_scales(w, stream);
 }
 
 void random_weights_device(uint64_t seed, const ModelPlan& plan, DeviceModelWeights& w,
@@ -413,6 +429,7 @@ void random_weights_device(uint64_t seed, const ModelPlan& plan, DeviceModelWeig
     for (size_t l = 0; l < plan.layers.size(); ++l) w.layers[l].zip(plan.layers[l], fill);
     fill(w.final_norm, plan.final_norm);
     if (w.lm_head.data != w.embed.data) fill(w.lm_head, plan.lm_head);
+    mark_block_scales(w, stream);
     CUDA_CHECK(cudaStreamSynchronize(stream));
   } catch (...) {
     cudaStreamSynchronize(stream);

@@ -205,6 +205,7 @@ void expert_gemm_wgmma_fp8(const GemmContext& g, kernels::MoeWgmmaFp8Params p, c
            "expert_gemm_wgmma_fp8: operands and weights disagree");
   p.weight = static_cast<const uint8_t*>(w.data);
   p.weight_scales = static_cast<const float*>(w.scales);
+  p.weight_scale_rows = w.scale_rows;
   kernels::moe_wgmma_fp8(p, g.stream);
 }
 

@@ -508,7 +508,17 @@ class SortedExpertGemmCase final : public OpCase {
     }
     if (!s_.cublas) kernels::moe_wgmma_prepare();
     if (s_.fp8) {
-      wq_ = RandomQuantMatrix(WeightFormat::fp8_block, static_cast<int64_t>(s_.experts) * n(), k(), 0.05f, rng);
+      if (s_.block_scales) {
+        // bf16 weights quantized in 128 × 128 blocks, as FP8 checkpoints hold them
+        weight_ = RandomBf16(static_cast<size_t>(s_.experts) * n() * k(), 0.05f, rng, env.stream);
+        wb_q_ = DevBuf<uint8_t>(static_cast<size_t>(s_.experts) * n() * k());
+        wb_s_ = DevBuf<float>(static_cast<size_t>(s_.experts) * n() * groups(k()));
+        kernels::quantize_fp8_rows(weight_.get(), static_cast<int64_t>(s_.experts) * n(), k(),
+                                   kernels::kWgmmaFp8Group, wb_q_.get(), wb_s_.get(), env.stream,
+                                   kernels::kWgmmaFp8Group);
+      } else {
+        wq_ = RandomQuantMatrix(WeightFormat::fp8_block, static_cast<int64_t>(s_.experts) * n(), k(), 0.05f, rng);
+      }
       in_q_ = DevBuf<uint8_t>(static_cast<size_t>(in_rows()) * k());
       in_s_ = DevBuf<float>(static_cast<size_t>(in_rows()) * groups(k()));
       kernels::quantize_fp8_rows(in_.get(), in_rows(), k(), kernels::kWgmmaFp8Group, in_q_.get(), in_s_.get(),
@@ -534,11 +544,13 @@ class SortedExpertGemmCase final : public OpCase {
   }
   void run(const OpEnv& env, int) override {
     if (s_.fp8) {
-      const kernels::QuantMatrix w = wq_.view();
+      const kernels::QuantMatrix w = s_.block_scales ? kernels::QuantMatrix{} : wq_.view();
       kernels::MoeWgmmaFp8Params p{
           .out = gate() ? static_cast<void*>(out_q_.get()) : static_cast<void*>(out_.get()),
           .out_scales = gate() ? out_s_.get() : nullptr, .in = in_q_.get(), .in_scales = in_s_.get(),
-          .weight = static_cast<const uint8_t*>(w.data), .weight_scales = static_cast<const float*>(w.scales),
+          .weight = s_.block_scales ? wb_q_.get() : static_cast<const uint8_t*>(w.data),
+          .weight_scales = s_.block_scales ? wb_s_.get() : static_cast<const float*>(w.scales),
+          .weight_scale_rows = s_.block_scales ? kernels::kWgmmaFp8Group : 1,
           .expert_offsets = routings_[0].offsets.get(), .num_experts = s_.experts, .n = n(), .k = k(),
           .rows_cap = cap(), .silu_gate_up = gate()};
       set_gather(p);
@@ -661,6 +673,8 @@ class SortedExpertGemmCase final : public OpCase {
   }
   std::vector<float> decoded_weights() const {
     const int64_t rows = static_cast<int64_t>(s_.experts) * n(), K = k();
+    if (s_.block_scales)
+      return decode_e4m3(wb_q_.download<uint8_t>(), wb_s_.download<float>(), static_cast<size_t>(rows), k());
     std::vector<float> w(static_cast<size_t>(rows * K));
     parallel_for(static_cast<size_t>(rows), [&](size_t r) {
       for (int64_t c = 0; c < K; ++c) w[r * K + c] = wq_.value(static_cast<int64_t>(r), c);
@@ -696,6 +710,8 @@ class SortedExpertGemmCase final : public OpCase {
   RandomQuantMatrix wq_;             // fp8: the weights
   DevBuf<uint8_t> in_q_, out_q_;     // fp8: e4m3 rows in, gate+up's e4m3 activations out
   DevBuf<float> in_s_, out_s_;       //      and their scales
+  DevBuf<uint8_t> wb_q_;             // fp8 with block scales: the weights quantized in 128 × 128
+  DevBuf<float> wb_s_;               //      blocks, and their scales
   DevBuf<bf16> out_, gate_up_;
   DevBuf<int32_t> row_of_pair_;
   DevBuf<const void*> ptr_dev_;
@@ -764,13 +780,14 @@ OpCaseDef sorted_expert_gemm_case(const SortedExpertGemmShape& s) {
   MB_CHECK(s.stage != MoeGemmStage::gate_up, "sorted expert GEMM case: gate_up_silu or down");
   MB_CHECK(!(s.gather && s.cublas), "sorted expert GEMM case: the cuBLAS path gathers beforehand");
   MB_CHECK(!(s.fp8 && s.cublas), "sorted expert GEMM case: W8A8 is the wgmma kernel's");
+  MB_CHECK(!s.block_scales || s.fp8, "sorted expert GEMM case: block scales are W8A8's");
   const char* stage = s.stage == MoeGemmStage::down ? "down" : "gate_up+silu";
   // fp32 accumulation of bf16 products, one bf16 rounding of the result (SiLU·mul from fp32 on
   // the wgmma path; cuBLAS rounds gate and up to bf16 first, a second rounding): 5e-3.
   // The cuBLAS peer is in the gemm family: the cases that get a cuBLAS handle.
   OpCaseDef d = op_case_def<SortedExpertGemmCase>(
       std::string(s.cublas ? "moe_sorted cuBLAS " : s.fp8 ? "moe_wgmma_fp8 " : "moe_wgmma ") + stage +
-          (s.gather ? " gather" : ""),
+          (s.gather ? " gather" : "") + (s.block_scales ? " block-scales" : ""),
       experts(s.tokens, s.experts, s.top_k, s.hot) + " H" + to_string(s.hidden) + " I" + to_string(s.inter),
       s.cublas ? OpFamily::gemm : OpFamily::moe_gemm, 5e-3, s);
   if (!s.cublas) d.available = &kernels::moe_wgmma_available;

@@ -169,6 +169,8 @@ struct SortedExpertGemmShape {
   bool gather = false;
   /// wgmma only: W8A8 (kernels::moe_wgmma_fp8) on FP8-block weights and e4m3 rows
   bool fp8 = false;
+  /// fp8 only: weights quantized in 128 × 128 blocks (weight_scale_rows 128, the cheaper promotion)
+  bool block_scales = false;
 };
 OpCaseDef sorted_expert_gemm_case(const SortedExpertGemmShape& s);
 

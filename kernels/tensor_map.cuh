@@ -1,0 +1,21 @@
+// TMA tensor maps for the wgmma kernels (host side): a row-major [rows, cols] matrix in global
+// memory described as boxes of box_rows × 128 bytes in the 128-byte swizzle that
+// kernels/wgmma.cuh's descriptors read. The driver's encoder is reached through the runtime, so
+// nothing links libcuda itself.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+namespace moebatch::kernels {
+
+/// Element type of a tensor map.
+enum class TmaElement { U8, Bf16 };
+
+/// The map of `base` [rows, cols] (row stride cols elements; cols · element bytes a multiple of
+/// 16, base 16-byte aligned): boxes of 128 bytes of a row × box_rows rows; what lies past rows or
+/// cols reads as zeros. Error when the driver refuses it.
+CUtensorMap tensor_map_2d(const void* base, TmaElement element, int64_t rows, int64_t cols, int box_rows);
+
+}  // namespace moebatch::kernels
