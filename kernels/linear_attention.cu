@@ -1,15 +1,19 @@
-#include <cmath>
+#include <climits>
 #include <string>
 
 #include "kernels/cuda_check.cuh"
 #include "kernels/device_common.cuh"
+#include "kernels/gated_delta_chunked.cuh"
 #include "kernels/linear_attention.cuh"
 
 namespace moebatch::kernels {
 namespace {
 
-// transformers' l2norm epsilon for q and k (fixed, not rms_norm_eps), as the CPU reference.
-constexpr float kL2NormEps = 1e-6f;
+using gdn::bf;
+using gdn::conv_dim;
+using gdn::fresh_state;
+using gdn::kL2NormEps;
+using gdn::softplus;
 
 constexpr int kConvDecodeThreads = 128;
 // Prefill conv: a block is 32 channels (one warp reads 64 contiguous bytes of a token's row)
@@ -27,9 +31,6 @@ constexpr int kRuleChunk = 16;  // prefill: tokens staged per step
 constexpr int kNormWarps = 4;
 
 __device__ __forceinline__ float silu(float x) { return x / (1.f + expf(-x)); }
-// torch's softplus (threshold 20), as cpu::softplus.
-__device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
-__device__ __forceinline__ float bf(bf16 x) { return __bfloat162float(x); }
 
 // Column of proj holding conv channel c (channels q | k | v, head-major; layout in the header).
 __device__ __forceinline__ int64_t conv_channel_col(const GdnDims& d, int c) {
@@ -41,15 +42,6 @@ __device__ __forceinline__ int64_t conv_channel_col(const GdnDims& d, int c) {
   }
   c -= 2 * key;
   return static_cast<int64_t>(c / (r * d.dv)) * grp + 2 * d.dk + c % (r * d.dv);
-}
-
-__host__ __device__ __forceinline__ int conv_dim(const GdnDims& d) {
-  return 2 * d.nk * d.dk + d.nv * d.dv;
-}
-
-// A sequence starts from a zero state when it has no slot (padding) or starts at position 0.
-__device__ __forceinline__ bool fresh_state(const GdnSeqs& s, int first_token, int slot) {
-  return slot < 0 || s.positions[first_token] == 0;
 }
 
 // --- causal conv + SiLU ---------------------------------------------------------------------
@@ -161,9 +153,10 @@ __device__ __forceinline__ float sum(const float (&a)[N]) {
 // every block normalises its tokens' q and k itself (dk values each, cheap). Per chunk of
 // kChunk tokens: stage q̂, k̂ (fp32), this tile's v, β and decay in shared memory, barrier, then
 // each warp runs the recurrence over the chunk on its own 8 columns with only warp shuffles.
+// Sequences of run_limit tokens or more are left to the chunked kernel.
 template <int kDk, int kChunk>
 __global__ void __launch_bounds__(kRuleWarps * 32)
-    gated_delta_rule_kernel(GatedDeltaRuleParams p, float q_scale) {
+    gated_delta_rule_kernel(GatedDeltaRuleParams p, float q_scale, int run_limit) {
   constexpr int kRows = kDk / kRuleParts;  // rows of S per thread
   constexpr int kPerLane = kDk / 32;       // q/k values per lane when normalising
   // partial sums per dot product: a long prompt runs one block per SM, so the per-token chain
@@ -177,13 +170,12 @@ __global__ void __launch_bounds__(kRuleWarps * 32)
   const GdnDims& d = p.dims;
   const int s = blockIdx.z, h = blockIdx.y, col0 = blockIdx.x * kRuleCols;
   const int t0 = p.seqs.q_start[s], len = p.seqs.q_start[s + 1] - t0;
-  if (len <= 0) return;  // uniform over the block
+  if (len <= 0 || len >= run_limit) return;  // uniform over the block
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int part = lane / kRuleWarpCols, wcol = warp * kRuleWarpCols + lane % kRuleWarpCols;
   const int col = col0 + wcol;
   const int r = d.nv / d.nk, kh = h / r, C = conv_dim(d);
-  const int64_t ba_col =
-      static_cast<int64_t>(d.nk) * (2 * d.dk + 2 * r * d.dv) + kh * 2 * r + h % r;
+  const int64_t ba_col = gdn::gate_col(d, h);
   const int slot = p.seqs.state_slots[s];
   const bool fresh = fresh_state(p.seqs, t0, slot);
   float* S =
@@ -370,20 +362,23 @@ void check_rule(const GatedDeltaRuleParams& p, const char* op) {
            std::string(op) + ": null operand");
 }
 
+// The recurrent kernel over the sequences shorter than run_limit tokens.
 template <int kChunk>
-void launch_rule(const GatedDeltaRuleParams& p, cudaStream_t stream) {
-  // the CPU's scale: 1/sqrt(dk) in double, rounded once
-  const float q_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.dims.dk)));
+void launch_rule(const GatedDeltaRuleParams& p, int run_limit, cudaStream_t stream) {
+  const float q_scale = gdn::q_scale(p.dims.dk);
   const dim3 grid(p.dims.dv / kRuleCols, p.dims.nv, p.seqs.num_seqs);
   switch (p.dims.dk) {
     case 32:
-      gated_delta_rule_kernel<32, kChunk><<<grid, kRuleWarps * 32, 0, stream>>>(p, q_scale);
+      gated_delta_rule_kernel<32, kChunk>
+          <<<grid, kRuleWarps * 32, 0, stream>>>(p, q_scale, run_limit);
       break;
     case 64:
-      gated_delta_rule_kernel<64, kChunk><<<grid, kRuleWarps * 32, 0, stream>>>(p, q_scale);
+      gated_delta_rule_kernel<64, kChunk>
+          <<<grid, kRuleWarps * 32, 0, stream>>>(p, q_scale, run_limit);
       break;
     case 128:
-      gated_delta_rule_kernel<128, kChunk><<<grid, kRuleWarps * 32, 0, stream>>>(p, q_scale);
+      gated_delta_rule_kernel<128, kChunk>
+          <<<grid, kRuleWarps * 32, 0, stream>>>(p, q_scale, run_limit);
       break;
   }
   CUDA_CHECK_LAST();
@@ -406,13 +401,25 @@ void causal_conv_prefill(const CausalConvParams& p, cudaStream_t stream) {
 void gated_delta_rule_decode(const GatedDeltaRuleParams& p, cudaStream_t stream) {
   check_rule(p, "gated_delta_rule_decode");
   if (p.seqs.num_seqs == 0) return;
-  launch_rule<1>(p, stream);
+  launch_rule<1>(p, INT_MAX, stream);
 }
 
-void gated_delta_rule_prefill(const GatedDeltaRuleParams& p, cudaStream_t stream) {
+// The one place the form is picked. The run lengths are on the device, so by_length launches
+// both kernels and each block keeps or leaves its sequence by gdn::kChunkedMinRun (the why is
+// there): a left block exits at once, and the two touch disjoint sequences and slots.
+void gated_delta_rule_prefill(const GatedDeltaRuleParams& p, cudaStream_t stream,
+                              DeltaRuleForm form) {
   check_rule(p, "gated_delta_rule_prefill");
   if (p.seqs.num_seqs == 0) return;
-  launch_rule<kRuleChunk>(p, stream);
+  if (form == DeltaRuleForm::recurrent ||
+      (form == DeltaRuleForm::by_length && !gdn::chunked_supports(p))) {
+    launch_rule<kRuleChunk>(p, INT_MAX, stream);
+  } else if (form == DeltaRuleForm::chunked) {
+    gdn::launch_chunked(p, 1, stream);
+  } else {
+    launch_rule<kRuleChunk>(p, gdn::kChunkedMinRun, stream);
+    gdn::launch_chunked(p, gdn::kChunkedMinRun, stream);
+  }
 }
 
 void gated_rmsnorm(const GatedRmsNormParams& p, cudaStream_t stream) {

@@ -94,9 +94,20 @@ void causal_conv_prefill(const CausalConvParams& p, cudaStream_t stream);
 /// each thread holds dk/4 of one column's rows in registers, loaded once and written back once.
 void gated_delta_rule_decode(const GatedDeltaRuleParams& p, cudaStream_t stream);
 
-/// Delta rule for runs of tokens (prefill chunks), recurrent form: the same grid, with q, k
-/// (normalised), v, β and decay of 16 tokens staged in shared memory per step. Same contract.
-void gated_delta_rule_prefill(const GatedDeltaRuleParams& p, cudaStream_t stream);
+/// The form gated_delta_rule_prefill runs a sequence in.
+enum class DeltaRuleForm {
+  by_length,  ///< chunked for runs of ≥ 48 tokens where it applies, else recurrent (the engine's)
+  recurrent,  ///< every sequence recurrent (tests and benchmarks)
+  chunked,    ///< every sequence chunked; needs dk 64 or 128, dv % 64 == 0 (tests and benchmarks)
+};
+
+/// Delta rule for runs of tokens (prefill chunks). Recurrent form: the decode grid, with q, k
+/// (normalised), v, β and decay of 16 tokens staged in shared memory per step. Chunked form
+/// (gated_delta_chunked.cu): chunks of 64 tokens in the WY / UT-transform representation on
+/// tensor cores, a block per (64 columns of S, value head, sequence); applies to dk 64 and 128,
+/// dv % 64 == 0 and 16-byte aligned mixed, out and ssm_state. Same contract either way.
+void gated_delta_rule_prefill(const GatedDeltaRuleParams& p, cudaStream_t stream,
+                              DeltaRuleForm form = DeltaRuleForm::by_length);
 
 /// y = o · rsqrt(mean(o²) + eps) · w · silu(z) per (token, value head), fp32 math, one rounding.
 void gated_rmsnorm(const GatedRmsNormParams& p, cudaStream_t stream);

@@ -293,7 +293,7 @@ class GatedDeltaRuleCase final : public OpCase {
     if (s_.decode)
       kernels::gated_delta_rule_decode(p, env.stream);
     else
-      kernels::gated_delta_rule_prefill(p, env.stream);
+      kernels::gated_delta_rule_prefill(p, env.stream, s_.form);
   }
   OpCheck check(const OpEnv& env, double tol) override {
     const GdnDims& d = st_.dims;
@@ -446,6 +446,8 @@ std::string step_text(const GdnStepShape& s) {
                   to_string(s.dv) + " K" + to_string(s.conv_kernel) + " q" + lens_text(s.q_lens) +
                   " pos" + lens_text(s.first_pos);
   if (s.pad_seq >= 0) t += " pad" + to_string(s.pad_seq);
+  if (!s.decode && s.form == kernels::DeltaRuleForm::recurrent) t += " recurrent";
+  if (!s.decode && s.form == kernels::DeltaRuleForm::chunked) t += " chunked";
   return t;
 }
 

@@ -267,6 +267,8 @@ struct GdnStepShape {
   std::vector<int> first_pos;  ///< cycled over the sequences
   int pad_seq = -1;            ///< this sequence gets state slot -1 (padding: zero state, not written)
   bool decode = false;         ///< the decode kernel (else the prefill one; both take any batch)
+  /// Prefill: the delta rule's form (by_length: the engine's per-sequence pick); names the row.
+  kernels::DeltaRuleForm form = kernels::DeltaRuleForm::by_length;
 };
 /// causal_conv_decode / causal_conv_prefill: out vs fp64 (5e-3), the new conv state bit-exact.
 OpCaseDef causal_conv_case(const GdnStepShape& s);

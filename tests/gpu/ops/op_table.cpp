@@ -241,11 +241,12 @@ std::vector<OpCaseDef> op_cases_test() {
   // prefill conv steps 64 tokens). Dims: Qwen3-Next-80B's rank (16/32 heads of 128), the tiny
   // fixture's (4/8 of 32), dk != dv, r = 1 and 3.
   const kernels::GdnDims next80b{16, 32, 128, 128, 4}, tiny{4, 8, 32, 32, 4};
+  using kernels::DeltaRuleForm;
   auto step = [](kernels::GdnDims d, std::vector<int> q_lens, std::vector<int> first_pos, int pad_seq,
-                 bool decode) {
+                 bool decode, DeltaRuleForm form = DeltaRuleForm::by_length) {
     return GdnStepShape{.nk = d.nk, .nv = d.nv, .dk = d.dk, .dv = d.dv, .conv_kernel = d.conv_kernel,
                         .q_lens = std::move(q_lens), .first_pos = std::move(first_pos), .pad_seq = pad_seq,
-                        .decode = decode};
+                        .decode = decode, .form = form};
   };
   const GdnStepShape gdn_steps[] = {
       step(next80b, {1, 7, 64, 130, 2, 17}, {0, 5, 0, 300, 9, 33}, -1, false),
@@ -254,13 +255,24 @@ std::vector<OpCaseDef> op_cases_test() {
       step({2, 4, 128, 64, 3}, {20, 5, 1}, {11, 0, 4}, -1, false),
       step({1, 3, 32, 96, 2}, {9, 1, 70}, {0, 8, 33}, -1, false),
       step({2, 2, 64, 64, 4}, {40, 3}, {0, 9}, -1, false),
+      // the chunked delta rule (64-token chunks; by_length takes it for runs >= 48 at dk 64/128,
+      // dv % 64) and the recurrent one on the same steps: lengths around a chunk, 0, 1, 47/48 at
+      // the switch, continuing states, a long padding row at a nonzero position; dv of 1-4 tiles
+      step(next80b, {63, 64, 65, 200, 1, 47, 300, 48}, {0, 9, 300, 0, 4, 17, 5, 0}, 6, false),
+      step(next80b, {63, 64, 65, 200, 1, 47, 300, 48}, {0, 9, 300, 0, 4, 17, 5, 0}, 6, false, DeltaRuleForm::chunked),
+      step(next80b, {63, 64, 65, 200, 1, 47, 300, 48}, {0, 9, 300, 0, 4, 17, 5, 0}, 6, false, DeltaRuleForm::recurrent),
+      step({2, 4, 64, 64, 4}, {65, 0, 130, 1, 33, 63}, {3, 0, 0, 7, 1, 64}, 2, false),
+      step({2, 4, 64, 64, 4}, {65, 0, 130, 1, 33, 63}, {3, 0, 0, 7, 1, 64}, 2, false, DeltaRuleForm::chunked),
+      step({2, 4, 64, 64, 4}, {65, 0, 130, 1, 33, 63}, {3, 0, 0, 7, 1, 64}, 2, false, DeltaRuleForm::recurrent),
+      step({1, 3, 128, 256, 4}, {100, 64, 7}, {12, 0, 3}, -1, false, DeltaRuleForm::chunked),
+      step({2, 6, 64, 192, 4}, {65, 17, 300}, {1, 0, 8}, 0, false, DeltaRuleForm::chunked),
       // decode batches (one token each) with a padding row; the decode kernels on mixed lengths
       step(next80b, std::vector<int>(23, 1), {0, 41, 7, 1000}, 5, true),
       step({2, 4, 128, 64, 4}, std::vector<int>(9, 1), {3, 0}, -1, true),
       step(tiny, {1, 7, 64, 130, 2}, {0, 5, 0, 300, 1}, -1, true),
   };
   for (const GdnStepShape& s : gdn_steps) {
-    t.push_back(causal_conv_case(s));
+    if (s.form == DeltaRuleForm::by_length) t.push_back(causal_conv_case(s));  // forced forms: the rule only
     t.push_back(gated_delta_rule_case(s));
   }
   t.push_back(gated_rmsnorm_case({.tokens = 37, .nk = 16, .nv = 32, .dk = 128, .dv = 128}));
@@ -355,12 +367,20 @@ std::vector<OpCaseDef> op_cases_bench() {
     add(B, gated_delta_rule_case(s));
     add(B, gated_rmsnorm_case({.tokens = B, .nk = s.nk, .nv = s.nv, .dk = s.dk, .dv = s.dv}));
   }
-  for (auto [prompts, len] : {std::pair{1, 2048}, {8, 512}}) {
-    const GdnStepShape s{.nk = kLinNk, .nv = kLinNv, .dk = kLinD, .dv = kLinD, .conv_kernel = kConvK,
-                         .q_lens = std::vector<int>(prompts, len), .first_pos = {0}};
+  // The delta rule's prefill as the engine picks it (chunked for these runs) and in the recurrent
+  // form; below and at the switch (runs of 32, kernels/gated_delta_chunked.cuh) both forms forced.
+  for (auto [prompts, len] : {std::pair{1, 2048}, {8, 512}, {64, 128}, {64, 32}, {64, 16}}) {
+    GdnStepShape s{.nk = kLinNk, .nv = kLinNv, .dk = kLinD, .dv = kLinD, .conv_kernel = kConvK,
+                   .q_lens = std::vector<int>(prompts, len), .first_pos = {0}};
     const std::string shape = " " + std::to_string(prompts) + "x" + std::to_string(len);
-    add(prompts * len, named(causal_conv_case(s), "causal_conv prefill" + shape));
-    add(prompts * len, named(gated_delta_rule_case(s), "gated_delta_rule prefill" + shape));
+    if (len >= 512) add(prompts * len, named(causal_conv_case(s), "causal_conv prefill" + shape));
+    if (len >= 128) add(prompts * len, named(gated_delta_rule_case(s), "gated_delta_rule prefill" + shape));
+    for (auto [form, name] : {std::pair{kernels::DeltaRuleForm::recurrent, " recurrent"},
+                              {kernels::DeltaRuleForm::chunked, " chunked"}}) {
+      if (form == kernels::DeltaRuleForm::chunked && len >= 128) continue;  // the engine's row above
+      s.form = form;
+      add(prompts * len, named(gated_delta_rule_case(s), "gated_delta_rule prefill" + shape + name));
+    }
   }
   // The expert kernels at the other decode buckets (2, 4, 8 tokens): where the grouped GEMV
   // stops beating the tiled GEMM (engine/cuda/linear.cpp kExpertGemvMaxTokens).
