@@ -301,6 +301,19 @@ int main(int argc, char** argv) {
     std::stringstream ss(env);
     for (std::string item; std::getline(ss, item, ',');) batches.push_back(std::stoi(item));
   }
+  // Where a prefill's time goes: one eager run with CUDA events per stage, printed and returned.
+  auto print_prefill_stages = [&](const StepBatch& prefill, int prompts, int len) {
+    nlohmann::json pst = nlohmann::json::object();
+    double ptotal = 0;
+    const auto stages = be.profile(prefill);
+    for (auto& [name, t] : stages) ptotal += t;
+    std::printf("\n%d x %d tokens: prefill by stage (CUDA events, summed over layers):\n", prompts, len);
+    for (auto& [name, t] : stages) {
+      pst[name] = t;
+      std::printf("  %-22s %8.3f ms  %5.1f%%\n", name.c_str(), t, 100 * t / ptotal);
+    }
+    return pst;
+  };
   // A prefill's seconds: once to warm up (the same k/v are rewritten), then timed.
   auto time_prefill = [&](const Seqs& s, std::vector<RowSampling>& greedy, std::vector<int32_t>& next) {
     be.forward_sample(s.prefill, greedy, next, nullptr);
@@ -317,17 +330,7 @@ int main(int argc, char** argv) {
     const double ptoks = double(batch) * kPrompt;
     // where a prefill's time goes (one eager run with CUDA events per stage)
     nlohmann::json pst = nlohmann::json::object();
-    if (batch == 64) {
-      double ptotal = 0;
-      const auto stages = be.profile(s.prefill);
-      for (auto& [name, t] : stages) ptotal += t;
-      std::printf("\nbatch %d: prefill of %d tokens by stage (CUDA events, summed over layers):\n", batch,
-                  batch * kPrompt);
-      for (auto& [name, t] : stages) {
-        pst[name] = t;
-        std::printf("  %-22s %8.3f ms  %5.1f%%\n", name.c_str(), t, 100 * t / ptotal);
-      }
-    }
+    if (batch == 64) pst = print_prefill_stages(s.prefill, batch, kPrompt);
     // prefill roofline: FLOPs of the weights each token uses (attention scores not counted), or
     // every weight read once
     const double active = P.mixers + cfg.num_layers * (P.router_layer + cfg.num_experts_per_tok * P.expert +
@@ -401,6 +404,7 @@ int main(int argc, char** argv) {
     std::vector<int32_t> next;
     long_prefill_tok_s = double(kLongPrompts) * kLongPrompt / time_prefill(s, greedy, next);
     J["prefill_8x1024_tok_s"] = long_prefill_tok_s;
+    J["prefill_8x1024_stage_ms"] = print_prefill_stages(s.prefill, kLongPrompts, kLongPrompt);
   }
   J["graphs_captured"] = be.num_graphs();
   if (peer.is_object()) J["peer"] = peer;

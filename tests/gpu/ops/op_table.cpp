@@ -356,6 +356,9 @@ std::vector<OpCaseDef> op_cases_bench() {
                                              .kv_lens = std::vector<int>(prompts, len), .q_pad = 0}),
                              "attn_prefill " + std::to_string(prompts) + "x" + std::to_string(len) + " causal"));
 
+  // A prefill's rotation with the fused cache write (8192 tokens at positions up to 40000).
+  add(8192, qk_norm_rope_case({.tokens = 8192, .n_q_heads = kNq, .n_kv_heads = kNkv, .head_dim = kD, .cache = true}));
+
   // Qwen3-Next-80B-A3B's Gated DeltaNet layers on one GPU: 16 key / 32 value heads of 128, conv
   // kernel 4. Decode continues every sequence's state (2 MB of delta-rule state per sequence and
   // layer, read and written); prefill starts whole prompts at position 0 (batch column: tokens).
