@@ -154,6 +154,73 @@ __device__ __forceinline__ void copy_activations(const MoeGemmParams& p, const P
   }
 }
 
+// W8A8 (MoeGemmParams::in_fp8): a chunk's e4m3 activation rows sit in the same shared buffer as
+// bytes, kA8Pitch apart, and their scales (one per 128 inputs) beside them. A lane reads the
+// 16 bytes of its k range of a window: the 8 lanes of a quarter warp (rows g, g + 1, lanes t)
+// cover 64 bytes of one row and 64 of the next, and a pitch of 64 mod 128 bytes puts the two
+// rows on different banks.
+constexpr int kA8Pitch = 256 + 64;
+constexpr int kA8Group = 128;  // inputs per activation scale
+constexpr int kA8Groups = 256 / kA8Group;  // per chunk
+static_assert(kA8Pitch <= kChunkPad<WeightCodec::Fp8Block> * 2, "an e4m3 row fits the bf16 row's bytes");
+
+__device__ __forceinline__ uint8_t* a8_row(bf16 (*x)[kChunkPad<WeightCodec::Fp8Block>], int r) {
+  return reinterpret_cast<uint8_t*>(&x[0][0]) + r * kA8Pitch;
+}
+
+// The e4m3 activations and scales of the chunk at kc (kw valid k, a multiple of 128) of the
+// pass's rows: bytes by cp.async, scales by plain loads (both ordered by the step's barrier).
+// Padding rows and groups past k get zeros and scale 0.
+__device__ __forceinline__ void copy_activations_a8(const MoeGemmParams& p, const PassState& st, const int* src_row,
+                                                    bf16 (*x)[kChunkPad<WeightCodec::Fp8Block>],
+                                                    float (*xscale)[kA8Groups], int kc, int kw) {
+  constexpr int kVecs = 256 / 16;
+  for (int idx = threadIdx.x; idx < st.tiles * kMoeGemmTileM * kVecs; idx += blockDim.x) {
+    const int r = idx / kVecs, v = idx % kVecs;
+    const int src = src_row[r];
+    const bool copy = src >= 0 && v * 16 < kw;
+    const uint8_t* from = copy ? p.in_fp8 + static_cast<size_t>(src) * p.k + kc + v * 16 : p.in_fp8;
+    cp_async16(a8_row(x, r) + v * 16, from, copy ? 16 : 0);
+  }
+  const int groups = p.k / kA8Group;
+  for (int idx = threadIdx.x; idx < st.tiles * kMoeGemmTileM * kA8Groups; idx += blockDim.x) {
+    const int r = idx / kA8Groups, gi = idx % kA8Groups;
+    const int src = src_row[r];
+    xscale[r][gi] = src >= 0 && gi * kA8Group < kw ? p.in_scales[static_cast<size_t>(src) * groups + kc / kA8Group + gi] : 0.f;
+  }
+}
+
+// Chunk c's products of one W8A8 step (see pipeline_step): per 64-wide window the lane's raw
+// weight granules are the A fragments of two e4m3 MMAs (bytes 0–7 of its 16 inputs, then 8–15,
+// the activations' k permuted alike), and the window's sums enter the accumulators scaled by the
+// weight rows' and the tokens' scales.
+__device__ __forceinline__ void multiply_chunk_a8(const PassState& st, bf16 (*x)[kChunkPad<WeightCodec::Fp8Block>],
+                                                  const float (*xscale)[kA8Groups],
+                                                  float (&acc)[kTilesPerPass<WeightCodec::Fp8Block>][4],
+                                                  const WeightChunk<WeightCodec::Fp8Block>& w, int kw) {
+  constexpr WeightCodec C = WeightCodec::Fp8Block;
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int j = 0; j < WeightChunk<C>::kGranules; ++j) {
+    if (j * 64 >= kw) break;
+    const uint4 wa = w.a[j], wb = w.b[j];
+    const int gi = j * 64 / kA8Group;
+#pragma unroll
+    for (int tile = 0; tile < kTilesPerPass<C>; ++tile) {
+      if (tile >= st.tiles) break;
+      const uint4 xb = *reinterpret_cast<const uint4*>(a8_row(x, tile * 8 + g) + j * 64 + t * 16);
+      float d[4] = {0.f, 0.f, 0.f, 0.f};
+      mma_e4m3_16832(d, wa.x, wb.x, wa.y, wb.y, xb.x, xb.y);
+      mma_e4m3_16832(d, wa.z, wb.z, wa.w, wb.w, xb.z, xb.w);
+      const float x0 = xscale[tile * 8 + 2 * t][gi], x1 = xscale[tile * 8 + 2 * t + 1][gi];
+      acc[tile][0] = fmaf(d[0], w.s[j].a * x0, acc[tile][0]);
+      acc[tile][1] = fmaf(d[1], w.s[j].a * x1, acc[tile][1]);
+      acc[tile][2] = fmaf(d[2], w.s[j].b * x0, acc[tile][2]);
+      acc[tile][3] = fmaf(d[3], w.s[j].b * x1, acc[tile][3]);
+    }
+  }
+}
+
 // What decoding a granule needs besides its bytes, formed once before its first sub-step: the
 // fp8 block scales of rows g and g + 8; the nvfp4 group scales of inputs 0–15 and 16–31 of each
 // row as bf16 pairs; the int8 / int4 group scales and mins (bf16: nothing).
@@ -216,9 +283,11 @@ __device__ __forceinline__ void decode_step(const WeightChunk<C>& w, int j, int 
 // Software pipeline, two stages: while chunk c is multiplied, the weights of chunk c + 1 are in
 // flight in registers and its activations are copied into the other shared buffer (cp.async), so
 // each block keeps one to two chunks of weight bytes in flight instead of stalling per chunk.
-template <WeightCodec C>
+// kA8: W8A8 (Fp8Block only), the activations e4m3 with their scales in xscale.
+template <WeightCodec C, bool kA8>
 __device__ __forceinline__ void pipeline_step(const MoeGemmParams& p, const PassState& st,
-                                              bf16 (*xs)[kPassRows<C>][kChunkPad<C>], const int* src_row,
+                                              bf16 (*xs)[kPassRows<C>][kChunkPad<C>],
+                                              float (*xscale)[kPassRows<C>][kA8Groups], const int* src_row,
                                               float (&acc)[kTilesPerPass<C>][4], const WeightChunk<C>& cur,
                                               WeightChunk<C>& nxt, int c) {
   constexpr int G = kGranuleSteps<C>;
@@ -226,12 +295,18 @@ __device__ __forceinline__ void pipeline_step(const MoeGemmParams& p, const Pass
   if (c + 1 < st.nchunks) {
     const int kc = (c + 1) * kChunk<C>, kw = min(kChunk<C>, p.k - kc);
     load_weights<C>(p, st, kc, kw, nxt);
-    copy_activations<C>(p, st, src_row, xs[(c + 1) & 1], kc, kw);
+    if constexpr (kA8) copy_activations_a8(p, st, src_row, xs[(c + 1) & 1], xscale[(c + 1) & 1], kc, kw);
+    else copy_activations<C>(p, st, src_row, xs[(c + 1) & 1], kc, kw);
   }
   cp_async_commit();  // possibly empty: keeps the group count uniform for wait_group 1
   cp_async_wait<1>();
   __syncthreads();  // chunk c's activations are in shared memory for every warp
   const int kw = min(kChunk<C>, p.k - c * kChunk<C>);
+  if constexpr (kA8) {
+    multiply_chunk_a8(st, xs[c & 1], xscale[c & 1], acc, cur, kw);
+    __syncthreads();  // xs[c & 1] is refilled by the next step's copies
+    return;
+  }
   const bf16(*x)[kChunkPad<C>] = xs[c & 1];
   DecodeScales<C> sc;
 #pragma unroll
@@ -267,12 +342,13 @@ __device__ __forceinline__ void pipeline_step(const MoeGemmParams& p, const Pass
 template <WeightCodec C>
 constexpr int kBlocksPerSm = 3;
 
-template <bool kSilu, WeightCodec C>
+template <bool kSilu, WeightCodec C, bool kA8 = false>
 __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm<C>) moe_gemm_kernel(MoeGemmParams p) {
   constexpr int kColsPerWarp = kSilu ? 8 : 16;
   constexpr int kColsPerBlock = kWarps * kColsPerWarp;
   constexpr int kRows = kPassRows<C>;
   __shared__ alignas(16) bf16 xs[2][kRows][kChunkPad<C>];
+  __shared__ float xscale[2][kA8 ? kRows : 1][kA8Groups];  // W8A8: activation scales
   __shared__ int src_row[kRows];
   __shared__ int dst_row[kRows];
 
@@ -340,13 +416,15 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm<C>) moe_gemm_kernel(
     {
       const int kw = min(kChunk<C>, p.k);
       load_weights<C>(p, st, 0, kw, wa);
-      copy_activations<C>(p, st, src_row, xs[0], 0, kw);
+      if constexpr (kA8) copy_activations_a8(p, st, src_row, xs[0], xscale[0], 0, kw);
+      else copy_activations<C>(p, st, src_row, xs[0], 0, kw);
       cp_async_commit();
     }
     // Two calls per iteration with the buffers swapped: register arrays keep compile-time indices.
+    auto* xsc = reinterpret_cast<float (*)[kRows][kA8Groups]>(&xscale[0][0][0]);  // unused unless kA8
     for (int c = 0; c < st.nchunks; c += 2) {
-      pipeline_step<C>(p, st, xs, src_row, acc, wa, wb, c);
-      if (c + 1 < st.nchunks) pipeline_step<C>(p, st, xs, src_row, acc, wb, wa, c + 1);
+      pipeline_step<C, kA8>(p, st, xs, xsc, src_row, acc, wa, wb, c);
+      if (c + 1 < st.nchunks) pipeline_step<C, kA8>(p, st, xs, xsc, src_row, acc, wb, wa, c + 1);
     }
     if (!st.warp_active) continue;
     // C fragment: c0/c1 = (row g, tokens 2t, 2t+1), c2/c3 = (row g+8, same tokens).
@@ -382,6 +460,13 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm<C>) moe_gemm_kernel(
 
 template <WeightCodec C>
 void launch(const MoeGemmParams& p, dim3 grid, cudaStream_t stream) {
+  if constexpr (C == WeightCodec::Fp8Block) {
+    if (p.in_fp8 != nullptr) {
+      if (p.silu_gate_up) moe_gemm_kernel<true, C, true><<<grid, kWarps * 32, 0, stream>>>(p);
+      else moe_gemm_kernel<false, C, true><<<grid, kWarps * 32, 0, stream>>>(p);
+      return;
+    }
+  }
   if (p.silu_gate_up) {
     moe_gemm_kernel<true, C><<<grid, kWarps * 32, 0, stream>>>(p);
   } else {
@@ -404,6 +489,11 @@ void check_moe_gemm_params(const MoeGemmParams& p, const char* op) {
   MB_CHECK(p.in_row_div > 0 && p.num_pairs >= 0, name + ": bad pair mapping");
   MB_CHECK(p.out && p.in && w.data && p.sorted_ids && p.expert_offsets, name + ": null operand");
   MB_CHECK(aligned(w.data, 16), name + ": weight data must be 16-byte aligned");
+  MB_CHECK(p.in_fp8 == nullptr ||
+               (w.codec == WeightCodec::Fp8Block && w.group % 64 == 0 && p.k % kA8Group == 0 && p.in_scales &&
+                aligned(p.in_fp8, 16)),
+           name + ": e4m3 activations need FP8-block weights with a group that is a multiple of 64, k % 128 == 0, "
+                  "their scales and 16-byte aligned rows");
   check_quant_matrix(w, op);
 }
 

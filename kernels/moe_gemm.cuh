@@ -37,6 +37,13 @@ struct MoeGemmParams {
   /// Fused SwiGLU: weight rows [0, n) are the gate, [n, 2n) the up projection, and
   /// out = silu(in·W_gateᵀ) · (in·W_upᵀ) from the fp32 accumulators (one rounding).
   bool silu_gate_up = false;
+  /// W8A8 (FP8-block weights only, group a multiple of 64, k % 128 == 0; sm_89 and later): the
+  /// rows of `in` as e4m3 [num_pairs / in_row_div, k] with f32 scales per 128 inputs
+  /// [rows, k / 128] (kernels::quantize_fp8_rows, group 128); the products then run on FP8
+  /// tensor cores, each 64-wide k window's sums scaled by its weight and activation scales into
+  /// the fp32 accumulators, and `in` is not read. nullptr: bf16 activations, weights decoded.
+  const uint8_t* in_fp8 = nullptr;
+  const float* in_scales = nullptr;
 };
 
 /// Runs the grouped GEMM (bf16 tensor-core MMA, fp32 accumulation, one rounding): pipelined,

@@ -392,6 +392,12 @@ class MoeGemmCase final : public OpCase {
         break;
     }
     in_ = RandomBf16(static_cast<size_t>(gate() ? T : pairs) * cols, 1.f, rng, env.stream);
+    if (s_.w8a8) {
+      in_q_ = DevBuf<uint8_t>(in_rows() * cols);
+      in_s_ = DevBuf<float>(in_rows() * (cols / kA8Group));
+      kernels::quantize_fp8_rows(in_.get(), static_cast<int64_t>(in_rows()), static_cast<int>(cols), kA8Group,
+                                 in_q_.get(), in_s_.get(), env.stream);
+    }
     out_ = DevBuf<bf16>(static_cast<size_t>(pairs) * out_cols());
     out_.poison();
   }
@@ -415,6 +421,10 @@ class MoeGemmCase final : public OpCase {
     p.n = out_cols();
     p.k = gate() ? s_.hidden : s_.inter;
     p.silu_gate_up = s_.stage == MoeGemmStage::gate_up_silu;
+    if (s_.w8a8) {
+      p.in_fp8 = in_q_.get();
+      p.in_scales = in_s_.get();
+    }
     if (s_.gemv)
       kernels::moe_gemv(p, s_.tokens, env.stream);
     else
@@ -424,7 +434,8 @@ class MoeGemmCase final : public OpCase {
     const int I = s_.inter, K = s_.top_k, pairs = s_.tokens * K, n_out = out_cols();
     const size_t k = gate() ? s_.hidden : I, rows = gate() ? 2 * I : s_.hidden;
     const std::vector<uint16_t> wb = s_.format == WeightFormat::bf16 ? weight_.original(env.stream) : std::vector<uint16_t>{};
-    const auto in = in_.original_f(env.stream);
+    // W8A8: the e4m3 rows as the kernel reads them, decoded
+    const auto in = s_.w8a8 ? decoded_in(k) : in_.original_f(env.stream);
     // Per expert hit: its weights decoded once (bf16 as stored; a compressed format from its
     // bytes, row scale included), then every pair routed to it in fp64.
     std::vector<std::vector<size_t>> pairs_of(s_.experts);
@@ -471,9 +482,18 @@ class MoeGemmCase final : public OpCase {
   }
 
  private:
+  static constexpr int kA8Group = 128;  // activation inputs per scale (MoeGemmParams::in_scales)
   bool gate() const { return s_.stage != MoeGemmStage::down; }
+  size_t in_rows() const { return static_cast<size_t>(gate() ? s_.tokens : s_.tokens * s_.top_k); }
   int out_cols() const {
     return s_.stage == MoeGemmStage::gate_up ? 2 * s_.inter : s_.stage == MoeGemmStage::gate_up_silu ? s_.inter : s_.hidden;
+  }
+  std::vector<float> decoded_in(size_t k) const {
+    const std::vector<uint8_t> q = in_q_.download<uint8_t>();
+    const std::vector<float> sc = in_s_.download<float>();
+    std::vector<float> x(in_rows() * k);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = fp8_e4m3_to_f32(q[i]) * sc[i / kA8Group];  // k % 128 == 0
+    return x;
   }
   MoeGemmShape s_;
   std::vector<Routing> routings_;
@@ -482,6 +502,8 @@ class MoeGemmCase final : public OpCase {
   double expert_bytes_ = 0;  // one expert's weights as stored
   RandomBf16 weight_, in_;   // weight_: bf16 format
   RandomQuantMatrix qweight_;  // compressed formats
+  DevBuf<uint8_t> in_q_;       // W8A8: e4m3 input rows and their scales
+  DevBuf<float> in_s_;
   DevBuf<bf16> out_;
 };
 
@@ -763,11 +785,14 @@ OpCaseDef moe_gemm_case(const MoeGemmShape& s) {
   // product): + 2^-8 (the grouped GEMV sums in fp32 without that rounding).
   const bool rounded = s.format == WeightFormat::fp8_block || s.format == WeightFormat::int8 ||
                        s.format == WeightFormat::int4;
-  const double tol = rounded ? 5e-3 + 0x1p-8 : 5e-3;
+  // W8A8: products of the decoded e4m3 operands are exact, each window's fp32 sum scaled once: 5e-3.
+  const double tol = rounded && !s.w8a8 ? 5e-3 + 0x1p-8 : 5e-3;
+  MB_CHECK(!s.w8a8 || (s.format == WeightFormat::fp8_block && !s.gemv), "moe_gemm case: W8A8 is the fp8 grouped GEMM's");
   MB_CHECK(!s.gemv || (s.active_experts && s.tokens <= kernels::kMoeGemvMaxTokens),
            "moe_gemm case: moe_gemv needs the active list and few tokens");
   std::string name = std::string(s.gemv ? "moe_gemv" : s.kernel_name) + " " + stage;
   if (s.format != WeightFormat::bf16) name += std::string(" ") + weight_format_name(s.format);
+  if (s.w8a8) name += " w8a8";
   OpCaseDef d = op_case_def<MoeGemmCase>(name,
                                          experts(s.tokens, s.experts, s.top_k, s.hot) + " H" + to_string(s.hidden) +
                                              " I" + to_string(s.inter) + (s.active_experts ? " active" : ""),

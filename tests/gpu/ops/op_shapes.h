@@ -152,6 +152,8 @@ struct MoeGemmShape {
   MoeGemmKernel kernel = &kernels::moe_gemm;
   const char* kernel_name = "moe_gemm";
   bool gemv = false;  ///< launch kernels::moe_gemv (tokens ≤ kMoeGemvMaxTokens) instead of `kernel`
+  /// fp8_block only: W8A8, the input rows quantized per 1 × 128 by quantize_fp8_rows (in_fp8)
+  bool w8a8 = false;
 };
 OpCaseDef moe_gemm_case(const MoeGemmShape& s);
 

@@ -146,6 +146,22 @@ std::vector<OpCaseDef> op_cases_test() {
           t.push_back(moe_gemm_case(s));
         }
       }
+  // W8A8 on the fp8 grouped GEMM (e4m3 rows, k % 128 == 0): two passes of a hot expert, three
+  // chunks with a one-group last chunk (k 640), the Qwen3 shapes; every stage.
+  const MoeGemmShape w8a8_shapes[] = {
+      {.tokens = 50, .experts = 16, .top_k = 4, .hidden = 128, .inter = 128, .hot = 2},
+      {.tokens = 40, .experts = 8, .top_k = 2, .hidden = 640, .inter = 128, .hot = 1},
+      {.tokens = 1, .experts = 64, .top_k = 8, .hidden = 2048, .inter = 768},
+      {.tokens = 12, .experts = 32, .top_k = 8, .hidden = 2048, .inter = 768, .hot = 7},
+  };
+  for (MoeGemmShape s : w8a8_shapes)
+    for (MoeGemmStage stage : {MoeGemmStage::gate_up, MoeGemmStage::gate_up_silu, MoeGemmStage::down}) {
+      s.stage = stage;
+      s.active_experts = stage == MoeGemmStage::gate_up_silu;
+      s.format = WeightFormat::fp8_block;
+      s.w8a8 = true;
+      t.push_back(moe_gemm_case(s));
+    }
   // The many-token path's expert GEMM on wgmma: experts spanning several 128-row tiles (a hot
   // one), empty experts, a partial last tile of output columns (I 72 of 128, H 136 of 256) and
   // of k (72, 136: a last slice of 8 of 64); the cuBLAS fallback on the same shapes.
@@ -322,6 +338,10 @@ std::vector<OpCaseDef> op_cases_bench() {
           add(B, moe_gemm_case({.tokens = B, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI, .stage = stage,
                                 .active_experts = true, .routings = kRoutings, .format = format, .gemv = gemv}));
         }
+    for (MoeGemmStage stage : {MoeGemmStage::down, MoeGemmStage::gate_up_silu})  // "moe_gemm <stage> fp8 w8a8"
+      add(B, moe_gemm_case({.tokens = B, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI, .stage = stage,
+                            .active_experts = true, .routings = kRoutings, .format = WeightFormat::fp8_block,
+                            .w8a8 = true}));
     add(B, silu_mul_case({.rows = B * kK, .inter = kI}));
     add(B, moe_combine_case({.tokens = B, .top_k = kK, .hidden = kH}));
     // Dense projections in each weight format, named by the path quant_linear takes; run() walks
