@@ -195,34 +195,42 @@ __global__ void attention_combine_kernel(AttentionParams p) {
 
 // ---- Prefill on tensor cores (FlashAttention-2 style) ----------------------------------------
 //
-// A block owns kTcRows = 64 rows (row = (query token, head of the kv group), heads inner, as
-// above) of one sequence and one kv head, so each K/V tile staged from the paged cache serves
-// all the group's heads of 64 / group tokens. Warp w owns rows 16w..16w+15: one m16 row block of
-// mma.sync.m16n8k16 (bf16 in, fp32 accumulate). Per 64-key tile: S = Q·Kᵀ (16 × 64 per warp, fp32
-// C fragments), causal mask on the tiles that reach past a row's bound, online softmax in fp32
+// A block owns 64 · RB rows (row = (query token, head of the kv group), heads inner, as above) of
+// one sequence and one kv head, so each K/V tile staged from the paged cache serves all the
+// group's heads of 64 · RB / group tokens. Warp w owns 16 · RB consecutive rows: RB m16 row
+// blocks of mma.sync.m16n8k16 (bf16 in, fp32 accumulate). Per 64-key tile: S = Q·Kᵀ (fp32 C
+// fragments), causal mask on the tiles that reach past a row's bound, online softmax in fp32
 // (base 2; the max and sum of a row live in the quad of lanes sharing it), P rounded to bf16 and
-// used straight from the C fragments as the A fragments of O += P·V (16 × D fp32 per warp).
-// Q stays in registers (A fragments) for the whole key loop. K/V tiles are gathered through the
-// block table by cp.async into two stages: tile t + 1 is in flight while tile t is multiplied.
+// used straight from the C fragments as the A fragments of O += P·V. K/V tiles are gathered
+// through the block table by cp.async into two stages: tile t + 1 is in flight while tile t is
+// multiplied.
+// RB = 1 (decode, short prompts): Q stays in registers for the whole key loop. RB = 2 (long
+// prompts): each K and V fragment read from shared memory feeds twice the MMAs — shared-memory
+// fragment loads are what the RB = 1 kernel waits on (bench/RESULTS.md, ncu 2026-12-02) — and Q
+// is read from its own shared tile per k step (its registers would not fit beside 2 × O).
 // Fragment layouts (PTX ISA, lane = 4g + t): A a0 (row g, k 2t..2t+1), a1 (row g + 8), a2 (row g,
 // k + 8), a3 (row g + 8, k + 8); B b0 (k 2t..2t+1, col g), b1 (k + 8); C c0/c1 (row g, cols 2t,
 // 2t + 1), c2/c3 (row g + 8).
 constexpr int kTcWarps = 4;
 constexpr int kTcThreads = kTcWarps * 32;
-constexpr int kTcRows = kTcWarps * 16;  // query rows per block
+constexpr int kTcRows = kTcWarps * 16;  // query rows per block and row block per warp
 constexpr int kTcKeys = 64;             // keys per tile
+// Rows of a (sequence, kv head) from which prefill takes RB = 2 (a block of 128 rows).
+constexpr int kTcWideMinRows = 8 * kTcRows;
 // Shared rows padded by 16 bytes: the 8 row addresses of an ldmatrix phase (stride D + 8
 // bf16) fall in 8 distinct 16-byte bank groups for D = 32, 64, 128.
 template <int D>
 constexpr int kTcPad = D + 8;
 template <int D>
 constexpr int kTcTileElems = kTcKeys * kTcPad<D>;
-// Stages s = 0, 1: K at tile 2s, V at tile 2s + 1. Stage 1's K tile first holds the Q tile.
-template <int D>
-constexpr size_t kTcSmemBytes = 4 * kTcTileElems<D> * sizeof(bf16);
-// Blocks per SM: D 128 fits three in 204 KB of shared memory and ≤ 168 registers a thread.
-template <int D>
-constexpr int kTcMinBlocks = D == 128 ? 3 : 4;
+// Stages s = 0, 1: K at tile 2s, V at tile 2s + 1. RB = 1: stage 1's K tile first holds the Q
+// tile; RB = 2: the Q tile of 128 rows follows the stages.
+template <int D, int RB>
+constexpr size_t kTcSmemBytes = (4 * kTcTileElems<D> + (RB == 1 ? 0 : RB * kTcRows * kTcPad<D>)) * sizeof(bf16);
+// Blocks per SM: RB 1 at D 128 fits three in 204 KB of shared memory and ≤ 168 registers a
+// thread; RB 2 two (≤ 255 registers, 204 KB).
+template <int D, int RB>
+constexpr int kTcMinBlocks = RB == 2 ? 2 : D == 128 ? 3 : 4;
 static_assert(kTcRows <= kTcKeys, "the Q tile borrows stage 1's K tile");
 static_assert(kTcThreads == 2 * kTcKeys && kTcThreads == 2 * kTcRows, "two threads copy each row");
 
@@ -265,17 +273,18 @@ __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
 // sequence (the last tile's padding) take the last row's bound and zero q, and are not stored.
 // Warps skip 16-key groups at or past their last row's bound (all p = 0 there), which trims the
 // causal diagonal's wasted MMAs; a warp with no rows only joins the copies and barriers.
-template <int D>
-__global__ void __launch_bounds__(kTcThreads, kTcMinBlocks<D>)
+template <int D, int RB>
+__global__ void __launch_bounds__(kTcThreads, kTcMinBlocks<D, RB>)
     attention_prefill_mma_kernel(AttentionParams p) {
   constexpr int kPad = kTcPad<D>;
   constexpr int kChunks = D / 8;   // 16-byte chunks per K/V/Q row
   constexpr int kDSteps = D / 16;  // k16 steps of Q·Kᵀ = dim pairs of n8 blocks in P·V
+  constexpr int kBlockRows = RB * kTcRows, kWarpRows = RB * 16;
   extern __shared__ __align__(16) unsigned char attn_smem[];
   bf16* const smem = reinterpret_cast<bf16*>(attn_smem);
 
   const int kvh = blockIdx.x, seq = blockIdx.z;
-  const int row0 = (gridDim.y - 1 - blockIdx.y) * kTcRows;
+  const int row0 = (gridDim.y - 1 - blockIdx.y) * kBlockRows;
   const int q0 = p.q_start[seq];
   const int n_q = p.q_start[seq + 1] - q0;
   const int group = p.n_q_heads / p.n_kv_heads;
@@ -283,7 +292,7 @@ __global__ void __launch_bounds__(kTcThreads, kTcMinBlocks<D>)
   if (row0 >= n_rows) return;
   const int pos0 = p.kv_lens[seq] - n_q;  // position of the sequence's first query token
   const auto limit = [&](int row) { return pos0 + min(row, n_rows - 1) / group + 1; };
-  const int block_limit = limit(row0 + kTcRows - 1);
+  const int block_limit = limit(row0 + kBlockRows - 1);
   const int n_tiles = CEIL_DIV(block_limit, kTcKeys);
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -293,6 +302,7 @@ __global__ void __launch_bounds__(kTcThreads, kTcMinBlocks<D>)
   const int32_t* table = p.block_tables + static_cast<size_t>(seq) * p.max_blocks_per_seq;
   const auto k_tile = [&](int stage) { return smem + 2 * stage * kTcTileElems<D>; };
   const auto v_tile = [&](int stage) { return smem + (2 * stage + 1) * kTcTileElems<D>; };
+  bf16* const q_tile = RB == 1 ? k_tile(1) : smem + 4 * kTcTileElems<D>;
 
   // Copies: thread pair (2r, 2r + 1) moves row r of a tile, one 32-byte sector (chunks 2i,
   // 2i + 1) per step, so each thread looks up one block-table entry per key tile.
@@ -318,9 +328,10 @@ __global__ void __launch_bounds__(kTcThreads, kTcMinBlocks<D>)
     }
   };
 
-  // Prologue: the Q tile (into stage 1's K tile) and key tile 0, then Q's A fragments.
-  {
-    const int row = row0 + cp_row;
+  // Prologue: the Q tile and key tile 0; RB = 1 then takes Q's A fragments into registers.
+#pragma unroll
+  for (int pass = 0; pass < RB; ++pass) {
+    const int row = row0 + pass * kTcRows + cp_row;
     const bf16* src = p.q;
     int bytes = 0;
     if (row < n_rows) {
@@ -328,7 +339,7 @@ __global__ void __launch_bounds__(kTcThreads, kTcMinBlocks<D>)
       src = p.q + token * p.q_stride + (kvh * group + row % group) * D + cp_chunk;
       bytes = 16;
     }
-    const unsigned qs = smem_addr(k_tile(1)) + cp_dst;
+    const unsigned qs = smem_addr(q_tile + pass * kTcRows * kPad) + cp_dst;
 #pragma unroll
     for (int i = 0; i < kChunks / 2; ++i) cp_async16(qs + 32 * i, src + 16 * i, bytes);
   }
@@ -336,21 +347,30 @@ __global__ void __launch_bounds__(kTcThreads, kTcMinBlocks<D>)
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
-  unsigned qf[kDSteps][4];
+  const bf16* const q_warp = q_tile + warp * kWarpRows * kPad;  // this warp's rows of the Q tile
+  unsigned qf[RB == 1 ? kDSteps : 1][4];
+  if constexpr (RB == 1) {
 #pragma unroll
-  for (int kk = 0; kk < kDSteps; ++kk)
-    ldmatrix_x4(smem_addr(k_tile(1) + (warp * 16 + ld_row) * kPad + kk * 16 + ld_col), qf[kk]);
-  __syncthreads();  // stage 1 is free for key tile 1
+    for (int kk = 0; kk < kDSteps; ++kk) ldmatrix_x4(smem_addr(q_warp + ld_row * kPad + kk * 16 + ld_col), qf[kk]);
+    __syncthreads();  // stage 1 is free for key tile 1
+  }
 
-  const int wrow0 = row0 + warp * 16;
+  const int wrow0 = row0 + warp * kWarpRows;
   const bool warp_active = wrow0 < n_rows;
-  const int warp_lo = limit(wrow0), warp_hi = limit(wrow0 + 15);
-  const int lim_a = limit(wrow0 + g), lim_b = limit(wrow0 + g + 8);  // rows g and g + 8
-  const float log2_scale = p.scale * kLog2e;  // scores to base-2 logits, applied in fp32
-  float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;  // max of c·s; lane-partial sums
-  float o[2 * kDSteps][4];
+  const int warp_lo = limit(wrow0), warp_hi = limit(wrow0 + kWarpRows - 1);
+  int lim_a[RB], lim_b[RB];  // rows g and g + 8 of each row block
+  float m_a[RB], m_b[RB], l_a[RB], l_b[RB];  // max of c·s; lane-partial sums
+  float o[RB][2 * kDSteps][4];
 #pragma unroll
-  for (int n = 0; n < 2 * kDSteps; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  for (int rb = 0; rb < RB; ++rb) {
+    lim_a[rb] = limit(wrow0 + 16 * rb + g);
+    lim_b[rb] = limit(wrow0 + 16 * rb + g + 8);
+    m_a[rb] = m_b[rb] = -INFINITY;
+    l_a[rb] = l_b[rb] = 0.f;
+#pragma unroll
+    for (int n = 0; n < 2 * kDSteps; ++n) o[rb][n][0] = o[rb][n][1] = o[rb][n][2] = o[rb][n][3] = 0.f;
+  }
+  const float log2_scale = p.scale * kLog2e;  // scores to base-2 logits, applied in fp32
 
   for (int kt = 0; kt < n_tiles; ++kt) {
     if (kt + 1 < n_tiles) load_kv(kt + 1, (kt + 1) & 1);
@@ -364,21 +384,36 @@ __global__ void __launch_bounds__(kTcThreads, kTcMinBlocks<D>)
       // S = Q·Kᵀ: n8 blocks 2jp, 2jp + 1 = keys 16jp..16jp+15. K rows are keys, so the ldmatrix
       // blocks (keys 0-7 | 8-15) × (dims 0-7 | 8-15) are b0 of block 2jp, b0 of 2jp + 1, b1 of
       // 2jp, b1 of 2jp + 1. Only the first `groups` 16-key groups: the rest lie at or past
-      // warp_hi (a diagonal tile), are masked below and stay 0 here. kk outer: the 2·groups
+      // warp_hi (a diagonal tile), are masked below and stay 0 here. kk outer: the 2·groups·RB
       // accumulators are independent MMA chains.
-      float s[8][4];
+      float s[RB][8][4];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+      for (int rb = 0; rb < RB; ++rb)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) s[rb][j][0] = s[rb][j][1] = s[rb][j][2] = s[rb][j][3] = 0.f;
       const auto qk = [&](auto groups) {
 #pragma unroll
-        for (int kk = 0; kk < kDSteps; ++kk)
+        for (int kk = 0; kk < kDSteps; ++kk) {
+          unsigned a[RB][4];
+#pragma unroll
+          for (int rb = 0; rb < RB; ++rb) {
+            if constexpr (RB == 1) {
+              a[rb][0] = qf[kk][0], a[rb][1] = qf[kk][1], a[rb][2] = qf[kk][2], a[rb][3] = qf[kk][3];
+            } else {
+              ldmatrix_x4(smem_addr(q_warp + (16 * rb + ld_row) * kPad + kk * 16 + ld_col), a[rb]);
+            }
+          }
 #pragma unroll
           for (int jp = 0; jp < decltype(groups)::value; ++jp) {
             unsigned b[4];
             ldmatrix_x4(smem_addr(ks + (16 * jp + ld_row) * kPad + kk * 16 + ld_col), b);
-            mma_bf16_16816(s[2 * jp], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b[0], b[2]);
-            mma_bf16_16816(s[2 * jp + 1], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b[1], b[3]);
+#pragma unroll
+            for (int rb = 0; rb < RB; ++rb) {
+              mma_bf16_16816(s[rb][2 * jp], a[rb][0], a[rb][1], a[rb][2], a[rb][3], b[0], b[2]);
+              mma_bf16_16816(s[rb][2 * jp + 1], a[rb][0], a[rb][1], a[rb][2], a[rb][3], b[1], b[3]);
+            }
           }
+        }
       };
       switch (CEIL_DIV(warp_hi - k0, 16)) {
         case 1: qk(std::integral_constant<int, 1>{}); break;
@@ -386,55 +421,58 @@ __global__ void __launch_bounds__(kTcThreads, kTcMinBlocks<D>)
         case 3: qk(std::integral_constant<int, 3>{}); break;
         default: qk(std::integral_constant<int, 4>{}); break;
       }
-      // Causal mask where a key of the tile reaches a row's bound (skipped groups included).
-      if (k0 + kTcKeys > warp_lo) {
+      unsigned pf[RB][4][4];  // P as the A fragments of the 4 k16 steps of P·V
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
+      for (int rb = 0; rb < RB; ++rb) {
+        // Causal mask where a key of the tile reaches a row's bound (skipped groups included).
+        if (k0 + kTcKeys > warp_lo) {
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int key = k0 + 8 * j + 2 * t + e;
-            if (key >= lim_a) s[j][e] = -INFINITY;
-            if (key >= lim_b) s[j][2 + e] = -INFINITY;
-          }
-      }
-      // Online softmax: the quad (t = 0..3) of lanes holds a row's 64 scores.
-      float mx_a = -INFINITY, mx_b = -INFINITY;
+          for (int j = 0; j < 8; ++j)
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        mx_a = fmaxf(mx_a, fmaxf(s[j][0], s[j][1]));
-        mx_b = fmaxf(mx_b, fmaxf(s[j][2], s[j][3]));
-      }
+            for (int e = 0; e < 2; ++e) {
+              const int key = k0 + 8 * j + 2 * t + e;
+              if (key >= lim_a[rb]) s[rb][j][e] = -INFINITY;
+              if (key >= lim_b[rb]) s[rb][j][2 + e] = -INFINITY;
+            }
+        }
+        // Online softmax: the quad (t = 0..3) of lanes holds a row's 64 scores.
+        float mx_a = -INFINITY, mx_b = -INFINITY;
 #pragma unroll
-      for (int x = 1; x <= 2; x <<= 1) {
-        mx_a = fmaxf(mx_a, __shfl_xor_sync(kFullMask, mx_a, x));
-        mx_b = fmaxf(mx_b, __shfl_xor_sync(kFullMask, mx_b, x));
-      }
-      const float mn_a = fmaxf(m_a, mx_a * log2_scale), mn_b = fmaxf(m_b, mx_b * log2_scale);
-      const float alpha_a = exp2f(m_a - mn_a), alpha_b = exp2f(m_b - mn_b);  // 0 on the first tile
-      m_a = mn_a;
-      m_b = mn_b;
-      // P as the A fragments of the 4 k16 steps of P·V: C blocks 2kk, 2kk + 1 are a0/a1, a2/a3.
-      unsigned pf[4][4];
-      float sum_a = 0.f, sum_b = 0.f;
+        for (int j = 0; j < 8; ++j) {
+          mx_a = fmaxf(mx_a, fmaxf(s[rb][j][0], s[rb][j][1]));
+          mx_b = fmaxf(mx_b, fmaxf(s[rb][j][2], s[rb][j][3]));
+        }
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float p0 = exp2f(fmaf(s[j][0], log2_scale, -mn_a));
-        const float p1 = exp2f(fmaf(s[j][1], log2_scale, -mn_a));
-        const float p2 = exp2f(fmaf(s[j][2], log2_scale, -mn_b));
-        const float p3 = exp2f(fmaf(s[j][3], log2_scale, -mn_b));
-        sum_a += p0 + p1;
-        sum_b += p2 + p3;
-        pf[j / 2][(j & 1) * 2] = pack_bf16(p0, p1);
-        pf[j / 2][(j & 1) * 2 + 1] = pack_bf16(p2, p3);
-      }
-      l_a = l_a * alpha_a + sum_a;
-      l_b = l_b * alpha_b + sum_b;
+        for (int x = 1; x <= 2; x <<= 1) {
+          mx_a = fmaxf(mx_a, __shfl_xor_sync(kFullMask, mx_a, x));
+          mx_b = fmaxf(mx_b, __shfl_xor_sync(kFullMask, mx_b, x));
+        }
+        const float mn_a = fmaxf(m_a[rb], mx_a * log2_scale), mn_b = fmaxf(m_b[rb], mx_b * log2_scale);
+        const float alpha_a = exp2f(m_a[rb] - mn_a), alpha_b = exp2f(m_b[rb] - mn_b);  // 0 on the first tile
+        m_a[rb] = mn_a;
+        m_b[rb] = mn_b;
+        // C blocks 2kk, 2kk + 1 are a0/a1, a2/a3 of P·V's k16 step kk.
+        float sum_a = 0.f, sum_b = 0.f;
 #pragma unroll
-      for (int n = 0; n < 2 * kDSteps; ++n) {
-        o[n][0] *= alpha_a;
-        o[n][1] *= alpha_a;
-        o[n][2] *= alpha_b;
-        o[n][3] *= alpha_b;
+        for (int j = 0; j < 8; ++j) {
+          const float p0 = exp2f(fmaf(s[rb][j][0], log2_scale, -mn_a));
+          const float p1 = exp2f(fmaf(s[rb][j][1], log2_scale, -mn_a));
+          const float p2 = exp2f(fmaf(s[rb][j][2], log2_scale, -mn_b));
+          const float p3 = exp2f(fmaf(s[rb][j][3], log2_scale, -mn_b));
+          sum_a += p0 + p1;
+          sum_b += p2 + p3;
+          pf[rb][j / 2][(j & 1) * 2] = pack_bf16(p0, p1);
+          pf[rb][j / 2][(j & 1) * 2 + 1] = pack_bf16(p2, p3);
+        }
+        l_a[rb] = l_a[rb] * alpha_a + sum_a;
+        l_b[rb] = l_b[rb] * alpha_b + sum_b;
+#pragma unroll
+        for (int n = 0; n < 2 * kDSteps; ++n) {
+          o[rb][n][0] *= alpha_a;
+          o[rb][n][1] *= alpha_a;
+          o[rb][n][2] *= alpha_b;
+          o[rb][n][3] *= alpha_b;
+        }
       }
       // O += P·V. V rows are keys: ldmatrix.trans of (keys 0-7 | 8-15) × (dims 0-7 | 8-15) gives
       // b0, b1 of dim block 2np, then b0, b1 of 2np + 1.
@@ -445,8 +483,11 @@ __global__ void __launch_bounds__(kTcThreads, kTcMinBlocks<D>)
         for (int np = 0; np < kDSteps; ++np) {
           unsigned b[4];
           ldmatrix_x4_trans(smem_addr(vs + (16 * kk + ld_row) * kPad + np * 16 + ld_col), b);
-          mma_bf16_16816(o[2 * np], pf[kk][0], pf[kk][1], pf[kk][2], pf[kk][3], b[0], b[1]);
-          mma_bf16_16816(o[2 * np + 1], pf[kk][0], pf[kk][1], pf[kk][2], pf[kk][3], b[2], b[3]);
+#pragma unroll
+          for (int rb = 0; rb < RB; ++rb) {
+            mma_bf16_16816(o[rb][2 * np], pf[rb][kk][0], pf[rb][kk][1], pf[rb][kk][2], pf[rb][kk][3], b[0], b[1]);
+            mma_bf16_16816(o[rb][2 * np + 1], pf[rb][kk][0], pf[rb][kk][1], pf[rb][kk][2], pf[rb][kk][3], b[2], b[3]);
+          }
         }
       }
     }
@@ -454,25 +495,31 @@ __global__ void __launch_bounds__(kTcThreads, kTcMinBlocks<D>)
   }
 
   if (!warp_active) return;
+  // One rounding: o / l to bf16, dims 8n + 2t, 2t + 1 of rows g and g + 8, staged for 16-byte
+  // stores in shared memory free after the loop's last barrier: RB = 1 this warp's 16 rows of
+  // stage 0, RB = 2 its own rows of the Q tile.
+  bf16* const o_s = RB == 1 ? k_tile(0) + warp * 16 * kPad : q_tile + warp * kWarpRows * kPad;
 #pragma unroll
-  for (int x = 1; x <= 2; x <<= 1) {
-    l_a += __shfl_xor_sync(kFullMask, l_a, x);
-    l_b += __shfl_xor_sync(kFullMask, l_b, x);
-  }
-  // One rounding: o / l to bf16, dims 8n + 2t, 2t + 1 of rows g and g + 8, staged in this
-  // warp's 16 rows of stage 0 (free after the loop's last barrier) for 16-byte stores.
-  const float inv_a = 1.f / l_a, inv_b = 1.f / l_b;  // l ≥ 1: the row max's own term
-  bf16* const o_s = k_tile(0) + warp * 16 * kPad;
+  for (int rb = 0; rb < RB; ++rb) {
+    float la = l_a[rb], lb = l_b[rb];
 #pragma unroll
-  for (int n = 0; n < 2 * kDSteps; ++n) {
-    *reinterpret_cast<__nv_bfloat162*>(o_s + g * kPad + 8 * n + 2 * t) =
-        __floats2bfloat162_rn(o[n][0] * inv_a, o[n][1] * inv_a);
-    *reinterpret_cast<__nv_bfloat162*>(o_s + (g + 8) * kPad + 8 * n + 2 * t) =
-        __floats2bfloat162_rn(o[n][2] * inv_b, o[n][3] * inv_b);
+    for (int x = 1; x <= 2; x <<= 1) {
+      la += __shfl_xor_sync(kFullMask, la, x);
+      lb += __shfl_xor_sync(kFullMask, lb, x);
+    }
+    const float inv_a = 1.f / la, inv_b = 1.f / lb;  // l ≥ 1: the row max's own term
+    bf16* const os = o_s + 16 * rb * kPad;
+#pragma unroll
+    for (int n = 0; n < 2 * kDSteps; ++n) {
+      *reinterpret_cast<__nv_bfloat162*>(os + g * kPad + 8 * n + 2 * t) =
+          __floats2bfloat162_rn(o[rb][n][0] * inv_a, o[rb][n][1] * inv_a);
+      *reinterpret_cast<__nv_bfloat162*>(os + (g + 8) * kPad + 8 * n + 2 * t) =
+          __floats2bfloat162_rn(o[rb][n][2] * inv_b, o[rb][n][3] * inv_b);
+    }
   }
   __syncwarp();
 #pragma unroll
-  for (int i = 0; i < 16 * kChunks / 32; ++i) {
+  for (int i = 0; i < kWarpRows * kChunks / 32; ++i) {
     const int idx = lane + 32 * i, r = idx / kChunks, ch = idx % kChunks * 8;
     const int row = wrow0 + r;
     if (row >= n_rows) continue;
@@ -522,20 +569,31 @@ void dispatch(const AttentionParams& p, cudaStream_t stream) {
   }
 }
 
-template <int D>
+template <int D, int RB>
 void launch_mma(const AttentionParams& p, cudaStream_t stream) {
   const int group = p.n_q_heads / p.n_kv_heads;
-  const dim3 grid(p.n_kv_heads, CEIL_DIV(p.max_q_len * group, kTcRows), p.num_seqs);
-  // Above the 48 KB default (D 128: 68 KB), and the whole carveout as shared memory so that
-  // kTcMinBlocks blocks fit (the kernel barely uses L1); set per launch, as attributes are per
-  // device.
-  const auto kernel = attention_prefill_mma_kernel<D>;
+  const dim3 grid(p.n_kv_heads, CEIL_DIV(p.max_q_len * group, RB * kTcRows), p.num_seqs);
+  // Above the 48 KB default (D 128: 68 KB, 102 KB at RB 2), and the whole carveout as shared
+  // memory so that kTcMinBlocks blocks fit (the kernel barely uses L1); set per launch, as
+  // attributes are per device.
+  const auto kernel = attention_prefill_mma_kernel<D, RB>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(kTcSmemBytes<D>)));
+                                  static_cast<int>(kTcSmemBytes<D, RB>)));
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                   cudaSharedmemCarveoutMaxShared));
-  kernel<<<grid, kTcThreads, kTcSmemBytes<D>, stream>>>(p);
+  kernel<<<grid, kTcThreads, kTcSmemBytes<D, RB>, stream>>>(p);
   CUDA_CHECK_LAST();
+}
+
+// Long prompts (a (sequence, kv head) with kTcWideMinRows rows or more) take 128-row blocks at
+// head_dim 128; decode and short prompts the 64-row blocks, whose tile wastes less on few rows.
+template <int D>
+void launch_mma(const AttentionParams& p, cudaStream_t stream) {
+  if constexpr (D == 128) {
+    const int64_t rows = static_cast<int64_t>(p.max_q_len) * (p.n_q_heads / p.n_kv_heads);
+    if (rows >= kTcWideMinRows) return launch_mma<D, 2>(p, stream);
+  }
+  launch_mma<D, 1>(p, stream);
 }
 
 // Where prefill runs: the tensor-core kernel takes head_dim 32/64/128 without split-K, with

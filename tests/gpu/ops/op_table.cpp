@@ -48,14 +48,18 @@ std::vector<OpCaseDef> op_cases_test() {
   t.push_back(shared_expert_gate_case({.tokens = 17, .hidden = 2048}));
 
   // Attention. Prefill: whole prompts, a chunk continuing a cached prefix and a decode token in
-  // one step. head_dim 32/64/128 run on tensor cores (64-row, 64-key tiles); head_dim 16 and 256
-  // and split-K take the CUDA-core kernel.
+  // one step. head_dim 32/64/128 run on tensor cores (64-row, 64-key tiles; at head_dim 128 a
+  // step whose longest sequence has ≥ 512 rows takes 128-row tiles: the first two cases, and
+  // the third at 504 rows the 64-row ones); head_dim 16 and 256 and split-K take the CUDA-core
+  // kernel.
   t.push_back(attention_case({.head_dim = 128, .n_q_heads = 32, .n_kv_heads = 4, .q_lens = {37, 64, 20, 1},
                               .kv_lens = {37, 64, 85, 130}}));
   // Prompt lengths around the tiles (64 rows = 8 tokens of 8 heads, or 64 tokens of 1 head; 64
   // keys): a decode token, whole prompts and chunks on a cached prefix that ends mid-tile.
   t.push_back(attention_case({.head_dim = 128, .n_q_heads = 32, .n_kv_heads = 4, .q_lens = {1, 63, 64, 65, 200},
                               .kv_lens = {17, 63, 128, 145, 277}}));
+  t.push_back(attention_case({.head_dim = 128, .n_q_heads = 32, .n_kv_heads = 4, .q_lens = {1, 63, 40, 17},
+                              .kv_lens = {17, 63, 104, 81}}));
   t.push_back(attention_case({.head_dim = 128, .n_q_heads = 8, .n_kv_heads = 8, .q_lens = {1, 63, 64, 65, 200},
                               .kv_lens = {1, 100, 64, 65, 456}}));
   t.push_back(attention_case({.head_dim = 64, .n_q_heads = 16, .n_kv_heads = 4, .q_lens = {130, 7}, .kv_lens = {130, 71}}));
@@ -370,7 +374,7 @@ std::vector<OpCaseDef> op_cases_bench() {
                                          .stage = stage, .gather = stage == MoeGemmStage::gate_up_silu,
                                          .fp8 = true, .block_scales = block}));
   // Prefill attention: whole prompts, causal (batch column: the tokens).
-  for (auto [prompts, len] : {std::pair{64, 128}, {8, 512}, {1, 2048}})
+  for (auto [prompts, len] : {std::pair{64, 128}, {8, 512}, {8, 1024}, {1, 2048}})
     add(prompts * len, named(attention_case({.head_dim = kD, .n_q_heads = kNq, .n_kv_heads = kNkv,
                                              .q_lens = std::vector<int>(prompts, len),
                                              .kv_lens = std::vector<int>(prompts, len), .q_pad = 0}),
