@@ -70,18 +70,6 @@ struct Smem {
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
-// Four 8×8 bf16 matrices; lanes 8i..8i+7 address the rows of matrix i, and lane 4g + t gets
-// (row g, cols 2t, 2t + 1) of each in r[i] — or with .trans (rows 2t, 2t + 1, col g).
-__device__ __forceinline__ void ldmatrix_x4(unsigned addr, unsigned r[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(unsigned addr, unsigned r[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
 
 // Fragment loads (PTX ISA layouts, lane = 4g + t: A a0 (row g, k 2t..2t+1), a1 (row g + 8),
 // a2 (k + 8), a3 (both); B b0 (k 2t..2t+1, col g), b1 (k + 8)) from row-major bf16 tiles.

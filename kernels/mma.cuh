@@ -1,7 +1,21 @@
-// Warp-level tensor-core MMA shared by the expert GEMM variants.
+// Warp-level tensor-core MMA and fragment loads shared by the expert GEMM, attention and delta-rule kernels.
 #pragma once
 
 namespace moebatch::kernels {
+
+// ldmatrix: four 8×8 bf16 matrices from shared memory (addr: a shared-space address); lanes
+// 8i..8i+7 address the rows of matrix i, and lane 4g + t gets (row g, cols 2t, 2t + 1) of each
+// in r[i] — or with .trans (rows 2t, 2t + 1, col g).
+__device__ __forceinline__ void ldmatrix_x4(unsigned addr, unsigned r[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned addr, unsigned r[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
 
 // D = A·B + D, m16n8k16, bf16 operands, fp32 accumulators (register fragments as in the PTX ISA).
 __device__ __forceinline__ void mma_bf16_16816(float c[4], unsigned a0, unsigned a1, unsigned a2,
