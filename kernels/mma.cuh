@@ -1,4 +1,5 @@
-// Warp-level tensor-core MMA and fragment loads shared by the expert GEMM, attention and delta-rule kernels.
+// Warp-level tensor-core MMA and fragment loads shared by the expert GEMM, attention and
+// delta-rule kernels.
 #pragma once
 
 namespace moebatch::kernels {
