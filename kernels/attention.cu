@@ -234,9 +234,6 @@ constexpr int kTcMinBlocks = RB == 2 ? 2 : D == 128 ? 3 : 4;
 static_assert(kTcRows <= kTcKeys, "the Q tile borrows stage 1's K tile");
 static_assert(kTcThreads == 2 * kTcKeys && kTcThreads == 2 * kTcRows, "two threads copy each row");
 
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
 // 16-byte global → shared copy that bypasses registers; src_bytes 0 writes zeros.
 __device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),

@@ -67,35 +67,32 @@ struct Smem {
       kC * sizeof(double) + kF32 * sizeof(float) + kBf16 * sizeof(bf16);
 };
 
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
 
 // Fragment loads (PTX ISA layouts, lane = 4g + t: A a0 (row g, k 2t..2t+1), a1 (row g + 8),
 // a2 (k + 8), a3 (both); B b0 (k 2t..2t+1, col g), b1 (k + 8)) from row-major bf16 tiles.
 // A 16 × 16 of M at (row0, k0).
 __device__ __forceinline__ void load_a(unsigned r[4], const bf16* m, int pitch, int row0, int k0,
                                        int lane) {
-  ldmatrix_x4(smem_u32(m + (row0 + (lane & 15)) * pitch + k0 + (lane >> 4) * 8), r);
+  ldmatrix_x4(smem_addr(m + (row0 + (lane & 15)) * pitch + k0 + (lane >> 4) * 8), r);
 }
 // A 16 × 16 of Mᵀ (A[r][k] = M[k][r]) at (row0, k0): M rows k0.., columns row0...
 __device__ __forceinline__ void load_a_t(unsigned r[4], const bf16* m, int pitch, int row0, int k0,
                                          int lane) {
   ldmatrix_x4_trans(
-      smem_u32(m + (k0 + (lane & 7) + (lane >> 4) * 8) * pitch + row0 + ((lane >> 3) & 1) * 8), r);
+      smem_addr(m + (k0 + (lane & 7) + (lane >> 4) * 8) * pitch + row0 + ((lane >> 3) & 1) * 8), r);
 }
 // B k16 × n16 (two n8 tiles: r[0..1] columns n0.., r[2..3] n0 + 8..) where M = Bᵀ, i.e.
 // B[k][n] = M[n][k].
 __device__ __forceinline__ void load_b_nk(unsigned r[4], const bf16* m, int pitch, int k0, int n0,
                                           int lane) {
   ldmatrix_x4(
-      smem_u32(m + (n0 + (lane & 7) + (lane >> 4) * 8) * pitch + k0 + ((lane >> 3) & 1) * 8), r);
+      smem_addr(m + (n0 + (lane & 7) + (lane >> 4) * 8) * pitch + k0 + ((lane >> 3) & 1) * 8), r);
 }
 // The same from M = B (B[k][n] = M[k][n]).
 __device__ __forceinline__ void load_b_kn(unsigned r[4], const bf16* m, int pitch, int k0, int n0,
                                           int lane) {
   ldmatrix_x4_trans(
-      smem_u32(m + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * pitch + n0 + (lane >> 4) * 8), r);
+      smem_addr(m + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * pitch + n0 + (lane >> 4) * 8), r);
 }
 
 // c += a·b in bf16x3: the two small cross terms first.

@@ -4,6 +4,11 @@
 
 namespace moebatch::kernels {
 
+// The shared-space address of a pointer into shared memory (what ldmatrix and cp.async take).
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
 // ldmatrix: four 8×8 bf16 matrices from shared memory (addr: a shared-space address); lanes
 // 8i..8i+7 address the rows of matrix i, and lane 4g + t gets (row g, cols 2t, 2t + 1) of each
 // in r[i] — or with .trans (rows 2t, 2t + 1, col g).

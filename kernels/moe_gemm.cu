@@ -160,7 +160,7 @@ __device__ __forceinline__ void copy_activations(const MoeGemmParams& p, const P
 // cover 64 bytes of one row and 64 of the next, and a pitch of 64 mod 128 bytes puts the two
 // rows on different banks.
 constexpr int kA8Pitch = 256 + 64;
-constexpr int kA8Group = 128;  // inputs per activation scale
+constexpr int kA8Group = kMoeGemmA8Group;
 constexpr int kA8Groups = 256 / kA8Group;  // per chunk
 static_assert(kA8Pitch <= kChunkPad<WeightCodec::Fp8Block> * 2, "an e4m3 row fits the bf16 row's bytes");
 

@@ -46,6 +46,9 @@ struct MoeGemmParams {
   const float* in_scales = nullptr;
 };
 
+/// Inputs per activation scale of MoeGemmParams::in_fp8 rows (quantize_fp8_rows' group).
+constexpr int kMoeGemmA8Group = 128;
+
 /// Runs the grouped GEMM (bf16 tensor-core MMA, fp32 accumulation, one rounding): pipelined,
 /// a block per 64 weight rows of an expert over all of k. The engine's path at every batch and
 /// weight codec. Requires fp8 scales with a group that is a multiple of 16, nvfp4 scales, row

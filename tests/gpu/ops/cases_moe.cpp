@@ -482,7 +482,7 @@ class MoeGemmCase final : public OpCase {
   }
 
  private:
-  static constexpr int kA8Group = 128;  // activation inputs per scale (MoeGemmParams::in_scales)
+  static constexpr int kA8Group = kernels::kMoeGemmA8Group;
   bool gate() const { return s_.stage != MoeGemmStage::down; }
   size_t in_rows() const { return static_cast<size_t>(gate() ? s_.tokens : s_.tokens * s_.top_k); }
   int out_cols() const {
