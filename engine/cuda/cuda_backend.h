@@ -82,8 +82,9 @@ struct CudaBackendOptions {
   /// Hopper and the build has its sm_90a code; false (or any other GPU): the cuBLAS grouped GEMM.
   bool wgmma_experts = true;
   /// There, FP8-block experts (groups of 128) run W8A8: the activations quantized per row and
-  /// 128 columns, the products on FP8 tensor cores (kernels::moe_wgmma_fp8). false: their weights
-  /// are decoded to bf16 a batch of experts at a time and multiplied on the bf16 kernel.
+  /// 128 columns, the products on FP8 tensor cores (kernels::moe_wgmma_fp8); so do the grouped
+  /// GEMMs of steps with more than one token (kernels::moe_gemm's in_fp8). false: their weights
+  /// are decoded to bf16 (a batch of experts at a time, or in registers) for bf16 products.
   bool w8a8_experts = true;
 
   /// The ordinal of every rank (`devices`, or the consecutive range).

@@ -368,10 +368,27 @@ std::optional<k::MoeCombineParams> moe(const Step& s, const DeviceLayerWeights& 
     combine.row_of_pair = B.row_of_pair;
   } else {
     // experts: grouped gate+up GEMM with SiLU·mul in its epilogue, then the grouped down GEMM
-    // (a grouped GEMV for decode batches of ≤ 8 tokens)
-    expert_gemm(s.gate_up, L.w_gate_up, s.n, s.st);
+    // (a grouped GEMV for one-token steps). FP8-block experts run W8A8 there too: the hidden
+    // rows, then the activations, quantized per 1 × 128 into gate_up (unused on this path).
+    k::MoeGemmParams gate_up = s.gate_up, down = s.down;
+    const size_t scratch = B.gate_up_elems * sizeof(bf16);
+    const bool a8 = s.r.w8a8_experts && expert_gemm_w8a8(L.w_gate_up, L.w_down, s.n) &&
+                    fp8_rows_bytes(s.n, s.H) <= scratch && fp8_rows_bytes(pairs, s.gate_up.n) <= scratch;
+    if (a8) {
+      const Fp8Rows x = carve_fp8_rows(B.gate_up, scratch, s.n, s.H);
+      k::quantize_fp8_rows(B.h, s.n, s.H, k::kMoeGemmA8Group, x.data, x.scales, s.st);
+      gate_up.in_fp8 = x.data;
+      gate_up.in_scales = x.scales;
+    }
+    expert_gemm(gate_up, L.w_gate_up, s.n, s.st);
     s.mark("moe_gemm_gate_up_silu");
-    expert_gemm(s.down, L.w_down, s.n, s.st);
+    if (a8) {
+      const Fp8Rows a = carve_fp8_rows(B.gate_up, scratch, pairs, s.gate_up.n);
+      k::quantize_fp8_rows(down.in, pairs, s.gate_up.n, k::kMoeGemmA8Group, a.data, a.scales, s.st);
+      down.in_fp8 = a.data;
+      down.in_scales = a.scales;
+    }
+    expert_gemm(down, L.w_down, s.n, s.st);
     s.mark("moe_gemm_down");
   }
 

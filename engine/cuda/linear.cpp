@@ -198,6 +198,11 @@ bool w8a8_experts(const TensorPlan& gate_up, const TensorPlan& down) {
   return w8a8_stacks(gate_up, down);
 }
 
+bool expert_gemm_w8a8(const DeviceTensor& gate_up, const DeviceTensor& down, int tokens) {
+  return tokens > kExpertGemvMaxTokens && w8a8_stacks(gate_up, down) &&
+         gate_up.shape[2] % kernels::kMoeGemmA8Group == 0 && down.shape[2] % kernels::kMoeGemmA8Group == 0;
+}
+
 void expert_gemm_wgmma_fp8(const GemmContext& g, kernels::MoeWgmmaFp8Params p, const DeviceTensor& w) {
   MB_CHECK(w.shape.size() == 3 && w.format == WeightFormat::Fp8Block && w.group == kernels::kWgmmaFp8Group,
            "expert_gemm_wgmma_fp8: weights must be FP8 blocks of 128 inputs");

@@ -78,6 +78,11 @@ bool w8a8_experts(const DeviceTensor& gate_up, const DeviceTensor& down);
 /// The same decided on a layer's weight plan, before anything is loaded.
 bool w8a8_experts(const TensorPlan& gate_up, const TensorPlan& down);
 
+/// Whether expert_gemm of a step with `tokens` tokens runs W8A8 (MoeGemmParams::in_fp8: the
+/// grouped GEMM on FP8 tensor cores): w8a8_experts, k of both stacks a multiple of
+/// kernels::kMoeGemmA8Group, and more tokens than the grouped GEMV takes (it keeps bf16 rows).
+bool expert_gemm_w8a8(const DeviceTensor& gate_up, const DeviceTensor& down, int tokens);
+
 /// expert_gemm_wgmma for FP8-block experts and e4m3 activations (kernels::moe_wgmma_fp8): `p`
 /// has every operand but the weights and their scales, taken from `w` [E, n, k].
 void expert_gemm_wgmma_fp8(const GemmContext& g, kernels::MoeWgmmaFp8Params p, const DeviceTensor& w);
