@@ -8,6 +8,7 @@
 #include "kernels/attention_internal.cuh"
 #include "kernels/cuda_check.cuh"
 #include "kernels/device_common.cuh"
+#include "kernels/launch.cuh"
 #include "kernels/mma.cuh"
 
 namespace moebatch::kernels {
@@ -45,6 +46,7 @@ __device__ __forceinline__ void load_dims(const bf16* p, float out[N]) {
 // combine.
 template <int D, int RW>
 __global__ void __launch_bounds__(kWarps * 32) attention_kernel(AttentionParams p) {
+  pdl_sync();
   constexpr int kRows = kWarps * RW;
   constexpr int kPad = D + 8;                   // 16-byte row reads by 8 lanes hit 8 bank groups
   constexpr int kDimsPerLane = D >= 32 ? D / 32 : 1;
@@ -176,6 +178,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(AttentionParams 
 
 // One block of head_dim threads per (head, token): weights l_s * 2^(m_s - M) over the splits.
 __global__ void attention_combine_kernel(AttentionParams p) {
+  pdl_sync();
   const int head = blockIdx.x, token = blockIdx.y, d = threadIdx.x;
   const int D = p.head_dim;
   const float* w = p.workspace + (static_cast<size_t>(token) * p.n_q_heads + head) * p.num_splits * (D + 2);
@@ -261,6 +264,7 @@ __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
 template <int D, int RB>
 __global__ void __launch_bounds__(kTcThreads, kTcMinBlocks<D, RB>)
     attention_prefill_mma_kernel(AttentionParams p) {
+  pdl_sync();
   constexpr int kPad = kTcPad<D>;
   constexpr int kChunks = D / 8;   // 16-byte chunks per K/V/Q row
   constexpr int kDSteps = D / 16;  // k16 steps of Q·Kᵀ = dim pairs of n8 blocks in P·V
@@ -533,10 +537,10 @@ void launch(const AttentionParams& p, cudaStream_t stream) {
   constexpr int kRows = kWarps * RW;
   const int group = p.n_q_heads / p.n_kv_heads;
   const dim3 grid(CEIL_DIV(p.max_q_len * group, kRows), p.n_kv_heads * p.num_splits, p.num_seqs);
-  attention_kernel<D, RW><<<grid, kWarps * 32, 0, stream>>>(p);
+  launch_dependent(attention_kernel<D, RW>, grid, kWarps * 32, 0, stream, p);
   CUDA_CHECK_LAST();
   if (p.num_splits > 1) {
-    attention_combine_kernel<<<dim3(p.n_q_heads, p.num_tokens), D, 0, stream>>>(p);
+    launch_dependent(attention_combine_kernel, dim3(p.n_q_heads, p.num_tokens), D, 0, stream, p);
     CUDA_CHECK_LAST();
   }
 }
@@ -566,7 +570,7 @@ void launch_mma(const AttentionParams& p, cudaStream_t stream) {
                                   static_cast<int>(kTcSmemBytes<D, RB>)));
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                   cudaSharedmemCarveoutMaxShared));
-  kernel<<<grid, kTcThreads, kTcSmemBytes<D, RB>, stream>>>(p);
+  launch_dependent(kernel, grid, kTcThreads, kTcSmemBytes<D, RB>, stream, p);
   CUDA_CHECK_LAST();
 }
 

@@ -20,6 +20,7 @@
 #include "kernels/attention_internal.cuh"
 #include "kernels/cuda_check.cuh"
 #include "kernels/device_common.cuh"
+#include "kernels/launch.cuh"
 #include "kernels/mma.cuh"
 
 namespace moebatch::kernels {
@@ -53,6 +54,7 @@ __device__ __forceinline__ unsigned half_at(const uint4 (&v)[N], int e) {
 
 template <int D>
 __global__ void __launch_bounds__(kWarps * 32) attention_decode_warp_kernel(AttentionParams p) {
+  pdl_sync();
   constexpr int KS = D / 16;  // k16 steps of Q·Kᵀ
   constexpr int KD = D / 4;   // K dims per lane
   constexpr int VD = D / 8;   // V dims per lane = n-blocks of P·V
@@ -214,7 +216,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_decode_warp_kernel(Atte
 template <int D>
 void launch(const AttentionParams& p, cudaStream_t stream) {
   const dim3 grid(p.n_kv_heads, CEIL_DIV(p.num_seqs, kWarps));
-  attention_decode_warp_kernel<D><<<grid, kWarps * 32, 0, stream>>>(p);
+  launch_dependent(attention_decode_warp_kernel<D>, grid, kWarps * 32, 0, stream, p);
   CUDA_CHECK_LAST();
 }
 

@@ -1,5 +1,6 @@
 #include "kernels/cuda_check.cuh"
 #include "kernels/embedding.cuh"
+#include "kernels/launch.cuh"
 
 namespace moebatch::kernels {
 namespace {
@@ -7,6 +8,7 @@ namespace {
 // One block per token; 16-byte copies.
 __global__ void embedding_gather_kernel(bf16* out, const bf16* table, const int32_t* ids,
                                         int hidden, int vocab) {
+  pdl_sync();
   const int t = blockIdx.x;
   const int id = ids[t];
   const bool valid = id >= 0 && id < vocab;
@@ -25,7 +27,8 @@ void embedding_gather(bf16* out, const bf16* table, const int32_t* ids, int toke
   MB_CHECK(tokens >= 0 && vocab > 0, "embedding_gather: bad shape");
   if (tokens == 0) return;
   const int threads = hidden / 8 < 256 ? 32 * CEIL_DIV(hidden / 8, 32) : 256;
-  embedding_gather_kernel<<<tokens, threads, 0, stream>>>(out, table, ids, hidden, vocab);
+  launch_dependent(embedding_gather_kernel, tokens, threads, 0, stream, out, table, ids, hidden,
+                   vocab);
   CUDA_CHECK_LAST();
 }
 

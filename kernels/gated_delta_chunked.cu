@@ -37,6 +37,7 @@
 #include "kernels/cuda_check.cuh"
 #include "kernels/device_common.cuh"
 #include "kernels/gated_delta_chunked.cuh"
+#include "kernels/launch.cuh"
 #include "kernels/mma.cuh"
 
 namespace moebatch::kernels::gdn {
@@ -124,6 +125,7 @@ __device__ __forceinline__ void store_split(bf16* hi, bf16* lo, int off, float x
 template <int kDk>
 __global__ void __launch_bounds__(kThreads, 1)
     gated_delta_chunked_kernel(GatedDeltaRuleParams p, float q_scale, int min_len) {
+  pdl_sync();
   using L = Smem<kDk>;
   constexpr int kPadK = L::kPadK;
   constexpr int kWpr = kWarps / (kDk / 16);  // warps per 16 rows of S: 1 (dk 128) or 2 (dk 64)
@@ -447,7 +449,7 @@ void launch(const GatedDeltaRuleParams& p, int min_len, cudaStream_t stream) {
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(Smem<kDk>::kBytes)));
   const dim3 grid(p.dims.dv / kNv, p.dims.nv, p.seqs.num_seqs);
-  kernel<<<grid, kThreads, Smem<kDk>::kBytes, stream>>>(p, q_scale(kDk), min_len);
+  launch_dependent(kernel, grid, kThreads, Smem<kDk>::kBytes, stream, p, q_scale(kDk), min_len);
   CUDA_CHECK_LAST();
 }
 

@@ -1,14 +1,16 @@
+#include <vector>
+
 #include "kernels/cuda_check.cuh"
 #include "kernels/device_common.cuh"
 #include "kernels/gemm.cuh"
-
-#include <vector>
+#include "kernels/launch.cuh"
 
 namespace moebatch::kernels {
 namespace {
 
 // One thread per 8 consecutive columns of one row.
 __global__ void add_bias_kernel(bf16* out, const bf16* bias, int rows, int cols) {
+  pdl_sync();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int groups = cols / 8;
   if (i >= static_cast<int64_t>(rows) * groups) return;
@@ -79,7 +81,8 @@ void add_bias(bf16* out, const bf16* bias, int rows, int cols, cudaStream_t stre
   MB_CHECK(out && bias, "add_bias: null operand");
   if (rows == 0) return;
   const int64_t threads = static_cast<int64_t>(rows) * (cols / 8);
-  add_bias_kernel<<<static_cast<unsigned>(CEIL_DIV(threads, 256)), 256, 0, stream>>>(out, bias, rows, cols);
+  launch_dependent(add_bias_kernel, static_cast<unsigned>(CEIL_DIV(threads, 256)), 256, 0, stream,
+                   out, bias, rows, cols);
   CUDA_CHECK_LAST();
 }
 

@@ -11,9 +11,12 @@
 // decodes to exact bf16 (code · group scale) and leaves the row scale to the caller's epilogue;
 // Bf16 is used as is. Activations (≤ 8 rows, read by every warp) go through L1 (__ldg); weights,
 // read once per call, are loaded evict-first (__ldcs) so they do not push the activations out.
+// The first chunk's weight loads are issued before pdl_sync() (kernels/launch.cuh): weights are
+// constants, so a GEMV launched dependent has them in flight before its input exists.
 #pragma once
 
 #include "kernels/device_common.cuh"
+#include "kernels/launch.cuh"
 #include "kernels/weight_codec.cuh"
 
 namespace moebatch::kernels {
@@ -98,6 +101,9 @@ __device__ __forceinline__ void gemv_rows(const QuantMatrix& w, int k, const int
         }
       }
     }
+    // The first chunk's weights are in flight; only now wait for the kernel before (the
+    // activations are its output): a GEMV launched dependent streams weights while it finishes.
+    if (chunk == 0) pdl_sync();
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int g = chunk + u * 32 + lane;

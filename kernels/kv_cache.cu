@@ -1,11 +1,13 @@
 #include "kernels/cuda_check.cuh"
 #include "kernels/kv_cache.cuh"
+#include "kernels/launch.cuh"
 
 namespace moebatch::kernels {
 namespace {
 
 // One block per token; 16-byte copies of the k row then the v row.
 __global__ void kv_cache_write_kernel(KvCacheWriteParams p) {
+  pdl_sync();
   const int t = blockIdx.x;
   const int slot = p.slot_mapping[t];
   if (slot < 0) return;
@@ -31,7 +33,7 @@ void kv_cache_write(const KvCacheWriteParams& p, cudaStream_t stream) {
   MB_CHECK(p.k_cache && p.v_cache && p.k && p.v && p.slot_mapping, "kv_cache_write: null operand");
   if (p.tokens == 0) return;
   const int threads = width / 8 >= 128 ? 128 : 32 * CEIL_DIV(width / 8, 32);
-  kv_cache_write_kernel<<<p.tokens, threads, 0, stream>>>(p);
+  launch_dependent(kv_cache_write_kernel, p.tokens, threads, 0, stream, p);
   CUDA_CHECK_LAST();
 }
 

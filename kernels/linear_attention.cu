@@ -4,6 +4,7 @@
 #include "kernels/cuda_check.cuh"
 #include "kernels/device_common.cuh"
 #include "kernels/gated_delta_chunked.cuh"
+#include "kernels/launch.cuh"
 #include "kernels/linear_attention.cuh"
 
 namespace moebatch::kernels {
@@ -49,6 +50,7 @@ __device__ __forceinline__ int64_t conv_channel_col(const GdnDims& d, int c) {
 template <int K>
 __global__ void __launch_bounds__(kConvDecodeThreads)
     causal_conv_decode_kernel(CausalConvParams p) {
+  pdl_sync();
   const int C = conv_dim(p.dims), s = blockIdx.y;
   const int c = blockIdx.x * kConvDecodeThreads + threadIdx.x;
   if (c >= C) return;
@@ -88,6 +90,7 @@ __global__ void __launch_bounds__(kConvDecodeThreads)
 template <int K>
 __global__ void __launch_bounds__(kConvChannels* kConvRows)
     causal_conv_prefill_kernel(CausalConvParams p) {
+  pdl_sync();
   static_assert(K - 1 <= kConvRun, "a run's window must reach back at most one step");
   const int C = conv_dim(p.dims), s = blockIdx.y;
   const int c = blockIdx.x * kConvChannels + threadIdx.x;
@@ -157,6 +160,7 @@ __device__ __forceinline__ float sum(const float (&a)[N]) {
 template <int kDk, int kChunk>
 __global__ void __launch_bounds__(kRuleWarps * 32)
     gated_delta_rule_kernel(GatedDeltaRuleParams p, float q_scale, int run_limit) {
+  pdl_sync();
   constexpr int kRows = kDk / kRuleParts;  // rows of S per thread
   constexpr int kPerLane = kDk / 32;       // q/k values per lane when normalising
   // partial sums per dot product: a long prompt runs one block per SM, so the per-token chain
@@ -260,6 +264,7 @@ __global__ void __launch_bounds__(kRuleWarps * 32)
 
 // One warp per (token, value head); lane owns elements lane + 32e of the head (dv ≤ 256).
 __global__ void __launch_bounds__(kNormWarps * 32) gated_rmsnorm_kernel(GatedRmsNormParams p) {
+  pdl_sync();
   constexpr int kMaxPerLane = 8;
   const GdnDims& d = p.dims;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kNormWarps + (threadIdx.x >> 5);
@@ -323,12 +328,13 @@ template <int K>
 void launch_conv(const CausalConvParams& p, bool decode, cudaStream_t stream) {
   const int C = conv_dim(p.dims);
   if (decode) {
-    causal_conv_decode_kernel<K>
-        <<<dim3(CEIL_DIV(C, kConvDecodeThreads), p.seqs.num_seqs), kConvDecodeThreads, 0, stream>>>(
-            p);
+    launch_dependent(causal_conv_decode_kernel<K>,
+                     dim3(CEIL_DIV(C, kConvDecodeThreads), p.seqs.num_seqs), kConvDecodeThreads, 0,
+                     stream, p);
   } else {
-    causal_conv_prefill_kernel<K><<<dim3(CEIL_DIV(C, kConvChannels), p.seqs.num_seqs),
-                                    dim3(kConvChannels, kConvRows), 0, stream>>>(p);
+    launch_dependent(causal_conv_prefill_kernel<K>,
+                     dim3(CEIL_DIV(C, kConvChannels), p.seqs.num_seqs),
+                     dim3(kConvChannels, kConvRows), 0, stream, p);
   }
   CUDA_CHECK_LAST();
 }
@@ -369,16 +375,16 @@ void launch_rule(const GatedDeltaRuleParams& p, int run_limit, cudaStream_t stre
   const dim3 grid(p.dims.dv / kRuleCols, p.dims.nv, p.seqs.num_seqs);
   switch (p.dims.dk) {
     case 32:
-      gated_delta_rule_kernel<32, kChunk>
-          <<<grid, kRuleWarps * 32, 0, stream>>>(p, q_scale, run_limit);
+      launch_dependent(gated_delta_rule_kernel<32, kChunk>, grid, kRuleWarps * 32, 0, stream, p,
+                       q_scale, run_limit);
       break;
     case 64:
-      gated_delta_rule_kernel<64, kChunk>
-          <<<grid, kRuleWarps * 32, 0, stream>>>(p, q_scale, run_limit);
+      launch_dependent(gated_delta_rule_kernel<64, kChunk>, grid, kRuleWarps * 32, 0, stream, p,
+                       q_scale, run_limit);
       break;
     case 128:
-      gated_delta_rule_kernel<128, kChunk>
-          <<<grid, kRuleWarps * 32, 0, stream>>>(p, q_scale, run_limit);
+      launch_dependent(gated_delta_rule_kernel<128, kChunk>, grid, kRuleWarps * 32, 0, stream, p,
+                       q_scale, run_limit);
       break;
   }
   CUDA_CHECK_LAST();
@@ -430,8 +436,8 @@ void gated_rmsnorm(const GatedRmsNormParams& p, cudaStream_t stream) {
   MB_CHECK(p.out && p.o && p.proj && p.weight, "gated_rmsnorm: null operand");
   const int64_t rows = static_cast<int64_t>(p.num_tokens) * p.dims.nv;
   if (rows == 0) return;
-  gated_rmsnorm_kernel<<<static_cast<unsigned>(CEIL_DIV(rows, kNormWarps)), kNormWarps * 32, 0,
-                         stream>>>(p);
+  launch_dependent(gated_rmsnorm_kernel, static_cast<unsigned>(CEIL_DIV(rows, kNormWarps)),
+                   kNormWarps * 32, 0, stream, p);
   CUDA_CHECK_LAST();
 }
 

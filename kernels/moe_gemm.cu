@@ -1,11 +1,12 @@
 #include <algorithm>
-#include <string>
 #include <cstdint>
+#include <string>
 
 #include "kernels/cuda_check.cuh"
 #include "kernels/device_common.cuh"
-#include "kernels/moe_gemm.cuh"
+#include "kernels/launch.cuh"
 #include "kernels/mma.cuh"
+#include "kernels/moe_gemm.cuh"
 
 namespace moebatch::kernels {
 namespace {
@@ -344,6 +345,7 @@ constexpr int kBlocksPerSm = 3;
 
 template <bool kSilu, WeightCodec C, bool kA8 = false>
 __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm<C>) moe_gemm_kernel(MoeGemmParams p) {
+  pdl_sync();
   constexpr int kColsPerWarp = kSilu ? 8 : 16;
   constexpr int kColsPerBlock = kWarps * kColsPerWarp;
   constexpr int kRows = kPassRows<C>;
@@ -462,15 +464,17 @@ template <WeightCodec C>
 void launch(const MoeGemmParams& p, dim3 grid, cudaStream_t stream) {
   if constexpr (C == WeightCodec::Fp8Block) {
     if (p.in_fp8 != nullptr) {
-      if (p.silu_gate_up) moe_gemm_kernel<true, C, true><<<grid, kWarps * 32, 0, stream>>>(p);
-      else moe_gemm_kernel<false, C, true><<<grid, kWarps * 32, 0, stream>>>(p);
+      if (p.silu_gate_up)
+        launch_dependent(moe_gemm_kernel<true, C, true>, grid, kWarps * 32, 0, stream, p);
+      else
+        launch_dependent(moe_gemm_kernel<false, C, true>, grid, kWarps * 32, 0, stream, p);
       return;
     }
   }
   if (p.silu_gate_up) {
-    moe_gemm_kernel<true, C><<<grid, kWarps * 32, 0, stream>>>(p);
+    launch_dependent(moe_gemm_kernel<true, C>, grid, kWarps * 32, 0, stream, p);
   } else {
-    moe_gemm_kernel<false, C><<<grid, kWarps * 32, 0, stream>>>(p);
+    launch_dependent(moe_gemm_kernel<false, C>, grid, kWarps * 32, 0, stream, p);
   }
 }
 

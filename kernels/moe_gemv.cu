@@ -7,6 +7,7 @@
 
 #include "kernels/cuda_check.cuh"
 #include "kernels/gemv_device.cuh"
+#include "kernels/launch.cuh"
 #include "kernels/moe_gemm.cuh"
 
 namespace moebatch::kernels {
@@ -16,6 +17,7 @@ constexpr int kWarps = 4;
 
 template <WeightCodec C, int M, int R, bool kSilu>
 __global__ void __launch_bounds__(kWarps * 32) moe_gemv_kernel(MoeGemmParams p) {
+  pdl_sync();
   constexpr int kOut = kSilu ? R / 2 : R;  // outputs per warp
   if (static_cast<int>(blockIdx.y) >= p.active_experts[0]) return;
   const int e = p.active_experts[1 + blockIdx.y];
@@ -71,7 +73,7 @@ void launch(const MoeGemmParams& p, cudaStream_t stream) {
   static_assert((kSilu ? R / 2 : R) * M <= 32, "one lane stores each output");
   constexpr int kOut = kSilu ? R / 2 : R;
   const dim3 grid(CEIL_DIV(p.n, kWarps * kOut), std::min(p.num_experts, p.num_pairs));
-  moe_gemv_kernel<C, M, R, kSilu><<<grid, kWarps * 32, 0, stream>>>(p);
+  launch_dependent(moe_gemv_kernel<C, M, R, kSilu>, grid, kWarps * 32, 0, stream, p);
 }
 
 // Rows per warp as the dense GEMV picks them (kernels/quant.cu): a lane's 8 loads per chunk

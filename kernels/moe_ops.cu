@@ -1,5 +1,6 @@
 #include "kernels/cuda_check.cuh"
 #include "kernels/device_common.cuh"
+#include "kernels/launch.cuh"
 #include "kernels/moe_ops.cuh"
 
 namespace moebatch::kernels {
@@ -9,6 +10,7 @@ constexpr int kThreads = 256;
 
 // One thread per 8 outputs, grid-stride over rows * inter / 8.
 __global__ void silu_mul_kernel(bf16* out, const bf16* in, int rows, int inter) {
+  pdl_sync();
   const int vec_per_row = inter / 8;
   const size_t total = static_cast<size_t>(rows) * vec_per_row;  // size_t: rows*inter overflows int
   for (size_t v = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; v < total;
@@ -27,6 +29,7 @@ __global__ void silu_mul_kernel(bf16* out, const bf16* in, int rows, int inter) 
 // One thread per 8 elements, grid-stride over rows * cols / 8.
 __global__ void sigmoid_gate_mul_kernel(bf16* x, const bf16* gate, int64_t gate_stride, int rows,
                                         int cols) {
+  pdl_sync();
   const int vec_per_row = cols / 8;
   const size_t total = static_cast<size_t>(rows) * vec_per_row;
   for (size_t v = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; v < total;
@@ -67,6 +70,7 @@ __device__ __forceinline__ void combine8(const MoeCombineParams& p, size_t t, in
 
 template <bool kMasked>
 __global__ void moe_combine_kernel(MoeCombineParams p) {
+  pdl_sync();
   const int vec_per_row = p.hidden / 8;
   const size_t total = static_cast<size_t>(p.tokens) * vec_per_row;
   for (size_t v = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; v < total;
@@ -85,6 +89,7 @@ __global__ void moe_combine_kernel(MoeCombineParams p) {
 template <bool kMasked>
 __global__ void __launch_bounds__(kThreads) moe_combine_add_rmsnorm_kernel(MoeCombineParams c,
                                                                            RmsNormParams n) {
+  pdl_sync();
   __shared__ float scratch[32];
   const size_t t = blockIdx.x;
   const int nvec = c.hidden / 8;
@@ -117,6 +122,7 @@ __global__ void __launch_bounds__(kThreads) moe_combine_add_rmsnorm_kernel(MoeCo
 
 // One block per token: the gate dot product, then the gated add.
 __global__ void __launch_bounds__(kThreads) shared_expert_gate_kernel(SharedExpertGateParams p) {
+  pdl_sync();
   __shared__ float scratch[32];
   const size_t base = static_cast<size_t>(blockIdx.x) * p.hidden;
   const int nvec = p.hidden / 8;
@@ -150,7 +156,8 @@ int grid_for(size_t vectors) {
 void silu_mul(bf16* out, const bf16* in, int rows, int inter, cudaStream_t stream) {
   MB_CHECK(inter > 0 && inter % 8 == 0 && rows >= 0, "silu_mul: inter must be a positive multiple of 8");
   if (rows == 0) return;
-  silu_mul_kernel<<<grid_for(static_cast<size_t>(rows) * inter / 8), kThreads, 0, stream>>>(out, in, rows, inter);
+  launch_dependent(silu_mul_kernel, grid_for(static_cast<size_t>(rows) * inter / 8), kThreads, 0,
+                   stream, out, in, rows, inter);
   CUDA_CHECK_LAST();
 }
 
@@ -160,8 +167,8 @@ void sigmoid_gate_mul(bf16* x, const bf16* gate, int64_t gate_stride, int rows, 
            "sigmoid_gate_mul: cols and gate_stride must be multiples of 8");
   MB_CHECK(x && gate, "sigmoid_gate_mul: null operand");
   if (rows == 0) return;
-  sigmoid_gate_mul_kernel<<<grid_for(static_cast<size_t>(rows) * cols / 8), kThreads, 0, stream>>>(
-      x, gate, gate_stride, rows, cols);
+  launch_dependent(sigmoid_gate_mul_kernel, grid_for(static_cast<size_t>(rows) * cols / 8),
+                   kThreads, 0, stream, x, gate, gate_stride, rows, cols);
   CUDA_CHECK_LAST();
 }
 
@@ -184,9 +191,9 @@ void moe_combine(const MoeCombineParams& p, cudaStream_t stream) {
   if (p.tokens == 0) return;
   const int grid = grid_for(static_cast<size_t>(p.tokens) * p.hidden / 8);
   if (p.topk_ids) {
-    moe_combine_kernel<true><<<grid, kThreads, 0, stream>>>(p);
+    launch_dependent(moe_combine_kernel<true>, grid, kThreads, 0, stream, p);
   } else {
-    moe_combine_kernel<false><<<grid, kThreads, 0, stream>>>(p);
+    launch_dependent(moe_combine_kernel<false>, grid, kThreads, 0, stream, p);
   }
   CUDA_CHECK_LAST();
 }
@@ -202,9 +209,9 @@ void moe_combine_add_rmsnorm(const MoeCombineParams& c, const RmsNormParams& n,
            "moe_combine_add_rmsnorm: bad expert range");
   if (c.tokens == 0) return;
   if (c.topk_ids) {
-    moe_combine_add_rmsnorm_kernel<true><<<c.tokens, kThreads, 0, stream>>>(c, n);
+    launch_dependent(moe_combine_add_rmsnorm_kernel<true>, c.tokens, kThreads, 0, stream, c, n);
   } else {
-    moe_combine_add_rmsnorm_kernel<false><<<c.tokens, kThreads, 0, stream>>>(c, n);
+    launch_dependent(moe_combine_add_rmsnorm_kernel<false>, c.tokens, kThreads, 0, stream, c, n);
   }
   CUDA_CHECK_LAST();
 }
@@ -213,7 +220,7 @@ void shared_expert_gate(const SharedExpertGateParams& p, cudaStream_t stream) {
   MB_CHECK(p.hidden > 0 && p.hidden % 8 == 0 && p.tokens >= 0, "shared_expert_gate: bad shape");
   MB_CHECK(p.out && p.moe_out && p.shared_out && p.x && p.gate_weight, "shared_expert_gate: null operand");
   if (p.tokens == 0) return;
-  shared_expert_gate_kernel<<<p.tokens, kThreads, 0, stream>>>(p);
+  launch_dependent(shared_expert_gate_kernel, p.tokens, kThreads, 0, stream, p);
   CUDA_CHECK_LAST();
 }
 

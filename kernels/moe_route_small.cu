@@ -3,6 +3,7 @@
 // and tail around ~0.5 MB of weights; here the weights are read by E/4 blocks and the top-k and
 // align follow in the last block without another launch.
 #include "kernels/cuda_check.cuh"
+#include "kernels/launch.cuh"
 #include "kernels/moe_routing.cuh"
 #include "kernels/moe_routing_device.cuh"
 
@@ -30,6 +31,8 @@ __global__ void __launch_bounds__(kWarps * 32) route_small_kernel(RouteSmallPara
         const int c = c0 + u * 256 + lane * 8;
         if (c < H) load8(w + c, wv[u]);
       }
+      // weights in flight; x is the previous kernel's output (kernels/launch.cuh)
+      if (c0 == 0) pdl_sync();
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int c = c0 + u * 256 + lane * 8;
@@ -51,6 +54,7 @@ __global__ void __launch_bounds__(kWarps * 32) route_small_kernel(RouteSmallPara
       if (lane == 0) p.logits[static_cast<size_t>(t) * E + e] = s;
     }
   }
+  pdl_sync();  // warps without an expert (a no-op for the others)
   // Last block done: every block's logits are visible after its writers' fences.
   __threadfence();
   __syncthreads();
@@ -86,7 +90,7 @@ void moe_route_small(const RouteSmallParams& p, cudaStream_t stream) {
                a.sorted_ids && a.expert_offsets,
            "moe_route_small: null operand");
   if (r.tokens == 0) return;
-  route_small_kernel<<<CEIL_DIV(r.num_experts, kWarps), kWarps * 32, 0, stream>>>(p);
+  launch_dependent(route_small_kernel, CEIL_DIV(r.num_experts, kWarps), kWarps * 32, 0, stream, p);
   CUDA_CHECK_LAST();
 }
 

@@ -1,4 +1,5 @@
 #include "kernels/cuda_check.cuh"
+#include "kernels/launch.cuh"
 #include "kernels/moe_routing.cuh"
 #include "kernels/moe_routing_device.cuh"
 
@@ -13,6 +14,7 @@ __device__ __forceinline__ float to_float(bf16 x) { return __bfloat162float(x); 
 // One warp per token.
 template <typename T>
 __global__ void __launch_bounds__(kRouterWarps * 32) router_topk_kernel(RouterParams p, const T* logits) {
+  pdl_sync();
   const int t = blockIdx.x * kRouterWarps + (threadIdx.x >> 5);
   if (t >= p.tokens) return;
   const T* row = logits + static_cast<size_t>(t) * p.num_experts;
@@ -25,14 +27,18 @@ void launch_router(const RouterParams& p, const T* logits, cudaStream_t stream) 
   MB_CHECK(p.top_k > 0 && p.top_k <= kRouterMaxTopK && p.top_k <= p.num_experts, "moe_router_topk: bad top_k");
   MB_CHECK(p.topk_ids && p.topk_weights && logits, "moe_router_topk: null operand");
   if (p.tokens == 0) return;
-  router_topk_kernel<T><<<CEIL_DIV(p.tokens, kRouterWarps), kRouterWarps * 32, 0, stream>>>(p, logits);
+  launch_dependent(router_topk_kernel<T>, CEIL_DIV(p.tokens, kRouterWarps), kRouterWarps * 32, 0,
+                   stream, p, logits);
   CUDA_CHECK_LAST();
 }
 
 constexpr int kAlignThreads = 1024;
 
 // Single block: shared-memory counting sort by expert.
-__global__ void __launch_bounds__(kAlignThreads) moe_align_kernel(AlignParams p) { align_block(p); }
+__global__ void __launch_bounds__(kAlignThreads) moe_align_kernel(AlignParams p) {
+  pdl_sync();
+  align_block(p);
+}
 
 }  // namespace
 
@@ -48,7 +54,7 @@ void moe_align(const AlignParams& p, cudaStream_t stream) {
   MB_CHECK(p.num_experts > 0 && p.num_experts <= kAlignMaxExperts, "moe_align: 1..1024 experts");
   MB_CHECK(p.block_m > 0 && p.num_pairs >= 0 && p.expert0 >= 0, "moe_align: bad shape");
   MB_CHECK(p.sorted_ids && p.expert_offsets && (p.topk_ids || p.num_pairs == 0), "moe_align: null operand");
-  moe_align_kernel<<<1, kAlignThreads, 0, stream>>>(p);
+  launch_dependent(moe_align_kernel, 1, kAlignThreads, 0, stream, p);
   CUDA_CHECK_LAST();
 }
 

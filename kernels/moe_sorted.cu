@@ -1,5 +1,6 @@
 #include "kernels/cuda_check.cuh"
 #include "kernels/device_common.cuh"
+#include "kernels/launch.cuh"
 #include "kernels/moe_sorted.cuh"
 
 namespace moebatch::kernels {
@@ -10,6 +11,7 @@ constexpr int kThreads = 256;
 // One thread per 8 values of a sorted row; grid-stride over rows_cap · hidden / 8 (the row
 // count is known only on the device).
 __global__ void __launch_bounds__(kThreads) moe_gather_sorted_kernel(MoeGatherParams p) {
+  pdl_sync();
   const int total = p.expert_offsets[p.num_experts];
   const int vec_per_row = p.hidden / 8;
   const size_t n = static_cast<size_t>(total) * vec_per_row;
@@ -39,7 +41,8 @@ void moe_gather_sorted(const MoeGatherParams& p, cudaStream_t stream) {
   if (p.num_pairs == 0 || p.rows_cap == 0) return;
   const size_t vectors = static_cast<size_t>(p.rows_cap) * (p.hidden / 8);
   const size_t blocks = CEIL_DIV(vectors, static_cast<size_t>(kThreads));
-  moe_gather_sorted_kernel<<<static_cast<int>(blocks < 65536 ? blocks : 65536), kThreads, 0, stream>>>(p);
+  launch_dependent(moe_gather_sorted_kernel, static_cast<int>(blocks < 65536 ? blocks : 65536),
+                   kThreads, 0, stream, p);
   CUDA_CHECK_LAST();
 }
 

@@ -5,6 +5,7 @@
 #include "kernels/device_common.cuh"
 #include "kernels/gemm.cuh"
 #include "kernels/gemv_device.cuh"
+#include "kernels/launch.cuh"
 #include "kernels/quant.cuh"
 
 namespace moebatch::kernels {
@@ -31,6 +32,7 @@ struct GemvArgs {
 // Dense rows: warp w of the grid owns rows [R·w, R·w + R); the M activation rows are x's.
 template <WeightCodec C, int M, int R>
 __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(GemvArgs a) {
+  // pdl_sync() inside gemv_rows, after the first weight loads
   const int lane = threadIdx.x & 31;
   const int row0 = (blockIdx.x * kGemvWarps + (threadIdx.x >> 5)) * R;
   if (row0 >= a.n) return;  // whole warps only: the shuffles below need all 32 lanes
@@ -66,7 +68,8 @@ template <WeightCodec C, int M, int R>
 void launch_gemv(const GemvArgs& a, cudaStream_t stream) {
   static_assert(R * M <= 32, "one lane stores each (row, activation row) sum");
   const int warps = CEIL_DIV(a.n, R);
-  gemv_kernel<C, M, R><<<CEIL_DIV(warps, kGemvWarps), kGemvWarps * 32, 0, stream>>>(a);
+  launch_dependent(gemv_kernel<C, M, R>, CEIL_DIV(warps, kGemvWarps), kGemvWarps * 32, 0, stream,
+                   a);
   CUDA_CHECK_LAST();
 }
 
@@ -149,6 +152,7 @@ void gemv_impl(void* out, bool out_f32, const bf16* x, const QuantMatrix& w, int
 
 // One thread per 8 consecutive values of a row.
 __global__ void dequantize_kernel(QuantMatrix w, int64_t rows, int cols, bf16* out) {
+  pdl_sync();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int per_row = cols / 8;
   if (i >= rows * per_row) return;
@@ -193,6 +197,7 @@ __device__ __forceinline__ unsigned e2m1_code(float q) {
 // One warp per (row, group): amax, scale, then the codes.
 __global__ void quantize_fp8_kernel(const bf16* in, int64_t rows, int cols, int group,
                                     int row_block, uint8_t* data, float* scales) {
+  pdl_sync();
   const int lane = threadIdx.x & 31;
   const int groups = (cols + group - 1) / group;
   const int64_t blocks = (rows + row_block - 1) / row_block;
@@ -218,6 +223,7 @@ __global__ void quantize_fp8_kernel(const bf16* in, int64_t rows, int cols, int 
 // Clears *uniform when a row's scale differs from that of the first row of its block.
 __global__ void scales_block_uniform_kernel(const float* scales, int64_t rows, int groups, int row_block,
                                             int* uniform) {
+  pdl_sync();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * groups) return;
   const int64_t r = i / groups, first = r / row_block * row_block;
@@ -228,6 +234,7 @@ __global__ void scales_block_uniform_kernel(const float* scales, int64_t rows, i
 // one 16-input group.
 __global__ void quantize_nvfp4_kernel(const bf16* in, int64_t rows, int cols, uint8_t* data,
                                       uint8_t* scales, float* row_scales) {
+  pdl_sync();
   const int lane = threadIdx.x & 31;
   const int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   if (r >= rows) return;  // warp-uniform
@@ -270,6 +277,7 @@ __global__ void quantize_nvfp4_kernel(const bf16* in, int64_t rows, int cols, ui
 // output byte j.
 __global__ void quantize_int4_kernel(const bf16* in, int64_t rows, int cols, uint8_t* data,
                                      float* scales, float* mins) {
+  pdl_sync();
   const int lane = threadIdx.x & 31;
   const int groups = cols / 32;
   const int64_t wid = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
@@ -371,7 +379,7 @@ void dequantize(const QuantMatrix& w, int64_t rows, int cols, bf16* out, cudaStr
   check_quant_matrix(w, "dequantize");
   if (rows == 0) return;
   const int64_t threads = rows * (cols / 8);
-  dequantize_kernel<<<blocks_for(threads), kThreads, 0, stream>>>(w, rows, cols, out);
+  launch_dependent(dequantize_kernel, blocks_for(threads), kThreads, 0, stream, w, rows, cols, out);
   CUDA_CHECK_LAST();
 }
 
@@ -380,8 +388,8 @@ void quantize_int4_rows(const bf16* in, int64_t rows, int cols, uint8_t* data, f
   MB_CHECK(rows >= 0 && cols > 0 && cols % 32 == 0, "quantize_int4_rows: cols must be a multiple of 32");
   MB_CHECK(in && data && scales && mins, "quantize_int4_rows: null operand");
   if (rows == 0) return;
-  quantize_int4_kernel<<<blocks_for(rows * (cols / 32) * 32), kThreads, 0, stream>>>(
-      in, rows, cols, data, scales, mins);
+  launch_dependent(quantize_int4_kernel, blocks_for(rows * (cols / 32) * 32), kThreads, 0, stream,
+                   in, rows, cols, data, scales, mins);
   CUDA_CHECK_LAST();
 }
 
@@ -405,8 +413,8 @@ void quantize_fp8_rows(const bf16* in, int64_t rows, int cols, int group, uint8_
   MB_CHECK(in && data && scales, "quantize_fp8_rows: null operand");
   if (rows == 0) return;
   const int64_t warps = (rows + row_block - 1) / row_block * ((cols + group - 1) / group);
-  quantize_fp8_kernel<<<blocks_for(warps * 32), kThreads, 0, stream>>>(in, rows, cols, group, row_block,
-                                                                       data, scales);
+  launch_dependent(quantize_fp8_kernel, blocks_for(warps * 32), kThreads, 0, stream, in, rows, cols,
+                   group, row_block, data, scales);
   CUDA_CHECK_LAST();
 }
 
@@ -417,7 +425,8 @@ bool scales_block_uniform(const float* scales, int64_t rows, int groups, int row
   CUDA_CHECK(cudaMallocAsync(&flag, sizeof(int), stream));
   const int one = 1;
   CUDA_CHECK(cudaMemcpyAsync(flag, &one, sizeof(int), cudaMemcpyHostToDevice, stream));
-  scales_block_uniform_kernel<<<blocks_for(rows * groups), kThreads, 0, stream>>>(scales, rows, groups, row_block, flag);
+  launch_dependent(scales_block_uniform_kernel, blocks_for(rows * groups), kThreads, 0, stream,
+                   scales, rows, groups, row_block, flag);
   CUDA_CHECK_LAST();
   int uniform = 0;
   CUDA_CHECK(cudaMemcpyAsync(&uniform, flag, sizeof(int), cudaMemcpyDeviceToHost, stream));
@@ -434,8 +443,8 @@ void quantize_nvfp4_rows(const bf16* in, int64_t rows, int cols, uint8_t* data, 
   MB_CHECK(aligned(in, 16) && aligned(data, 4),
            "quantize_nvfp4_rows: in must be 16-byte, data 4-byte aligned");
   if (rows == 0) return;
-  quantize_nvfp4_kernel<<<blocks_for(rows * 32), kThreads, 0, stream>>>(in, rows, cols, data,
-                                                                        scales, row_scales);
+  launch_dependent(quantize_nvfp4_kernel, blocks_for(rows * 32), kThreads, 0, stream, in, rows,
+                   cols, data, scales, row_scales);
   CUDA_CHECK_LAST();
 }
 

@@ -1,5 +1,6 @@
 #include "kernels/cuda_check.cuh"
 #include "kernels/device_common.cuh"
+#include "kernels/launch.cuh"
 #include "kernels/rmsnorm.cuh"
 
 namespace moebatch::kernels {
@@ -11,6 +12,7 @@ constexpr int kThreads = 256;
 // barrier is needed between the residual store and the reload); rows are L1/L2 resident.
 template <bool kAdd>
 __global__ void __launch_bounds__(kThreads) rmsnorm_kernel(RmsNormParams p) {
+  pdl_sync();
   __shared__ float scratch[32];
   const size_t base = static_cast<size_t>(blockIdx.x) * p.cols;  // size_t: rows*cols overflows int
   const bf16* in = p.in + base;
@@ -54,14 +56,14 @@ void check(const RmsNormParams& p, bool add) {
 void rmsnorm(const RmsNormParams& p, cudaStream_t stream) {
   check(p, false);
   if (p.rows == 0) return;
-  rmsnorm_kernel<false><<<p.rows, kThreads, 0, stream>>>(p);
+  launch_dependent(rmsnorm_kernel<false>, p.rows, kThreads, 0, stream, p);
   CUDA_CHECK_LAST();
 }
 
 void add_rmsnorm(const RmsNormParams& p, cudaStream_t stream) {
   check(p, true);
   if (p.rows == 0) return;
-  rmsnorm_kernel<true><<<p.rows, kThreads, 0, stream>>>(p);
+  launch_dependent(rmsnorm_kernel<true>, p.rows, kThreads, 0, stream, p);
   CUDA_CHECK_LAST();
 }
 

@@ -1,5 +1,6 @@
 #include "kernels/cuda_check.cuh"
 #include "kernels/device_common.cuh"
+#include "kernels/launch.cuh"
 #include "kernels/rope.cuh"
 
 namespace moebatch::kernels {
@@ -30,6 +31,7 @@ __device__ __forceinline__ void store2(bf16* at, float lo, float hi) {
 // registers and many warps per SM.
 template <int kPairs, int kTail>
 __global__ void __launch_bounds__(kWarps * 32) qk_norm_rope_kernel(QkNormRopeParams p) {
+  pdl_sync();
   __shared__ float2 rotation[kTokens][32 * kMaxPairsPerLane];  // (cos, sin) of pair i
   const int t0 = blockIdx.y * kTokens;
   const int head = blockIdx.x * kWarps + (threadIdx.x >> 5);
@@ -173,10 +175,15 @@ void qk_norm_rope(const QkNormRopeParams& p, cudaStream_t stream) {
   const dim3 grid(CEIL_DIV(heads, kWarps), CEIL_DIV(p.tokens, kTokens));
   const int rd = p.rotary_dim > 0 ? p.rotary_dim : p.head_dim;
   const bool short_half = rd <= 128, no_tail = rd == p.head_dim;
-  if (short_half && no_tail) qk_norm_rope_kernel<2, 0><<<grid, kWarps * 32, 0, stream>>>(p);
-  else if (short_half) qk_norm_rope_kernel<2, kMaxTailPerLane><<<grid, kWarps * 32, 0, stream>>>(p);
-  else if (no_tail) qk_norm_rope_kernel<kMaxPairsPerLane, 0><<<grid, kWarps * 32, 0, stream>>>(p);
-  else qk_norm_rope_kernel<kMaxPairsPerLane, kMaxTailPerLane><<<grid, kWarps * 32, 0, stream>>>(p);
+  if (short_half && no_tail)
+    launch_dependent(qk_norm_rope_kernel<2, 0>, grid, kWarps * 32, 0, stream, p);
+  else if (short_half)
+    launch_dependent(qk_norm_rope_kernel<2, kMaxTailPerLane>, grid, kWarps * 32, 0, stream, p);
+  else if (no_tail)
+    launch_dependent(qk_norm_rope_kernel<kMaxPairsPerLane, 0>, grid, kWarps * 32, 0, stream, p);
+  else
+    launch_dependent(qk_norm_rope_kernel<kMaxPairsPerLane, kMaxTailPerLane>, grid, kWarps * 32, 0,
+                     stream, p);
   CUDA_CHECK_LAST();
 }
 

@@ -2,6 +2,7 @@
 
 #include "kernels/cuda_check.cuh"
 #include "kernels/device_common.cuh"
+#include "kernels/launch.cuh"
 #include "kernels/random.cuh"
 #include "kernels/sampling.cuh"
 
@@ -58,6 +59,7 @@ __device__ int block_argmax(const float* row, int vocab) {
 }
 
 __global__ void __launch_bounds__(kThreads) greedy_kernel(int32_t* out, const float* logits, int vocab) {
+  pdl_sync();
   const int idx = block_argmax(logits + static_cast<size_t>(blockIdx.x) * vocab, vocab);
   if (threadIdx.x == 0) out[blockIdx.x] = idx;
 }
@@ -65,6 +67,7 @@ __global__ void __launch_bounds__(kThreads) greedy_kernel(int32_t* out, const fl
 // One block per row: radix-select the K-th largest key (4 passes of 8 bits), ordered compaction
 // of the K candidates, bitonic sort, softmax + scan, top-p cut, draw.
 __global__ void __launch_bounds__(kThreads) top_k_top_p_kernel(SamplingParams p) {
+  pdl_sync();
   __shared__ int hist[256];
   __shared__ float cand_v[kSamplingMaxK];
   __shared__ int cand_i[kSamplingMaxK];
@@ -174,7 +177,7 @@ __global__ void __launch_bounds__(kThreads) top_k_top_p_kernel(SamplingParams p)
 void sample_greedy(int32_t* out, const float* logits, int batch, int vocab, cudaStream_t stream) {
   MB_CHECK(batch >= 0 && vocab > 0, "sample_greedy: bad shape");
   if (batch == 0) return;
-  greedy_kernel<<<batch, kThreads, 0, stream>>>(out, logits, vocab);
+  launch_dependent(greedy_kernel, batch, kThreads, 0, stream, out, logits, vocab);
   CUDA_CHECK_LAST();
 }
 
@@ -183,7 +186,7 @@ void sample_top_k_top_p(const SamplingParams& p, cudaStream_t stream) {
   MB_CHECK(p.out_tokens && p.logits && p.temperature && p.top_k && p.top_p && p.seeds && p.steps,
            "sample_top_k_top_p: null operand");
   if (p.batch == 0) return;
-  top_k_top_p_kernel<<<p.batch, kThreads, 0, stream>>>(p);
+  launch_dependent(top_k_top_p_kernel, p.batch, kThreads, 0, stream, p);
   CUDA_CHECK_LAST();
 }
 

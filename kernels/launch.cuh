@@ -1,0 +1,54 @@
+// Programmatic dependent launch (PDL, compute capability 9.0): a step is a chain of ~10 small
+// kernels per layer, each reading what the one before it wrote, and in a CUDA graph each still
+// pays launch latency plus a ramp-up and a tail in which most SMs idle. A kernel launched by
+// launch_dependent may be scheduled while the kernel before it in the stream is still running;
+// it runs its preamble — loads of constants only, e.g. a GEMV's weight rows — then waits in
+// pdl_sync() until that kernel has completed and its writes are visible.
+//
+// The contract, for every kernel launched through launch_dependent:
+//   - pdl_sync() comes before its first read of anything an earlier kernel wrote and before its
+//     first global write (a kernel before it may still read what it overwrites);
+//   - at least one thread of the grid calls it. A kernel then cannot complete before the one
+//     before it has, so completion stays ordered along the stream as without PDL: a kernel two
+//     launches back has finished once pdl_sync() returns.
+// A kernel that calls pdl_sync() but is launched plainly (<<<...>>>) simply finds nothing to wait
+// for. Kernels from libraries (cuBLAS, NCCL) never signal early, so one launched after them starts
+// at their completion, as before.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+#include "kernels/cuda_check.cuh"
+
+namespace moebatch::kernels {
+
+/// Waits until the previous kernel in the stream has completed and its memory is visible, then
+/// lets the next kernel (if launched dependent) be scheduled. Both are no-ops without PDL.
+__device__ __forceinline__ void pdl_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/// kernel<<<grid, block, smem, stream>>>(args...) as a programmatic dependent launch (see the
+/// contract above). Captured into a CUDA graph, the dependency becomes a programmatic edge.
+template <typename... Params, typename... Args>
+void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                      cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+}  // namespace moebatch::kernels
