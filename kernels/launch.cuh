@@ -51,4 +51,15 @@ void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t s
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
+/// Blocks of `kernel` (`threads` per block, no dynamic shared memory) resident on the current
+/// device at once: one wave. Host-side query, so also usable while a stream is being captured.
+template <typename... Params>
+int resident_blocks(void (*kernel)(Params...), int threads) {
+  int device = 0, sms = 0, per_sm = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
+  return sms * per_sm;
+}
+
 }  // namespace moebatch::kernels

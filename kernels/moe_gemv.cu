@@ -66,26 +66,44 @@ __global__ void __launch_bounds__(kWarps * 32) moe_gemv_kernel(MoeGemmParams p) 
   }
 }
 
+template <int R, bool kSilu>
+dim3 gemv_grid(const MoeGemmParams& p) {
+  constexpr int kOut = kSilu ? R / 2 : R;
+  return dim3(CEIL_DIV(p.n, kWarps * kOut), std::min(p.num_experts, p.num_pairs));
+}
+
+// Whether the grid of R rows per warp overflows one wave of resident blocks while 2R fits in one:
+// the few blocks of a second wave each cost a whole load round trip more (bf16 gate+up at one
+// token: 1536 blocks at R = 2, 1188 resident on an H200; 768 at R = 4).
+template <WeightCodec C, int M, int R, bool kSilu>
+bool second_wave(const MoeGemmParams& p) {
+  const auto blocks = [](dim3 g) { return static_cast<int64_t>(g.x) * g.y; };
+  return blocks(gemv_grid<R, kSilu>(p)) >
+             resident_blocks(moe_gemv_kernel<C, M, R, kSilu>, kWarps * 32) &&
+         blocks(gemv_grid<2 * R, kSilu>(p)) <=
+             resident_blocks(moe_gemv_kernel<C, M, 2 * R, kSilu>, kWarps * 32);
+}
+
 template <WeightCodec C, int M, int R, bool kSilu>
 void launch(const MoeGemmParams& p, cudaStream_t stream) {
   static_assert(R == 1 || R == 2 || R == 4, "a warp's 8 loads per chunk split over R rows");
   static_assert(!kSilu || R % 2 == 0, "gate and up rows come in pairs");
   static_assert((kSilu ? R / 2 : R) * M <= 32, "one lane stores each output");
-  constexpr int kOut = kSilu ? R / 2 : R;
-  const dim3 grid(CEIL_DIV(p.n, kWarps * kOut), std::min(p.num_experts, p.num_pairs));
-  launch_dependent(moe_gemv_kernel<C, M, R, kSilu>, grid, kWarps * 32, 0, stream, p);
+  launch_dependent(moe_gemv_kernel<C, M, R, kSilu>, gemv_grid<R, kSilu>(p), kWarps * 32, 0, stream,
+                   p);
 }
 
 // Rows per warp as the dense GEMV picks them (kernels/quant.cu): a lane's 8 loads per chunk
-// should be real granules, and more activation rows keep R · M small.
+// should be real granules, more activation rows keep R · M small, and twice the rows per warp
+// where that saves a second wave.
 template <WeightCodec C, int M, bool kSilu>
 void launch_m(const MoeGemmParams& p, cudaStream_t stream) {
   const int per_lane = CEIL_DIV(p.k / codec_granule(C), 32);
   if constexpr (M == 1 && !kSilu) {
-    if (per_lane >= 8) return launch<C, M, 1, kSilu>(p, stream);
+    if (per_lane >= 8 && !second_wave<C, M, 1, kSilu>(p)) return launch<C, M, 1, kSilu>(p, stream);
   }
   if constexpr (M <= 4) {
-    if (per_lane < 4) return launch<C, M, 4, kSilu>(p, stream);
+    if (per_lane < 4 || second_wave<C, M, 2, kSilu>(p)) return launch<C, M, 4, kSilu>(p, stream);
   }
   launch<C, M, 2, kSilu>(p, stream);
 }

@@ -64,25 +64,33 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(GemvArgs a) {
   }
 }
 
+template <int R>
+int gemv_blocks(const GemvArgs& a) {
+  return CEIL_DIV(CEIL_DIV(a.n, R), kGemvWarps);
+}
+
 template <WeightCodec C, int M, int R>
 void launch_gemv(const GemvArgs& a, cudaStream_t stream) {
   static_assert(R * M <= 32, "one lane stores each (row, activation row) sum");
-  const int warps = CEIL_DIV(a.n, R);
-  launch_dependent(gemv_kernel<C, M, R>, CEIL_DIV(warps, kGemvWarps), kGemvWarps * 32, 0, stream,
-                   a);
+  launch_dependent(gemv_kernel<C, M, R>, gemv_blocks<R>(a), kGemvWarps * 32, 0, stream, a);
   CUDA_CHECK_LAST();
 }
 
 // R (rows per warp) so that a lane's 8 loads per chunk are real granules: 4 when a row gives a
 // lane fewer than 4 (short nvfp4 rows), 1 at one activation row when it gives 8 or more (twice
-// the warps: o_proj has only 2048 rows), else 2. With more activation rows the shared bf16 → fp32
-// conversion of x matters (the kernel turns FMA-bound), so R stays ≥ 2; above 4 rows R = 2
-// keeps R · M ≤ 16 accumulators.
+// the warps: o_proj has only 2048 rows) unless that grid just overflows one wave of resident
+// blocks while R = 2 fits in one (bf16 qkv at batch 1: 1280 blocks, 1188 resident on an H200;
+// the few blocks of a second wave each cost a whole load round trip more), else 2. With more
+// activation rows the shared bf16 → fp32 conversion of x matters (the kernel turns FMA-bound), so
+// R stays ≥ 2; above 4 rows R = 2 keeps R · M ≤ 16 accumulators.
 template <WeightCodec C, int M>
 void launch_gemv_m(const GemvArgs& a, cudaStream_t stream) {
   const int per_lane = CEIL_DIV(a.k / codec_granule(C), 32);
   if constexpr (M == 1) {
-    if (per_lane >= 8) return launch_gemv<C, M, 1>(a, stream);
+    const bool second_wave =
+        gemv_blocks<1>(a) > resident_blocks(gemv_kernel<C, M, 1>, kGemvWarps * 32) &&
+        gemv_blocks<2>(a) <= resident_blocks(gemv_kernel<C, M, 2>, kGemvWarps * 32);
+    if (per_lane >= 8 && !second_wave) return launch_gemv<C, M, 1>(a, stream);
   }
   if constexpr (M <= 4) {
     if (per_lane < 4) return launch_gemv<C, M, 4>(a, stream);
