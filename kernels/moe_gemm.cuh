@@ -44,6 +44,11 @@ struct MoeGemmParams {
   /// the fp32 accumulators, and `in` is not read. nullptr: bf16 activations, weights decoded.
   const uint8_t* in_fp8 = nullptr;
   const float* in_scales = nullptr;
+  /// moe_gemv launched dependent (kernels/launch.cuh): sorted_ids, expert_offsets and
+  /// active_experts were written two or more launches back, so its blocks read them and start
+  /// their weight loads before waiting for the kernel just before (the down GEMV while gate+up
+  /// still runs). false: read only after the wait, as every other operand.
+  bool routing_settled = false;
 };
 
 /// Inputs per activation scale of MoeGemmParams::in_fp8 rows (quantize_fp8_rows' group).

@@ -17,10 +17,12 @@ constexpr int kWarps = 4;
 
 template <WeightCodec C, int M, int R, bool kSilu>
 __global__ void __launch_bounds__(kWarps * 32) moe_gemv_kernel(MoeGemmParams p) {
-  pdl_sync();
+  // Settled routing is complete before this grid was scheduled (the kernel before waited, then
+  // let it launch), but it is read from L2 (__ldcg): this SM's L1 may hold older lines of it.
+  if (!p.routing_settled) pdl_sync();
   constexpr int kOut = kSilu ? R / 2 : R;  // outputs per warp
-  if (static_cast<int>(blockIdx.y) >= p.active_experts[0]) return;
-  const int e = p.active_experts[1 + blockIdx.y];
+  if (static_cast<int>(blockIdx.y) >= __ldcg(p.active_experts)) return;
+  const int e = __ldcg(p.active_experts + 1 + blockIdx.y);
   const int lane = threadIdx.x & 31;
   const int out0 = (blockIdx.x * kWarps + (threadIdx.x >> 5)) * kOut;
   if (out0 >= p.n) return;  // whole warps only: the shuffles below need all 32 lanes
@@ -34,17 +36,18 @@ __global__ void __launch_bounds__(kWarps * 32) moe_gemv_kernel(MoeGemmParams p) 
   }
   // The expert's pairs: the head of its segment (real pairs first, then the sentinel
   // num_pairs); a sentinel reads the first pair's row and is not stored.
-  const int* seg = p.sorted_ids + p.expert_offsets[e];
+  const int* seg = p.sorted_ids + __ldcg(p.expert_offsets + e);
   int pair[M], count = 0;
   const bf16* xrows[M];
 #pragma unroll
   for (int i = 0; i < M; ++i) {
-    pair[i] = seg[i];
+    pair[i] = __ldcg(seg + i);
     count += pair[i] < p.num_pairs;
-    const int src = pair[i] < p.num_pairs ? pair[i] : seg[0];
+    const int src = pair[i] < p.num_pairs ? pair[i] : pair[0];
     xrows[i] = p.in + static_cast<size_t>(src / p.in_row_div) * p.k;
   }
   float acc[R][M];
+  // waits after its first weight loads; only then reads the input rows
   gemv_rows<C, M, R>(p.weight, p.k, rows, xrows, count, acc);  // sentinels cost nothing
 
   // kOut · M ≤ 32 outputs; lane r · M + i stores output (r, i).

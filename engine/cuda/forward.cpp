@@ -126,6 +126,9 @@ struct Step {
     down.n = H;
     down.k = Ie;
     down.silu_gate_up = false;
+    // The routing is two launches back when down runs (gate+up in between): the decode GEMV
+    // starts its weight loads while gate+up finishes.
+    down.routing_settled = true;
 
     // combine in j order; with EP only this rank's pairs (the others' rows were never written)
     combine = {.out = B.o, .expert_out = B.expert_out, .weights = B.topk_weights, .tokens = n,
