@@ -164,8 +164,10 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(AttentionParams 
 #pragma unroll
       for (int d = 0; d < kDimsPerLane; ++d) o[d] = __float2bfloat16(acc[i][d] * inv_l);
     } else {
-      // Workspace per (token, head, split): D normalized outputs, then (m, l).
-      float* w = p.workspace + ((static_cast<size_t>(token) * p.n_q_heads + head) * p.num_splits + split) * (D + 2);
+      // Partials per (token, head, split): D normalized outputs, then (m, l).
+      float* w =
+          attention_partials(p) +
+          ((static_cast<size_t>(token) * p.n_q_heads + head) * p.num_splits + split) * (D + 2);
 #pragma unroll
       for (int d = 0; d < kDimsPerLane; ++d) w[lane * kDimsPerLane + d] = acc[i][d] * inv_l;
       if (lane == 0) {
@@ -181,7 +183,8 @@ __global__ void attention_combine_kernel(AttentionParams p) {
   pdl_sync();
   const int head = blockIdx.x, token = blockIdx.y, d = threadIdx.x;
   const int D = p.head_dim;
-  const float* w = p.workspace + (static_cast<size_t>(token) * p.n_q_heads + head) * p.num_splits * (D + 2);
+  const float* w = attention_partials(p) +
+                   (static_cast<size_t>(token) * p.n_q_heads + head) * p.num_splits * (D + 2);
   float mx = -FLT_MAX;
   for (int s = 0; s < p.num_splits; ++s)
     if (w[s * (D + 2) + D + 1] > 0.f) mx = fmaxf(mx, w[s * (D + 2) + D]);
@@ -588,9 +591,9 @@ void launch_mma(const AttentionParams& p, cudaStream_t stream) {
 // Where prefill runs: the tensor-core kernel takes head_dim 32/64/128 without split-K, with
 // 16-byte aligned q, cache and output rows (cp.async, vector stores) and a positive scale (it
 // takes row maxima before scaling); the CUDA-core kernel takes the rest (head_dim 16 and 256,
-// num_splits > 1, odd pointers). Decode without split-K (a (sequence, kv head) pair per SM or
-// more) takes the same tensor-core kernel, its 64-row tile holding one group's rows, or from
-// kWarpDecodeMinUnits pairs the warp-per-sequence kernel (kernels/attention_decode.cu).
+// num_splits > 1, odd pointers). Decode takes the warp kernels of kernels/attention_decode.cu
+// where they apply (head_dim 64/128, ≤ 16 query heads per kv head); otherwise without split-K
+// the same tensor-core kernel, its 64-row tile holding one group's rows.
 bool on_tensor_cores(const AttentionParams& p) {
   const int group = p.n_q_heads / p.n_kv_heads;
   return p.head_dim >= 32 && p.head_dim <= 128 && p.num_splits == 1 && p.scale > 0.f && aligned(p.q, 16) &&
@@ -600,10 +603,13 @@ bool on_tensor_cores(const AttentionParams& p) {
 
 }  // namespace
 
+// Rounded down: the split kernel of kernels/attention_decode.cu holds two blocks per SM at
+// head_dim 128 (198 registers a thread), so 2 · num_sms (sequence, kv head, split) blocks are one
+// wave, and rounding up put as many as units − 1 blocks into a second wave that doubled the time.
 int attention_decode_splits(int num_seqs, int n_kv_heads, int max_kv_len, int num_sms, int max_splits) {
   const int units = num_seqs * n_kv_heads;  // (sequence, kv head) pairs
   if (units <= 0 || units >= num_sms) return 1;
-  const int splits = std::min({CEIL_DIV(2 * num_sms, units), CEIL_DIV(max_kv_len, kTileKeys), max_splits});
+  const int splits = std::min({2 * num_sms / units, CEIL_DIV(max_kv_len, kTileKeys), max_splits});
   return std::max(splits, 1);
 }
 
@@ -622,6 +628,7 @@ void attention_decode(const AttentionParams& p, cudaStream_t stream) {
   check(p);
   if (p.num_seqs == 0 || p.num_tokens == 0 || p.max_q_len == 0) return;
   if (decode_on_warps(p)) return attention_decode_warps(p, stream);
+  if (decode_on_split_warps(p)) return attention_decode_split_warps(p, stream);
   if (!on_tensor_cores(p)) return dispatch<2>(p, stream);
   switch (p.head_dim) {
     case 32: launch_mma<32>(p, stream); break;

@@ -33,14 +33,23 @@ struct AttentionParams {
   float* workspace = nullptr;         ///< attention_workspace_floats(...) floats when num_splits > 1
 };
 
-/// Floats of workspace the split-K path needs.
+/// Ticket counters at the head of a split-K workspace: one per (sequence, kv head) of the
+/// small-batch decode kernel (it takes fewer pairs than this), through which the last split of a
+/// pair to finish combines them all. Zero them once when the workspace is allocated; every launch
+/// leaves them zero again, so captured graphs replay it as it is.
+constexpr int kAttentionCounters = 512;
+
+/// Floats of workspace the split-K path needs: the counters (as 32-bit words, zero before the
+/// first launch), then the partials, head_dim + 2 floats per (token, head, split).
 inline size_t attention_workspace_floats(int num_tokens, int n_q_heads, int head_dim, int num_splits) {
-  return num_splits > 1 ? static_cast<size_t>(num_tokens) * n_q_heads * num_splits * (head_dim + 2) : 0;
+  return num_splits > 1 ? kAttentionCounters + static_cast<size_t>(num_tokens) * n_q_heads *
+                                                   num_splits * (head_dim + 2)
+                        : 0;
 }
 
-/// Split count for decode: 1 when the (sequence, kv head) pairs alone cover every SM (tensor
-/// cores then run the step); else enough (sequence, kv head, split) blocks to fill the GPU twice,
-/// each split at least one 32-key tile, at most max_splits.
+/// Split count for decode: 1 when the (sequence, kv head) pairs alone cover every SM; else as
+/// many as keep the (sequence, kv head, split) blocks within twice the SMs (one wave of the split
+/// kernel), each split at least one 32-key tile, at most max_splits.
 int attention_decode_splits(int num_seqs, int n_kv_heads, int max_kv_len, int num_sms, int max_splits);
 
 /// Causal attention for many query tokens per sequence: tiles of 64 (token, head) rows of one
@@ -50,10 +59,13 @@ int attention_decode_splits(int num_seqs, int n_kv_heads, int max_kv_len, int nu
 /// tiles of 32 rows.
 void attention_prefill(const AttentionParams& p, cudaStream_t stream);
 
-/// Attention for one query token per sequence (decode): with split-K over long contexts at small
-/// batches (CUDA-core tiles of 8 rows, one token's GQA group); without it on tensor cores (the
-/// prefill kernel, or from kWarpDecodeMinUnits (sequence, kv head) pairs one warp per pair,
-/// kernels/attention_decode.cu).
+/// Attention for one query token per sequence (decode), on tensor cores with K/V streamed from
+/// the cache into MMA fragments (kernels/attention_decode.cu): below kWarpDecodeMinUnits
+/// (sequence, kv head) pairs one launch with split-K over the key range (4 warps per split, the
+/// last split of a pair to finish combines them), from there one warp per pair
+/// (num_splits 1). head_dim 64/128 with ≤ 16 query heads per kv head, a positive scale and
+/// 16-byte aligned rows; other shapes take the CUDA-core kernel (tiles of 8 rows, one token's GQA
+/// group, and a combine launch after split-K) or, without split-K, the prefill kernel.
 void attention_decode(const AttentionParams& p, cudaStream_t stream);
 
 }  // namespace moebatch::kernels

@@ -1,10 +1,18 @@
-// Decode attention on tensor cores for large batches, one warp per (sequence, kv head): the
-// group's query rows of the sequence's one new token (8 for Qwen3-MoE's 32/4 heads; ≤ 16) are one
-// m16 row block of mma.sync.m16n8k16, and the warp streams its keys from the paged cache straight
-// into registers, 16 keys per step: no shared memory, no block barrier, so an SM holds as many
-// sequences in flight as registers allow (the prefill kernel's 64-row tile holds one group and
-// stages 64 KB of K/V per block). A warp walks its whole context, so this pays only when the
-// batch alone fills the GPU (kWarpDecodeMinUnits; bench/RESULTS.md has the crossover).
+// Decode attention on tensor cores, K and V streamed from the paged cache straight into MMA
+// fragments. One warp's formulation (DecodeWarp): the group's query rows of the sequence's one
+// new token (8 for Qwen3-MoE's 32/4 heads; ≤ 16) are one m16 row block of mma.sync.m16n8k16, and
+// the warp loads its keys into registers, 16 keys per step: no shared memory and no block barrier
+// in the key loop. Two kernels walk keys this way:
+//   - attention_decode_warp_kernel (large batches): one warp per (sequence, kv head) walks the
+//     whole context, so an SM holds as many sequences in flight as registers allow (the prefill
+//     kernel's 64-row tile holds one group and stages 64 KB of K/V per block). It pays only when
+//     the batch alone fills the GPU (kWarpDecodeMinUnits; bench/RESULTS.md has the crossover).
+//   - attention_decode_split_kernel (below that): split-K over the key range, a block of 4 warps
+//     per (split, kv head, sequence) taking alternate 16-key steps. The block merges its warps in
+//     shared memory and, with several splits, writes the split's partial to the workspace and
+//     takes a ticket; the pair's last split to arrive merges all of them and writes the output.
+//     One launch: at batch 1 a layer reads ~0.3 MB of K/V, so the step is latency, and the
+//     CUDA-core split kernel plus its combine launch cost ~14 µs (ncu, H200).
 //
 // The dimensions are permuted so that every lane's operands are contiguous in a cache row (a dot
 // product and an output column do not care about order, as long as both sides agree):
@@ -26,7 +34,9 @@
 namespace moebatch::kernels {
 namespace {
 
-constexpr int kWarps = 4;  // sequences per block
+constexpr int kWarps = 4;         // sequences per block of the warp kernel
+constexpr int kSplitWarps = 4;    // warps per split of the split kernel
+constexpr int kCombineBatch = 8;  // splits whose partials a thread of the last block loads at once
 constexpr float kLog2e = 1.4426950408889634f;
 
 __device__ __forceinline__ unsigned pack2(float lo, float hi) {
@@ -52,164 +62,364 @@ __device__ __forceinline__ unsigned half_at(const uint4 (&v)[N], int e) {
   return (word_at(v, e >> 1) >> (16 * (e & 1))) & 0xffffu;
 }
 
+// One warp's decode state for the query rows of one (token, kv head): Q's A fragments, the online
+// softmax of rows g and g + 8 (lane = 4g + t) and O's C fragments.
 template <int D>
-__global__ void __launch_bounds__(kWarps * 32) attention_decode_warp_kernel(AttentionParams p) {
-  pdl_sync();
-  constexpr int KS = D / 16;  // k16 steps of Q·Kᵀ
-  constexpr int KD = D / 4;   // K dims per lane
-  constexpr int VD = D / 8;   // V dims per lane = n-blocks of P·V
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int seq = blockIdx.y * kWarps + (threadIdx.x >> 5);
-  const int kvh = blockIdx.x;
-  if (seq >= p.num_seqs) return;  // whole warps
-  const int token = p.q_start[seq];  // one query token per sequence
-  const int kv_len = p.kv_lens[seq];
-  const int group = p.n_q_heads / p.n_kv_heads;
-  const int k_end = kv_len;  // keys [0, kv_len)
-  const int head_a = kvh * group + g, head_b = head_a + 8;  // rows g and g + 8
-  const bool row_a = g < group, row_b = g + 8 < group;
-
-  // Q's A fragments: a0/a2 = dims KD·t + 4kk + 0..1 / 2..3 of row g, a1/a3 of row g + 8.
+struct DecodeWarp {
+  static constexpr int KS = D / 16;  // k16 steps of Q·Kᵀ
+  static constexpr int KD = D / 4;   // K dims per lane
+  static constexpr int VD = D / 8;   // V dims per lane = n-blocks of P·V
+  int g, t;
   unsigned qf[KS][4];
-  {
-    const bf16* qa = p.q + static_cast<size_t>(token) * p.q_stride + static_cast<size_t>(head_a) * D + KD * t;
-    const bf16* qb = qa + 8 * D;
+  float m_a, m_b;  // row maxima in base-2 logits; -inf before the first key
+  float l_a, l_b;  // row sums relative to 2^m: this lane's keys until decode_sum_rows
+  float o[VD][4];  // unnormalized, relative to 2^m
+};
+
+// Q's A fragments of heads head0 + g and head0 + g + 8 (rows at or past `group` stay 0: their
+// scores are 0 and never stored), and an empty softmax state.
+template <int D>
+__device__ __forceinline__ void decode_begin(DecodeWarp<D>& w, const AttentionParams& p, int token,
+                                             int head0, int group) {
+  constexpr int KS = DecodeWarp<D>::KS, KD = DecodeWarp<D>::KD, VD = DecodeWarp<D>::VD;
+  const int lane = threadIdx.x & 31;
+  w.g = lane >> 2;
+  w.t = lane & 3;
+  const bool row_a = w.g < group, row_b = w.g + 8 < group;
+  // a0/a2 = dims KD·t + 4kk + 0..1 / 2..3 of row g, a1/a3 of row g + 8.
+  const bf16* qa = p.q + static_cast<size_t>(token) * p.q_stride +
+                   static_cast<size_t>(head0 + w.g) * D + KD * w.t;
+  const bf16* qb = qa + 8 * D;
 #pragma unroll
-    for (int kk = 0; kk < KS; ++kk) {
-      const uint2 a = row_a ? __ldg(reinterpret_cast<const uint2*>(qa + 4 * kk)) : make_uint2(0, 0);
-      const uint2 b = row_b ? __ldg(reinterpret_cast<const uint2*>(qb + 4 * kk)) : make_uint2(0, 0);
-      qf[kk][0] = a.x;
-      qf[kk][2] = a.y;
-      qf[kk][1] = b.x;
-      qf[kk][3] = b.y;
+  for (int kk = 0; kk < KS; ++kk) {
+    const uint2 a = row_a ? __ldg(reinterpret_cast<const uint2*>(qa + 4 * kk)) : make_uint2(0, 0);
+    const uint2 b = row_b ? __ldg(reinterpret_cast<const uint2*>(qb + 4 * kk)) : make_uint2(0, 0);
+    w.qf[kk][0] = a.x;
+    w.qf[kk][2] = a.y;
+    w.qf[kk][1] = b.x;
+    w.qf[kk][3] = b.y;
+  }
+  w.m_a = w.m_b = -INFINITY;
+  w.l_a = w.l_b = 0.f;
+#pragma unroll
+  for (int n = 0; n < VD; ++n) w.o[n][0] = w.o[n][1] = w.o[n][2] = w.o[n][3] = 0.f;
+}
+
+// One 16-key step over keys key0 + 0..15 (key0 < k_end; keys at or past k_end masked): K of keys
+// g, g + 8 and V of keys 2t, 2t+1, 2t+8, 2t+9 loaded together, S = Q·Kᵀ, online softmax,
+// O += P·V. row(cache, key) is a key's cache row of the warp's kv head.
+template <int D, typename RowPtr>
+__device__ __forceinline__ void decode_step(DecodeWarp<D>& w, const RowPtr& row,
+                                            const bf16* k_cache, const bf16* v_cache, int key0,
+                                            int k_end, float log2_scale) {
+  constexpr int KS = DecodeWarp<D>::KS, KD = DecodeWarp<D>::KD, VD = DecodeWarp<D>::VD;
+  const int g = w.g, t = w.t;
+  // Loads first (K of keys g, g + 8; V of keys 2t, 2t+1, 2t+8, 2t+9), all in flight together.
+  uint4 kr[2][KD / 8], vr[4][VD / 8];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int key = key0 + 8 * j + g;
+#pragma unroll
+    for (int i = 0; i < KD / 8; ++i) kr[j][i] = make_uint4(0, 0, 0, 0);
+    if (key < k_end) {
+      const uint4* src = reinterpret_cast<const uint4*>(row(k_cache, key) + KD * t);
+#pragma unroll
+      for (int i = 0; i < KD / 8; ++i) kr[j][i] = __ldg(src + i);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int key = key0 + 2 * t + (j & 1) + 8 * (j >> 1);
+#pragma unroll
+    for (int i = 0; i < VD / 8; ++i) vr[j][i] = make_uint4(0, 0, 0, 0);
+    if (key < k_end) {
+      const uint4* src = reinterpret_cast<const uint4*>(row(v_cache, key) + VD * g);
+#pragma unroll
+      for (int i = 0; i < VD / 8; ++i) vr[j][i] = __ldg(src + i);
     }
   }
 
+  // S = Q·Kᵀ for keys key0 + 8j + (0..7): B words 2kk, 2kk + 1 of the lane's K dims.
+  float s[2][4] = {};
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk)
+      mma_bf16_16816(s[j], w.qf[kk][0], w.qf[kk][1], w.qf[kk][2], w.qf[kk][3],
+                     word_at(kr[j], 2 * kk), word_at(kr[j], 2 * kk + 1));
+  // Keys past the range out.
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e)
+      if (key0 + 8 * j + 2 * t + e >= k_end) s[j][e] = s[j][2 + e] = -INFINITY;
+  // Online softmax; the quad of lanes t = 0..3 holds a row's 16 scores. Key key0 is valid, so
+  // the maxima are finite after the first step.
+  float mx_a = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
+  float mx_b = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
+#pragma unroll
+  for (int x = 1; x <= 2; x <<= 1) {
+    mx_a = fmaxf(mx_a, __shfl_xor_sync(kFullMask, mx_a, x));
+    mx_b = fmaxf(mx_b, __shfl_xor_sync(kFullMask, mx_b, x));
+  }
+  const float mn_a = fmaxf(w.m_a, mx_a * log2_scale), mn_b = fmaxf(w.m_b, mx_b * log2_scale);
+  const float alpha_a = exp2f(w.m_a - mn_a), alpha_b = exp2f(w.m_b - mn_b);  // 0 on the first step
+  w.m_a = mn_a;
+  w.m_b = mn_b;
+  float pr[2][4];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    pr[j][0] = exp2f(fmaf(s[j][0], log2_scale, -mn_a));
+    pr[j][1] = exp2f(fmaf(s[j][1], log2_scale, -mn_a));
+    pr[j][2] = exp2f(fmaf(s[j][2], log2_scale, -mn_b));
+    pr[j][3] = exp2f(fmaf(s[j][3], log2_scale, -mn_b));
+  }
+  w.l_a = w.l_a * alpha_a + pr[0][0] + pr[0][1] + pr[1][0] + pr[1][1];
+  w.l_b = w.l_b * alpha_b + pr[0][2] + pr[0][3] + pr[1][2] + pr[1][3];
+  // P's A fragments (keys 2t, 2t+1 | 2t+8, 2t+9 of rows g | g + 8).
+  const unsigned pa0 = pack2(pr[0][0], pr[0][1]), pa1 = pack2(pr[0][2], pr[0][3]);
+  const unsigned pa2 = pack2(pr[1][0], pr[1][1]), pa3 = pack2(pr[1][2], pr[1][3]);
+  // O += P·V: n-block np takes element np of the lane's V dims from keys (2t, 2t+1) and
+  // (2t+8, 2t+9), paired into bf16x2 B words.
+#pragma unroll
+  for (int np = 0; np < VD; ++np) {
+    w.o[np][0] *= alpha_a;
+    w.o[np][1] *= alpha_a;
+    w.o[np][2] *= alpha_b;
+    w.o[np][3] *= alpha_b;
+    const unsigned b0 = half_at(vr[0], np) | half_at(vr[1], np) << 16;
+    const unsigned b1 = half_at(vr[2], np) | half_at(vr[3], np) << 16;
+    mma_bf16_16816(w.o[np], pa0, pa1, pa2, pa3, b0, b1);
+  }
+}
+
+// Steps at keys k0, k0 + stride, ... below k_end (k0 and stride multiples of 16) of sequence
+// seq's cache rows of kv head kvh; warp-uniform.
+template <int D>
+__device__ __forceinline__ void decode_keys(DecodeWarp<D>& w, const AttentionParams& p, int seq,
+                                            int kvh, int k0, int k_end, int stride) {
   const int32_t* table = p.block_tables + static_cast<size_t>(seq) * p.max_blocks_per_seq;
   // A 16-key step lies inside one cache block when the block size is a multiple of 16 (steps
-  // start at multiples of 16): one table entry per step, fetched a step ahead.
+  // start at multiples of 16): one table entry per step, fetched a step ahead. The first fetch
+  // does not wait for k_end (kv_lens): any entry of the row may be read, and it is used only
+  // below k_end.
   const bool one_block = p.block_size % 16 == 0;
-  int next_base = one_block && k_end > 0 ? __ldg(table) : 0;
+  int next_base =
+      one_block && k0 / p.block_size < p.max_blocks_per_seq ? __ldg(table + k0 / p.block_size) : 0;
   int slot_base = 0;  // the step's cache block · block_size (one_block)
-  const auto row_ptr = [&](const bf16* cache, int key) {
+  const auto row = [&](const bf16* cache, int key) {
     const int slot = one_block ? slot_base + key % p.block_size
                                : __ldg(table + key / p.block_size) * p.block_size + key % p.block_size;
+    // size_t: slot * n_kv_heads * D overflows int for large pools.
     return cache + (static_cast<size_t>(slot) * p.n_kv_heads + kvh) * D;
   };
   const float log2_scale = p.scale * kLog2e;
-  float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;
-  float o[VD][4];
-#pragma unroll
-  for (int n = 0; n < VD; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-
-  for (int key0 = 0; key0 < k_end; key0 += 16) {  // warp-uniform
+  for (int key0 = k0; key0 < k_end; key0 += stride) {
     slot_base = next_base * p.block_size;
-    if (one_block && key0 + 16 < k_end) next_base = __ldg(table + (key0 + 16) / p.block_size);
-    // Loads first (K of keys g, g + 8; V of keys 2t, 2t+1, 2t+8, 2t+9), all in flight together.
-    uint4 kr[2][KD / 8], vr[4][VD / 8];
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int key = key0 + 8 * j + g;
-#pragma unroll
-      for (int i = 0; i < KD / 8; ++i) kr[j][i] = make_uint4(0, 0, 0, 0);
-      if (key < k_end) {
-        const uint4* src = reinterpret_cast<const uint4*>(row_ptr(p.k_cache, key) + KD * t);
-#pragma unroll
-        for (int i = 0; i < KD / 8; ++i) kr[j][i] = __ldg(src + i);
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int key = key0 + 2 * t + (j & 1) + 8 * (j >> 1);
-#pragma unroll
-      for (int i = 0; i < VD / 8; ++i) vr[j][i] = make_uint4(0, 0, 0, 0);
-      if (key < k_end) {
-        const uint4* src = reinterpret_cast<const uint4*>(row_ptr(p.v_cache, key) + VD * g);
-#pragma unroll
-        for (int i = 0; i < VD / 8; ++i) vr[j][i] = __ldg(src + i);
-      }
-    }
-
-    // S = Q·Kᵀ for keys key0 + 8j + (0..7): B words 2kk, 2kk + 1 of the lane's K dims.
-    float s[2][4] = {};
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-#pragma unroll
-      for (int kk = 0; kk < KS; ++kk)
-        mma_bf16_16816(s[j], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], word_at(kr[j], 2 * kk),
-                       word_at(kr[j], 2 * kk + 1));
-    // Keys past the context out.
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e)
-        if (key0 + 8 * j + 2 * t + e >= k_end) s[j][e] = s[j][2 + e] = -INFINITY;
-    // Online softmax; the quad of lanes t = 0..3 holds a row's 16 scores. Key key0 is valid, so
-    // the maxima are finite after the first step.
-    float mx_a = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
-    float mx_b = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
-#pragma unroll
-    for (int x = 1; x <= 2; x <<= 1) {
-      mx_a = fmaxf(mx_a, __shfl_xor_sync(kFullMask, mx_a, x));
-      mx_b = fmaxf(mx_b, __shfl_xor_sync(kFullMask, mx_b, x));
-    }
-    const float mn_a = fmaxf(m_a, mx_a * log2_scale), mn_b = fmaxf(m_b, mx_b * log2_scale);
-    const float alpha_a = exp2f(m_a - mn_a), alpha_b = exp2f(m_b - mn_b);  // 0 on the first step
-    m_a = mn_a;
-    m_b = mn_b;
-    float pr[2][4];
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      pr[j][0] = exp2f(fmaf(s[j][0], log2_scale, -mn_a));
-      pr[j][1] = exp2f(fmaf(s[j][1], log2_scale, -mn_a));
-      pr[j][2] = exp2f(fmaf(s[j][2], log2_scale, -mn_b));
-      pr[j][3] = exp2f(fmaf(s[j][3], log2_scale, -mn_b));
-    }
-    l_a = l_a * alpha_a + pr[0][0] + pr[0][1] + pr[1][0] + pr[1][1];
-    l_b = l_b * alpha_b + pr[0][2] + pr[0][3] + pr[1][2] + pr[1][3];
-    // P's A fragments (keys 2t, 2t+1 | 2t+8, 2t+9 of rows g | g + 8).
-    const unsigned pa0 = pack2(pr[0][0], pr[0][1]), pa1 = pack2(pr[0][2], pr[0][3]);
-    const unsigned pa2 = pack2(pr[1][0], pr[1][1]), pa3 = pack2(pr[1][2], pr[1][3]);
-    // O += P·V: n-block np takes element np of the lane's V dims from keys (2t, 2t+1) and
-    // (2t+8, 2t+9), paired into bf16x2 B words.
-#pragma unroll
-    for (int np = 0; np < VD; ++np) {
-      o[np][0] *= alpha_a;
-      o[np][1] *= alpha_a;
-      o[np][2] *= alpha_b;
-      o[np][3] *= alpha_b;
-      const unsigned b0 = half_at(vr[0], np) | half_at(vr[1], np) << 16;
-      const unsigned b1 = half_at(vr[2], np) | half_at(vr[3], np) << 16;
-      mma_bf16_16816(o[np], pa0, pa1, pa2, pa3, b0, b1);
-    }
+    if (one_block && key0 + stride < k_end)
+      next_base = __ldg(table + (key0 + stride) / p.block_size);
+    decode_step(w, row, p.k_cache, p.v_cache, key0, k_end, log2_scale);
   }
+}
 
+// Row sums over the quad: every lane of it then holds the rows' full l.
+template <int D>
+__device__ __forceinline__ void decode_sum_rows(DecodeWarp<D>& w) {
 #pragma unroll
   for (int x = 1; x <= 2; x <<= 1) {
-    l_a += __shfl_xor_sync(kFullMask, l_a, x);
-    l_b += __shfl_xor_sync(kFullMask, l_b, x);
+    w.l_a += __shfl_xor_sync(kFullMask, w.l_a, x);
+    w.l_b += __shfl_xor_sync(kFullMask, w.l_b, x);
   }
-  // Lane (g, t) holds dims [2VD·t, 2VD·t + 2VD) of rows g (c0: dim 2VD·t + np, c1: + VD) and
-  // g + 8 (c2, c3).
-  const int d0 = 2 * VD * t;
+}
+
+// Unnormalized output dim 2VD·t + e of row g + 8r (e < 2VD, compile-time): lane (g, t) holds
+// dims [2VD·t, 2VD·t + 2VD) of rows g (c0: dim 2VD·t + np, c1: + VD) and g + 8 (c2, c3).
+template <int D>
+__device__ __forceinline__ float decode_out(const DecodeWarp<D>& w, int r, int e) {
+  constexpr int VD = DecodeWarp<D>::VD;
+  return e < VD ? w.o[e][2 * r] : w.o[e - VD][2 * r + 1];
+}
+
+template <int D>
+__global__ void __launch_bounds__(kWarps * 32) attention_decode_warp_kernel(AttentionParams p) {
+  pdl_sync();
+  constexpr int VD = DecodeWarp<D>::VD;
+  const int seq = blockIdx.y * kWarps + (threadIdx.x >> 5);
+  const int kvh = blockIdx.x;
+  if (seq >= p.num_seqs) return;     // whole warps
+  const int token = p.q_start[seq];  // one query token per sequence
+  const int kv_len = p.kv_lens[seq];
+  const int group = p.n_q_heads / p.n_kv_heads;
+  DecodeWarp<D> w;
+  decode_begin(w, p, token, kvh * group, group);
+  decode_keys(w, p, seq, kvh, 0, kv_len, 16);  // keys [0, kv_len)
+  decode_sum_rows(w);
+  const int d0 = 2 * VD * w.t;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const bool valid = r == 0 ? row_a : row_b;
-    if (!valid) continue;
-    const int head = r == 0 ? head_a : head_b;
-    const float l = r == 0 ? l_a : l_b;
+    const int row = w.g + 8 * r;
+    if (row >= group) continue;
+    const float l = r == 0 ? w.l_a : w.l_b;
     const float inv = l > 0.f ? 1.f / l : 0.f;  // l ≥ 1 with a context; 0 keys (empty) give 0
-    unsigned w[VD];  // bf16 pairs of dims d0 + 2i, d0 + 2i + 1
+    unsigned o[VD];                             // bf16 pairs of dims d0 + 2i, d0 + 2i + 1
 #pragma unroll
-    for (int i = 0; i < VD; ++i) {
-      const int e0 = 2 * i, e1 = 2 * i + 1;  // dims d0 + e: from c(2r) at np = e, or c(2r+1) at e − VD
-      const float x0 = e0 < VD ? o[e0][2 * r] : o[e0 - VD][2 * r + 1];
-      const float x1 = e1 < VD ? o[e1][2 * r] : o[e1 - VD][2 * r + 1];
-      w[i] = pack2(x0 * inv, x1 * inv);
+    for (int i = 0; i < VD; ++i)
+      o[i] = pack2(decode_out(w, r, 2 * i) * inv, decode_out(w, r, 2 * i + 1) * inv);
+    uint4* dst = reinterpret_cast<uint4*>(
+        p.out + (static_cast<size_t>(token) * p.n_q_heads + kvh * group + row) * D + d0);
+#pragma unroll
+    for (int i = 0; i < VD / 4; ++i)
+      dst[i] = make_uint4(o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]);
+  }
+}
+
+// Dims d..d+3 of a head's output row: o / l in bf16 (0 where l = 0: no keys).
+template <int D>
+__device__ __forceinline__ void store_out4(const AttentionParams& p, int token, int head, int d,
+                                           float4 o, float l) {
+  const float inv = l > 0.f ? 1.f / l : 0.f;
+  *reinterpret_cast<uint2*>(p.out + (static_cast<size_t>(token) * p.n_q_heads + head) * D + d) =
+      make_uint2(pack2(o.x * inv, o.y * inv), pack2(o.z * inv, o.w * inv));
+}
+
+__device__ __forceinline__ void fma4(float4& acc, float c, float4 x) {
+  acc.x = fmaf(c, x.x, acc.x);
+  acc.y = fmaf(c, x.y, acc.y);
+  acc.z = fmaf(c, x.z, acc.z);
+  acc.w = fmaf(c, x.w, acc.w);
+}
+
+// Grid (split, kv head, sequence), kSplitWarps warps. Split s covers keys [s·len, (s + 1)·len) of
+// [0, kv_len), len = max_kv_len / num_splits rounded up to 16 keys; warp w takes the split's
+// steps w, w + kSplitWarps, ... A split without keys (an empty context, or past a short
+// sequence's end) yields the neutral partial m = -inf, l = 0, o = 0.
+// Workspace (num_splits > 1): after the counters, o[token, kv head, split, group row, D], then
+// (m, l)[token, kv head, split, group row] — o relative to 2^m, m in base-2 logits.
+template <int D>
+__global__ void __launch_bounds__(kSplitWarps * 32)
+    attention_decode_split_kernel(AttentionParams p) {
+  constexpr int kLaneDims = 2 * DecodeWarp<D>::VD;  // a lane's dims of a row
+  // (row, t) pieces padded by 16 bytes: the 8 lanes of a 16-byte store phase (pieces 4g + t of
+  // g = 0, 1) start in distinct 4-bank groups.
+  constexpr int kPad = kLaneDims + 4;
+  constexpr int kChunks = D / 4;  // 4-dim chunks of a row: one merge item each
+  constexpr int kThreads = kSplitWarps * 32;
+  __shared__ alignas(16) float o_s[kSplitWarps][16 * 4][kPad];  // warp, 4 · row + t, dims
+  __shared__ float2 ml_s[kSplitWarps][16];                      // warp's (m, l) per row
+  __shared__ bool last;
+  pdl_sync();
+  const int split = blockIdx.x, kvh = blockIdx.y, seq = blockIdx.z;
+  const int splits = p.num_splits, warp = threadIdx.x >> 5;
+  const int token = p.q_start[seq];  // one query token per sequence
+  const int kv_len = p.kv_lens[seq];
+  const int group = p.n_q_heads / p.n_kv_heads;
+  const int split_len = CEIL_DIV(CEIL_DIV(p.max_kv_len, splits), 16) * 16;
+  const int k_begin = split * split_len;
+  const int k_end = min(kv_len, k_begin + split_len);
+
+  DecodeWarp<D> w;
+  decode_begin(w, p, token, kvh * group, group);
+  decode_keys(w, p, seq, kvh, k_begin + 16 * warp, k_end, 16 * kSplitWarps);
+  decode_sum_rows(w);
+
+  // Each warp's (m, l) of its rows and the lane's dims of rows g, g + 8 to shared memory.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = w.g + 8 * r;
+    if (row >= group) continue;
+    if (w.t == 0) ml_s[warp][row] = r == 0 ? make_float2(w.m_a, w.l_a) : make_float2(w.m_b, w.l_b);
+    float* dst = o_s[warp][4 * row + w.t];
+#pragma unroll
+    for (int i = 0; i < kLaneDims / 4; ++i)
+      *reinterpret_cast<float4*>(dst + 4 * i) =
+          make_float4(decode_out(w, r, 4 * i), decode_out(w, r, 4 * i + 1),
+                      decode_out(w, r, 4 * i + 2), decode_out(w, r, 4 * i + 3));
+  }
+  __syncthreads();
+
+  // The split's partial: warp v weighted by 2^(m_v − M), M the largest m_v (a warp without keys
+  // weighs 2^-inf = 0; with none in the whole split every weight is 0). One split: the output.
+  const size_t pair = static_cast<size_t>(token) * p.n_kv_heads + kvh;  // (token, kv head)
+  float* const part_o = attention_partials(p);
+  float2* const part_ml = reinterpret_cast<float2*>(part_o + static_cast<size_t>(p.num_tokens) *
+                                                                 p.n_q_heads * splits * D);
+  for (int i = threadIdx.x; i < group * kChunks; i += kThreads) {
+    const int row = i / kChunks, d = i % kChunks * 4;
+    float2 ml[kSplitWarps];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int v = 0; v < kSplitWarps; ++v) {
+      ml[v] = ml_s[v][row];
+      mx = fmaxf(mx, ml[v].x);
     }
-    uint4* dst = reinterpret_cast<uint4*>(p.out + (static_cast<size_t>(token) * p.n_q_heads + head) * D + d0);
+    const float base = mx == -INFINITY ? 0.f : mx;
+    float l = 0.f;
+    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-    for (int i = 0; i < VD / 4; ++i) dst[i] = make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
+    for (int v = 0; v < kSplitWarps; ++v) {
+      const float c = exp2f(ml[v].x - base);
+      l = fmaf(c, ml[v].y, l);
+      fma4(o, c, *reinterpret_cast<const float4*>(&o_s[v][4 * row + d / kLaneDims][d % kLaneDims]));
+    }
+    if (splits == 1) {
+      store_out4<D>(p, token, kvh * group + row, d, o, l);
+      continue;
+    }
+    const size_t at = (pair * splits + split) * group + row;
+    *reinterpret_cast<float4*>(part_o + at * D + d) = o;
+    if (d == 0) part_ml[at] = make_float2(mx, l);
+  }
+  if (splits == 1) return;
+
+  // Ticket: the pair's last split to arrive merges them all. Every thread fences its partial
+  // stores before the block takes its ticket; the last block fences again before reading.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned* const counter = attention_counters(p) + static_cast<size_t>(seq) * p.n_kv_heads + kvh;
+    last = atomicAdd(counter, 1u) == static_cast<unsigned>(splits - 1);
+    if (last) *counter = 0;  // every split has its ticket: zero again for the next launch (graphs)
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  // Split s weighted by 2^(m_s − M), as attention_combine_kernel (a neutral partial weighs 0),
+  // over batches of splits whose (m, l) and o are loaded together, M taken online: a running
+  // max, the sums so far rescaled when a batch raises it. __ldcg: L2, never a line this SM's L1
+  // may hold from an earlier block.
+  const float2* const ml_src = part_ml + pair * splits * group;   // [split, row]
+  const float* const o_src = part_o + pair * splits * group * D;  // [split, row, D]
+  for (int i = threadIdx.x; i < group * kChunks; i += kThreads) {
+    const int row = i / kChunks, d = i % kChunks * 4;
+    float mx = -INFINITY, l = 0.f;
+    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s0 = 0; s0 < splits; s0 += kCombineBatch) {
+      float2 ml[kCombineBatch];
+      float4 x[kCombineBatch];
+#pragma unroll
+      for (int j = 0; j < kCombineBatch; ++j) {
+        const int s = s0 + j;
+        ml[j] = s < splits ? __ldcg(ml_src + s * group + row) : make_float2(-INFINITY, 0.f);
+        x[j] = s < splits ? __ldcg(reinterpret_cast<const float4*>(
+                                o_src + (static_cast<size_t>(s) * group + row) * D + d))
+                          : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+      float mn = mx;
+#pragma unroll
+      for (int j = 0; j < kCombineBatch; ++j) mn = fmaxf(mn, ml[j].x);
+      const float base = mn == -INFINITY ? 0.f : mn;  // no keys so far: every weight 2^-inf = 0
+      const float alpha = exp2f(mx - base);
+      l *= alpha;
+      o = make_float4(o.x * alpha, o.y * alpha, o.z * alpha, o.w * alpha);
+#pragma unroll
+      for (int j = 0; j < kCombineBatch; ++j) {
+        const float c = exp2f(ml[j].x - base);
+        l = fmaf(c, ml[j].y, l);
+        fma4(o, c, x[j]);
+      }
+      mx = mn;
+    }
+    store_out4<D>(p, token, kvh * group + row, d, o, l);
   }
 }
 
@@ -220,16 +430,33 @@ void launch(const AttentionParams& p, cudaStream_t stream) {
   CUDA_CHECK_LAST();
 }
 
+template <int D>
+void launch_split(const AttentionParams& p, cudaStream_t stream) {
+  const dim3 grid(p.num_splits, p.n_kv_heads, p.num_seqs);
+  launch_dependent(attention_decode_split_kernel<D>, grid, kSplitWarps * 32, 0, stream, p);
+  CUDA_CHECK_LAST();
+}
+
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+// What both kernels need: one query token per sequence, head_dim 64 or 128, at most 16 query
+// heads per kv head (one m16 block), a positive scale (maxima are taken before scaling) and
+// 16-byte aligned rows.
+bool on_decode_warps(const AttentionParams& p) {
+  const int group = p.n_q_heads / p.n_kv_heads;
+  return (p.head_dim == 64 || p.head_dim == 128) && group <= 16 && p.max_q_len == 1 &&
+         p.scale > 0.f && p.q_stride % 8 == 0 && aligned16(p.q) && aligned16(p.k_cache) &&
+         aligned16(p.v_cache) && aligned16(p.out);
+}
+
+int64_t decode_units(const AttentionParams& p) {
+  return static_cast<int64_t>(p.num_seqs) * p.n_kv_heads;
+}
 
 }  // namespace
 
 bool decode_on_warps(const AttentionParams& p) {
-  const int group = p.n_q_heads / p.n_kv_heads;
-  return (p.head_dim == 64 || p.head_dim == 128) && group <= 16 && p.max_q_len == 1 &&
-         p.num_splits == 1 && p.scale > 0.f &&
-         static_cast<int64_t>(p.num_seqs) * p.n_kv_heads >= kWarpDecodeMinUnits && p.q_stride % 8 == 0 &&
-         aligned16(p.q) && aligned16(p.k_cache) && aligned16(p.v_cache) && aligned16(p.out) &&
+  return on_decode_warps(p) && p.num_splits == 1 && decode_units(p) >= kWarpDecodeMinUnits &&
          CEIL_DIV(p.num_seqs, kWarps) <= 65535;
 }
 
@@ -238,6 +465,18 @@ void attention_decode_warps(const AttentionParams& p, cudaStream_t stream) {
     launch<64>(p, stream);
   else
     launch<128>(p, stream);
+}
+
+bool decode_on_split_warps(const AttentionParams& p) {
+  return on_decode_warps(p) && p.num_splits >= 1 && decode_units(p) < kWarpDecodeMinUnits &&
+         (p.num_splits == 1 || aligned16(p.workspace));
+}
+
+void attention_decode_split_warps(const AttentionParams& p, cudaStream_t stream) {
+  if (p.head_dim == 64)
+    launch_split<64>(p, stream);
+  else
+    launch_split<128>(p, stream);
 }
 
 }  // namespace moebatch::kernels

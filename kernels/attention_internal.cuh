@@ -11,8 +11,18 @@ namespace moebatch::kernels {
 /// (sequence, kv head) pairs from which a decode step runs on the warp-per-sequence kernel: four
 /// warps per SM of an H200 (132 SMs). Measured (30B shape, context 192): at 1,024 pairs 41.7 µs
 /// against the 64-row tensor-core kernel's 59.6; at 256 pairs the 64-row kernel wins (21.6 µs),
-/// since each warp walks its whole context alone.
+/// since each warp walks its whole context alone. Below it the split kernel takes the step.
 constexpr int kWarpDecodeMinUnits = 512;
+static_assert(kWarpDecodeMinUnits <= kAttentionCounters,
+              "a ticket counter per pair of the split kernel");
+
+/// The split-K workspace (attention_workspace_floats): ticket counters, then the partials.
+__device__ __forceinline__ unsigned* attention_counters(const AttentionParams& p) {
+  return reinterpret_cast<unsigned*>(p.workspace);
+}
+__device__ __forceinline__ float* attention_partials(const AttentionParams& p) {
+  return p.workspace + kAttentionCounters;
+}
 
 /// Whether the warp-per-sequence tensor-core decode kernel takes `p`: one query token per
 /// sequence, no split-K, at least kWarpDecodeMinUnits (sequence, kv head) pairs, head_dim 64 or
@@ -20,5 +30,11 @@ constexpr int kWarpDecodeMinUnits = 512;
 bool decode_on_warps(const AttentionParams& p);
 /// That kernel (kernels/attention_decode.cu).
 void attention_decode_warps(const AttentionParams& p, cudaStream_t stream);
+
+/// Whether the small-batch split kernel takes `p`: as decode_on_warps but fewer than
+/// kWarpDecodeMinUnits pairs, any split count (from 2 a 16-byte aligned workspace).
+bool decode_on_split_warps(const AttentionParams& p);
+/// That kernel (kernels/attention_decode.cu): one launch, partials combined by the last split.
+void attention_decode_split_warps(const AttentionParams& p, cudaStream_t stream);
 
 }  // namespace moebatch::kernels

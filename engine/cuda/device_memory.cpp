@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include <spdlog/fmt/fmt.h>
@@ -310,6 +311,12 @@ StepBuffers carve_step_buffers(void* base, const ModelConfig& cfg, const ShardDi
   Carver c(static_cast<char*>(base), 256);
   StepBuffers b;
   carve(c, cfg, d, cap, b);
+  if (cap.attn_splits > 1) {
+    // Decode attention's ticket counters (the workspace's head) start at zero, and every launch
+    // leaves them so. The sync orders the memset (default stream) before the rank's own stream.
+    CUDA_CHECK(cudaMemset(b.attn_ws, 0, kernels::kAttentionCounters * sizeof(uint32_t)));
+    CUDA_CHECK(cudaStreamSynchronize(nullptr));
+  }
   return b;
 }
 

@@ -1,7 +1,10 @@
 // Cases of paged causal GQA attention (prefill and decode paths, split-K) against an fp64
 // reference over a randomly paged cache: random block tables, mixed query/context lengths.
+// Decode cases also launch a second time on fresh NaN outputs (a step replayed from a CUDA
+// graph), which must give the same bits, with split-K's ticket counters back at zero.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <numeric>
 
 #include "kernels/attention.cuh"
@@ -9,8 +12,6 @@
 
 namespace moebatch::ops {
 namespace {
-
-constexpr int kBlockSize = 16;
 
 class AttentionCase final : public OpCase {
  public:
@@ -20,12 +21,15 @@ class AttentionCase final : public OpCase {
     std::mt19937 rng(seed);
     const int hd = s_.head_dim, nq = s_.n_q_heads, nkv = s_.n_kv_heads;
     const int num_seqs = static_cast<int>(s_.q_lens.size());
+    const int bs = s_.block_size;
     kv_lens_ = s_.kv_lens;
-    for (auto& v : kv_lens_)
+    for (auto& v : kv_lens_) {
       if (v == 0) v = std::uniform_int_distribution<int>(1, s_.random_kv_max)(rng);
-    const int max_kv = *std::max_element(kv_lens_.begin(), kv_lens_.end());
+      if (v == kEmptyContext) v = 0;
+    }
+    const int max_kv = std::max(*std::max_element(kv_lens_.begin(), kv_lens_.end()), s_.kv_bound);
     const int max_q = *std::max_element(s_.q_lens.begin(), s_.q_lens.end());
-    max_blocks_ = (max_kv + kBlockSize - 1) / kBlockSize;
+    max_blocks_ = std::max(1, (max_kv + bs - 1) / bs);
     const int num_blocks = num_seqs * max_blocks_ + 3;
     q_start_.assign(num_seqs + 1, 0);
     for (int s = 0; s < num_seqs; ++s) q_start_[s + 1] = q_start_[s] + s_.q_lens[s];
@@ -39,18 +43,19 @@ class AttentionCase final : public OpCase {
       for (int b = 0; b < max_blocks_; ++b) tables_[s * max_blocks_ + b] = perm[next++];
     q_stride_ = static_cast<int64_t>(nq) * hd + s_.q_pad;
     q_ = RandomBf16(static_cast<size_t>(tokens) * q_stride_, 1.5f, rng, env.stream);
-    kc_ = RandomBf16(static_cast<size_t>(num_blocks) * kBlockSize * nkv * hd, 1.5f, rng, env.stream);
+    kc_ = RandomBf16(static_cast<size_t>(num_blocks) * bs * nkv * hd, 1.5f, rng, env.stream);
     vc_ = RandomBf16(kc_.size(), 1.f, rng, env.stream);
     out_ = DevBuf<bf16>(static_cast<size_t>(tokens) * nq * hd);
     d_tables_ = DevBuf<int32_t>(tables_);
     d_q_start_ = DevBuf<int32_t>(q_start_);
     d_kv_lens_ = DevBuf<int32_t>(std::vector<int32_t>(kv_lens_.begin(), kv_lens_.end()));
-    splits_ = s_.splits == kSplitsAuto
-                  ? kernels::attention_decode_splits(num_seqs, nkv, max_kv, env.num_sms, 32)
-                  : s_.splits;
+    splits_ = s_.splits == kSplitsAuto ? kernels::attention_decode_splits(
+                                             num_seqs, nkv, max_kv, env.num_sms, kAttnMaxSplits)
+                                       : s_.splits;
     ws_ = DevBuf<float>(std::max<size_t>(1, kernels::attention_workspace_floats(tokens, nq, hd, splits_)));
     out_.poison();
     ws_.poison();
+    zero_counters();
 
     p_ = {};
     p_.out = out_.get();
@@ -66,7 +71,7 @@ class AttentionCase final : public OpCase {
     p_.max_q_len = max_q;
     p_.max_kv_len = max_kv;
     p_.max_blocks_per_seq = max_blocks_;
-    p_.block_size = kBlockSize;
+    p_.block_size = bs;
     p_.n_q_heads = nq;
     p_.n_kv_heads = nkv;
     p_.head_dim = hd;
@@ -91,8 +96,14 @@ class AttentionCase final : public OpCase {
       const int s = rows[r / nq].first, i = rows[r / nq].second;
       const int h = static_cast<int>(r % nq), kvh = h / group;
       const int tok = q_start_[s] + i, pos = kv_lens_[s] - s_.q_lens[s] + i;
+      double* out_row = &ref[(static_cast<size_t>(tok) * nq + h) * hd];
+      if (pos < 0) {  // an empty context: zeros
+        std::fill(out_row, out_row + hd, 0.0);
+        return;
+      }
+      const int bs = s_.block_size;
       auto slot = [&](int j) {
-        return static_cast<size_t>(tables_[s * max_blocks_ + j / kBlockSize]) * kBlockSize + j % kBlockSize;
+        return static_cast<size_t>(tables_[s * max_blocks_ + j / bs]) * bs + j % bs;
       };
       std::vector<double> sc(pos + 1);
       double mx = -1e300;
@@ -108,12 +119,40 @@ class AttentionCase final : public OpCase {
       for (int d = 0; d < hd; ++d) {
         double o = 0;
         for (int j = 0; j <= pos; ++j) o += sc[j] * bf2f(vc[(slot(j) * nkv + kvh) * hd + d]);
-        ref[(static_cast<size_t>(tok) * nq + h) * hd + d] = o / den;
+        out_row[d] = o / den;
       }
     });
     OpCheck c;
     // bf16 output rounding dominates (fp32 scores and accumulation).
-    c.rel_l2("out", to_float(out_.download<uint16_t>()), ref, tol);
+    const std::vector<uint16_t> out = out_.download<uint16_t>();
+    const std::vector<float> outf = to_float(out);
+    c.rel_l2("out", outf, ref, tol);
+    if (std::count(kv_lens_.begin(), kv_lens_.end(), 0) > 0) {
+      bool zero = true;
+      for (int s = 0; s < p_.num_seqs; ++s)
+        if (kv_lens_[s] == 0)
+          for (size_t i = static_cast<size_t>(q_start_[s]) * nq * hd;
+               i < static_cast<size_t>(q_start_[s + 1]) * nq * hd; ++i)
+            zero = zero && outf[i] == 0.f;
+      c.expect(zero, "empty contexts give zero rows");
+    }
+    if (s_.decode) {
+      if (splits_ > 1) {
+        const std::vector<uint32_t> words = ws_.download<uint32_t>();
+        c.expect(std::all_of(words.begin(), words.begin() + kernels::kAttentionCounters,
+                             [](uint32_t w) { return w == 0; }),
+                 "split-K ticket counters back to zero");
+      }
+      // Again as a graph replays it: outputs and partials NaN, the counters as the launch left
+      // them.
+      out_.poison();
+      if (splits_ > 1)
+        CUDA_CHECK(cudaMemset(ws_.get() + kernels::kAttentionCounters, 0xff,
+                              (ws_.size() - kernels::kAttentionCounters) * sizeof(float)));
+      run(env, 0);
+      CUDA_CHECK(cudaStreamSynchronize(env.stream));
+      c.expect(out_.download<uint16_t>() == out, "a second launch gives the same output");
+    }
     return c;
   }
 
@@ -134,6 +173,12 @@ class AttentionCase final : public OpCase {
   std::string note() const override { return s_.decode ? "splits " + std::to_string(splits_) : ""; }
 
  private:
+  // The workspace's ticket counters start at zero (the engine zeroes them once at allocation).
+  void zero_counters() {
+    if (splits_ > 1)
+      CUDA_CHECK(cudaMemset(ws_.get(), 0, kernels::kAttentionCounters * sizeof(uint32_t)));
+  }
+
   AttentionShape s_;
   std::vector<int> kv_lens_;
   std::vector<int32_t> q_start_, tables_;
@@ -148,12 +193,15 @@ class AttentionCase final : public OpCase {
 
 // "37,64,20,1", or "1-700" / "x23 192" style summaries for long or uniform lists.
 std::string lens(const std::vector<int>& v, int random_max) {
+  const auto len = [](int x) {
+    return x == kEmptyContext ? std::string("empty") : std::to_string(x);
+  };
   const bool uniform = std::all_of(v.begin(), v.end(), [&](int x) { return x == v[0]; });
   if (uniform && v[0] == 0) return "1-" + std::to_string(random_max);
-  if (uniform) return std::to_string(v[0]);
+  if (uniform) return len(v[0]);
   if (v.size() > 6) return "mixed" + std::string(random_max > 0 ? "1-" + std::to_string(random_max) : "");
   std::string s;
-  for (int x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
+  for (int x : v) s += (s.empty() ? "" : ",") + len(x);
   return s;
 }
 
@@ -161,13 +209,22 @@ std::string lens(const std::vector<int>& v, int random_max) {
 
 OpCaseDef attention_case(const AttentionShape& s) {
   MB_CHECK(!s.q_lens.empty() && s.q_lens.size() == s.kv_lens.size(), "attention case: one q and kv length per sequence");
-  for (size_t i = 0; i < s.q_lens.size(); ++i)
-    MB_CHECK(s.q_lens[i] >= 1 && (s.kv_lens[i] == 0 ? s.random_kv_max >= s.q_lens[i] : s.kv_lens[i] >= s.q_lens[i]),
-             "attention case: every sequence needs kv_len >= q_len >= 1");
-  const std::string shape = "d" + std::to_string(s.head_dim) + " q" + std::to_string(s.n_q_heads) + "/kv" +
-                            std::to_string(s.n_kv_heads) + " seqs" + std::to_string(s.q_lens.size()) + " qlen " +
-                            lens(s.q_lens, 0) + " kvlen " + lens(s.kv_lens, s.random_kv_max) + " splits " +
-                            (s.splits == kSplitsAuto ? std::string("auto") : std::to_string(s.splits));
+  for (size_t i = 0; i < s.q_lens.size(); ++i) {
+    const int q = s.q_lens[i], kv = s.kv_lens[i];
+    MB_CHECK(q >= 1 && (kv == kEmptyContext ? s.decode && q == 1
+                        : kv == 0           ? s.random_kv_max >= q
+                                            : kv >= q),
+             "attention case: every sequence needs kv_len >= q_len >= 1 (or an empty context of a "
+             "decode token)");
+  }
+  MB_CHECK(s.block_size > 0 && s.kv_bound >= 0, "attention case: bad block size or kv bound");
+  const std::string shape =
+      "d" + std::to_string(s.head_dim) + " q" + std::to_string(s.n_q_heads) + "/kv" +
+      std::to_string(s.n_kv_heads) + " seqs" + std::to_string(s.q_lens.size()) + " qlen " +
+      lens(s.q_lens, 0) + " kvlen " + lens(s.kv_lens, s.random_kv_max) + " splits " +
+      (s.splits == kSplitsAuto ? std::string("auto") : std::to_string(s.splits)) +
+      (s.kv_bound > 0 ? " bound " + std::to_string(s.kv_bound) : "") +
+      (s.block_size != 16 ? " block " + std::to_string(s.block_size) : "");
   return op_case_def<AttentionCase>(s.decode ? "attn_decode" : "attn_prefill", shape, OpFamily::attention, 5e-3, s);
 }
 

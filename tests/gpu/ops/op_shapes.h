@@ -79,11 +79,15 @@ OpCaseDef shared_expert_gate_case(const SharedExpertGateShape& s);
 
 // --- attention (cases_attention.cpp) --------------------------------------------------------
 
-/// attention_decode_splits(num_seqs, n_kv_heads, max_kv_len, env.num_sms, 32), as the engine.
+/// attention_decode_splits(num_seqs, n_kv_heads, max_kv_len, env.num_sms, kAttnMaxSplits), as
+/// the engine picks it (kAttnMaxSplits: engine/cuda/step_chunk.h's kMaxAttnSplits).
 constexpr int kSplitsAuto = -1;
+constexpr int kAttnMaxSplits = 16;
+/// A kv_lens entry for a sequence without keys (a decode token only): its output rows are zero.
+constexpr int kEmptyContext = -1;
 
 /// Sequence s has q_lens[s] new tokens at the end of kv_lens[s] positions; the cache is paged
-/// (block 16) through a random permutation of physical blocks.
+/// (block_size) through a random permutation of physical blocks.
 struct AttentionShape {
   int head_dim, n_q_heads, n_kv_heads;
   std::vector<int> q_lens, kv_lens;  ///< kv_lens entries 0 are drawn from [1, random_kv_max]
@@ -91,6 +95,11 @@ struct AttentionShape {
   bool decode = false;               ///< attention_decode (else attention_prefill)
   int splits = 1;                    ///< or kSplitsAuto
   int q_pad = 8;                     ///< q rows are n_q_heads * head_dim + q_pad wide (fused qkv)
+  /// max_kv_len (and block-table width) when above the longest context, as the engine's decode
+  /// graphs pass their bucket: split ranges then reach past every sequence's end.
+  int kv_bound = 0;
+  int block_size = 16;  ///< cache block (the decode kernels step 16 keys in one block
+                        ///< when it divides by 16, else look up every key)
 };
 OpCaseDef attention_case(const AttentionShape& s);
 

@@ -1,5 +1,7 @@
 // The two op-case tables: what the GPU tests check and what the kernel benchmark times. A new
 // kernel or weight format adds its shapes here (and its case class in cases_*.cpp).
+#include <algorithm>
+#include <bit>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -69,7 +71,8 @@ std::vector<OpCaseDef> op_cases_test() {
   t.push_back(attention_case({.head_dim = 256, .n_q_heads = 16, .n_kv_heads = 2, .q_lens = {70, 5}, .kv_lens = {70, 90}}));
   t.push_back(attention_case(
       {.head_dim = 64, .n_q_heads = 16, .n_kv_heads = 16, .q_lens = {40}, .kv_lens = {90}, .splits = 2}));
-  // Decode: 23 sequences of random length 1-700, with lengths at block edges (1, 16, 17).
+  // Decode: 23 sequences of random length 1-700, with lengths at block edges (1, 16, 17), in one
+  // split (92 pairs: the split kernel at d 128, the 64-row tensor-core kernel at d 32).
   std::vector<int> kv23(23, 0);
   kv23[0] = 1;
   kv23[1] = 16;
@@ -88,11 +91,112 @@ std::vector<OpCaseDef> op_cases_test() {
                                 .q_lens = std::vector<int>(seqs, 1),
                                 .kv_lens = std::vector<int>(kv130.begin(), kv130.begin() + seqs),
                                 .random_kv_max = 700, .decode = true}));
-  // Decode split-K: an odd split count, the engine's heuristic, and head_dim 16.
+  // Decode split-K: an odd split count and the engine's heuristic on the split kernel; head_dim 16
+  // and 256 on the CUDA-core kernel and its combine launch.
   const std::vector<int> kv5 = {1500, 3, 800, 257, 1024};
   for (auto [head_dim, nq, splits] : {std::tuple{128, 32, 7}, {128, 32, kSplitsAuto}, {16, 8, 4}, {256, 16, 3}})
     t.push_back(attention_case({.head_dim = head_dim, .n_q_heads = nq, .n_kv_heads = 4, .q_lens = std::vector<int>(5, 1),
                                 .kv_lens = kv5, .decode = true, .splits = splits}));
+  // The split kernel below kWarpDecodeMinUnits pairs (one launch; each pair's last split to finish
+  // combines). Batch 1 as the engine's decode graphs run it: the kv bound is the context's bucket
+  // (max(64, next power of 2)) and the heuristic's splits reach past the context (neutral
+  // partials); contexts around a 16-key step.
+  const auto bucket = [](int ctx) {
+    return std::max(64, static_cast<int>(std::bit_ceil(static_cast<unsigned>(ctx))));
+  };
+  for (int ctx : {1, 15, 16, 17, 150, 1500})
+    t.push_back(attention_case({.head_dim = 128,
+                                .n_q_heads = 32,
+                                .n_kv_heads = 4,
+                                .q_lens = {1},
+                                .kv_lens = {ctx},
+                                .decode = true,
+                                .splits = kSplitsAuto,
+                                .kv_bound = bucket(ctx)}));
+  // Three sequences, one without keys: one split (no workspace: the block's merge writes the
+  // output), an odd count, 16 and 32 (the last split loads partials 8 splits at a time); and the
+  // heuristic with a bucket.
+  const std::vector<int> q3(3, 1), kv3 = {17, kEmptyContext, 1500};
+  for (int splits : {1, 5, 16, 32})
+    t.push_back(attention_case({.head_dim = 128,
+                                .n_q_heads = 32,
+                                .n_kv_heads = 4,
+                                .q_lens = q3,
+                                .kv_lens = kv3,
+                                .decode = true,
+                                .splits = splits}));
+  t.push_back(attention_case({.head_dim = 128,
+                              .n_q_heads = 32,
+                              .n_kv_heads = 4,
+                              .q_lens = q3,
+                              .kv_lens = {1, 150, 15},
+                              .decode = true,
+                              .splits = kSplitsAuto,
+                              .kv_bound = 256}));
+  // head_dim 64 (4 q heads per kv head), and 16 q heads per kv head (both m16 halves) at 128
+  // and 64.
+  t.push_back(attention_case({.head_dim = 64,
+                              .n_q_heads = 16,
+                              .n_kv_heads = 4,
+                              .q_lens = q3,
+                              .kv_lens = {16, kEmptyContext, 1500},
+                              .decode = true,
+                              .splits = 5}));
+  t.push_back(attention_case({.head_dim = 64,
+                              .n_q_heads = 16,
+                              .n_kv_heads = 4,
+                              .q_lens = {1},
+                              .kv_lens = {150},
+                              .decode = true,
+                              .splits = kSplitsAuto,
+                              .kv_bound = 256}));
+  t.push_back(attention_case({.head_dim = 128,
+                              .n_q_heads = 64,
+                              .n_kv_heads = 4,
+                              .q_lens = {1, 1},
+                              .kv_lens = {150, 1500},
+                              .decode = true,
+                              .splits = 5}));
+  t.push_back(attention_case({.head_dim = 64,
+                              .n_q_heads = 16,
+                              .n_kv_heads = 1,
+                              .q_lens = q3,
+                              .kv_lens = {17, 150, 700},
+                              .decode = true,
+                              .splits = kSplitsAuto}));
+  // Cache blocks of 8 (a table lookup per key) and of 32 (two 16-key steps per block).
+  t.push_back(attention_case({.head_dim = 128,
+                              .n_q_heads = 32,
+                              .n_kv_heads = 4,
+                              .q_lens = q3,
+                              .kv_lens = {17, 150, 1500},
+                              .decode = true,
+                              .splits = 5,
+                              .block_size = 8}));
+  t.push_back(attention_case({.head_dim = 128,
+                              .n_q_heads = 32,
+                              .n_kv_heads = 4,
+                              .q_lens = q3,
+                              .kv_lens = {15, 150, 1500},
+                              .decode = true,
+                              .splits = 7,
+                              .block_size = 32}));
+  // More pairs: 31 sequences (124 pairs, 2 splits on an H200) and 40 (160 pairs, 1 split) of random
+  // lengths, one without keys.
+  for (int seqs : {31, 40}) {
+    std::vector<int> kv(seqs, 0);
+    kv[0] = kEmptyContext;
+    kv[1] = 16;
+    kv[2] = 17;
+    t.push_back(attention_case({.head_dim = 128,
+                                .n_q_heads = 32,
+                                .n_kv_heads = 4,
+                                .q_lens = std::vector<int>(seqs, 1),
+                                .kv_lens = kv,
+                                .random_kv_max = 700,
+                                .decode = true,
+                                .splits = kSplitsAuto}));
+  }
 
   // MoE routing.
   for (int E : {128, 16, 60})
@@ -324,6 +428,18 @@ std::vector<OpCaseDef> op_cases_bench() {
                                    .kv_lens = std::vector<int>(B, ctx), .decode = true, .splits = kSplitsAuto,
                                    .q_pad = 2 * kNkv * kD}),
                    "attn_decode ctx" + std::to_string(ctx)));
+    // a batch-1 decode graph's shape: context 150 in the 256 bucket (8 splits)
+    if (B == 1)
+      add(B, named(attention_case({.head_dim = kD,
+                                   .n_q_heads = kNq,
+                                   .n_kv_heads = kNkv,
+                                   .q_lens = {1},
+                                   .kv_lens = {150},
+                                   .decode = true,
+                                   .splits = kSplitsAuto,
+                                   .q_pad = 2 * kNkv * kD,
+                                   .kv_bound = 256}),
+                   "attn_decode ctx150 bound256"));
     add(B, named(linear_case({.m = B, .n = kE, .k = kH, .fp32_out = true, .w_scale = 0.02f}), "router_gemm (cuBLAS)"));
     add(B, router_case({.tokens = B, .experts = kE, .top_k = kK}));
     if (B <= kernels::kRouteSmallMaxTokens) {
