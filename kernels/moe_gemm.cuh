@@ -37,6 +37,13 @@ struct MoeGemmParams {
   /// Fused SwiGLU: weight rows [0, n) are the gate, [n, 2n) the up projection, and
   /// out = silu(in·W_gateᵀ) · (in·W_upᵀ) from the fp32 accumulators (one rounding).
   bool silu_gate_up = false;
+  /// moe_gemv launched dependent (kernels/launch.cuh): sorted_ids, expert_offsets and
+  /// active_experts were written two or more launches back, so its blocks read them and start
+  /// their weight loads before waiting for the kernel just before (the down GEMV while gate+up
+  /// still runs). false: read only after the wait, as every other operand.
+  /// (Beside silu_gate_up, in its padding: the struct's layout, which the register-bound
+  /// moe_gemm kernels receive, stays as it was.)
+  bool routing_settled = false;
   /// W8A8 (FP8-block weights only, group a multiple of 64, k % 128 == 0; sm_89 and later): the
   /// rows of `in` as e4m3 [num_pairs / in_row_div, k] with f32 scales per 128 inputs
   /// [rows, k / 128] (kernels::quantize_fp8_rows, group 128); the products then run on FP8
@@ -44,11 +51,6 @@ struct MoeGemmParams {
   /// the fp32 accumulators, and `in` is not read. nullptr: bf16 activations, weights decoded.
   const uint8_t* in_fp8 = nullptr;
   const float* in_scales = nullptr;
-  /// moe_gemv launched dependent (kernels/launch.cuh): sorted_ids, expert_offsets and
-  /// active_experts were written two or more launches back, so its blocks read them and start
-  /// their weight loads before waiting for the kernel just before (the down GEMV while gate+up
-  /// still runs). false: read only after the wait, as every other operand.
-  bool routing_settled = false;
 };
 
 /// Inputs per activation scale of MoeGemmParams::in_fp8 rows (quantize_fp8_rows' group).
