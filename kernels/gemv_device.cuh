@@ -4,16 +4,15 @@
 //
 // k is walked in 16-byte granules (8 bf16, 16 fp8 / int8 or 32 fp4 / int4 values): lane l takes
 // granules l, l + 32, ... of every one of its rows, so the R rows share each activation load and
-// its bf16 → fp32 conversion. Per chunk of U granules a lane first issues all R · U = L 16-byte
-// loads (8, or 16 for the dense GEMV at one activation row), then decodes and multiplies them. The
-// codecs with f32 group scales (Fp8Block, Int8, Int4; a granule lies inside one group) sum each
-// granule's codes times the activations unscaled and apply the scale once per granule, Int8 / Int4
-// subtracting min · Σ activations; Nvfp4 decodes to exact bf16 (code · group scale) and leaves the
-// row scale to the caller's epilogue; Bf16 is used as is. Activations (≤ 8 rows, read by every
-// warp) go through L1 (__ldg); weights, read once per call, are loaded evict-first (__ldcs) so they
-// do not push the activations out. The first chunk's weight loads are issued before pdl_sync()
-// (kernels/launch.cuh): weights are constants, so a GEMV launched dependent has them in flight
-// before its input exists.
+// its bf16 → fp32 conversion. Per chunk of U granules a lane first issues all R · U = 8 16-byte
+// loads, then decodes and multiplies them. The codecs with f32 group scales (Fp8Block, Int8,
+// Int4; a granule lies inside one group) sum each granule's codes times the activations unscaled
+// and apply the scale once per granule, Int8 / Int4 subtracting min · Σ activations; Nvfp4
+// decodes to exact bf16 (code · group scale) and leaves the row scale to the caller's epilogue;
+// Bf16 is used as is. Activations (≤ 8 rows, read by every warp) go through L1 (__ldg); weights,
+// read once per call, are loaded evict-first (__ldcs) so they do not push the activations out.
+// The first chunk's weight loads are issued before pdl_sync() (kernels/launch.cuh): weights are
+// constants, so a GEMV launched dependent has them in flight before its input exists.
 #pragma once
 
 #include "kernels/device_common.cuh"
@@ -49,15 +48,12 @@ __device__ __forceinline__ float2 u4x2_to_float2(unsigned two) {
 /// then apply an Nvfp4 row scale) for i < m_active (warp-uniform, ≤ M: the rest are skipped and
 /// stay 0). rows: matrix rows (stacked experts flattened); xrows: 16-byte aligned activation
 /// rows of k values. Every lane of the warp must call it.
-/// L: 16-byte weight loads a lane issues per chunk before it multiplies them (8 by default;
-/// callers with one activation row, whose other registers are few, take 16 to keep twice the
-/// bytes in flight).
-template <WeightCodec C, int M, int R, int L = 8>
+template <WeightCodec C, int M, int R>
 __device__ __forceinline__ void gemv_rows(const QuantMatrix& w, int k, const int (&rows)[R],
                                           const bf16* const (&xrows)[M], int m_active,
                                           float (&acc)[R][M]) {
   constexpr int V = codec_granule(C);  // values per granule
-  constexpr int U = L / R;             // granules per row per lane per chunk
+  constexpr int U = 8 / R;             // granules per row per lane per chunk
   const int lane = threadIdx.x & 31;
   const int granules = k / V;
   const size_t row_bytes = codec_row_bytes(C, k);

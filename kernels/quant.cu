@@ -43,9 +43,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(GemvArgs a) {
 #pragma unroll
   for (int i = 0; i < M; ++i) xrows[i] = a.x + static_cast<size_t>(i) * a.k;
   float acc[R][M];
-  // One activation row (batch-1 decode): 16 loads per lane in flight, a whole 2048-wide bf16 row
-  // pair or 4096-wide row at once; the 8 of the default left qkv / o_proj at ~45% of bandwidth.
-  gemv_rows<C, M, R, M == 1 ? 16 : 8>(a.w, a.k, rows, xrows, M, acc);
+  gemv_rows<C, M, R>(a.w, a.k, rows, xrows, M, acc);
 
   // R · M ≤ 16 sums; lane r · M + i stores sum (r, i).
 #pragma unroll
@@ -78,13 +76,13 @@ void launch_gemv(const GemvArgs& a, cudaStream_t stream) {
   CUDA_CHECK_LAST();
 }
 
-// R (rows per warp) so that a lane's loads per chunk are real granules. One activation row (16
-// loads a chunk): 1 when a row gives a lane 16 or more (o_proj), 2 from 8 (qkv, lm_head), else 4;
-// R = 1 becomes 2 where its grid would just overflow one wave of resident blocks while R = 2
-// fits in one (the few blocks of a second wave each cost a whole load round trip more). More
-// activation rows (8 loads a chunk): 4 when a row gives a lane fewer than 4 (short nvfp4 rows),
-// else 2 — the shared bf16 → fp32 conversion of x matters there (the kernel turns FMA-bound),
-// and above 4 rows R = 2 keeps R · M ≤ 16 accumulators.
+// R (rows per warp) so that a lane's 8 loads per chunk are real granules: 4 when a row gives a
+// lane fewer than 4 (short nvfp4 rows), 1 at one activation row when it gives 8 or more (twice
+// the warps: o_proj has only 2048 rows) unless that grid just overflows one wave of resident
+// blocks while R = 2 fits in one (bf16 qkv at batch 1: 2560 blocks, 2376 resident on an H200;
+// the few blocks of a second wave each cost a whole load round trip more), else 2. With more
+// activation rows the shared bf16 → fp32 conversion of x matters (the kernel turns FMA-bound), so
+// R stays ≥ 2; above 4 rows R = 2 keeps R · M ≤ 16 accumulators.
 template <WeightCodec C, int M>
 void launch_gemv_m(const GemvArgs& a, cudaStream_t stream) {
   const int per_lane = CEIL_DIV(a.k / codec_granule(C), 32);
@@ -92,9 +90,7 @@ void launch_gemv_m(const GemvArgs& a, cudaStream_t stream) {
     const bool second_wave =
         gemv_blocks<1>(a) > resident_blocks(gemv_kernel<C, M, 1>, kGemvWarps * 32) &&
         gemv_blocks<2>(a) <= resident_blocks(gemv_kernel<C, M, 2>, kGemvWarps * 32);
-    if (per_lane >= 16 && !second_wave) return launch_gemv<C, M, 1>(a, stream);
-    if (per_lane >= 8) return launch_gemv<C, M, 2>(a, stream);
-    return launch_gemv<C, M, 4>(a, stream);
+    if (per_lane >= 8 && !second_wave) return launch_gemv<C, M, 1>(a, stream);
   }
   if constexpr (M <= 4) {
     if (per_lane < 4) return launch_gemv<C, M, 4>(a, stream);
