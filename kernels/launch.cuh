@@ -51,15 +51,21 @@ void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t s
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
-/// Blocks of `kernel` (`threads` per block, no dynamic shared memory) resident on the current
-/// device at once: one wave. Host-side query, so also usable while a stream is being captured.
-template <typename... Params>
-int resident_blocks(void (*kernel)(Params...), int threads) {
-  int device = 0, sms = 0, per_sm = 0;
+/// Whether a grid of `blocks` blocks of `kernel` overflows one wave of resident blocks on the
+/// current device while `wide_blocks` of `wide` (the same work with more per block) fit in one:
+/// then the few blocks of the second wave would each cost a whole load round trip more, and the
+/// wider launch is the faster one. `threads` per block, no dynamic shared memory, for both.
+/// Host-side queries, so also usable while a stream is being captured.
+template <typename... Params, typename... WideParams>
+bool wider_saves_a_wave(void (*kernel)(Params...), int64_t blocks, void (*wide)(WideParams...),
+                        int64_t wide_blocks, int threads) {
+  int device = 0, sms = 0, per_sm = 0, wide_per_sm = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
-  return sms * per_sm;
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&wide_per_sm, wide, threads, 0));
+  return blocks > static_cast<int64_t>(sms) * per_sm &&
+         wide_blocks <= static_cast<int64_t>(sms) * wide_per_sm;
 }
 
 }  // namespace moebatch::kernels

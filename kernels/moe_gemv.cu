@@ -75,16 +75,14 @@ dim3 gemv_grid(const MoeGemmParams& p) {
   return dim3(CEIL_DIV(p.n, kWarps * kOut), std::min(p.num_experts, p.num_pairs));
 }
 
-// Whether the grid of R rows per warp overflows one wave of resident blocks while 2R fits in one:
-// the few blocks of a second wave each cost a whole load round trip more (bf16 gate+up at one
-// token: 1536 blocks at R = 2, 1188 resident on an H200; 768 at R = 4).
+// Whether 2R rows per warp fit in one wave where R overflows it (bf16 gate+up at one token:
+// 1536 blocks at R = 2, 1188 resident on an H200; 768 at R = 4).
 template <WeightCodec C, int M, int R, bool kSilu>
 bool second_wave(const MoeGemmParams& p) {
   const auto blocks = [](dim3 g) { return static_cast<int64_t>(g.x) * g.y; };
-  return blocks(gemv_grid<R, kSilu>(p)) >
-             resident_blocks(moe_gemv_kernel<C, M, R, kSilu>, kWarps * 32) &&
-         blocks(gemv_grid<2 * R, kSilu>(p)) <=
-             resident_blocks(moe_gemv_kernel<C, M, 2 * R, kSilu>, kWarps * 32);
+  return wider_saves_a_wave(moe_gemv_kernel<C, M, R, kSilu>, blocks(gemv_grid<R, kSilu>(p)),
+                            moe_gemv_kernel<C, M, 2 * R, kSilu>,
+                            blocks(gemv_grid<2 * R, kSilu>(p)), kWarps * 32);
 }
 
 template <WeightCodec C, int M, int R, bool kSilu>

@@ -87,10 +87,10 @@ template <WeightCodec C, int M>
 void launch_gemv_m(const GemvArgs& a, cudaStream_t stream) {
   const int per_lane = CEIL_DIV(a.k / codec_granule(C), 32);
   if constexpr (M == 1) {
-    const bool second_wave =
-        gemv_blocks<1>(a) > resident_blocks(gemv_kernel<C, M, 1>, kGemvWarps * 32) &&
-        gemv_blocks<2>(a) <= resident_blocks(gemv_kernel<C, M, 2>, kGemvWarps * 32);
-    if (per_lane >= 8 && !second_wave) return launch_gemv<C, M, 1>(a, stream);
+    if (per_lane >= 8 && !wider_saves_a_wave(gemv_kernel<C, M, 1>, gemv_blocks<1>(a),
+                                             gemv_kernel<C, M, 2>, gemv_blocks<2>(a),
+                                             kGemvWarps * 32))
+      return launch_gemv<C, M, 1>(a, stream);
   }
   if constexpr (M <= 4) {
     if (per_lane < 4) return launch_gemv<C, M, 4>(a, stream);
