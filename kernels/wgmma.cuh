@@ -1,7 +1,8 @@
 // Hopper warpgroup MMA (wgmma, PTX ISA "Asynchronous Warpgroup Level Matrix Multiply"): the
 // shared-memory operand descriptors, the instruction shapes the expert GEMMs use, the fences
 // around them, and the mbarriers that pace their pipelines. Only for code compiled for sm_90a
-// (the arch-specific target wgmma needs): kernels/moe_wgmma.cu and moe_wgmma_fp8.cu. A warpgroup
+// (the arch-specific target wgmma needs): kernels/moe_wgmma.cu, moe_wgmma_fp8.cu and gemv_stream.cu
+// (the mbarriers and the 1-D bulk copy only). A warpgroup
 // is 4 consecutive warps starting at a warp index divisible by 4; every thread of it executes
 // each MMA, fence and wait together.
 #pragma once
@@ -159,6 +160,32 @@ __device__ __forceinline__ void init_pipeline_barriers(uint32_t full0, uint32_t 
 /// bytes the TMA copies issued next will deliver).
 __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint32_t addr, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(addr), "r"(bytes) : "memory");
+}
+
+/// Sets `stages` ring slots' barriers at full0 and empty0 (8 bytes apart each): full[s] expects
+/// `full_count` arrivals per phase, empty[s] `empty_count`. Thread 0 sets them, then the whole
+/// block meets once so that everyone (and the TMA unit) sees them.
+__device__ __forceinline__ void init_ring_barriers(uint32_t full0, uint32_t empty0, int stages,
+                                                   uint32_t full_count, uint32_t empty_count) {
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < stages; ++i) mbarrier_init(full0 + i * 8, full_count);
+    for (int i = 0; i < stages; ++i) mbarrier_init(empty0 + i * 8, empty_count);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+}
+
+/// 1-D bulk copy (TMA without a tensor map): `bytes` contiguous bytes from global `src` to shared
+/// `dst`; completion adds them to the barrier at `bar` (announce them first with
+/// mbarrier_arrive_expect_tx). PTX ISA: both addresses 16-byte aligned, bytes a multiple of 16;
+/// a phase's transaction count stays below 2^20. One thread issues it.
+__device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uint32_t bytes,
+                                              uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1], %2, [%3];\n" ::"r"(dst),
+      "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
 }
 
 /// TMA: the box at (x = innermost coordinate, y) of the 2-D tensor map `tmap` (a __grid_constant__

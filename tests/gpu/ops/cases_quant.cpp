@@ -1,6 +1,7 @@
 // Cases of the compressed-weight dense kernels (kernels/quant.cuh): quant_linear on each of its
-// paths against an fp64 reference on the exactly decoded weights, dequantize bit-exact, and the
-// FP8 / NVFP4 quantizers against a host reference quantizer written here.
+// paths (and the persistent bf16 GEMV, kernels/gemv_stream.cuh) against an fp64 reference on the
+// exactly decoded weights, dequantize bit-exact, and the FP8 / NVFP4 quantizers against a host
+// reference quantizer written here.
 #include <algorithm>
 #include <cmath>
 #include <initializer_list>
@@ -9,6 +10,7 @@
 
 #include "engine/hub_tensor.h"
 #include "engine/safetensors.h"
+#include "kernels/gemv_stream.cuh"
 #include "kernels/quant.cuh"
 #include "tests/gpu/ops/op_shapes.h"
 #include "tests/gpu/ops/quant_util.h"
@@ -57,7 +59,9 @@ class QuantLinearCase final : public OpCase {
             ? std::max<int64_t>(1, static_cast<int64_t>(std::ceil(s_.rotate_bytes / w_.bytes())))
             : 1;
     for (int64_t j = 1; j < copies; ++j) views_.push_back(copy_weights(views_[0]));
-    if (path_of(s_) == QuantLinearPath::DequantCublas)
+    if (s_.stream)
+      kernels::gemv_stream_prepare();
+    else if (path_of(s_) == QuantLinearPath::DequantCublas)
       scratch_ = DevBuf<bf16>(static_cast<size_t>(s_.n) * s_.k);
     const size_t n_out = static_cast<size_t>(s_.m) * s_.n;
     if (s_.fp32_out) {
@@ -69,8 +73,16 @@ class QuantLinearCase final : public OpCase {
     }
   }
   void run(const OpEnv& env, int iter) override {
-    MB_CHECK(env.cublas != nullptr, "quant_linear case: needs a cuBLAS handle in OpEnv");
     const kernels::QuantMatrix& w = views_[static_cast<size_t>(iter) % views_.size()];
+    if (s_.stream) {
+      const auto* wb = static_cast<const bf16*>(w.data);
+      if (s_.fp32_out)
+        kernels::gemv_stream(out_f_.get(), x_.get(), wb, s_.m, s_.n, s_.k, env.stream);
+      else
+        kernels::gemv_stream(out_b_.get(), x_.get(), wb, s_.m, s_.n, s_.k, env.stream);
+      return;
+    }
+    MB_CHECK(env.cublas != nullptr, "quant_linear case: needs a cuBLAS handle in OpEnv");
     if (s_.fp32_out)
       kernels::quant_linear(env.cublas, env.stream, out_f_.get(), x_.get(), w, s_.m, s_.n, s_.k,
                             scratch_.get(), scratch_.size());
@@ -103,7 +115,7 @@ class QuantLinearCase final : public OpCase {
   }
   double flops() const override { return 2.0 * s_.m * s_.n * s_.k; }
   std::string note() const override {
-    std::string s = kernels::quant_linear_path_name(path_of(s_));
+    std::string s = quant_linear_path_name(s_);
     if (views_.size() > 1) {
       s += ", ";
       s += to_string(views_.size());
@@ -402,20 +414,25 @@ class QuantizeCase final : public OpCase {
 // Tolerances: the GEMV decodes exactly and rounds once (bf16 out: ~2^-9 relative; fp32 out:
 // fp32 summation only: 1e-5, integer formats 1e-4, whose min · Σx term cancels most of
 // scale · Σ code·x); the dequantize path also rounds every weight to bf16 once (~1e-3 relative
-// on a dot product); cuBLAS on bf16 weights as linear_case.
+// on a dot product); cuBLAS on bf16 weights as linear_case. gemv_stream as the GEMV: fp32 sums
+// of exact bf16 products, one rounding.
 OpCaseDef quant_linear_case(const QuantLinearShape& s) {
-  const bool rounded_weights = path_of(s) == QuantLinearPath::DequantCublas;
+  MB_CHECK(!s.stream || (s.format == WeightFormat::bf16 && s.m <= kernels::kGemvMaxRows),
+           "quant_linear case: gemv_stream takes bf16 weights and m <= kGemvMaxRows");
+  const bool rounded_weights = !s.stream && path_of(s) == QuantLinearPath::DequantCublas;
   const bool integer = s.format == WeightFormat::int8 || s.format == WeightFormat::int4;
   const double tol = !s.fp32_out ? 1e-2 : rounded_weights ? 5e-3 : integer ? 1e-4 : 1e-5;
   OpCaseDef d = op_case_def<QuantLinearCase>(
-      label("quant_linear", s.format, s.fp32_out ? " fp32-out" : " bf16-out"),
+      label(s.stream ? "gemv_stream" : "quant_linear", s.format,
+            s.fp32_out ? " fp32-out" : " bf16-out"),
       shape_str({{"m", s.m}, {"n", s.n}, {"k", s.k}}), OpFamily::quant, tol, s);
   d.format = s.format;
+  if (s.stream) d.available = &kernels::gemv_stream_available;
   return d;
 }
 
 const char* quant_linear_path_name(const QuantLinearShape& s) {
-  return kernels::quant_linear_path_name(path_of(s));
+  return s.stream ? "gemv_stream" : kernels::quant_linear_path_name(path_of(s));
 }
 
 OpCaseDef dequantize_case(const DequantizeShape& s) {

@@ -243,9 +243,13 @@ struct QuantLinearShape {
   /// run() rotates over device copies of W covering at least this many bytes (the benchmark:
   /// more than L2 holds, so a GEMV reads HBM); 0: one copy.
   int64_t rotate_bytes = 0;
+  /// bf16 only, m ≤ 8: kernels::gemv_stream (the persistent bulk-copy GEMV, sm_90a: the row
+  /// skips elsewhere) instead of quant_linear, against the same reference.
+  bool stream = false;
 };
 OpCaseDef quant_linear_case(const QuantLinearShape& s);
-/// The path quant_linear takes for s ("gemv", "dequant+cuBLAS", "cuBLAS"): benchmark row names.
+/// The path quant_linear takes for s ("gemv", "dequant+cuBLAS", "cuBLAS"), or "gemv_stream":
+/// benchmark row names.
 const char* quant_linear_path_name(const QuantLinearShape& s);
 
 /// kernels::dequantize of a [rows, cols] matrix in `format` to bf16.

@@ -344,6 +344,23 @@ std::vector<OpCaseDef> op_cases_test() {
   }
   for (bool fp32_out : {false, true})  // bf16 weights: cuBLAS through the same entry
     t.push_back(quant_linear_case({.m = 5, .n = 1000, .k = 256, .fp32_out = fp32_out, .format = WeightFormat::bf16}));
+  // The persistent bulk-copy GEMV on bf16 weights (gemv_stream, sm_90a) at m 1, 2, 8 (1, 2, 4
+  // rows per warp): qkv and o_proj (several stages per CTA, the last partial; o_proj's 8 KB rows
+  // give fewer groups per stage than warps), n 1000 and 37 (rows split unevenly over the CTAs; 37:
+  // one row each), k 520 (1040-byte rows: 16-byte but not 128-byte multiples; a lane with one
+  // granule more), n 32768 at k 1024 (16 stages per CTA: the ring wraps four times); fp32 out.
+  for (int m : {1, 2, 8})
+    for (auto [n, k] :
+         {std::pair{5120, 2048}, {2048, 4096}, {1000, 2048}, {37, 512}, {300, 520}, {32768, 1024}})
+      t.push_back(quant_linear_case(
+          {.m = m, .n = n, .k = k, .format = WeightFormat::bf16, .stream = true}));
+  for (int m : {1, 8})
+    t.push_back(quant_linear_case({.m = m,
+                                   .n = 1000,
+                                   .k = 2048,
+                                   .fp32_out = true,
+                                   .format = WeightFormat::bf16,
+                                   .stream = true}));
   for (auto [f, cols] : {std::pair{WeightFormat::fp8_block, 1040}, {WeightFormat::fp8_block, 2048},
                          {WeightFormat::nvfp4, 1056}, {WeightFormat::nvfp4, 2048}, {WeightFormat::bf16, 272},
                          {WeightFormat::int8, 1056}, {WeightFormat::int8, 2048}, {WeightFormat::int4, 1056},
@@ -472,6 +489,28 @@ std::vector<OpCaseDef> op_cases_bench() {
         add(B, named(quant_linear_case(s), std::string(proj) + " " + weight_format_name(f) + " (" +
                                                quant_linear_path_name(s) + ")"));
       }
+    // The persistent bulk-copy GEMV (gemv_stream, sm_90a) beside "qkv bf16 (gemv)" on the same
+    // rotation of copies, and on an lm_head-shaped matrix (622 MB: more than L2 as it is) beside
+    // "lm_head (cuBLAS)".
+    if (B == 1) {
+      for (auto [proj, n, k] : {std::tuple{"qkv", kQkvWidth, kH}, {"o_proj", kH, kNq * kD}})
+        add(B, named(quant_linear_case({.m = B,
+                                        .n = n,
+                                        .k = k,
+                                        .format = WeightFormat::bf16,
+                                        .w_scale = 0.02f,
+                                        .rotate_bytes = kRotateBytes,
+                                        .stream = true}),
+                     std::string(proj) + " bf16 (gemv_stream)"));
+      add(B, named(quant_linear_case({.m = B,
+                                      .n = kV,
+                                      .k = kH,
+                                      .fp32_out = true,
+                                      .format = WeightFormat::bf16,
+                                      .w_scale = 0.02f,
+                                      .stream = true}),
+                   "lm_head bf16 (gemv_stream)"));
+    }
     add(B, named(linear_case({.m = B, .n = kV, .k = kH, .fp32_out = true, .w_scale = 0.02f}), "lm_head (cuBLAS)"));
     add(B, sample_greedy_case({.batch = B, .vocab = kV}));
     add(B, named(top_k_top_p_case({.batch = B, .vocab = kV, .controls = {{0.8f, 0.95f, 50}}}),
@@ -532,6 +571,20 @@ std::vector<OpCaseDef> op_cases_bench() {
       add(B, moe_gemm_case({.tokens = B, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
                             .stage = MoeGemmStage::gate_up_silu, .active_experts = true,
                             .routings = kRoutings, .gemv = gemv}));
+  // Dense bf16 projections at 8 rows: gemv_stream (near FMA-bound there, by estimate) against the
+  // cuBLAS GEMM quant_linear takes, on the same rotation of copies.
+  for (auto [proj, n, k] : {std::tuple{"qkv", kQkvWidth, kH}, {"o_proj", kH, kNq * kD}})
+    for (bool stream : {false, true}) {
+      const QuantLinearShape s{.m = 8,
+                               .n = n,
+                               .k = k,
+                               .format = WeightFormat::bf16,
+                               .w_scale = 0.02f,
+                               .rotate_bytes = kRotateBytes,
+                               .stream = stream};
+      add(8, named(quant_linear_case(s),
+                   std::string(proj) + " bf16 (" + quant_linear_path_name(s) + ")"));
+    }
   return t;
 }
 

@@ -1,0 +1,284 @@
+// The persistent dense decode GEMV (kernels/gemv_stream.cuh): bf16 W [n, k], 1–8 activation rows.
+//
+// Grid: one CTA per SM, or as many as occupancy allows (computed on the host), at most n. CTA c
+// owns rows [c·n/G, (c+1)·n/G) of W: contiguous bytes. They move through a ring of kStages slots
+// of `stage_rows` whole rows each (≤ 32 KB; fewer rows when x leaves less shared memory), the
+// last stage partial. Shared memory: the barriers (128 bytes), the ring, then x [m, k] bf16.
+//
+// The producer (lane 0 of the last warp) issues one cp.async.bulk per stage onto the slot's full
+// barrier after announcing its bytes (expect_tx). The first kStages stages go out at once, before
+// anything waits for the kernel before (weights are constants: launched dependent, the kernel
+// streams them while its predecessor finishes); later stages go out as soon as the slot's empty
+// barrier says every consumer thread is done with it. The producer never calls pdl_sync: it
+// reads nothing an earlier kernel wrote and writes no global memory; the consumers call it.
+//
+// The consumers (warps 0-7) call pdl_sync, copy x into shared memory once (cp.async), meet at a
+// named barrier, then take every stage in order: wait full, multiply their row groups, arrive on
+// empty (one arrival per thread). A stage's rows form groups of R (1 at m = 1, 2 at m = 2, 4
+// above: the R rows share each x load and its conversion); group j of the CTA, counted across
+// stages, goes to warp j % 8, so when a stage holds fewer groups than warps (o_proj at m = 1:
+// 4 rows of 8 KB) successive stages are multiplied by different warps at the same time. A lane
+// walks granules lane, lane + 32, ... of its rows (16 bytes, 8 bf16: consecutive lanes read
+// consecutive granules, no bank conflicts), fp32 FMAs, then warp_sum and one store per (row,
+// activation row), as gemv_kernel (kernels/quant.cu). Every consumer thread waits on every full
+// barrier, also for stages without rows of its own: a parity wait is only sound one phase ahead
+// of the barrier, and walking every stage in order keeps it so.
+//
+// Built for sm_90a only (MOEBATCH_WGMMA, set by kernels/CMakeLists.txt); without it the entry
+// points exist and gemv_stream_available says false.
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/cuda_check.cuh"
+#include "kernels/gemv_stream.cuh"
+#include "kernels/quant.cuh"
+#if MOEBATCH_WGMMA
+#include "kernels/device_common.cuh"
+#include "kernels/gemv_device.cuh"
+#include "kernels/launch.cuh"
+#include "kernels/wgmma.cuh"
+#endif
+
+namespace moebatch::kernels {
+namespace {
+
+#if MOEBATCH_WGMMA
+
+constexpr int kStages = 4;
+constexpr int kStageBytes = 32 << 10;  // at most, when a row is shorter
+constexpr int kConsumerWarps = 8;
+constexpr int kConsumerThreads = kConsumerWarps * 32;
+constexpr int kThreads = kConsumerThreads + 32;  // + the producer warp
+constexpr int kBarrierBytes = 128;               // full[kStages], empty[kStages]; ring 128-aligned
+static_assert(16 * kStages <= kBarrierBytes, "the barriers fit before the ring");
+
+struct GemvStreamArgs {
+  void* out = nullptr;  // [m, n] bf16 or f32
+  bool out_f32 = false;
+  const bf16* x = nullptr;  // [m, k]
+  const bf16* w = nullptr;  // [n, k]
+  int n = 0, k = 0;
+  int stage_rows = 0;  // rows per ring slot
+};
+
+// Weight rows a warp multiplies at once for M activation rows.
+__host__ __device__ constexpr int stream_rows_per_warp(int m) {
+  return m == 1 ? 1 : m == 2 ? 2 : 4;
+}
+
+// acc[r][i] = this lane's share of Σ_k w[r][k] · x[i][k] over granules lane, lane + 32, ... of
+// `granules`; w rows and x rows (stride `granules`) in shared memory.
+template <int M, int R>
+__device__ __forceinline__ void stream_rows(const uint4* const (&w)[R], const uint4* x,
+                                            int granules, float (&acc)[R][M]) {
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int i = 0; i < M; ++i) acc[r][i] = 0.f;
+#pragma unroll 2
+  for (int g = threadIdx.x & 31; g < granules; g += 32) {
+    float wf[R][8];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const uint4 v = w[r][g];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float2 f = bf16x2_to_float2(word_of(v, q));
+        wf[r][2 * q] = f.x;
+        wf[r][2 * q + 1] = f.y;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+      const uint4 xv = x[static_cast<size_t>(i) * granules + g];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float2 xq = bf16x2_to_float2(word_of(xv, q));
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+          acc[r][i] = fmaf(wf[r][2 * q + 1], xq.y, fmaf(wf[r][2 * q], xq.x, acc[r][i]));
+      }
+    }
+  }
+}
+
+template <int M>
+__global__ void __launch_bounds__(kThreads, 1) gemv_stream_kernel(GemvStreamArgs a) {
+  constexpr int R = stream_rows_per_warp(M);
+  extern __shared__ __align__(128) uint8_t gemv_stream_smem[];
+  const uint32_t full0 = static_cast<uint32_t>(__cvta_generic_to_shared(gemv_stream_smem));
+  const uint32_t empty0 = full0 + 8 * kStages;
+  uint8_t* ring = gemv_stream_smem + kBarrierBytes;
+  const uint32_t ring_addr = full0 + kBarrierBytes;
+  const int granules = a.k / 8;               // per row
+  const uint32_t row_bytes = 16u * granules;  // a multiple of 16
+  const uint32_t stage_bytes = a.stage_rows * row_bytes;
+  uint4* xs = reinterpret_cast<uint4*>(ring + kStages * stage_bytes);  // [M, granules]
+
+  const int row0 = static_cast<int>(static_cast<int64_t>(blockIdx.x) * a.n / gridDim.x);
+  const int rows = static_cast<int>(static_cast<int64_t>(blockIdx.x + 1) * a.n / gridDim.x) - row0;
+  const int stages = CEIL_DIV(rows, a.stage_rows);  // ≥ 1: the host keeps G ≤ n
+  wgmma::init_ring_barriers(full0, empty0, kStages, 1, kConsumerThreads);
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (warp == kConsumerWarps) {  // producer
+    if (lane == 0) {
+      const uint8_t* src =
+          reinterpret_cast<const uint8_t*>(a.w) + static_cast<size_t>(row0) * row_bytes;
+      for (int q = 0; q < stages; ++q) {
+        const int slot = q % kStages;
+        // slot free once the stage kStages back is consumed (phase q / kStages - 1 of empty)
+        if (q >= kStages) wgmma::mbarrier_wait(empty0 + 8 * slot, ((q / kStages) - 1) & 1);
+        const uint32_t bytes = min(a.stage_rows, rows - q * a.stage_rows) * row_bytes;
+        wgmma::mbarrier_arrive_expect_tx(full0 + 8 * slot, bytes);
+        wgmma::bulk_copy_g2s(ring_addr + slot * stage_bytes,
+                             src + static_cast<size_t>(q) * stage_bytes, bytes, full0 + 8 * slot);
+      }
+    }
+    return;
+  }
+
+  // Consumers. x is the kernel before's output: only now wait for it.
+  pdl_sync();
+  for (int j = threadIdx.x; j < M * granules; j += kConsumerThreads)
+    cp_async16(xs + j, a.x + static_cast<size_t>(j) * 8, 16);
+  cp_async_commit();
+  cp_async_wait<0>();
+  asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumerThreads) : "memory");  // consumers only
+
+  const int groups_per_stage = CEIL_DIV(a.stage_rows, R);
+  for (int q = 0; q < stages; ++q) {
+    const int slot = q % kStages;
+    wgmma::mbarrier_wait(full0 + 8 * slot, (q / kStages) & 1);
+    const int first = q * a.stage_rows;  // the stage's first row in the CTA's range
+    const int stage_rows = min(a.stage_rows, rows - first);
+    const int groups = CEIL_DIV(stage_rows, R);
+    const uint8_t* stage = ring + slot * stage_bytes;
+    // this warp's first group here: CTA group q · groups_per_stage + j goes to warp (that) % 8
+    const int j0 =
+        (warp - (q * groups_per_stage) % kConsumerWarps + kConsumerWarps) % kConsumerWarps;
+    for (int j = j0; j < groups; j += kConsumerWarps) {  // warp-uniform
+      const int nr = min(R, stage_rows - j * R);         // rows of a partial last group
+      const uint4* w[R];  // rows past the group's end repeat its last row and are not stored
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        w[r] = reinterpret_cast<const uint4*>(stage + (j * R + min(r, nr - 1)) * row_bytes);
+      float acc[R][M];
+      stream_rows<M, R>(w, xs, granules, acc);
+      // R · M ≤ 32 sums; lane r · M + i stores sum (r, i)
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const int row = row0 + first + j * R + r;
+#pragma unroll
+        for (int i = 0; i < M; ++i) {
+          const float v = warp_sum(acc[r][i]);
+          if (lane == r * M + i && r < nr) {
+            const size_t o = static_cast<size_t>(i) * a.n + row;
+            if (a.out_f32)
+              static_cast<float*>(a.out)[o] = v;
+            else
+              static_cast<bf16*>(a.out)[o] = __float2bfloat16_rn(v);
+          }
+        }
+      }
+    }
+    wgmma::mbarrier_arrive(empty0 + 8 * slot);  // this thread is done reading the slot
+  }
+}
+
+using GemvStreamKernel = void (*)(GemvStreamArgs);
+constexpr GemvStreamKernel kKernels[kGemvMaxRows] = {
+    gemv_stream_kernel<1>, gemv_stream_kernel<2>, gemv_stream_kernel<3>, gemv_stream_kernel<4>,
+    gemv_stream_kernel<5>, gemv_stream_kernel<6>, gemv_stream_kernel<7>, gemv_stream_kernel<8>};
+static_assert(stream_rows_per_warp(kGemvMaxRows) * kGemvMaxRows <= 32,
+              "one lane stores each (row, activation row) sum");
+
+int smem_optin(int device) {
+  int bytes = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  return bytes;
+}
+
+#endif  // MOEBATCH_WGMMA
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+void gemv_stream_impl(void* out, bool out_f32, const bf16* x, const bf16* w, int m, int n, int k,
+                      cudaStream_t stream) {
+  MB_CHECK(m >= 0 && m <= kGemvMaxRows && n > 0 && k > 0,
+           "gemv_stream: bad shape (m <= kGemvMaxRows)");
+  MB_CHECK(k % 8 == 0, "gemv_stream: k must be a multiple of 8 (rows of 16-byte granules)");
+  MB_CHECK(out && x && w, "gemv_stream: null operand");
+  MB_CHECK(aligned16(x) && aligned16(w), "gemv_stream: x and W must be 16-byte aligned");
+  if (m == 0) return;
+#if MOEBATCH_WGMMA
+  int device = 0, sms = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  // Whole rows per slot: up to kStageBytes, fewer when x leaves less room for four slots.
+  const int64_t row_bytes = 2 * static_cast<int64_t>(k);
+  const int64_t x_bytes = m * row_bytes;
+  const int64_t room = smem_optin(device) - kBarrierBytes - x_bytes;
+  const int64_t stage_rows = std::min<int64_t>(std::max<int64_t>(1, kStageBytes / row_bytes),
+                                               room / (kStages * row_bytes));
+  MB_CHECK(room > 0 && stage_rows >= 1,
+           "gemv_stream: m * k too large (x and four stages of one row must fit in shared memory)");
+  const size_t smem =
+      static_cast<size_t>(kBarrierBytes + kStages * stage_rows * row_bytes + x_bytes);
+  const GemvStreamKernel kernel = kKernels[m - 1];
+  int per_sm = 0;
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
+  MB_CHECK(per_sm >= 1, "gemv_stream: no CTA fits (call gemv_stream_prepare on this device first)");
+  GemvStreamArgs a;
+  a.out = out;
+  a.out_f32 = out_f32;
+  a.x = x;
+  a.w = w;
+  a.n = n;
+  a.k = k;
+  a.stage_rows = static_cast<int>(stage_rows);
+  const int grid = std::min(n, sms * per_sm);
+  launch_dependent(kernel, grid, kThreads, smem, stream, a);
+  CUDA_CHECK_LAST();
+#else
+  (void)out_f32;
+  (void)stream;
+  MB_CHECK(false, "gemv_stream: this build has no sm_90a code (see gemv_stream_available)");
+#endif
+}
+
+}  // namespace
+
+bool gemv_stream_available(int device) {
+#if MOEBATCH_WGMMA
+  int major = 0, minor = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  return major == 9 && minor == 0;
+#else
+  (void)device;
+  return false;
+#endif
+}
+
+void gemv_stream_prepare() {
+#if MOEBATCH_WGMMA
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  const int bytes = smem_optin(device);
+  for (GemvStreamKernel kernel : kKernels)
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+#endif
+}
+
+void gemv_stream(bf16* out, const bf16* x, const bf16* w, int m, int n, int k,
+                 cudaStream_t stream) {
+  gemv_stream_impl(out, false, x, w, m, n, k, stream);
+}
+
+void gemv_stream(float* out, const bf16* x, const bf16* w, int m, int n, int k,
+                 cudaStream_t stream) {
+  gemv_stream_impl(out, true, x, w, m, n, k, stream);
+}
+
+}  // namespace moebatch::kernels

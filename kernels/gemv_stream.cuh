@@ -1,0 +1,35 @@
+// The dense decode GEMV on bf16 weights as a persistent stream (Hopper, sm_90a): one CTA per SM
+// (as many as fit) owns a contiguous range of weight rows and streams their bytes through a
+// shared-memory ring with 1-D bulk copies (TMA), so an SM keeps the same bytes in flight from
+// its first cycle to its last instead of ramping down as short-lived warps retire (ncu on
+// gemv_quant's bf16 qkv at one row: 44% of DRAM bandwidth, warps stalled on their loads;
+// docs/design.md, session 8). Not yet on the engine's path: quant_linear still calls gemv_quant.
+// Other GPUs, and builds without the sm_90a target, have no such kernel: gemv_stream_available
+// says which.
+#pragma once
+
+#include "kernels/types.cuh"
+
+namespace moebatch::kernels {
+
+/// Whether gemv_stream runs on `device`: this build holds its sm_90a code and the device is a
+/// compute capability 9.0 GPU (H100 / H200).
+bool gemv_stream_available(int device);
+
+/// Raises the kernels' dynamic shared-memory limit to the current device's opt-in maximum: once
+/// per device before the first gemv_stream there (outside graph capture).
+void gemv_stream_prepare();
+
+/// out [m, n] = x [m, k] · Wᵀ for bf16 W [n, k] and 1 ≤ m ≤ kGemvMaxRows (kernels/quant.cuh):
+/// fp32 products and accumulation, one rounding at the end, as gemv_quant. k % 8 == 0 (rows of
+/// whole 16-byte granules); x and W 16-byte aligned; m · k · 2 bytes of x plus a ring of four
+/// stages of at least one row each must fit in the device's shared memory (227 KB on an H100 /
+/// H200: k ≤ 9680 at m = 8, 23232 at m = 1). Launched dependent (kernels/launch.cuh): the first
+/// weight stages are in flight before the kernel before it has finished. Requires
+/// gemv_stream_available and gemv_stream_prepare for the current device. m == 0 does nothing.
+void gemv_stream(bf16* out, const bf16* x, const bf16* w, int m, int n, int k, cudaStream_t stream);
+/// Same with fp32 output.
+void gemv_stream(float* out, const bf16* x, const bf16* w, int m, int n, int k,
+                 cudaStream_t stream);
+
+}  // namespace moebatch::kernels
