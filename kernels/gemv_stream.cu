@@ -261,6 +261,20 @@ bool gemv_stream_available(int device) {
 #endif
 }
 
+bool gemv_stream_fits(int m, int k) {
+#if MOEBATCH_WGMMA
+  if (m < 1 || m > kGemvMaxRows || k <= 0 || k % 8 != 0) return false;
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  const int64_t row_bytes = 2 * static_cast<int64_t>(k);
+  return smem_optin(device) - kBarrierBytes - m * row_bytes >= kStages * row_bytes;
+#else
+  (void)m;
+  (void)k;
+  return false;
+#endif
+}
+
 void gemv_stream_prepare() {
 #if MOEBATCH_WGMMA
   int device = 0;

@@ -16,6 +16,11 @@ namespace moebatch::kernels {
 /// compute capability 9.0 GPU (H100 / H200).
 bool gemv_stream_available(int device);
 
+/// Whether gemv_stream takes m activation rows of k on the current device: k % 8 == 0, and x
+/// plus four one-row stages fit in its shared memory (see gemv_stream). false in a build
+/// without the sm_90a code.
+bool gemv_stream_fits(int m, int k);
+
 /// Raises the kernels' dynamic shared-memory limit to the current device's opt-in maximum: once
 /// per device before the first gemv_stream there (outside graph capture).
 void gemv_stream_prepare();

@@ -18,9 +18,11 @@
 // lm_head stay bf16); the rooflines count the bytes each format holds.
 // --moe-sorted-min-rows N sets when prefill experts take the sorted path (0: never);
 // --disable-wgmma-experts runs that path's experts on cuBLAS instead of the wgmma kernel;
-// --disable-w8a8-experts decodes FP8 experts to bf16 for it instead of running them W8A8.
+// --disable-w8a8-experts decodes FP8 experts to bf16 for it instead of running them W8A8;
+// --disable-stream-gemv keeps one-row bf16 projections on the register-fed GEMV.
 // Usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--disable-custom-all-reduce]
-//                                   [--disable-wgmma-experts] [--disable-w8a8-experts] [--quantization Q]
+//                                   [--disable-wgmma-experts] [--disable-w8a8-experts]
+//                                   [--disable-stream-gemv] [--quantization Q]
 //                                   [--moe-sorted-min-rows N] [out.json]
 //                                   [peer.json]
 #include <cuda_profiler_api.h>
@@ -187,6 +189,7 @@ struct Args {
   bool custom_all_reduce = true;
   bool wgmma_experts = true;             ///< --disable-wgmma-experts: prefill experts on cuBLAS
   bool w8a8_experts = true;              ///< --disable-w8a8-experts: FP8 experts decoded to bf16
+  bool stream_gemv = true;               ///< --disable-stream-gemv: one-row bf16 GEMV from registers
   Quantization quant = Quantization::None;
 };
 
@@ -205,6 +208,8 @@ Args parse_args(int argc, char** argv) {
       a.wgmma_experts = false;
     } else if (arg == "--disable-w8a8-experts") {
       a.w8a8_experts = false;
+    } else if (arg == "--disable-stream-gemv") {
+      a.stream_gemv = false;
     } else if (arg == "--shape" && i + 1 < argc) {
       a.shape = argv[++i];
     } else if (arg == "--moe-sorted-min-rows" && i + 1 < argc) {
@@ -212,7 +217,7 @@ Args parse_args(int argc, char** argv) {
     } else if (arg == "--quantization" && i + 1 < argc) {
       a.quant = parse_quantization(argv[++i]);
     } else if (arg.rfind("--", 0) == 0) {
-      std::fprintf(stderr, "usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--disable-custom-all-reduce] [--disable-wgmma-experts] [--disable-w8a8-experts] [--quantization Q] [--moe-sorted-min-rows N] [out.json] [peer.json]\n");
+      std::fprintf(stderr, "usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--disable-custom-all-reduce] [--disable-wgmma-experts] [--disable-w8a8-experts] [--disable-stream-gemv] [--quantization Q] [--moe-sorted-min-rows N] [out.json] [peer.json]\n");
       std::exit(2);
     } else if (positional++ == 0) {
       a.out_path = arg;
@@ -257,6 +262,7 @@ int main(int argc, char** argv) {
   if (args.sorted_min_rows >= 0) o.moe_sorted_min_rows_per_expert = args.sorted_min_rows;
   o.wgmma_experts = args.wgmma_experts;
   o.w8a8_experts = args.w8a8_experts;
+  o.stream_gemv = args.stream_gemv;
   const double lin = linear_bytes_per_param(args.quant);
   auto t0 = Clock::now();
   CudaBackend be(cfg, 20261129, o);
@@ -283,6 +289,7 @@ int main(int argc, char** argv) {
   J["moe_sorted_min_rows_per_expert"] = o.moe_sorted_min_rows_per_expert;
   J["wgmma_experts"] = o.wgmma_experts;
   J["w8a8_experts"] = o.w8a8_experts;
+  J["stream_gemv"] = o.stream_gemv;
   J["memory_plan"] = {{"weights", be.memory_plan().weights},
                       {"activations", be.memory_plan().activations},
                       {"kv", be.memory_plan().kv},

@@ -23,6 +23,7 @@
 #include "engine/cuda/rank_threads.h"
 #include "engine/cuda/stage_timer.h"
 #include "engine/cuda/step_chunk.h"
+#include "kernels/gemv_stream.cuh"
 #include "kernels/moe_wgmma.cuh"
 #include "kernels/cuda_check.cuh"
 #include "kernels/allreduce.cuh"
@@ -166,6 +167,7 @@ void CudaBackend::init(const std::filesystem::path* model_dir, uint64_t seed) {
   for (int r = 0; r < world; ++r) {
     ranks_[r]->wgmma_experts = o.wgmma_experts && kernels::moe_wgmma_available(devices_[r]);
     ranks_[r]->w8a8_experts = ranks_[r]->wgmma_experts && o.w8a8_experts;
+    ranks_[r]->stream_gemv = o.stream_gemv && kernels::gemv_stream_available(devices_[r]);
   }
   // The sorted prefill path decodes every compressed expert into bf16 before its GEMM, a cost
   // that rows must amortize. On cuBLAS (no wgmma): at 160 rows per expert (Qwen3-Next-80B FP8,

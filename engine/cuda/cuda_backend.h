@@ -86,6 +86,10 @@ struct CudaBackendOptions {
   /// GEMMs of steps with more than one token (kernels::moe_gemm's in_fp8). false: their weights
   /// are decoded to bf16 (a batch of experts at a time, or in registers) for bf16 products.
   bool w8a8_experts = true;
+  /// One-row bf16 projections (batch-1 decode: qkv, o_proj, lm_head) on the persistent
+  /// bulk-copy GEMV (kernels::gemv_stream) where the GPU is a Hopper and the build has its sm_90a
+  /// code; false: the register-fed GEMV (kernels::gemv_quant).
+  bool stream_gemv = true;
 
   /// The ordinal of every rank (`devices`, or the consecutive range).
   std::vector<int> device_list() const;

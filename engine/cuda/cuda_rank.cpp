@@ -10,6 +10,7 @@
 #include "engine/cuda/device_memory.h"
 #include "engine/cuda/forward.h"
 #include "kernels/cuda_check.cuh"
+#include "kernels/gemv_stream.cuh"
 #include "kernels/moe_wgmma.cuh"
 #include "kernels/sampling.cuh"
 
@@ -64,6 +65,7 @@ void CudaRank::build(const ModelConfig& cfg, const ModelPlan& wplan, const Memor
   CUBLAS_CHECK(cublasSetStream(cublas, stream));
   CUBLAS_CHECK(cublasSetWorkspace(cublas, cublas_ws_, kCublasWorkspace));
   if (wgmma_experts) kernels::moe_wgmma_prepare();
+  if (stream_gemv) kernels::gemv_stream_prepare();
 
   CUDA_CHECK(cudaMalloc(&weight_mem_, plan.weights));
   weights = place_weights(cfg, dims, wplan, weight_mem_);

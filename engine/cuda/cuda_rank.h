@@ -63,7 +63,8 @@ class CudaRank {
   size_t num_graphs() const { return graphs_.size(); }
   /// The rank's handle, stream and dequantization scratch, for engine/cuda/linear.h.
   GemmContext gemm() const {
-    return {cublas, stream, dequant_, dequant_elems_, group_ptrs_host_, group_ptrs_dev_, group_cap_};
+    return {cublas,           stream,          dequant_,   dequant_elems_,
+            group_ptrs_host_, group_ptrs_dev_, group_cap_, stream_gemv};
   }
 
   // What the forward (engine/cuda/forward.cpp) reads.
@@ -87,6 +88,7 @@ class CudaRank {
   int64_t sorted_moe_min_rows = 64;  ///< moe_sorted_min_rows_per_expert (×4 for compressed experts)
   bool wgmma_experts = false;        ///< that path's bf16 experts on kernels::moe_wgmma
   bool w8a8_experts = false;         ///< FP8-block experts on moe_wgmma_fp8 (implies wgmma_experts)
+  bool stream_gemv = false;          ///< one-row bf16 projections on kernels::gemv_stream
   cublasHandle_t cublas = nullptr;  ///< bound to `stream`, fixed workspace
 
  private:

@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "kernels/gemm.cuh"
+#include "kernels/gemv_stream.cuh"
 #include "kernels/quant.cuh"
 
 namespace moebatch {
@@ -20,6 +21,11 @@ void linear_any(const GemmContext& g, Out* out, const bf16* in, const DeviceTens
   MB_CHECK(w.shape.size() == 2, "linear: weight must be [out, in]");
   const int n = static_cast<int>(w.shape[0]), k = static_cast<int>(w.shape[1]);
   if (w.format == WeightFormat::F32) no_kernel("linear", w.format);
+  if (g.stream_gemv && w.format == WeightFormat::Bf16 && rows == 1 &&
+      kernels::gemv_stream_fits(rows, k)) {
+    kernels::gemv_stream(out, in, w.as_bf16(), rows, n, k, g.stream);
+    return;
+  }
   // bf16: cuBLAS; compressed: the decode GEMV for few rows, else decoded into the scratch once
   // and cuBLAS (kernels::quant_linear_path is the one place that chooses)
   kernels::quant_linear(g.cublas, g.stream, out, in, w.matrix(), rows, n, k, g.scratch,

@@ -26,6 +26,9 @@ struct GemmContext {
   const void** group_ptrs_host = nullptr;
   const void** group_ptrs_dev = nullptr;
   int group_cap = 0;                ///< problems per region (the rank's experts)
+  /// One-row bf16 projections on kernels::gemv_stream (the rank's Hopper GPU has it and it was
+  /// prepared there) instead of quant_linear's GEMV.
+  bool stream_gemv = false;
 };
 
 /// Regions of GemmContext's pointer arrays: the gate+up and the down GEMM of one MoE layer are
