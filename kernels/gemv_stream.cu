@@ -24,13 +24,18 @@
 // barrier, also for stages without rows of its own: a parity wait is only sound one phase ahead
 // of the barrier, and walking every stage in order keeps it so.
 //
+// moe_gemv_stream (kernels/gemv_stream.cuh) runs the same ring over a row space of the active
+// experts' weight rows; see its kernel below.
+//
 // Built for sm_90a only (MOEBATCH_WGMMA, set by kernels/CMakeLists.txt); without it the entry
 // points exist and gemv_stream_available says false.
 #include <algorithm>
 #include <cstdint>
+#include <string>
 
 #include "kernels/cuda_check.cuh"
 #include "kernels/gemv_stream.cuh"
+#include "kernels/moe_gemm.cuh"
 #include "kernels/quant.cuh"
 #if MOEBATCH_WGMMA
 #include "kernels/device_common.cuh"
@@ -51,6 +56,60 @@ constexpr int kConsumerThreads = kConsumerWarps * 32;
 constexpr int kThreads = kConsumerThreads + 32;  // + the producer warp
 constexpr int kBarrierBytes = 128;               // full[kStages], empty[kStages]; ring 128-aligned
 static_assert(16 * kStages <= kBarrierBytes, "the barriers fit before the ring");
+
+// The ring in shared memory: full[kStages] barriers at bar0, empty[kStages] after them, the
+// slots from bar0 + kBarrierBytes. Stage q (counted from 0 over the CTA's life) uses slot
+// q % kStages in phase q / kStages. full[s]: one producer arrival plus the stage's bytes; empty[s]:
+// one arrival per consumer thread.
+struct StreamRing {
+  uint32_t bar0 = 0;        // shared address of full[0]
+  uint32_t slot_bytes = 0;  // a multiple of 16
+
+  __device__ uint32_t full(int q) const { return bar0 + 8 * (q % kStages); }
+  __device__ uint32_t empty(int q) const { return bar0 + 8 * kStages + 8 * (q % kStages); }
+  __device__ uint32_t slot(int q) const {
+    return bar0 + kBarrierBytes + (q % kStages) * slot_bytes;
+  }
+  // Producer: until stage q's slot is free (the stage kStages back consumed: phase
+  // q / kStages - 1 of its empty barrier).
+  __device__ void acquire(int q) const {
+    if (q >= kStages) wgmma::mbarrier_wait(empty(q), ((q / kStages) - 1) & 1);
+  }
+  // Producer: announces `bytes` for stage q and copies them from `src` to `dst` (shared).
+  __device__ void copy(int q, uint32_t dst, const void* src, uint32_t bytes) const {
+    wgmma::bulk_copy_g2s(dst, src, bytes, full(q));
+  }
+  // Consumers: until stage q's bytes have landed.
+  __device__ void wait_full(int q) const { wgmma::mbarrier_wait(full(q), (q / kStages) & 1); }
+  // Consumers: this thread is done reading stage q's slot.
+  __device__ void release(int q) const { wgmma::mbarrier_arrive(empty(q)); }
+};
+
+// Sets the ring's barriers at the start of dynamic shared memory `smem` (the whole block meets).
+__device__ __forceinline__ StreamRing stream_ring_init(const uint8_t* smem, uint32_t slot_bytes) {
+  StreamRing r;
+  r.bar0 = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  r.slot_bytes = slot_bytes;
+  wgmma::init_ring_barriers(r.full(0), r.empty(0), kStages, 1, kConsumerThreads);
+  return r;
+}
+
+// Consumers: copy `granules` 16-byte granules of global `src` to shared `dst` (cp.async), then
+// meet on named barrier 1 (consumers only; the producer never joins).
+__device__ __forceinline__ void stream_load_x(uint4* dst, const bf16* src, int granules) {
+  for (int j = threadIdx.x; j < granules; j += kConsumerThreads)
+    cp_async16(dst + j, src + static_cast<size_t>(j) * 8, 16);
+  cp_async_commit();
+  cp_async_wait<0>();
+  asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumerThreads) : "memory");
+}
+
+// The first of a stage's groups that goes to `warp` when group j of the CTA (counted over all its
+// stages, `before` in earlier ones) goes to warp j % kConsumerWarps: so when a stage holds fewer
+// groups than warps, successive stages are multiplied by different warps at the same time.
+__device__ __forceinline__ int stream_first_group(int warp, int before) {
+  return (warp - before % kConsumerWarps + kConsumerWarps) % kConsumerWarps;
+}
 
 struct GemvStreamArgs {
   void* out = nullptr;  // [m, n] bf16 or f32
@@ -106,19 +165,16 @@ template <int M>
 __global__ void __launch_bounds__(kThreads, 1) gemv_stream_kernel(GemvStreamArgs a) {
   constexpr int R = stream_rows_per_warp(M);
   extern __shared__ __align__(128) uint8_t gemv_stream_smem[];
-  const uint32_t full0 = static_cast<uint32_t>(__cvta_generic_to_shared(gemv_stream_smem));
-  const uint32_t empty0 = full0 + 8 * kStages;
-  uint8_t* ring = gemv_stream_smem + kBarrierBytes;
-  const uint32_t ring_addr = full0 + kBarrierBytes;
   const int granules = a.k / 8;               // per row
   const uint32_t row_bytes = 16u * granules;  // a multiple of 16
   const uint32_t stage_bytes = a.stage_rows * row_bytes;
+  uint8_t* ring = gemv_stream_smem + kBarrierBytes;
   uint4* xs = reinterpret_cast<uint4*>(ring + kStages * stage_bytes);  // [M, granules]
 
   const int row0 = static_cast<int>(static_cast<int64_t>(blockIdx.x) * a.n / gridDim.x);
   const int rows = static_cast<int>(static_cast<int64_t>(blockIdx.x + 1) * a.n / gridDim.x) - row0;
   const int stages = CEIL_DIV(rows, a.stage_rows);  // ≥ 1: the host keeps G ≤ n
-  wgmma::init_ring_barriers(full0, empty0, kStages, 1, kConsumerThreads);
+  const StreamRing rg = stream_ring_init(gemv_stream_smem, stage_bytes);
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (warp == kConsumerWarps) {  // producer
@@ -126,13 +182,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_stream_kernel(GemvStreamArgs
       const uint8_t* src =
           reinterpret_cast<const uint8_t*>(a.w) + static_cast<size_t>(row0) * row_bytes;
       for (int q = 0; q < stages; ++q) {
-        const int slot = q % kStages;
-        // slot free once the stage kStages back is consumed (phase q / kStages - 1 of empty)
-        if (q >= kStages) wgmma::mbarrier_wait(empty0 + 8 * slot, ((q / kStages) - 1) & 1);
+        rg.acquire(q);
         const uint32_t bytes = min(a.stage_rows, rows - q * a.stage_rows) * row_bytes;
-        wgmma::mbarrier_arrive_expect_tx(full0 + 8 * slot, bytes);
-        wgmma::bulk_copy_g2s(ring_addr + slot * stage_bytes,
-                             src + static_cast<size_t>(q) * stage_bytes, bytes, full0 + 8 * slot);
+        wgmma::mbarrier_arrive_expect_tx(rg.full(q), bytes);
+        rg.copy(q, rg.slot(q), src + static_cast<size_t>(q) * stage_bytes, bytes);
       }
     }
     return;
@@ -140,25 +193,18 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_stream_kernel(GemvStreamArgs
 
   // Consumers. x is the kernel before's output: only now wait for it.
   pdl_sync();
-  for (int j = threadIdx.x; j < M * granules; j += kConsumerThreads)
-    cp_async16(xs + j, a.x + static_cast<size_t>(j) * 8, 16);
-  cp_async_commit();
-  cp_async_wait<0>();
-  asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumerThreads) : "memory");  // consumers only
+  stream_load_x(xs, a.x, M * granules);
 
   const int groups_per_stage = CEIL_DIV(a.stage_rows, R);
   for (int q = 0; q < stages; ++q) {
-    const int slot = q % kStages;
-    wgmma::mbarrier_wait(full0 + 8 * slot, (q / kStages) & 1);
+    rg.wait_full(q);
     const int first = q * a.stage_rows;  // the stage's first row in the CTA's range
     const int stage_rows = min(a.stage_rows, rows - first);
     const int groups = CEIL_DIV(stage_rows, R);
-    const uint8_t* stage = ring + slot * stage_bytes;
-    // this warp's first group here: CTA group q · groups_per_stage + j goes to warp (that) % 8
-    const int j0 =
-        (warp - (q * groups_per_stage) % kConsumerWarps + kConsumerWarps) % kConsumerWarps;
-    for (int j = j0; j < groups; j += kConsumerWarps) {  // warp-uniform
-      const int nr = min(R, stage_rows - j * R);         // rows of a partial last group
+    const uint8_t* stage = ring + (q % kStages) * stage_bytes;
+    for (int j = stream_first_group(warp, q * groups_per_stage); j < groups;
+         j += kConsumerWarps) {                   // warp-uniform
+      const int nr = min(R, stage_rows - j * R);  // rows of a partial last group
       const uint4* w[R];  // rows past the group's end repeat its last row and are not stored
 #pragma unroll
       for (int r = 0; r < R; ++r)
@@ -182,7 +228,114 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_stream_kernel(GemvStreamArgs
         }
       }
     }
-    wgmma::mbarrier_arrive(empty0 + 8 * slot);  // this thread is done reading the slot
+    rg.release(q);
+  }
+}
+
+// --- moe_gemv_stream --------------------------------------------------------------------------
+// The row space: the active experts' weight rows, expert after expert in active-list order, in
+// units of p.n per expert: unit j of an expert is its row j (p.n rows: gate_up's 2I, down's H),
+// with SwiGLU the pair (gate row j, up row n + j) (n = I; kUnitRows rows per unit). CTA c
+// owns units [c·U/G, (c+1)·U/G) of U = active · n (the active count is read on the device, so
+// the split is made there). A stage holds the units of one expert only: the producer ends a
+// stage at an expert boundary rather than putting two experts' pieces into one slot, so a stage
+// has one pair — one input row, one output offset — which the producer writes into the slot's
+// descriptor, and consumers need no per-group expert lookup and never read the routing. The cost
+// is at most one short stage per boundary in a CTA's range, which (≤ n units while active ≤ G)
+// holds at most one: at the 30B shape no CTA needs a stage more than without the split.
+// With SwiGLU a stage of u units is two bulk copies onto one barrier: gate rows j..j+u-1 to the
+// slot's first half, up rows n+j.. to its second half, so unit i's rows sit at i and half + i.
+//
+// Descriptors (one per slot, after the barriers): written by the producer before the arrival on
+// the slot's full barrier (a release; the consumers' wait is an acquire). units == 0 ends the
+// CTA's stream: the producer arrives with no bytes and consumers stop there.
+struct MoeStageDesc {
+  int x_row;  // the pair's row of `in`: pair / in_row_div
+  int out0;   // pair · n + the stage's first unit
+  int units;  // 0: end of stream
+  int unused;
+};
+static_assert(16 * kStages + kStages * sizeof(MoeStageDesc) <= kBarrierBytes,
+              "the barriers and the stage descriptors fit before the ring");
+
+struct MoeGemvStreamArgs {
+  MoeGemmParams p;
+  int stage_units = 0;  // units per ring slot
+};
+
+template <bool kSilu>
+__global__ void __launch_bounds__(kThreads, 1) moe_gemv_stream_kernel(MoeGemvStreamArgs a) {
+  constexpr int kUnitRows = kSilu ? 2 : 1;  // weight rows per unit (and per warp's group)
+  const MoeGemmParams& p = a.p;
+  extern __shared__ __align__(128) uint8_t gemv_stream_smem[];
+  const int granules = p.k / 8;
+  const uint32_t row_bytes = 16u * granules;
+  const uint32_t half_bytes = a.stage_units * row_bytes;  // SwiGLU: the up rows' offset in a slot
+  const uint32_t stage_bytes = kUnitRows * half_bytes;
+  MoeStageDesc* desc = reinterpret_cast<MoeStageDesc*>(gemv_stream_smem + 16 * kStages);
+  uint8_t* ring = gemv_stream_smem + kBarrierBytes;
+  uint4* xs = reinterpret_cast<uint4*>(ring + kStages * stage_bytes);  // in [in rows, k]
+  const StreamRing rg = stream_ring_init(gemv_stream_smem, stage_bytes);
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (warp == kConsumerWarps) {  // producer
+    if (lane != 0) return;
+    // Settled routing was complete before this grid was scheduled, but it is read from L2
+    // (__ldcg): this SM's L1 may hold older lines of it. Otherwise wait for the kernel before
+    // (the routing may be its output); the weight copies go out right after.
+    if (!p.routing_settled) pdl_sync();
+    const int64_t total = static_cast<int64_t>(__ldcg(p.active_experts)) * p.n;
+    const int64_t end = (blockIdx.x + 1) * total / gridDim.x;
+    const size_t rows_per_expert = static_cast<size_t>(kUnitRows) * p.n;
+    const uint8_t* w = static_cast<const uint8_t*>(p.weight.data);
+    int q = 0;
+    for (int64_t u = blockIdx.x * total / gridDim.x; u < end; ++q) {
+      const int y = static_cast<int>(u / p.n), j = static_cast<int>(u % p.n);
+      const int units =
+          static_cast<int>(min(static_cast<int64_t>(min(a.stage_units, p.n - j)), end - u));
+      const int e = __ldcg(p.active_experts + 1 + y);
+      const int pair = __ldcg(p.sorted_ids + __ldcg(p.expert_offsets + e));  // one token: one pair
+      rg.acquire(q);
+      desc[q % kStages] = {pair / p.in_row_div, pair * p.n + j, units, 0};
+      const uint32_t bytes = units * row_bytes;
+      wgmma::mbarrier_arrive_expect_tx(rg.full(q), kUnitRows * bytes);
+      const uint8_t* gate = w + (static_cast<size_t>(e) * rows_per_expert + j) * row_bytes;
+      rg.copy(q, rg.slot(q), gate, bytes);
+      if constexpr (kSilu)
+        rg.copy(q, rg.slot(q) + half_bytes, gate + static_cast<size_t>(p.n) * row_bytes, bytes);
+      u += units;
+    }
+    rg.acquire(q);
+    desc[q % kStages] = {0, 0, 0, 0};
+    wgmma::mbarrier_arrive(rg.full(q));  // no bytes: the end of this CTA's stream
+    return;
+  }
+
+  // Consumers: the input rows are the kernel before's output (gate+up: the token's row; down:
+  // every pair's activation row; either way a few KB at one token).
+  pdl_sync();
+  stream_load_x(xs, p.in, (p.num_pairs / p.in_row_div) * granules);
+
+  int before = 0;  // units (= groups) of the CTA's earlier stages
+  for (int q = 0;; ++q) {
+    rg.wait_full(q);
+    const MoeStageDesc d = desc[q % kStages];
+    if (d.units == 0) break;
+    const uint8_t* stage = ring + (q % kStages) * stage_bytes;
+    const uint4* x = xs + static_cast<size_t>(d.x_row) * granules;
+    for (int j = stream_first_group(warp, before); j < d.units; j += kConsumerWarps) {
+      const uint4* w[kUnitRows];
+      w[0] = reinterpret_cast<const uint4*>(stage + j * row_bytes);
+      if constexpr (kSilu)
+        w[1] = reinterpret_cast<const uint4*>(stage + half_bytes + j * row_bytes);
+      float acc[kUnitRows][1];
+      stream_rows<1, kUnitRows>(w, x, granules, acc);
+      float v = warp_sum(acc[0][0]);
+      if constexpr (kSilu) v = v / (1.f + expf(-v)) * warp_sum(acc[1][0]);
+      if (lane == 0) p.out[static_cast<size_t>(d.out0) + j] = __float2bfloat16_rn(v);
+    }
+    before += d.units;
+    rg.release(q);
   }
 }
 
@@ -193,10 +346,36 @@ constexpr GemvStreamKernel kKernels[kGemvMaxRows] = {
 static_assert(stream_rows_per_warp(kGemvMaxRows) * kGemvMaxRows <= 32,
               "one lane stores each (row, activation row) sum");
 
+constexpr void (*kMoeKernels[2])(MoeGemvStreamArgs) = {moe_gemv_stream_kernel<false>,
+                                                       moe_gemv_stream_kernel<true>};
+
 int smem_optin(int device) {
   int bytes = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   return bytes;
+}
+
+// The ring's shape on `device` for units of `unit_bytes` (whole rows) beside `x_bytes` of
+// resident input: units per slot, up to kStageBytes, fewer when x leaves less room for four
+// slots; 0 when not even four one-unit slots fit. `smem` gets the kernel's dynamic shared memory.
+int64_t stream_slot_units(int device, int64_t unit_bytes, int64_t x_bytes, size_t* smem) {
+  const int64_t room = smem_optin(device) - kBarrierBytes - x_bytes;
+  const int64_t units = std::min<int64_t>(std::max<int64_t>(1, kStageBytes / unit_bytes),
+                                          room / (kStages * unit_bytes));
+  if (room <= 0 || units < 1) return 0;
+  if (smem) *smem = static_cast<size_t>(kBarrierBytes + kStages * units * unit_bytes + x_bytes);
+  return units;
+}
+
+// CTAs of `kernel` with `smem` bytes that run at once on `device` (one wave), at most `cap`.
+template <typename Args>
+int stream_grid(void (*kernel)(Args), int device, size_t smem, int64_t cap, const char* op) {
+  int sms = 0, per_sm = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
+  MB_CHECK(per_sm >= 1,
+           std::string(op) + ": no CTA fits (call gemv_stream_prepare on this device first)");
+  return static_cast<int>(std::min<int64_t>(cap, static_cast<int64_t>(sms) * per_sm));
 }
 
 #endif  // MOEBATCH_WGMMA
@@ -212,23 +391,15 @@ void gemv_stream_impl(void* out, bool out_f32, const bf16* x, const bf16* w, int
   MB_CHECK(aligned16(x) && aligned16(w), "gemv_stream: x and W must be 16-byte aligned");
   if (m == 0) return;
 #if MOEBATCH_WGMMA
-  int device = 0, sms = 0;
+  int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  // Whole rows per slot: up to kStageBytes, fewer when x leaves less room for four slots.
   const int64_t row_bytes = 2 * static_cast<int64_t>(k);
-  const int64_t x_bytes = m * row_bytes;
-  const int64_t room = smem_optin(device) - kBarrierBytes - x_bytes;
-  const int64_t stage_rows = std::min<int64_t>(std::max<int64_t>(1, kStageBytes / row_bytes),
-                                               room / (kStages * row_bytes));
-  MB_CHECK(room > 0 && stage_rows >= 1,
+  size_t smem = 0;
+  const int64_t stage_rows = stream_slot_units(device, row_bytes, m * row_bytes, &smem);
+  MB_CHECK(stage_rows >= 1,
            "gemv_stream: m * k too large (x and four stages of one row must fit in shared memory)");
-  const size_t smem =
-      static_cast<size_t>(kBarrierBytes + kStages * stage_rows * row_bytes + x_bytes);
   const GemvStreamKernel kernel = kKernels[m - 1];
-  int per_sm = 0;
-  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
-  MB_CHECK(per_sm >= 1, "gemv_stream: no CTA fits (call gemv_stream_prepare on this device first)");
+  const int grid = stream_grid(kernel, device, smem, n, "gemv_stream");
   GemvStreamArgs a;
   a.out = out;
   a.out_f32 = out_f32;
@@ -237,7 +408,6 @@ void gemv_stream_impl(void* out, bool out_f32, const bf16* x, const bf16* w, int
   a.n = n;
   a.k = k;
   a.stage_rows = static_cast<int>(stage_rows);
-  const int grid = std::min(n, sms * per_sm);
   launch_dependent(kernel, grid, kThreads, smem, stream, a);
   CUDA_CHECK_LAST();
 #else
@@ -267,10 +437,26 @@ bool gemv_stream_fits(int m, int k) {
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   const int64_t row_bytes = 2 * static_cast<int64_t>(k);
-  return smem_optin(device) - kBarrierBytes - m * row_bytes >= kStages * row_bytes;
+  return stream_slot_units(device, row_bytes, m * row_bytes, nullptr) >= 1;
 #else
   (void)m;
   (void)k;
+  return false;
+#endif
+}
+
+bool moe_gemv_stream_fits(int in_rows, int k, bool silu_gate_up) {
+#if MOEBATCH_WGMMA
+  if (in_rows < 1 || k <= 0 || k % 8 != 0) return false;
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  const int64_t row_bytes = 2 * static_cast<int64_t>(k);
+  return stream_slot_units(device, (silu_gate_up ? 2 : 1) * row_bytes, in_rows * row_bytes,
+                           nullptr) >= 1;
+#else
+  (void)in_rows;
+  (void)k;
+  (void)silu_gate_up;
   return false;
 #endif
 }
@@ -281,6 +467,8 @@ void gemv_stream_prepare() {
   CUDA_CHECK(cudaGetDevice(&device));
   const int bytes = smem_optin(device);
   for (GemvStreamKernel kernel : kKernels)
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  for (auto kernel : kMoeKernels)
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
 #endif
 }
@@ -293,6 +481,49 @@ void gemv_stream(bf16* out, const bf16* x, const bf16* w, int m, int n, int k,
 void gemv_stream(float* out, const bf16* x, const bf16* w, int m, int n, int k,
                  cudaStream_t stream) {
   gemv_stream_impl(out, true, x, w, m, n, k, stream);
+}
+
+void moe_gemv_stream(const MoeGemmParams& p, int tokens, cudaStream_t stream) {
+  // Not check_moe_gemm_params: its n % 16 and k % 32 are moe_gemm's tiles; rows of whole
+  // 16-byte granules are all this kernel needs.
+  MB_CHECK(tokens == 1, "moe_gemv_stream: one token (each active expert has one pair)");
+  MB_CHECK(p.n > 0 && p.k > 0 && p.k % 8 == 0,
+           "moe_gemv_stream: n > 0 and k a positive multiple of 8 (rows of 16-byte granules)");
+  MB_CHECK(p.num_experts > 0 && p.num_pairs >= 0, "moe_gemv_stream: bad expert or pair count");
+  MB_CHECK(p.weight.codec == WeightCodec::Bf16, "moe_gemv_stream: bf16 weights only");
+  MB_CHECK(p.in_fp8 == nullptr, "moe_gemv_stream: bf16 input rows only (no W8A8)");
+  MB_CHECK(p.out && p.in && p.weight.data && p.sorted_ids && p.expert_offsets && p.active_experts,
+           "moe_gemv_stream: null operand (the active expert list included)");
+  MB_CHECK(p.in_row_div >= 1 && p.num_pairs % p.in_row_div == 0,
+           "moe_gemv_stream: num_pairs must be a multiple of in_row_div");
+  MB_CHECK(aligned16(p.in) && aligned16(p.weight.data),
+           "moe_gemv_stream: in and the weights must be 16-byte aligned");
+  if (p.num_pairs == 0) return;
+#if MOEBATCH_WGMMA
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  const int unit_rows = p.silu_gate_up ? 2 : 1;
+  const int64_t row_bytes = 2 * static_cast<int64_t>(p.k);
+  const int64_t in_rows = p.num_pairs / p.in_row_div;
+  size_t smem = 0;
+  const int64_t slot_units =
+      stream_slot_units(device, unit_rows * row_bytes, in_rows * row_bytes, &smem);
+  MB_CHECK(slot_units >= 1,
+           "moe_gemv_stream: the input rows and four stages of one unit must fit in shared memory "
+           "(moe_gemv_stream_fits)");
+  const auto kernel = kMoeKernels[p.silu_gate_up ? 1 : 0];
+  // no more experts than pairs can be active; CTAs past the device's active count get no units
+  const int64_t max_units = static_cast<int64_t>(std::min(p.num_experts, p.num_pairs)) * p.n;
+  const int grid = stream_grid(kernel, device, smem, max_units, "moe_gemv_stream");
+  MoeGemvStreamArgs a;
+  a.p = p;
+  a.stage_units = static_cast<int>(slot_units);
+  launch_dependent(kernel, grid, kThreads, smem, stream, a);
+  CUDA_CHECK_LAST();
+#else
+  (void)stream;
+  MB_CHECK(false, "moe_gemv_stream: this build has no sm_90a code (see gemv_stream_available)");
+#endif
 }
 
 }  // namespace moebatch::kernels
