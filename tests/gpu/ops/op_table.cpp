@@ -362,11 +362,11 @@ std::vector<OpCaseDef> op_cases_test() {
   // The persistent bulk-copy GEMV on bf16 weights (gemv_stream, sm_90a) at m 1, 2, 8 (1, 2, 4
   // rows per warp): qkv and o_proj (several stages per CTA, the last partial; o_proj's 8 KB rows
   // give fewer groups per stage than warps), n 1000 and 37 (rows split unevenly over the CTAs; 37:
-  // one row each), k 520 (1040-byte rows: 16-byte but not 128-byte multiples; a lane with one
+  // one row each), k 528 (1056-byte rows: 16-byte but not 128-byte multiples; a lane with one
   // granule more), n 32768 at k 1024 (16 stages per CTA: the ring wraps four times); fp32 out.
   for (int m : {1, 2, 8})
     for (auto [n, k] :
-         {std::pair{5120, 2048}, {2048, 4096}, {1000, 2048}, {37, 512}, {300, 520}, {32768, 1024}})
+         {std::pair{5120, 2048}, {2048, 4096}, {1000, 2048}, {37, 512}, {300, 528}, {32768, 1024}})
       t.push_back(quant_linear_case(
           {.m = m, .n = n, .k = k, .format = WeightFormat::bf16, .stream = true}));
   for (int m : {1, 8})
