@@ -24,9 +24,6 @@
 // barrier, also for stages without rows of its own: a parity wait is only sound one phase ahead
 // of the barrier, and walking every stage in order keeps it so.
 //
-// moe_gemv_stream (kernels/gemv_stream.cuh) runs the same ring over a row space of the active
-// experts' weight rows; see its kernel below.
-//
 // Built for sm_90a only (MOEBATCH_WGMMA, set by kernels/CMakeLists.txt); without it the entry
 // points exist and gemv_stream_available says false.
 #include <algorithm>
@@ -35,7 +32,6 @@
 
 #include "kernels/cuda_check.cuh"
 #include "kernels/gemv_stream.cuh"
-#include "kernels/moe_gemm.cuh"
 #include "kernels/quant.cuh"
 #if MOEBATCH_WGMMA
 #include "kernels/device_common.cuh"
@@ -232,122 +228,12 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_stream_kernel(GemvStreamArgs
   }
 }
 
-// --- moe_gemv_stream --------------------------------------------------------------------------
-// The row space: the active experts' weight rows, expert after expert in active-list order, in
-// units of p.n per expert: unit j of an expert is its row j (p.n rows: gate_up's 2I, down's H),
-// with SwiGLU the pair (gate row j, up row n + j) (n = I; kUnitRows rows per unit). CTA c
-// owns units [c·U/G, (c+1)·U/G) of U = active · n (the active count is read on the device, so
-// the split is made there). A stage holds the units of one expert only: the producer ends a
-// stage at an expert boundary rather than putting two experts' pieces into one slot, so a stage
-// has one pair — one input row, one output offset — which the producer writes into the slot's
-// descriptor, and consumers need no per-group expert lookup and never read the routing. The cost
-// is at most one short stage per boundary in a CTA's range, which (≤ n units while active ≤ G)
-// holds at most one: at the 30B shape no CTA needs a stage more than without the split.
-// With SwiGLU a stage of u units is two bulk copies onto one barrier: gate rows j..j+u-1 to the
-// slot's first half, up rows n+j.. to its second half, so unit i's rows sit at i and half + i.
-//
-// Descriptors (one per slot, after the barriers): written by the producer before the arrival on
-// the slot's full barrier (a release; the consumers' wait is an acquire). units == 0 ends the
-// CTA's stream: the producer arrives with no bytes and consumers stop there.
-struct MoeStageDesc {
-  int x_row;  // the pair's row of `in`: pair / in_row_div
-  int out0;   // pair · n + the stage's first unit
-  int units;  // 0: end of stream
-  int unused;
-};
-static_assert(16 * kStages + kStages * sizeof(MoeStageDesc) <= kBarrierBytes,
-              "the barriers and the stage descriptors fit before the ring");
-
-struct MoeGemvStreamArgs {
-  MoeGemmParams p;
-  int stage_units = 0;  // units per ring slot
-};
-
-template <bool kSilu>
-__global__ void __launch_bounds__(kThreads, 1) moe_gemv_stream_kernel(MoeGemvStreamArgs a) {
-  constexpr int kUnitRows = kSilu ? 2 : 1;  // weight rows per unit (and per warp's group)
-  const MoeGemmParams& p = a.p;
-  extern __shared__ __align__(128) uint8_t gemv_stream_smem[];
-  const int granules = p.k / 8;
-  const uint32_t row_bytes = 16u * granules;
-  const uint32_t half_bytes = a.stage_units * row_bytes;  // SwiGLU: the up rows' offset in a slot
-  const uint32_t stage_bytes = kUnitRows * half_bytes;
-  MoeStageDesc* desc = reinterpret_cast<MoeStageDesc*>(gemv_stream_smem + 16 * kStages);
-  uint8_t* ring = gemv_stream_smem + kBarrierBytes;
-  uint4* xs = reinterpret_cast<uint4*>(ring + kStages * stage_bytes);  // in [in rows, k]
-  const StreamRing rg = stream_ring_init(gemv_stream_smem, stage_bytes);
-
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (warp == kConsumerWarps) {  // producer
-    if (lane != 0) return;
-    // Settled routing was complete before this grid was scheduled, but it is read from L2
-    // (__ldcg): this SM's L1 may hold older lines of it. Otherwise wait for the kernel before
-    // (the routing may be its output); the weight copies go out right after.
-    if (!p.routing_settled) pdl_sync();
-    const int64_t total = static_cast<int64_t>(__ldcg(p.active_experts)) * p.n;
-    const int64_t end = (blockIdx.x + 1) * total / gridDim.x;
-    const size_t rows_per_expert = static_cast<size_t>(kUnitRows) * p.n;
-    const uint8_t* w = static_cast<const uint8_t*>(p.weight.data);
-    int q = 0;
-    for (int64_t u = blockIdx.x * total / gridDim.x; u < end; ++q) {
-      const int y = static_cast<int>(u / p.n), j = static_cast<int>(u % p.n);
-      const int units =
-          static_cast<int>(min(static_cast<int64_t>(min(a.stage_units, p.n - j)), end - u));
-      const int e = __ldcg(p.active_experts + 1 + y);
-      const int pair = __ldcg(p.sorted_ids + __ldcg(p.expert_offsets + e));  // one token: one pair
-      rg.acquire(q);
-      desc[q % kStages] = {pair / p.in_row_div, pair * p.n + j, units, 0};
-      const uint32_t bytes = units * row_bytes;
-      wgmma::mbarrier_arrive_expect_tx(rg.full(q), kUnitRows * bytes);
-      const uint8_t* gate = w + (static_cast<size_t>(e) * rows_per_expert + j) * row_bytes;
-      rg.copy(q, rg.slot(q), gate, bytes);
-      if constexpr (kSilu)
-        rg.copy(q, rg.slot(q) + half_bytes, gate + static_cast<size_t>(p.n) * row_bytes, bytes);
-      u += units;
-    }
-    rg.acquire(q);
-    desc[q % kStages] = {0, 0, 0, 0};
-    wgmma::mbarrier_arrive(rg.full(q));  // no bytes: the end of this CTA's stream
-    return;
-  }
-
-  // Consumers: the input rows are the kernel before's output (gate+up: the token's row; down:
-  // every pair's activation row; either way a few KB at one token).
-  pdl_sync();
-  stream_load_x(xs, p.in, (p.num_pairs / p.in_row_div) * granules);
-
-  int before = 0;  // units (= groups) of the CTA's earlier stages
-  for (int q = 0;; ++q) {
-    rg.wait_full(q);
-    const MoeStageDesc d = desc[q % kStages];
-    if (d.units == 0) break;
-    const uint8_t* stage = ring + (q % kStages) * stage_bytes;
-    const uint4* x = xs + static_cast<size_t>(d.x_row) * granules;
-    for (int j = stream_first_group(warp, before); j < d.units; j += kConsumerWarps) {
-      const uint4* w[kUnitRows];
-      w[0] = reinterpret_cast<const uint4*>(stage + j * row_bytes);
-      if constexpr (kSilu)
-        w[1] = reinterpret_cast<const uint4*>(stage + half_bytes + j * row_bytes);
-      float acc[kUnitRows][1];
-      stream_rows<1, kUnitRows>(w, x, granules, acc);
-      float v = warp_sum(acc[0][0]);
-      if constexpr (kSilu) v = v / (1.f + expf(-v)) * warp_sum(acc[1][0]);
-      if (lane == 0) p.out[static_cast<size_t>(d.out0) + j] = __float2bfloat16_rn(v);
-    }
-    before += d.units;
-    rg.release(q);
-  }
-}
-
 using GemvStreamKernel = void (*)(GemvStreamArgs);
 constexpr GemvStreamKernel kKernels[kGemvMaxRows] = {
     gemv_stream_kernel<1>, gemv_stream_kernel<2>, gemv_stream_kernel<3>, gemv_stream_kernel<4>,
     gemv_stream_kernel<5>, gemv_stream_kernel<6>, gemv_stream_kernel<7>, gemv_stream_kernel<8>};
 static_assert(stream_rows_per_warp(kGemvMaxRows) * kGemvMaxRows <= 32,
               "one lane stores each (row, activation row) sum");
-
-constexpr void (*kMoeKernels[2])(MoeGemvStreamArgs) = {moe_gemv_stream_kernel<false>,
-                                                       moe_gemv_stream_kernel<true>};
 
 int smem_optin(int device) {
   int bytes = 0;
@@ -445,30 +331,12 @@ bool gemv_stream_fits(int m, int k) {
 #endif
 }
 
-bool moe_gemv_stream_fits(int in_rows, int k, bool silu_gate_up) {
-#if MOEBATCH_WGMMA
-  if (in_rows < 1 || k <= 0 || k % 8 != 0) return false;
-  int device = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  const int64_t row_bytes = 2 * static_cast<int64_t>(k);
-  return stream_slot_units(device, (silu_gate_up ? 2 : 1) * row_bytes, in_rows * row_bytes,
-                           nullptr) >= 1;
-#else
-  (void)in_rows;
-  (void)k;
-  (void)silu_gate_up;
-  return false;
-#endif
-}
-
 void gemv_stream_prepare() {
 #if MOEBATCH_WGMMA
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   const int bytes = smem_optin(device);
   for (GemvStreamKernel kernel : kKernels)
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-  for (auto kernel : kMoeKernels)
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
 #endif
 }
@@ -481,49 +349,6 @@ void gemv_stream(bf16* out, const bf16* x, const bf16* w, int m, int n, int k,
 void gemv_stream(float* out, const bf16* x, const bf16* w, int m, int n, int k,
                  cudaStream_t stream) {
   gemv_stream_impl(out, true, x, w, m, n, k, stream);
-}
-
-void moe_gemv_stream(const MoeGemmParams& p, int tokens, cudaStream_t stream) {
-  // Not check_moe_gemm_params: its n % 16 and k % 32 are moe_gemm's tiles; rows of whole
-  // 16-byte granules are all this kernel needs.
-  MB_CHECK(tokens == 1, "moe_gemv_stream: one token (each active expert has one pair)");
-  MB_CHECK(p.n > 0 && p.k > 0 && p.k % 8 == 0,
-           "moe_gemv_stream: n > 0 and k a positive multiple of 8 (rows of 16-byte granules)");
-  MB_CHECK(p.num_experts > 0 && p.num_pairs >= 0, "moe_gemv_stream: bad expert or pair count");
-  MB_CHECK(p.weight.codec == WeightCodec::Bf16, "moe_gemv_stream: bf16 weights only");
-  MB_CHECK(p.in_fp8 == nullptr, "moe_gemv_stream: bf16 input rows only (no W8A8)");
-  MB_CHECK(p.out && p.in && p.weight.data && p.sorted_ids && p.expert_offsets && p.active_experts,
-           "moe_gemv_stream: null operand (the active expert list included)");
-  MB_CHECK(p.in_row_div >= 1 && p.num_pairs % p.in_row_div == 0,
-           "moe_gemv_stream: num_pairs must be a multiple of in_row_div");
-  MB_CHECK(aligned16(p.in) && aligned16(p.weight.data),
-           "moe_gemv_stream: in and the weights must be 16-byte aligned");
-  if (p.num_pairs == 0) return;
-#if MOEBATCH_WGMMA
-  int device = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  const int unit_rows = p.silu_gate_up ? 2 : 1;
-  const int64_t row_bytes = 2 * static_cast<int64_t>(p.k);
-  const int64_t in_rows = p.num_pairs / p.in_row_div;
-  size_t smem = 0;
-  const int64_t slot_units =
-      stream_slot_units(device, unit_rows * row_bytes, in_rows * row_bytes, &smem);
-  MB_CHECK(slot_units >= 1,
-           "moe_gemv_stream: the input rows and four stages of one unit must fit in shared memory "
-           "(moe_gemv_stream_fits)");
-  const auto kernel = kMoeKernels[p.silu_gate_up ? 1 : 0];
-  // no more experts than pairs can be active; CTAs past the device's active count get no units
-  const int64_t max_units = static_cast<int64_t>(std::min(p.num_experts, p.num_pairs)) * p.n;
-  const int grid = stream_grid(kernel, device, smem, max_units, "moe_gemv_stream");
-  MoeGemvStreamArgs a;
-  a.p = p;
-  a.stage_units = static_cast<int>(slot_units);
-  launch_dependent(kernel, grid, kThreads, smem, stream, a);
-  CUDA_CHECK_LAST();
-#else
-  (void)stream;
-  MB_CHECK(false, "moe_gemv_stream: this build has no sm_90a code (see gemv_stream_available)");
-#endif
 }
 
 }  // namespace moebatch::kernels

@@ -3,7 +3,8 @@
 // shared-memory ring with 1-D bulk copies (TMA), so an SM keeps the same bytes in flight from
 // its first cycle to its last instead of ramping down as short-lived warps retire (ncu on
 // gemv_quant's bf16 qkv at one row: 44% of DRAM bandwidth, warps stalled on their loads;
-// docs/design.md, session 8). Not yet on the engine's path: quant_linear still calls gemv_quant.
+// docs/design.md, session 8). The engine takes it for one-row bf16 projections
+// (CudaBackendOptions::stream_gemv): qkv 9.7 → 9.2 µs, o_proj 11.9 → 8.2 µs by ncu on one H200.
 // Other GPUs, and builds without the sm_90a target, have no such kernel: gemv_stream_available
 // says which.
 #pragma once
@@ -11,8 +12,6 @@
 #include "kernels/types.cuh"
 
 namespace moebatch::kernels {
-
-struct MoeGemmParams;  // kernels/moe_gemm.cuh
 
 /// Whether gemv_stream runs on `device`: this build holds its sm_90a code and the device is a
 /// compute capability 9.0 GPU (H100 / H200).
@@ -23,13 +22,8 @@ bool gemv_stream_available(int device);
 /// without the sm_90a code.
 bool gemv_stream_fits(int m, int k);
 
-/// Whether moe_gemv_stream takes `in_rows` input rows of k (num_pairs / in_row_div: 1 for
-/// gate+up at one token, top_k for down): k % 8 == 0, and the rows plus four stages of one unit
-/// (one weight row; two with silu_gate_up) fit in its shared memory. false without sm_90a code.
-bool moe_gemv_stream_fits(int in_rows, int k, bool silu_gate_up);
-
 /// Raises the kernels' dynamic shared-memory limit to the current device's opt-in maximum: once
-/// per device before the first gemv_stream or moe_gemv_stream there (outside graph capture).
+/// per device before the first gemv_stream there (outside graph capture).
 void gemv_stream_prepare();
 
 /// out [m, n] = x [m, k] · Wᵀ for bf16 W [n, k] and 1 ≤ m ≤ kGemvMaxRows (kernels/quant.cuh):
@@ -43,15 +37,5 @@ void gemv_stream(bf16* out, const bf16* x, const bf16* w, int m, int n, int k, c
 /// Same with fp32 output.
 void gemv_stream(float* out, const bf16* x, const bf16* w, int m, int n, int k,
                  cudaStream_t stream);
-
-/// moe_gemv (kernels/moe_gemm.cuh) at one token on bf16 weights as a persistent stream: the
-/// active experts' weight rows, expert after expert, form one row space that the CTAs split into
-/// contiguous ranges and stream through the same ring as gemv_stream (with silu_gate_up each
-/// gate row j travels in one stage with its up row n + j). The routing (active_experts,
-/// expert_offsets, sorted_ids) is read before waiting for the kernel before only when
-/// p.routing_settled; the input rows always after. tokens must be 1 (each active expert has one
-/// pair); launched dependent; needs gemv_stream_available, gemv_stream_prepare and
-/// moe_gemv_stream_fits. Not on the engine's path yet.
-void moe_gemv_stream(const MoeGemmParams& p, int tokens, cudaStream_t stream);
 
 }  // namespace moebatch::kernels

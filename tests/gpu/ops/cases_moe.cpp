@@ -9,7 +9,6 @@
 #include <set>
 
 #include "kernels/gemm.cuh"
-#include "kernels/gemv_stream.cuh"
 #include "kernels/moe_gemm.cuh"
 #include "kernels/moe_ops.cuh"
 #include "kernels/moe_wgmma.cuh"
@@ -393,7 +392,6 @@ class MoeGemmCase final : public OpCase {
         break;
     }
     in_ = RandomBf16(static_cast<size_t>(gate() ? T : pairs) * cols, 1.f, rng, env.stream);
-    if (s_.stream) kernels::gemv_stream_prepare();
     if (s_.w8a8) {
       in_q_ = DevBuf<uint8_t>(in_rows() * cols);
       in_s_ = DevBuf<float>(in_rows() * (cols / kA8Group));
@@ -427,9 +425,7 @@ class MoeGemmCase final : public OpCase {
       p.in_fp8 = in_q_.get();
       p.in_scales = in_s_.get();
     }
-    if (s_.stream)
-      kernels::moe_gemv_stream(p, s_.tokens, env.stream);
-    else if (s_.gemv)
+    if (s_.gemv)
       kernels::moe_gemv(p, s_.tokens, env.stream);
     else
       s_.kernel(p, env.stream);
@@ -794,13 +790,7 @@ OpCaseDef moe_gemm_case(const MoeGemmShape& s) {
   MB_CHECK(!s.w8a8 || (s.format == WeightFormat::fp8_block && !s.gemv), "moe_gemm case: W8A8 is the fp8 grouped GEMM's");
   MB_CHECK(!s.gemv || (s.active_experts && s.tokens <= kernels::kMoeGemvMaxTokens),
            "moe_gemm case: moe_gemv needs the active list and few tokens");
-  MB_CHECK(
-      !s.stream || (s.format == WeightFormat::bf16 && s.active_experts && s.tokens == 1 && !s.gemv),
-      "moe_gemm case: moe_gemv_stream takes one token on bf16 weights with the active list");
-  std::string name = std::string(s.stream ? "moe_gemv_stream"
-                                 : s.gemv ? "moe_gemv"
-                                          : s.kernel_name) +
-                     " " + stage;
+  std::string name = std::string(s.gemv ? "moe_gemv" : s.kernel_name) + " " + stage;
   if (s.format != WeightFormat::bf16) name += std::string(" ") + weight_format_name(s.format);
   if (s.w8a8) name += " w8a8";
   OpCaseDef d = op_case_def<MoeGemmCase>(name,
@@ -808,7 +798,6 @@ OpCaseDef moe_gemm_case(const MoeGemmShape& s) {
                                              " I" + to_string(s.inter) + (s.active_experts ? " active" : ""),
                                          OpFamily::moe_gemm, tol, s);
   d.format = s.format;
-  if (s.stream) d.available = &kernels::gemv_stream_available;
   return d;
 }
 

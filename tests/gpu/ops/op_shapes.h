@@ -163,9 +163,6 @@ struct MoeGemmShape {
   bool gemv = false;  ///< launch kernels::moe_gemv (tokens ≤ kMoeGemvMaxTokens) instead of `kernel`
   /// fp8_block only: W8A8, the input rows quantized per 1 × 128 by quantize_fp8_rows (in_fp8)
   bool w8a8 = false;
-  /// launch kernels::moe_gemv_stream (the persistent bulk-copy GEMV, sm_90a): one token, bf16,
-  /// active list; routing_settled false (the case's routing is the last write before it)
-  bool stream = false;
 };
 OpCaseDef moe_gemm_case(const MoeGemmShape& s);
 

@@ -314,21 +314,6 @@ std::vector<OpCaseDef> op_cases_test() {
     for (MoeGemmStage stage : {MoeGemmStage::gate_up_silu, MoeGemmStage::down})
       t.push_back(moe_gemm_case({.tokens = tokens, .experts = 16, .top_k = 4, .hidden = 256, .inter = 128,
                                  .hot = 3, .stage = stage, .active_experts = true, .gemv = true}));
-  // moe_gemv_stream (one token, bf16, sm_90a) at every stage: the 30B shape (CTA ranges that cross
-  // an expert boundary; 6-12 stages per CTA, the ring wraps), and I 72 / H 136 (k 136 and 72: 17
-  // and 9 granules per row, most lanes without one; a CTA's few units make one stage, two where
-  // they cross a boundary) with top-k 4 of 16 and 8 of 8 (every expert active).
-  for (auto [E, K, H, I] : {std::tuple{128, 8, 2048, 768}, {16, 4, 136, 72}, {8, 8, 136, 72}})
-    for (MoeGemmStage stage :
-         {MoeGemmStage::gate_up, MoeGemmStage::down, MoeGemmStage::gate_up_silu})
-      t.push_back(moe_gemm_case({.tokens = 1,
-                                 .experts = E,
-                                 .top_k = K,
-                                 .hidden = H,
-                                 .inter = I,
-                                 .stage = stage,
-                                 .active_experts = true,
-                                 .stream = true}));
 
   // Dense GEMM and sampling.
   t.push_back(linear_case({.m = 5, .n = 1000, .k = 256, .fp32_out = false}));
@@ -490,19 +475,6 @@ std::vector<OpCaseDef> op_cases_bench() {
           add(B, moe_gemm_case({.tokens = B, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI, .stage = stage,
                                 .active_experts = true, .routings = kRoutings, .format = format, .gemv = gemv}));
         }
-    // The persistent bulk-copy expert GEMV (moe_gemv_stream, sm_90a) beside "moe_gemv <stage>".
-    if (B == 1)
-      for (MoeGemmStage stage :
-           {MoeGemmStage::gate_up, MoeGemmStage::down, MoeGemmStage::gate_up_silu})
-        add(B, moe_gemm_case({.tokens = B,
-                              .experts = kE,
-                              .top_k = kK,
-                              .hidden = kH,
-                              .inter = kI,
-                              .stage = stage,
-                              .active_experts = true,
-                              .routings = kRoutings,
-                              .stream = true}));
     for (MoeGemmStage stage : {MoeGemmStage::down, MoeGemmStage::gate_up_silu})  // "moe_gemm <stage> fp8 w8a8"
       add(B, moe_gemm_case({.tokens = B, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI, .stage = stage,
                             .active_experts = true, .routings = kRoutings, .format = WeightFormat::fp8_block,
