@@ -502,6 +502,18 @@ std::vector<OpCaseDef> op_cases_bench() {
                                         .rotate_bytes = kRotateBytes,
                                         .stream = true}),
                      std::string(proj) + " bf16 (gemv_stream)"));
+      // The same with one copy of W, resident in L2 after the warm-up: what these GEMVs cost
+      // when the bytes are no object (launch, ramp, reductions, tail), the floor for any scheme
+      // that moves the weights closer ahead of time.
+      for (bool stream : {false, true})
+        for (auto [proj, n, k] : {std::tuple{"qkv", kQkvWidth, kH}, {"o_proj", kH, kNq * kD}})
+          add(B, named(quant_linear_case({.m = B,
+                                          .n = n,
+                                          .k = k,
+                                          .format = WeightFormat::bf16,
+                                          .w_scale = 0.02f,
+                                          .stream = stream}),
+                       std::string(proj) + " bf16 L2-resident (" + (stream ? "gemv_stream" : "gemv") + ")"));
       add(B, named(quant_linear_case({.m = B,
                                       .n = kV,
                                       .k = kH,
