@@ -58,6 +58,30 @@ void moe_align(const AlignParams& p, cudaStream_t stream);
 /// Most tokens moe_route_small takes (decode batches up to 8).
 constexpr int kRouteSmallMaxTokens = 8;
 
+/// moe_route_small's optional first stage, the MLP norm of one rank (add_rmsnorm's semantics):
+/// residual = bf16(residual + branch), out = rmsnorm(residual) · (weight_offset + weight); the
+/// router then multiplies `out` (in shared memory) instead of reading x. residual and out are
+/// written by the last block, when every block has read the residual.
+struct RouteSmallNorm {
+  const bf16* branch = nullptr;  ///< [tokens, hidden] the attention output; null: no fused norm
+  bf16* residual = nullptr;      ///< [tokens, hidden] the residual stream, updated in place
+  const bf16* weight = nullptr;  ///< [hidden]
+  bf16* out = nullptr;           ///< [tokens, hidden] the normed rows (what x holds otherwise)
+  float eps = 1e-6f;
+  float weight_offset = 0.f;     ///< 1 for zero-centred norms (Qwen3-Next)
+};
+
+/// Bytes of shared memory the fused norm holds its rows in; moe_route_small_fuses_norm says
+/// whether a step's rows fit.
+constexpr int kRouteSmallNormBytes = 16 << 10;
+
+/// Whether moe_route_small can take the norm for `tokens` rows of `hidden` (they fit in
+/// kRouteSmallNormBytes; at hidden 2048, up to 4 tokens).
+constexpr bool moe_route_small_fuses_norm(int tokens, int hidden) {
+  return tokens >= 1 && tokens <= kRouteSmallMaxTokens && hidden > 0 && hidden % 8 == 0 &&
+         static_cast<int64_t>(tokens) * hidden * 2 <= kRouteSmallNormBytes;
+}
+
 /// Operands of moe_route_small: router GEMM + softmax + top-k + align in one launch.
 struct RouteSmallParams {
   RouterParams router;          ///< outputs topk_ids / topk_weights; tokens <= kRouteSmallMaxTokens
@@ -69,6 +93,7 @@ struct RouteSmallParams {
   int hidden = 0;               ///< multiple of 8
   /// One int that is 0 before the launch; the kernel leaves it 0 (graph replays reuse it).
   int32_t* counter = nullptr;
+  RouteSmallNorm norm;          ///< the add + RMSNorm in front, or none (norm.branch null)
 };
 
 /// Small-batch routing in one kernel: a warp per expert computes its fp32 logits for every token

@@ -19,10 +19,12 @@
 // --moe-sorted-min-rows N sets when prefill experts take the sorted path (0: never);
 // --disable-wgmma-experts runs that path's experts on cuBLAS instead of the wgmma kernel;
 // --disable-w8a8-experts decodes FP8 experts to bf16 for it instead of running them W8A8;
-// --disable-stream-gemv keeps one-row bf16 projections on the register-fed GEMV.
+// --disable-stream-gemv keeps one-row bf16 projections on the register-fed GEMV;
+// --disable-router-norm keeps the one-token MLP norm in a launch of its own.
 // Usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--disable-custom-all-reduce]
 //                                   [--disable-wgmma-experts] [--disable-w8a8-experts]
-//                                   [--disable-stream-gemv] [--quantization Q]
+//                                   [--disable-stream-gemv] [--disable-router-norm]
+//                                   [--quantization Q]
 //                                   [--moe-sorted-min-rows N] [out.json]
 //                                   [peer.json]
 #include <cuda_profiler_api.h>
@@ -190,6 +192,7 @@ struct Args {
   bool wgmma_experts = true;             ///< --disable-wgmma-experts: prefill experts on cuBLAS
   bool w8a8_experts = true;              ///< --disable-w8a8-experts: FP8 experts decoded to bf16
   bool stream_gemv = true;               ///< --disable-stream-gemv: one-row bf16 GEMV from registers
+  bool router_norm = true;               ///< --disable-router-norm: the MLP norm in its own launch
   Quantization quant = Quantization::None;
 };
 
@@ -210,6 +213,8 @@ Args parse_args(int argc, char** argv) {
       a.w8a8_experts = false;
     } else if (arg == "--disable-stream-gemv") {
       a.stream_gemv = false;
+    } else if (arg == "--disable-router-norm") {
+      a.router_norm = false;
     } else if (arg == "--shape" && i + 1 < argc) {
       a.shape = argv[++i];
     } else if (arg == "--moe-sorted-min-rows" && i + 1 < argc) {
@@ -217,7 +222,7 @@ Args parse_args(int argc, char** argv) {
     } else if (arg == "--quantization" && i + 1 < argc) {
       a.quant = parse_quantization(argv[++i]);
     } else if (arg.rfind("--", 0) == 0) {
-      std::fprintf(stderr, "usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--disable-custom-all-reduce] [--disable-wgmma-experts] [--disable-w8a8-experts] [--disable-stream-gemv] [--quantization Q] [--moe-sorted-min-rows N] [out.json] [peer.json]\n");
+      std::fprintf(stderr, "usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--disable-custom-all-reduce] [--disable-wgmma-experts] [--disable-w8a8-experts] [--disable-stream-gemv] [--disable-router-norm] [--quantization Q] [--moe-sorted-min-rows N] [out.json] [peer.json]\n");
       std::exit(2);
     } else if (positional++ == 0) {
       a.out_path = arg;
@@ -263,6 +268,7 @@ int main(int argc, char** argv) {
   o.wgmma_experts = args.wgmma_experts;
   o.w8a8_experts = args.w8a8_experts;
   o.stream_gemv = args.stream_gemv;
+  o.router_norm = args.router_norm;
   const double lin = linear_bytes_per_param(args.quant);
   auto t0 = Clock::now();
   CudaBackend be(cfg, 20261129, o);
@@ -290,6 +296,7 @@ int main(int argc, char** argv) {
   J["wgmma_experts"] = o.wgmma_experts;
   J["w8a8_experts"] = o.w8a8_experts;
   J["stream_gemv"] = o.stream_gemv;
+  J["router_norm"] = o.router_norm;
   J["memory_plan"] = {{"weights", be.memory_plan().weights},
                       {"activations", be.memory_plan().activations},
                       {"kv", be.memory_plan().kv},

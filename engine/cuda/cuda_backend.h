@@ -90,6 +90,9 @@ struct CudaBackendOptions {
   /// bulk-copy GEMV (kernels::gemv_stream) where the GPU is a Hopper and the build has its sm_90a
   /// code; false: the register-fed GEMV (kernels::gemv_quant).
   bool stream_gemv = true;
+  /// One-token decode steps of one rank run the MLP's residual add + RMSNorm inside the
+  /// router's launch (kernels::RouteSmallNorm) instead of a launch of their own.
+  bool router_norm = true;
 
   /// The ordinal of every rank (`devices`, or the consecutive range).
   std::vector<int> device_list() const;

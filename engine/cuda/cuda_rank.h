@@ -89,6 +89,7 @@ class CudaRank {
   bool wgmma_experts = false;        ///< that path's bf16 experts on kernels::moe_wgmma
   bool w8a8_experts = false;         ///< FP8-block experts on moe_wgmma_fp8 (implies wgmma_experts)
   bool stream_gemv = false;          ///< one-row bf16 projections on kernels::gemv_stream
+  bool router_norm = true;           ///< CudaBackendOptions::router_norm
   cublasHandle_t cublas = nullptr;  ///< bound to `stream`, fixed workspace
 
  private:

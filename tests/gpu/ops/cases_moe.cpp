@@ -302,9 +302,18 @@ class RouteSmallCase final : public OpCase {
     logits_.poison();
     tw_.poison();
     CUDA_CHECK(cudaMemset(counter_.get(), 0, sizeof(int32_t)));
+    if (s_.norm) {
+      res_ = RandomBf16(static_cast<size_t>(T) * s_.hidden, 2.f, rng, env.stream);
+      norm_w_ = RandomBf16(s_.hidden, 1.5f, rng, env.stream);
+      normed_ = DevBuf<bf16>(static_cast<size_t>(T) * s_.hidden);
+      normed_.poison();
+    }
   }
   void run(const OpEnv& env, int) override {
     kernels::RouteSmallParams p;
+    if (s_.norm)
+      p.norm = {.branch = x_.get(), .residual = res_.get(), .weight = norm_w_.get(),
+                .out = normed_.get(), .eps = kNormEps, .weight_offset = 0.f};
     p.router.topk_ids = ids_.get();
     p.router.topk_weights = tw_.get();
     p.router.tokens = s_.tokens;
@@ -329,7 +338,32 @@ class RouteSmallCase final : public OpCase {
   OpCheck check(const OpEnv& env, double tol) override {
     const int T = s_.tokens, E = s_.experts, H = s_.hidden;
     const auto logits = logits_.download<float>();
-    const auto x = x_.original_f(env.stream), w = w_.original_f(env.stream);
+    auto x = x_.original_f(env.stream);
+    const auto w = w_.original_f(env.stream);
+    OpCheck c;
+    if (s_.norm) {
+      // residual + x rounded to bf16 (bit-exact), its RMSNorm (one bf16 rounding); the logits are
+      // then checked against the normed rows the kernel produced
+      const auto res = res_.original_f(env.stream), nw = norm_w_.original_f(env.stream);
+      std::vector<float> new_res(x.size());
+      std::vector<double> ref(x.size());
+      for (int t = 0; t < T; ++t) {
+        double ss = 0;
+        for (int k = 0; k < H; ++k) {
+          const size_t i = static_cast<size_t>(t) * H + k;
+          new_res[i] = round_bf(res[i] + x[i]);
+          ss += static_cast<double>(new_res[i]) * new_res[i];
+        }
+        const double rstd = 1.0 / std::sqrt(ss / H + kNormEps);
+        for (int k = 0; k < H; ++k) {
+          const size_t i = static_cast<size_t>(t) * H + k;
+          ref[i] = new_res[i] * rstd * nw[k];
+        }
+      }
+      c.equal("residual", to_float(res_.current()), new_res);
+      x = to_float(normed_.download<uint16_t>());
+      c.rel_l2("normed", x, ref, 5e-3);
+    }
     std::vector<double> ref_logits(logits.size());
     for (int t = 0; t < T; ++t)
       for (int e = 0; e < E; ++e) {
@@ -337,7 +371,6 @@ class RouteSmallCase final : public OpCase {
         for (int k = 0; k < H; ++k) s += static_cast<double>(x[static_cast<size_t>(t) * H + k]) * w[static_cast<size_t>(e) * H + k];
         ref_logits[static_cast<size_t>(t) * E + e] = s;
       }
-    OpCheck c;
     c.rel_l2("logits", logits, ref_logits, tol);
     std::vector<int32_t> ids;
     std::vector<double> wref;
@@ -361,8 +394,10 @@ class RouteSmallCase final : public OpCase {
 
  private:
   int aligned() const { return s_.local_experts > 0 ? s_.local_experts : s_.experts; }
+  static constexpr float kNormEps = 1e-6f;
   RouteSmallShape s_;
-  RandomBf16 x_, w_;
+  RandomBf16 x_, w_, res_, norm_w_;  // with the fused norm x_ is the branch added to res_
+  DevBuf<bf16> normed_;
   DevBuf<float> logits_, tw_;
   DevBuf<int32_t> ids_, sorted_, off_, active_, counter_;
 };
@@ -771,7 +806,7 @@ OpCaseDef route_small_case(const RouteSmallShape& s) {
   return op_case_def<RouteSmallCase>("moe_route_small",
                                      experts(s.tokens, s.experts, s.top_k, -1) + " H" + to_string(s.hidden) +
                                          (s.renormalize ? " renorm" : " no-renorm") +
-                                         local_range(s.expert0, s.local_experts),
+                                         local_range(s.expert0, s.local_experts) + (s.norm ? " add+norm" : ""),
                                      OpFamily::moe_routing, 1e-5, s);
 }
 

@@ -137,6 +137,9 @@ struct RouteSmallShape {
   /// Expert parallel (> 0): the router covers every expert, the align only experts
   /// [expert0, expert0 + local_experts), under local ids.
   int expert0 = 0, local_experts = 0;
+  /// The MLP norm fused in front (RouteSmallNorm): x is the attention output added to a random
+  /// residual, then normed; the case checks the residual, the normed rows and the routing of them.
+  bool norm = false;
 };
 OpCaseDef route_small_case(const RouteSmallShape& s);
 

@@ -218,6 +218,11 @@ std::vector<OpCaseDef> op_cases_test() {
       for (bool renorm : {true, false})
         t.push_back(route_small_case({.tokens = tokens, .experts = E, .top_k = E >= 64 ? 8 : 4,
                                       .hidden = E == 60 ? 1000 : 2048, .renormalize = renorm}));
+  // the MLP's add + RMSNorm fused in front: 1 and 4 tokens (the most that fit at hidden 2048),
+  // hidden 1000 (a partial weight chunk), 512 experts
+  for (auto [tokens, E, H] : {std::tuple{1, 128, 2048}, {4, 128, 2048}, {3, 60, 1000}, {1, 512, 2048}})
+    t.push_back(route_small_case({.tokens = tokens, .experts = E, .top_k = E >= 64 ? 8 : 4, .hidden = H,
+                                  .norm = true}));
   // Qwen3-Next: 512 experts, top-10
   for (int tokens : {1, 8})
     t.push_back(route_small_case({.tokens = tokens, .experts = 512, .top_k = 10, .hidden = 2048}));
@@ -463,6 +468,9 @@ std::vector<OpCaseDef> op_cases_bench() {
       add(B, route_small_case({.tokens = B, .experts = kE, .top_k = kK, .hidden = kH}));
       add(B, named(route_small_case({.tokens = B, .experts = 512, .top_k = 10, .hidden = kH}),
                    "route_small E512 k10 (Qwen3-Next)"));
+      // with the MLP's add + RMSNorm in front, beside "rmsnorm add" + "moe_route_small"
+      if (kernels::moe_route_small_fuses_norm(B, kH))
+        add(B, route_small_case({.tokens = B, .experts = kE, .top_k = kK, .hidden = kH, .norm = true}));
     }
     // The expert GEMMs rotate over several routings so repeated runs do not just re-read L2.
     add(B, align_case({.tokens = B, .experts = kE, .top_k = kK, .routings = kRoutings}));
