@@ -32,6 +32,7 @@
 
 #include "kernels/cuda_check.cuh"
 #include "kernels/gemv_stream.cuh"
+#include "kernels/moe_wgmma.cuh"
 #include "kernels/quant.cuh"
 #if MOEBATCH_WGMMA
 #include "kernels/device_common.cuh"
@@ -305,17 +306,9 @@ void gemv_stream_impl(void* out, bool out_f32, const bf16* x, const bf16* w, int
 
 }  // namespace
 
-bool gemv_stream_available(int device) {
-#if MOEBATCH_WGMMA
-  int major = 0, minor = 0;
-  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  return major == 9 && minor == 0;
-#else
-  (void)device;
-  return false;
-#endif
-}
+// The same condition as the wgmma kernels': this build's sm_90a object (MOEBATCH_WGMMA) and a
+// compute capability 9.0 device.
+bool gemv_stream_available(int device) { return moe_wgmma_available(device); }
 
 bool gemv_stream_fits(int m, int k) {
 #if MOEBATCH_WGMMA

@@ -498,30 +498,22 @@ std::vector<OpCaseDef> op_cases_bench() {
                                                quant_linear_path_name(s) + ")"));
       }
     // The persistent bulk-copy GEMV (gemv_stream, sm_90a) beside "qkv bf16 (gemv)" on the same
-    // rotation of copies, and on an lm_head-shaped matrix (622 MB: more than L2 as it is) beside
-    // "lm_head (cuBLAS)".
+    // rotation of copies; both GEMVs again with one copy of W, resident in L2 after the warm-up
+    // ("L2-resident": what they cost when the bytes are no object — launch, ramp, reductions,
+    // tail —, the floor for any scheme that moves weights closer ahead of time); gemv_stream on
+    // an lm_head-shaped matrix (622 MB: more than L2 as it is) beside "lm_head (cuBLAS)".
     if (B == 1) {
-      for (auto [proj, n, k] : {std::tuple{"qkv", kQkvWidth, kH}, {"o_proj", kH, kNq * kD}})
-        add(B, named(quant_linear_case({.m = B,
-                                        .n = n,
-                                        .k = k,
-                                        .format = WeightFormat::bf16,
-                                        .w_scale = 0.02f,
-                                        .rotate_bytes = kRotateBytes,
-                                        .stream = true}),
-                     std::string(proj) + " bf16 (gemv_stream)"));
-      // The same with one copy of W, resident in L2 after the warm-up: what these GEMVs cost
-      // when the bytes are no object (launch, ramp, reductions, tail), the floor for any scheme
-      // that moves the weights closer ahead of time.
-      for (bool stream : {false, true})
+      for (auto [resident, stream] : {std::pair{false, true}, {true, false}, {true, true}})
         for (auto [proj, n, k] : {std::tuple{"qkv", kQkvWidth, kH}, {"o_proj", kH, kNq * kD}})
           add(B, named(quant_linear_case({.m = B,
                                           .n = n,
                                           .k = k,
                                           .format = WeightFormat::bf16,
                                           .w_scale = 0.02f,
+                                          .rotate_bytes = resident ? 0 : kRotateBytes,
                                           .stream = stream}),
-                       std::string(proj) + " bf16 L2-resident (" + (stream ? "gemv_stream" : "gemv") + ")"));
+                       std::string(proj) + " bf16 " + (resident ? "L2-resident " : "") + "(" +
+                           (stream ? "gemv_stream" : "gemv") + ")"));
       add(B, named(quant_linear_case({.m = B,
                                       .n = kV,
                                       .k = kH,
