@@ -302,8 +302,8 @@ std::optional<k::MoeCombineParams> moe(const Step& s, const DeviceLayerWeights& 
     k::moe_route_small(rp, s.st);
     s.mark("router_align");
   } else {
-    linear(s.gemm, B.router_logits, B.h, L.router, s.n);
     MB_CHECK(!norm_weight, "moe: the norm is fused into the small-batch router only");
+    linear(s.gemm, B.router_logits, B.h, L.router, s.n);
     k::moe_router_topk(s.route.router, B.router_logits, s.st);
     s.mark("router");
     k::moe_align(s.route.align, s.st);
