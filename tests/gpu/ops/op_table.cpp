@@ -470,7 +470,8 @@ std::vector<OpCaseDef> op_cases_bench() {
                    "route_small E512 k10 (Qwen3-Next)"));
       // with the MLP's add + RMSNorm in front, beside "rmsnorm add" + "moe_route_small"
       if (kernels::moe_route_small_fuses_norm(B, kH))
-        add(B, route_small_case({.tokens = B, .experts = kE, .top_k = kK, .hidden = kH, .norm = true}));
+        add(B, named(route_small_case({.tokens = B, .experts = kE, .top_k = kK, .hidden = kH, .norm = true}),
+                     "moe_route_small add+norm"));
     }
     // The expert GEMMs rotate over several routings so repeated runs do not just re-read L2.
     add(B, align_case({.tokens = B, .experts = kE, .top_k = kK, .routings = kRoutings}));
