@@ -142,26 +142,6 @@ __device__ __forceinline__ void mbarrier_wait(uint32_t addr, uint32_t parity) {
   } while (!done);
 }
 
-/// The pacing barriers of a pipeline of kStages slots at full0 and empty0 (kStages 8-byte
-/// barriers each, consecutive): full[s] expects one arrival per thread (its cp.async copies'
-/// arrival) plus thread 0's TMA arrival; empty[s] one arrival per thread (done reading slot s).
-/// Thread 0 sets them, then the whole block meets once so that everyone sees them.
-template <int kStages, int kThreads>
-__device__ __forceinline__ void init_pipeline_barriers(uint32_t full0, uint32_t empty0) {
-  if (threadIdx.x == 0) {
-    for (int i = 0; i < kStages; ++i) mbarrier_init(full0 + i * 8, kThreads + 1);
-    for (int i = 0; i < kStages; ++i) mbarrier_init(empty0 + i * 8, kThreads);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the TMA unit
-  }
-  __syncthreads();
-}
-
-/// An arrival that also adds `bytes` to the transactions the current phase waits for (the
-/// bytes the TMA copies issued next will deliver).
-__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint32_t addr, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(addr), "r"(bytes) : "memory");
-}
-
 /// Sets `stages` ring slots' barriers at full0 and empty0 (8 bytes apart each): full[s] expects
 /// `full_count` arrivals per phase, empty[s] `empty_count`. Thread 0 sets them, then the whole
 /// block meets once so that everyone (and the TMA unit) sees them.
@@ -170,9 +150,23 @@ __device__ __forceinline__ void init_ring_barriers(uint32_t full0, uint32_t empt
   if (threadIdx.x == 0) {
     for (int i = 0; i < stages; ++i) mbarrier_init(full0 + i * 8, full_count);
     for (int i = 0; i < stages; ++i) mbarrier_init(empty0 + i * 8, empty_count);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the TMA unit
   }
   __syncthreads();
+}
+
+/// The pacing barriers of a pipeline of kStages slots at full0 and empty0: full[s] expects one
+/// arrival per thread (its cp.async copies' arrival) plus thread 0's TMA arrival; empty[s] one
+/// arrival per thread (done reading slot s).
+template <int kStages, int kThreads>
+__device__ __forceinline__ void init_pipeline_barriers(uint32_t full0, uint32_t empty0) {
+  init_ring_barriers(full0, empty0, kStages, kThreads + 1, kThreads);
+}
+
+/// An arrival that also adds `bytes` to the transactions the current phase waits for (the
+/// bytes the TMA copies issued next will deliver).
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint32_t addr, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(addr), "r"(bytes) : "memory");
 }
 
 /// 1-D bulk copy (TMA without a tensor map): `bytes` contiguous bytes from global `src` to shared
