@@ -84,24 +84,11 @@ class RmsNormCase final : public OpCase {
     if (s_.add) kernels::add_rmsnorm(p, env.stream); else kernels::rmsnorm(p, env.stream);
   }
   OpCheck check(const OpEnv& env, double tol) override {
-    const auto x = x_.original(env.stream), w = w_.original(env.stream);
-    const auto res = s_.add ? res_.original(env.stream) : std::vector<uint16_t>{};
-    std::vector<double> ref(x.size());
-    std::vector<float> new_res(x.size());
-    for (int r = 0; r < s_.rows; ++r) {
-      double ss = 0;
-      for (int c = 0; c < s_.cols; ++c) {
-        const size_t i = static_cast<size_t>(r) * s_.cols + c;
-        const float v = s_.add ? round_bf(bf2f(res[i]) + bf2f(x[i])) : bf2f(x[i]);
-        new_res[i] = v;
-        ss += static_cast<double>(v) * v;
-      }
-      const double rstd = 1.0 / std::sqrt(ss / s_.cols + kEps);
-      for (int c = 0; c < s_.cols; ++c) {
-        const size_t i = static_cast<size_t>(r) * s_.cols + c;
-        ref[i] = new_res[i] * rstd * (s_.weight_offset + bf2f(w[c]));
-      }
-    }
+    const auto x = x_.original_f(env.stream), w = w_.original_f(env.stream);
+    const auto res = s_.add ? res_.original_f(env.stream) : std::vector<float>{};
+    std::vector<double> ref;
+    std::vector<float> new_res;
+    add_rmsnorm_ref(x, s_.add ? &res : nullptr, w, s_.rows, s_.cols, kEps, s_.weight_offset, new_res, ref);
     OpCheck c;
     // bf16 output: one rounding, ~2^-9 relative per element.
     c.rel_l2("out", to_float(out_.download<uint16_t>()), ref, tol);

@@ -345,21 +345,9 @@ class RouteSmallCase final : public OpCase {
       // residual + x rounded to bf16 (bit-exact), its RMSNorm (one bf16 rounding); the logits are
       // then checked against the normed rows the kernel produced
       const auto res = res_.original_f(env.stream), nw = norm_w_.original_f(env.stream);
-      std::vector<float> new_res(x.size());
-      std::vector<double> ref(x.size());
-      for (int t = 0; t < T; ++t) {
-        double ss = 0;
-        for (int k = 0; k < H; ++k) {
-          const size_t i = static_cast<size_t>(t) * H + k;
-          new_res[i] = round_bf(res[i] + x[i]);
-          ss += static_cast<double>(new_res[i]) * new_res[i];
-        }
-        const double rstd = 1.0 / std::sqrt(ss / H + kNormEps);
-        for (int k = 0; k < H; ++k) {
-          const size_t i = static_cast<size_t>(t) * H + k;
-          ref[i] = new_res[i] * rstd * nw[k];
-        }
-      }
+      std::vector<float> new_res;
+      std::vector<double> ref;
+      add_rmsnorm_ref(x, &res, nw, T, H, kNormEps, 0.f, new_res, ref);
       c.equal("residual", to_float(res_.current()), new_res);
       x = to_float(normed_.download<uint16_t>());
       c.rel_l2("normed", x, ref, 5e-3);

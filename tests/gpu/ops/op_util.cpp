@@ -20,6 +20,26 @@ std::vector<uint16_t> RandomBf16::original(cudaStream_t stream) const {
   return scratch.download<uint16_t>();
 }
 
+void add_rmsnorm_ref(const std::vector<float>& in, const std::vector<float>* residual,
+                     const std::vector<float>& w, int rows, int cols, double eps, float offset,
+                     std::vector<float>& new_res, std::vector<double>& ref) {
+  new_res.resize(in.size());
+  ref.resize(in.size());
+  for (int r = 0; r < rows; ++r) {
+    double ss = 0;
+    for (int c = 0; c < cols; ++c) {
+      const size_t i = static_cast<size_t>(r) * cols + c;
+      new_res[i] = residual ? round_bf((*residual)[i] + in[i]) : in[i];
+      ss += static_cast<double>(new_res[i]) * new_res[i];
+    }
+    const double rstd = 1.0 / std::sqrt(ss / cols + eps);
+    for (int c = 0; c < cols; ++c) {
+      const size_t i = static_cast<size_t>(r) * cols + c;
+      ref[i] = new_res[i] * rstd * (offset + w[c]);
+    }
+  }
+}
+
 void parallel_for(size_t n, const std::function<void(size_t)>& fn) {
   const size_t workers = std::min<size_t>(n, std::max(1u, std::thread::hardware_concurrency()));
   if (workers <= 1) {

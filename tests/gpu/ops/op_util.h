@@ -125,4 +125,11 @@ class RandomBf16 {
 /// benchmark shapes take billions of multiply-adds. fn must only write state owned by its i.
 void parallel_for(size_t n, const std::function<void(size_t)>& fn);
 
+/// The (add +) RMSNorm reference of `rows` rows of `cols`: new_res = bf16(residual + in) (in
+/// itself when residual is null), ref = new_res · rstd · (offset + w) with rstd from the fp64
+/// mean square (kernels::add_rmsnorm / rmsnorm, and the router's fused norm).
+void add_rmsnorm_ref(const std::vector<float>& in, const std::vector<float>* residual,
+                     const std::vector<float>& w, int rows, int cols, double eps, float offset,
+                     std::vector<float>& new_res, std::vector<double>& ref);
+
 }  // namespace moebatch::ops
