@@ -22,7 +22,7 @@ constexpr uint64_t kMaxElements = uint64_t{1} << 44;  // per tensor
 constexpr uint32_t kMaxDims = 4;
 constexpr int kMaxArrayDepth = 3;
 
-[[noreturn]] void bad(const std::string& path, const std::string& what) {
+[[noreturn]] void bad_gguf(const std::string& path, const std::string& what) {
   throw InputError(path + ": invalid GGUF: " + what);
 }
 
@@ -64,7 +64,8 @@ class Cursor {
   size_t left() const { return static_cast<size_t>(end_ - p_); }
   template <class T>
   T get(const std::string& what) {
-    if (left() < sizeof(T)) bad(path_, what + ": truncated at byte " + std::to_string(offset()));
+    if (left() < sizeof(T))
+      bad_gguf(path_, what + ": truncated at byte " + std::to_string(offset()));
     T v;
     std::memcpy(&v, p_, sizeof(T));
     p_ += sizeof(T);
@@ -73,7 +74,7 @@ class Cursor {
   std::string string(const std::string& what) {
     const auto n = get<uint64_t>(what + " length");
     if (n > kMaxString || n > left())
-      bad(path_, what + ": string of " + std::to_string(n) + " bytes runs past the file");
+      bad_gguf(path_, what + ": string of " + std::to_string(n) + " bytes runs past the file");
     std::string s(reinterpret_cast<const char*>(p_), static_cast<size_t>(n));
     p_ += n;
     return s;
@@ -96,19 +97,20 @@ class Cursor {
         return get<float>(key);
       case 7: {
         const auto b = get<uint8_t>(key);
-        if (b > 1) bad(path_, "metadata '" + key + "': bool is " + std::to_string(b));
+        if (b > 1) bad_gguf(path_, "metadata '" + key + "': bool is " + std::to_string(b));
         return b == 1;
       }
       case 8:
         return string("metadata '" + key + "'");
       case 9: {
-        if (depth >= kMaxArrayDepth) bad(path_, "metadata '" + key + "': arrays nested too deep");
+        if (depth >= kMaxArrayDepth)
+          bad_gguf(path_, "metadata '" + key + "': arrays nested too deep");
         const auto etype = get<uint32_t>(key + " array type");
         const auto n = get<uint64_t>(key + " array count");
         // every element takes at least one byte: a count beyond the bytes left is a lie
         if (n > kMaxCount || n > left())
-          bad(path_, "metadata '" + key + "': array of " + std::to_string(n) +
-                         " elements runs past the file");
+          bad_gguf(path_, "metadata '" + key + "': array of " + std::to_string(n) +
+                              " elements runs past the file");
         json arr = json::array();
         for (uint64_t i = 0; i < n; ++i) arr.push_back(value(etype, key, depth + 1));
         return arr;
@@ -120,7 +122,7 @@ class Cursor {
       case 12:
         return get<double>(key);
       default:
-        bad(path_, "metadata '" + key + "': unknown value type " + std::to_string(type));
+        bad_gguf(path_, "metadata '" + key + "': unknown value type " + std::to_string(type));
     }
   }
 
@@ -141,39 +143,39 @@ GgufFile::GgufFile(const std::filesystem::path& path) : path_(path.string()) {
   struct stat st {};
   if (::fstat(fd, &st) != 0 || st.st_size < 24) {
     ::close(fd);
-    bad(path_, "shorter than a GGUF header");
+    bad_gguf(path_, "shorter than a GGUF header");
   }
   map_size_ = static_cast<size_t>(st.st_size);
   map_ = ::mmap(nullptr, map_size_, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);
   if (map_ == MAP_FAILED) {
     map_ = nullptr;
-    bad(path_, "mmap failed");
+    bad_gguf(path_, "mmap failed");
   }
   try {
     const auto* base = static_cast<const std::byte*>(map_);
     Cursor c(path_, base, map_size_);
-    if (std::memcmp(base, "GGUF", 4) != 0) bad(path_, "no GGUF magic");
+    if (std::memcmp(base, "GGUF", 4) != 0) bad_gguf(path_, "no GGUF magic");
     c.get<uint32_t>("magic");
     version_ = c.get<uint32_t>("version");
     if (version_ != 2 && version_ != 3)
-      bad(path_, "version " + std::to_string(version_) + " (2 and 3 are read)");
+      bad_gguf(path_, "version " + std::to_string(version_) + " (2 and 3 are read)");
     const auto n_tensors = c.get<uint64_t>("tensor count");
     const auto n_kv = c.get<uint64_t>("metadata count");
     if (n_tensors > kMaxCount || n_kv > kMaxCount || n_kv > c.left() || n_tensors > c.left())
-      bad(path_, "tensor/metadata counts larger than the file can hold");
+      bad_gguf(path_, "tensor/metadata counts larger than the file can hold");
     for (uint64_t i = 0; i < n_kv; ++i) {
       std::string key = c.string("metadata key " + std::to_string(i));
       const auto type = c.get<uint32_t>("metadata '" + key + "' type");
       json v = c.value(type, key, 0);
-      if (meta_.contains(key)) bad(path_, "metadata key '" + key + "' appears twice");
+      if (meta_.contains(key)) bad_gguf(path_, "metadata key '" + key + "' appears twice");
       meta_[key] = std::move(v);
     }
     uint64_t align = 32;
     if (auto a = meta_.find("general.alignment"); a != meta_.end()) {
       if (!a->is_number_unsigned() || a->get<uint64_t>() == 0 || a->get<uint64_t>() > (1u << 20) ||
           (a->get<uint64_t>() & (a->get<uint64_t>() - 1)) != 0)
-        bad(path_, "general.alignment must be a power of two up to 1 MiB");
+        bad_gguf(path_, "general.alignment must be a power of two up to 1 MiB");
       align = a->get<uint64_t>();
     }
     struct Info {
@@ -188,37 +190,38 @@ GgufFile::GgufFile(const std::filesystem::path& path) : path_(path.string()) {
       t.name = c.string("tensor name " + std::to_string(i));
       const std::string where = "tensor '" + t.name + "'";
       const auto nd = c.get<uint32_t>(where + " dims");
-      if (nd < 1 || nd > kMaxDims) bad(path_, where + ": " + std::to_string(nd) + " dimensions");
+      if (nd < 1 || nd > kMaxDims)
+        bad_gguf(path_, where + ": " + std::to_string(nd) + " dimensions");
       uint64_t numel = 1;
       std::vector<int64_t> ne(nd);
       for (uint32_t d = 0; d < nd; ++d) {
         const auto n = c.get<uint64_t>(where + " dim");
         if (n == 0 || n > kMaxElements || numel > kMaxElements / n)
-          bad(path_, where + ": dimensions overflow or are zero");
+          bad_gguf(path_, where + ": dimensions overflow or are zero");
         numel *= n;
         ne[d] = static_cast<int64_t>(n);
       }
       t.shape.assign(ne.rbegin(), ne.rend());  // outermost first
       const auto type = c.get<uint32_t>(where + " type");
       if (!ggml_type(type, t.dtype))
-        bad(path_, where + ": ggml type " + std::to_string(type) +
-                       " is not read (F32, F16, BF16, Q8_0, Q4_K, Q5_K, Q6_K are)");
+        bad_gguf(path_, where + ": ggml type " + std::to_string(type) +
+                            " is not read (F32, F16, BF16, Q8_0, Q4_K, Q5_K, Q6_K are)");
       const DTypeBlock blk = dtype_block(t.dtype);
       if (ne[0] % blk.elems != 0)
-        bad(path_, where + ": rows of " + std::to_string(ne[0]) + " elements are not whole " +
-                       dtype_name(t.dtype) + " blocks");
+        bad_gguf(path_, where + ": rows of " + std::to_string(ne[0]) + " elements are not whole " +
+                            dtype_name(t.dtype) + " blocks");
       t.nbytes = numel / blk.elems * static_cast<uint64_t>(blk.bytes);
       t.offset = c.get<uint64_t>(where + " offset");
       if (t.offset % align != 0)
-        bad(path_, where + ": offset not aligned to " + std::to_string(align));
+        bad_gguf(path_, where + ": offset not aligned to " + std::to_string(align));
       infos.push_back(std::move(t));
     }
     const uint64_t data_start = (c.offset() + align - 1) / align * align;
-    if (data_start > map_size_) bad(path_, "data section starts past the end of the file");
+    if (data_start > map_size_) bad_gguf(path_, "data section starts past the end of the file");
     const uint64_t data_size = map_size_ - data_start;
     for (Info& t : infos) {
       if (t.offset > data_size || t.nbytes > data_size - t.offset)
-        bad(path_, "tensor '" + t.name + "': bytes run past the end of the file");
+        bad_gguf(path_, "tensor '" + t.name + "': bytes run past the end of the file");
       TensorView v;
       v.name = t.name;
       v.dtype = t.dtype;
@@ -227,7 +230,7 @@ GgufFile::GgufFile(const std::filesystem::path& path) : path_(path.string()) {
       v.nbytes = static_cast<size_t>(t.nbytes);
       v.file = path_;
       if (!tensors_.emplace(t.name, std::move(v)).second)
-        bad(path_, "tensor '" + t.name + "' appears twice");
+        bad_gguf(path_, "tensor '" + t.name + "' appears twice");
     }
   } catch (...) {
     ::munmap(map_, map_size_);

@@ -27,7 +27,7 @@ constexpr uint64_t kMaxHeaderBytes = 100u << 20;
 constexpr int kMaxRank = 8;
 constexpr std::uintmax_t kMaxIndexBytes = 64u << 20;
 
-[[noreturn]] void bad(const std::string& file, const std::string& what) {
+[[noreturn]] void bad_safetensors(const std::string& file, const std::string& what) {
   throw InputError(file + ": " + what);
 }
 
@@ -39,8 +39,8 @@ DType parse_dtype(const std::string& s, const std::string& file, const std::stri
   if (s == "I32") return DType::I32;
   if (s == "I64") return DType::I64;
   if (s == "U8") return DType::U8;
-  bad(file, "tensor '" + name + "': unsupported dtype '" + s +
-                "' (supported: F32, F16, BF16, F8_E4M3, I32, I64, U8)");
+  bad_safetensors(file, "tensor '" + name + "': unsupported dtype '" + s +
+                            "' (supported: F32, F16, BF16, F8_E4M3, I32, I64, U8)");
 }
 
 }  // namespace
@@ -193,40 +193,42 @@ float TensorView::get_f32(int64_t i) const {
 
 SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path.string()) {
   int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) bad(path_, std::string("cannot open: ") + std::strerror(errno));
+  if (fd < 0) bad_safetensors(path_, std::string("cannot open: ") + std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     ::close(fd);
-    bad(path_, "cannot stat");
+    bad_safetensors(path_, "cannot stat");
   }
   map_size_ = static_cast<size_t>(st.st_size);
   if (map_size_ < 8) {
     ::close(fd);
-    bad(path_, "file is " + std::to_string(map_size_) +
-                   " bytes, shorter than the 8-byte header "
-                   "length (truncated?)");
+    bad_safetensors(path_, "file is " + std::to_string(map_size_) +
+                               " bytes, shorter than the 8-byte header "
+                               "length (truncated?)");
   }
   map_ = ::mmap(nullptr, map_size_, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);
   if (map_ == MAP_FAILED) {
     map_ = nullptr;
-    bad(path_, "mmap failed");
+    bad_safetensors(path_, "mmap failed");
   }
   try {
     const auto* base = static_cast<const std::byte*>(map_);
     uint64_t hlen;
     std::memcpy(&hlen, base, 8);  // little-endian on every supported host
     if (hlen > kMaxHeaderBytes) {
-      bad(path_, "header length " + std::to_string(hlen) + " exceeds the " +
-                     std::to_string(kMaxHeaderBytes) + "-byte limit");
+      bad_safetensors(path_, "header length " + std::to_string(hlen) + " exceeds the " +
+                                 std::to_string(kMaxHeaderBytes) + "-byte limit");
     }
     if (hlen > map_size_ - 8) {
-      bad(path_, "header length " + std::to_string(hlen) + " runs past the end of the " +
-                     std::to_string(map_size_) + "-byte file (truncated?)");
+      bad_safetensors(path_, "header length " + std::to_string(hlen) +
+                                 " runs past the end of the " + std::to_string(map_size_) +
+                                 "-byte file (truncated?)");
     }
     const char* hp = reinterpret_cast<const char*>(base + 8);
     json h = json::parse(hp, hp + hlen, nullptr, /*allow_exceptions=*/false);
-    if (h.is_discarded() || !h.is_object()) bad(path_, "header is not a valid JSON object");
+    if (h.is_discarded() || !h.is_object())
+      bad_safetensors(path_, "header is not a valid JSON object");
     const size_t data_size = map_size_ - 8 - hlen;
     const std::byte* data = base + 8 + hlen;
     std::vector<std::pair<uint64_t, uint64_t>> ranges;
@@ -235,39 +237,40 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
       auto where = "tensor '" + name + "': ";
       if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") ||
           !e.contains("data_offsets")) {
-        bad(path_, where + "entry needs dtype, shape and data_offsets");
+        bad_safetensors(path_, where + "entry needs dtype, shape and data_offsets");
       }
-      if (!e["dtype"].is_string()) bad(path_, where + "dtype is not a string");
+      if (!e["dtype"].is_string()) bad_safetensors(path_, where + "dtype is not a string");
       TensorView t;
       t.name = name;
       t.file = path_;
       t.dtype = parse_dtype(e["dtype"].get<std::string>(), path_, name);
       const auto& sh = e["shape"];
       if (!sh.is_array() || sh.size() > kMaxRank)
-        bad(path_, where + "shape must be an array of rank <= 8");
+        bad_safetensors(path_, where + "shape must be an array of rank <= 8");
       uint64_t numel = 1;
       for (const auto& d : sh) {
         if (!d.is_number_unsigned() || d.get<uint64_t>() > (uint64_t{1} << 40)) {
-          bad(path_, where + "shape entry " + d.dump() + " is not a valid dimension");
+          bad_safetensors(path_, where + "shape entry " + d.dump() + " is not a valid dimension");
         }
         t.shape.push_back(d.get<int64_t>());
         numel *= d.get<uint64_t>();
-        if (numel > (uint64_t{1} << 40)) bad(path_, where + "too many elements");
+        if (numel > (uint64_t{1} << 40)) bad_safetensors(path_, where + "too many elements");
       }
       const auto& off = e["data_offsets"];
       if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
           !off[1].is_number_unsigned()) {
-        bad(path_, where + "data_offsets must be two non-negative integers");
+        bad_safetensors(path_, where + "data_offsets must be two non-negative integers");
       }
       uint64_t b = off[0].get<uint64_t>(), en = off[1].get<uint64_t>();
       if (b > en || en > data_size) {
-        bad(path_, where + "data_offsets [" + std::to_string(b) + ", " + std::to_string(en) +
-                       ") outside the " + std::to_string(data_size) + "-byte data section");
+        bad_safetensors(path_, where + "data_offsets [" + std::to_string(b) + ", " +
+                                   std::to_string(en) + ") outside the " +
+                                   std::to_string(data_size) + "-byte data section");
       }
       uint64_t want = numel * dtype_size(t.dtype);
       if (en - b != want) {
-        bad(path_, where + "holds " + std::to_string(en - b) + " bytes but shape x " +
-                       dtype_name(t.dtype) + " needs " + std::to_string(want));
+        bad_safetensors(path_, where + "holds " + std::to_string(en - b) + " bytes but shape x " +
+                                   dtype_name(t.dtype) + " needs " + std::to_string(want));
       }
       t.data = data + b;
       t.nbytes = want;
@@ -277,7 +280,8 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
     std::sort(ranges.begin(), ranges.end());
     for (size_t i = 1; i < ranges.size(); ++i) {
       if (ranges[i].first < ranges[i - 1].second) {
-        bad(path_, "tensor data ranges overlap at byte " + std::to_string(ranges[i].first));
+        bad_safetensors(path_,
+                        "tensor data ranges overlap at byte " + std::to_string(ranges[i].first));
       }
     }
   } catch (...) {
@@ -293,7 +297,7 @@ SafetensorsFile::~SafetensorsFile() {
 
 const TensorView& SafetensorsFile::at(const std::string& name) const {
   auto it = tensors_.find(name);
-  if (it == tensors_.end()) bad(path_, "missing tensor '" + name + "'");
+  if (it == tensors_.end()) bad_safetensors(path_, "missing tensor '" + name + "'");
   return it->second;
 }
 
@@ -303,23 +307,26 @@ Checkpoint::Checkpoint(const std::filesystem::path& dir) : dir_(dir.string()) {
   if (std::filesystem::exists(index)) {
     std::error_code ec;
     auto size = std::filesystem::file_size(index, ec);
-    if (ec || size > kMaxIndexBytes) bad(index.string(), "unreadable or larger than 64 MiB");
+    if (ec || size > kMaxIndexBytes)
+      bad_safetensors(index.string(), "unreadable or larger than 64 MiB");
     std::ifstream in(index);
     json j = json::parse(in, nullptr, false);
     if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") ||
         !j["weight_map"].is_object()) {
-      bad(index.string(), "expected a JSON object with a 'weight_map' object");
+      bad_safetensors(index.string(), "expected a JSON object with a 'weight_map' object");
     }
     for (auto& [tensor, file] : j["weight_map"].items()) {
-      if (!file.is_string()) bad(index.string(), "weight_map['" + tensor + "'] is not a string");
+      if (!file.is_string())
+        bad_safetensors(index.string(), "weight_map['" + tensor + "'] is not a string");
       auto f = file.get<std::string>();
       // Shard names are plain file names; refuse paths that would escape the directory.
       if (f.empty() || f.find('/') != std::string::npos || f.find("..") != std::string::npos) {
-        bad(index.string(), "weight_map['" + tensor + "'] names an invalid shard '" + f + "'");
+        bad_safetensors(index.string(),
+                        "weight_map['" + tensor + "'] names an invalid shard '" + f + "'");
       }
       if (std::find(names.begin(), names.end(), f) == names.end()) names.push_back(f);
     }
-    if (names.empty()) bad(index.string(), "weight_map is empty");
+    if (names.empty()) bad_safetensors(index.string(), "weight_map is empty");
   } else {
     names.push_back("model.safetensors");
   }
@@ -327,7 +334,7 @@ Checkpoint::Checkpoint(const std::filesystem::path& dir) : dir_(dir.string()) {
     files_.push_back(std::make_unique<SafetensorsFile>(dir / n));
     for (const auto& [name, view] : files_.back()->tensors()) {
       if (!index_.emplace(name, &view).second) {
-        bad(dir_, "tensor '" + name + "' appears in more than one shard");
+        bad_safetensors(dir_, "tensor '" + name + "' appears in more than one shard");
       }
     }
   }
@@ -337,7 +344,7 @@ bool Checkpoint::has(const std::string& name) const { return index_.count(name) 
 
 const TensorView& Checkpoint::at(const std::string& name) const {
   auto it = index_.find(name);
-  if (it == index_.end()) bad(dir_, "checkpoint has no tensor '" + name + "'");
+  if (it == index_.end()) bad_safetensors(dir_, "checkpoint has no tensor '" + name + "'");
   return *it->second;
 }
 

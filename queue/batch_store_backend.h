@@ -49,6 +49,13 @@ class BatchStoreBackend {
                       const std::optional<std::string>& error_id, int64_t now_s) = 0;
 };
 
+/// The batches table's columns in the order both backends read a BatchRecord from a row (the
+/// two schemas name them alike).
+inline constexpr const char* kBatchColumns =
+    "id, input_file_id, endpoint, completion_window, metadata, status, total, errors, "
+    "output_file_id, error_file_id, created_at, in_progress_at, finalizing_at, completed_at, "
+    "failed_at, cancelling_at, cancelled_at, expires_at";
+
 /// The SQLite implementation over the file at `path`.
 std::unique_ptr<BatchStoreBackend> make_sqlite_batch_store(const std::string& path);
 /// The PostgreSQL implementation over the database at `url`.

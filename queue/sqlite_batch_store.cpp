@@ -6,11 +6,6 @@
 namespace moebatch {
 namespace {
 
-const char* const kBatchColumns =
-    "id, input_file_id, endpoint, completion_window, metadata, status, total, errors, "
-    "output_file_id, error_file_id, created_at, in_progress_at, finalizing_at, completed_at, "
-    "failed_at, cancelling_at, cancelled_at, expires_at";
-
 BatchRecord read_batch(const Stmt& s) {
   BatchRecord b;
   b.id = s.text(0);

@@ -34,11 +34,6 @@ constexpr std::size_t kCacheShards = 16;
 static_assert(kMaxCachedPieceBytes <= BpeModel::kMaxShortPieceBytes);
 constexpr std::size_t kCacheEntriesPerShard = 16384;
 
-struct StringHash {
-  using is_transparent = void;
-  std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
-};
-
 }  // namespace
 
 /// Open-addressing map from (left, right) to (rank, result); about 2x faster than
@@ -96,6 +91,13 @@ class WordCache {
   }
 
  private:
+  // A member, not in the file's anonymous namespace: WordCache (declared in bpe.h) has external
+  // linkage, and a field whose type has internal linkage draws -Wsubobject-linkage once this
+  // file is compiled inside a unity source.
+  struct StringHash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
   struct Shard {
     std::mutex mu;
     std::unordered_map<std::string, std::vector<TokenId>, StringHash, std::equal_to<>> map;

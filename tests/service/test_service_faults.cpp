@@ -34,12 +34,12 @@ using namespace std::chrono_literals;
 /// `moebatch serve` on the demo model with the ingress on free ports; `pre` runs it through a
 /// shell line first (e.g. a ulimit), `extra` are more serve flags, `db` the database (default
 /// `dir`/jobs.db).
-struct Serve {
+struct ServeWithPorts {
   test::Child child;
   nlohmann::json ports;  // {"router", "pub", "http_port"}
 
-  Serve(const std::filesystem::path& dir, const std::string& pre,
-        const std::vector<std::string>& extra, const std::string& db = "")
+  ServeWithPorts(const std::filesystem::path& dir, const std::string& pre,
+                 const std::vector<std::string>& extra, const std::string& db = "")
       : child(argv(db.empty() ? (dir / "jobs.db").string() : db, pre, extra), dir / "serve.log") {}
 
   static std::vector<std::string> argv(const std::string& db, const std::string& pre,
@@ -86,7 +86,7 @@ size_t occurrences(const std::string& text, const std::string& what) {
 // waiting /health once the flood is gone.
 TEST(ServiceFaults, DescriptorExhaustionBacksOffAndHealthAnswersOnceFreed) {
   test::TempDir dir;
-  Serve s(dir.path(), "ulimit -n 128", {});
+  ServeWithPorts s(dir.path(), "ulimit -n 128", {});
   ASSERT_TRUE(s.ready()) << s.child.read_log();
   const int http_port = s.http_port();
   ASSERT_EQ(test::http_get(http_port, "/health").first, 200);
@@ -176,7 +176,7 @@ MB_INSTANTIATE_STORE_TESTS(ServiceFaultsStore);
 TEST_P(ServiceFaultsStore, PubAnnouncesEveryFinalTransition) {
   const std::string db = location();
   { JobStore create(test::store_options(db)); }  // serve would too; the SQL below needs it now
-  Serve s(scratch(), "", {"--pub", "tcp://127.0.0.1:*"}, db);
+  ServeWithPorts s(scratch(), "", {"--pub", "tcp://127.0.0.1:*"}, db);
   ASSERT_TRUE(s.ready()) << s.child.read_log();
   Notices notices(s.ports["pub"].get<std::string>());
   test::SideConnection sql(db);

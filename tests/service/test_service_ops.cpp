@@ -26,13 +26,13 @@ using namespace std::chrono_literals;
 using nlohmann::json;
 
 /// `moebatch serve` on the demo model with a ready file; `env` is exported first.
-struct Serve {
+struct ServeWithReadyFile {
   std::filesystem::path ready_file;
   test::Child child;
   json ready;
 
-  Serve(const std::filesystem::path& dir, const std::string& env,
-        const std::vector<std::string>& extra)
+  ServeWithReadyFile(const std::filesystem::path& dir, const std::string& env,
+                     const std::vector<std::string>& extra)
       : ready_file(dir / "ready.json"), child(argv(dir, env, extra), dir / "serve.log") {}
 
   static std::vector<std::string> argv(const std::filesystem::path& dir, const std::string& env,
@@ -110,11 +110,11 @@ TEST(ServiceOps, SystemdNotificationsReadyWatchdogStatusStopping) {
   NotifySocket sock(sock_path);
   ASSERT_TRUE(sock.ok()) << sock_path;
   // WATCHDOG_USEC 300 ms: a ping every 150 ms.
-  Serve s(dir.path(),
-          "NOTIFY_SOCKET=" + sock_path.string() +
-              " WATCHDOG_USEC=300000; export NOTIFY_SOCKET "
-              "WATCHDOG_USEC",
-          {});
+  ServeWithReadyFile s(dir.path(),
+                       "NOTIFY_SOCKET=" + sock_path.string() +
+                           " WATCHDOG_USEC=300000; export NOTIFY_SOCKET "
+                           "WATCHDOG_USEC",
+                       {});
   ASSERT_TRUE(sock.wait_for("READY=1", 60s)) << s.child.read_log();
   EXPECT_EQ(sock.seen.front(), "STATUS=loading the model");
   EXPECT_NE(sock.seen.back().find("STATUS=serving: 0/4 slots busy"), std::string::npos)
@@ -132,9 +132,9 @@ TEST(ServiceOps, JsonLogsThroughputBatchCompletionCountersAndSigtermSummary) {
   test::TempDir dir;
   const auto db = dir.path() / "jobs.db";
   // --log-format and --log-level after the subcommand; nothing waits at SIGTERM.
-  Serve s(dir.path(), "",
-          {"--log-format", "json", "--log-level", "info", "--log-stats-interval-s", "1",
-           "--shutdown-timeout-s", "0", "--metrics-port", "0"});
+  ServeWithReadyFile s(dir.path(), "",
+                       {"--log-format", "json", "--log-level", "info", "--log-stats-interval-s",
+                        "1", "--shutdown-timeout-s", "0", "--metrics-port", "0"});
   ASSERT_TRUE(s.wait_ready()) << s.child.read_log();
   JobStore store(test::store_options(db));
   auto submit = [&](const std::string& batch, int n, int64_t max_tokens) {

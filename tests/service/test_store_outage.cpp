@@ -226,6 +226,7 @@ void start_jobs(JobStore& store, const std::filesystem::path& db, int jobs) {
 }
 
 TEST(ServiceStoreOutage, LockedStoreKeepsResultsAndHealthAnswersAtOnce) {
+  MB_SKIP_UNDER_TSAN("the running jobs must finish while the store is out");
   test::TempDir dir;
   const ServiceConfig cfg = outage_config(dir.path());
   test::RunningService run(cfg);
@@ -244,6 +245,7 @@ TEST(ServiceStoreOutage, LockedStoreKeepsResultsAndHealthAnswersAtOnce) {
 }
 
 TEST(ServiceStoreOutage, FullDiskKeepsResultsAndIntakeResumesAfterwards) {
+  MB_SKIP_UNDER_TSAN("the running jobs must finish while the store is out");
   FullDiskVfs vfs;  // before any connection opens: the service's use it too
   test::TempDir dir;
   const ServiceConfig cfg = outage_config(dir.path());
