@@ -11,6 +11,26 @@ constexpr int kTokens = 4;            // tokens per block: each warp has 4 heads
 constexpr int kMaxPairsPerLane = 4;  // rotary_dim <= 256
 constexpr int kMaxTailPerLane = 8;   // head_dim - rotary_dim <= 256
 
+// (cos, sin) of pair i at `position`: the fp32 angle as the reference implementation computes
+// it, and the precise sincosf, since the angle grows to ~1e5 radians at long positions (it costs
+// more than the rest of qk_norm_rope, hence the table a forward computes once for all layers).
+__device__ __forceinline__ float2 rope_rotation(int position, int i, int rd, float theta) {
+  const float inv_freq = 1.f / powf(theta, static_cast<float>(2 * i) / rd);
+  float sn, co;
+  sincosf(static_cast<float>(position) * inv_freq, &sn, &co);
+  return make_float2(co, sn);
+}
+
+__global__ void rope_rotation_table_kernel(const int32_t* positions, int tokens, int rd, float theta,
+                                           float2* table) {
+  pdl_sync();
+  const int half = rd / 2;
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= static_cast<int64_t>(tokens) * half) return;
+  const int t = static_cast<int>(e / half), i = static_cast<int>(e % half);
+  table[e] = rope_rotation(positions[t], i, rd, theta);
+}
+
 __device__ __forceinline__ void load2(const bf16* at, float& lo, float& hi) {
   const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(at));
   lo = f.x;
@@ -24,8 +44,7 @@ __device__ __forceinline__ void store2(bf16* at, float lo, float hi) {
 // n_q + 2 n_kv are the v heads, copied to the cache slot unchanged. Why this shape: the kernel
 // moves ~20 KB per token and does little arithmetic, so it is bound by the latency of its loads;
 // each warp issues all its tokens' loads before anything waits, and the block's cos / sin per
-// (token, pair) are computed once into shared memory meanwhile (the precise sincosf of angles up
-// to ~1e5 radians costs more than the rest of the kernel).
+// (token, pair) go into shared memory meanwhile (from the forward's table when given).
 // kPairs / kTail: registers a lane holds per token of the rotated half (2: rotary_dim ≤ 128) and
 // of the unrotated tail (0: the whole head rotates), so that Qwen3's heads of 128 keep few
 // registers and many warps per SM.
@@ -90,14 +109,10 @@ __global__ void __launch_bounds__(kWarps * 32) qk_norm_rope_kernel(QkNormRopePar
     }
   }
   if (blockIdx.x * kWarps < rotated) {  // the block has q or k heads
-    // fp32 angle as the reference implementation computes it; precise sincosf, since the angle
-    // grows to ~1e5 radians at long positions
     for (int e = threadIdx.x; e < n_tok * half; e += blockDim.x) {
       const int j = e / half, i = e % half;
-      const float inv_freq = 1.f / powf(p.theta, static_cast<float>(2 * i) / rd);
-      float sn, co;
-      sincosf(static_cast<float>(p.positions[t0 + j]) * inv_freq, &sn, &co);
-      rotation[j][i] = make_float2(co, sn);
+      rotation[j][i] = p.rotation != nullptr ? p.rotation[static_cast<size_t>(t0 + j) * half + i]
+                                             : rope_rotation(p.positions[t0 + j], i, rd, p.theta);
     }
     __syncthreads();
   }
@@ -148,6 +163,19 @@ __global__ void __launch_bounds__(kWarps * 32) qk_norm_rope_kernel(QkNormRopePar
 }
 
 }  // namespace
+
+void rope_rotation_table(const int32_t* positions, int tokens, int rotary_dim, float theta, float2* table,
+                         cudaStream_t stream) {
+  MB_CHECK(rotary_dim > 0 && rotary_dim % 4 == 0 && rotary_dim <= 64 * kMaxPairsPerLane,
+           "rope_rotation_table: rotary_dim must be a positive multiple of 4, <= 256");
+  MB_CHECK(tokens >= 0 && (tokens == 0 || (positions && table)), "rope_rotation_table: null operand");
+  if (tokens == 0) return;
+  constexpr int kThreads = 256;
+  const int64_t n = static_cast<int64_t>(tokens) * (rotary_dim / 2);
+  launch_dependent(rope_rotation_table_kernel, dim3(static_cast<unsigned>(CEIL_DIV(n, kThreads))), kThreads, 0,
+                   stream, positions, tokens, rotary_dim, theta, table);
+  CUDA_CHECK_LAST();
+}
 
 void qk_norm_rope(const QkNormRopeParams& p, cudaStream_t stream) {
   MB_CHECK(p.head_dim > 0 && p.head_dim % 2 == 0 && p.head_dim <= 64 * kMaxPairsPerLane,

@@ -16,6 +16,9 @@ struct QkNormRopeParams {
   const bf16* q_norm = nullptr;    ///< [head_dim] or nullptr: no norm (Qwen2-MoE)
   const bf16* k_norm = nullptr;    ///< [head_dim] or nullptr
   const int32_t* positions = nullptr;  ///< [tokens]
+  /// [tokens, rd / 2] (cos, sin) per rotated pair from rope_rotation_table over the same
+  /// positions (rd = rotary_dim, or head_dim when 0), or nullptr: computed here per block.
+  const float2* rotation = nullptr;
   int tokens = 0;
   int n_q_heads = 0;
   int n_kv_heads = 0;
@@ -33,6 +36,12 @@ struct QkNormRopeParams {
   int64_t v_stride = 0;
   const int32_t* slot_mapping = nullptr;  ///< [tokens]
 };
+
+/// table[t, i] = (cos, sin) of positions[t] · theta^(-2i / rotary_dim) for i < rotary_dim / 2,
+/// exactly as qk_norm_rope computes them: every layer of a forward rotates by the same positions,
+/// so the forward computes this once (the precise sincosf is most of qk_norm_rope's own cost).
+void rope_rotation_table(const int32_t* positions, int tokens, int rotary_dim, float theta, float2* table,
+                         cudaStream_t stream);
 
 /// Normalizes (when weights are given) and rotates q and k in place; fp32 math, one rounding.
 /// With a cache given, also writes the rotated k and the v rows to their slots (bit-exact copies).

@@ -121,6 +121,8 @@ struct StepBuffers {
   bf16* o = nullptr;                // [T, H] branch output (o_proj, MLP); a partial sum before
                                     //        the all-reduce when world > 1
   bf16* qkv = nullptr;              // [T, (nh g + 2 nkv) hd]: q | k | v (| output gate, g = 2)
+  float2* rope_rotation = nullptr;  // [T, rotary_dim / 2] (cos, sin) of the call's positions,
+                                    //        computed once per forward (null: no attention layer)
   bf16* attn = nullptr;             // [T, max(nh hd, nv dv)] attention or Gated DeltaNet output
   bf16* lin_proj = nullptr;         // [T, P] Gated DeltaNet in_proj output (P = lin_in rows)
   bf16* lin_mixed = nullptr;        // [T, C] its conv + SiLU output

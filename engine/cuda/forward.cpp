@@ -72,9 +72,10 @@ struct Step {
 
     norm = {.out = B.h, .rows = n, .cols = H, .eps = eps, .weight_offset = norm_offset};
     rope = {.q = B.qkv, .k = B.qkv + nh * hd, .q_stride = qkv_width, .k_stride = qkv_width,
-            .positions = B.positions, .tokens = n, .n_q_heads = nh, .n_kv_heads = nkv,
-            .head_dim = hd, .rotary_dim = static_cast<int>(cfg.rotary_dim),
-            .theta = static_cast<float>(cfg.rope_theta), .eps = eps, .norm_offset = norm_offset,
+            .positions = B.positions, .rotation = B.rope_rotation, .tokens = n,
+            .n_q_heads = nh, .n_kv_heads = nkv, .head_dim = hd,
+            .rotary_dim = static_cast<int>(cfg.rotary_dim), .theta = static_cast<float>(cfg.rope_theta),
+            .eps = eps, .norm_offset = norm_offset,
             .v = B.qkv + (nh + nkv) * hd, .v_stride = qkv_width, .slot_mapping = B.slots};
     attn = {.out = B.attn, .q = B.qkv, .q_stride = qkv_width, .block_tables = B.block_tables,
             .q_start = B.q_start, .kv_lens = B.kv_lens, .num_seqs = s.seqs, .num_tokens = n,
@@ -438,6 +439,12 @@ void cuda_forward(const ModelConfig& cfg, CudaRank& r, const StepShape& shape, S
   k::embedding_gather(B.x, W.embed.as_bf16(), B.tokens, s.n, s.H,
                       static_cast<int>(cfg.vocab_size), s.st);
   s.mark("embedding");
+  // every attention layer rotates by the same positions: their (cos, sin) once per forward
+  if (B.rope_rotation != nullptr) {
+    k::rope_rotation_table(B.positions, s.n, s.rope.rotary_dim > 0 ? s.rope.rotary_dim : s.rope.head_dim,
+                           s.rope.theta, B.rope_rotation, s.st);
+    s.mark("rope_rotation");
+  }
 
   int64_t kv_layer = 0;   // index among the layers that keep a KV cache
   int64_t lin_layer = 0;  // index among the linear-attention layers (state arena)

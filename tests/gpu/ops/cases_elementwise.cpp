@@ -138,6 +138,11 @@ class QkNormRopeCase final : public OpCase {
     p_.eps = kEps;
     p_.rotary_dim = s_.rotary_dim;
     p_.norm_offset = s_.norm_offset;
+    if (s_.table) {  // as a forward does: once for all its layers
+      table_ = DevBuf<float2>(static_cast<size_t>(s_.tokens) * (rotated_dims() / 2));
+      kernels::rope_rotation_table(d_pos_.get(), s_.tokens, rotated_dims(), kTheta, table_.get(), env.stream);
+      p_.rotation = table_.get();
+    }
     if (s_.cache) {
       const int num_slots = 3 * s_.tokens;
       kc_ = RandomBf16(static_cast<size_t>(num_slots) * nkv * hd, 1.f, rng, env.stream);
@@ -214,6 +219,7 @@ class QkNormRopeCase final : public OpCase {
     c.equal("v heads", v_got, v_want);
     // bf16 rounding of the output plus fp32 angle error at positions up to 4e4 (~4e-3 rad).
     c.rel_l2("q/k", rot_got, rot_ref, tol);
+    if (s_.table) c.equal("q/k as without the table", got_bits, without_table(env));
     return c;
   }
   // q and k read and written; with the cache, k and v rows also read/written to their slots
@@ -225,10 +231,27 @@ class QkNormRopeCase final : public OpCase {
  private:
   static constexpr float kTheta = 1e6f, kEps = 1e-6f;
   int row_width() const { return (s_.n_q_heads + 2 * s_.n_kv_heads) * s_.head_dim; }
+  int rotated_dims() const { return s_.rotary_dim > 0 ? s_.rotary_dim : s_.head_dim; }
+  // The original rows rotated by the kernel computing its own (cos, sin): the table must give
+  // the same bits.
+  std::vector<uint16_t> without_table(const OpEnv& env) {
+    DevBuf<bf16> rows(qkv_.original(env.stream));
+    kernels::QkNormRopeParams p = p_;
+    p.q = rows.get();
+    p.k = rows.get() + s_.n_q_heads * s_.head_dim;
+    p.rotation = nullptr;
+    p.k_cache = p.v_cache = nullptr;
+    p.v = nullptr;
+    p.slot_mapping = nullptr;
+    kernels::qk_norm_rope(p, env.stream);
+    CUDA_CHECK(cudaStreamSynchronize(env.stream));
+    return rows.download<uint16_t>();
+  }
   QkNormRopeShape s_;
   RandomBf16 qkv_, qn_, kn_, kc_, vc_;
   std::vector<int32_t> pos_, slots_;
   DevBuf<int32_t> d_pos_, d_slots_;
+  DevBuf<float2> table_;
   kernels::QkNormRopeParams p_;
 };
 
@@ -582,7 +605,8 @@ OpCaseDef qk_norm_rope_case(const QkNormRopeShape& s) {
       "t" + to_string(s.tokens) + " q" + to_string(s.n_q_heads) + "/kv" + to_string(s.n_kv_heads) + " d" +
           to_string(s.head_dim) + (s.norm ? " norm" : " no-norm") + (s.cache ? " cache" : "") +
           (s.position >= 0 ? " pos" + to_string(s.position) : "") +
-          (s.rotary_dim > 0 ? " rot" + to_string(s.rotary_dim) : "") + (s.norm_offset != 0.f ? " 1+w" : ""),
+          (s.rotary_dim > 0 ? " rot" + to_string(s.rotary_dim) : "") + (s.norm_offset != 0.f ? " 1+w" : "") +
+          (s.table ? " table" : ""),
       OpFamily::rope, 8e-3, s);
 }
 

@@ -36,6 +36,7 @@ struct QkNormRopeShape {
   int position = -1;   ///< every token at this position; -1: random in [0, 40000], token 0 at 0
   int rotary_dim = 0;  ///< partial rotary (Qwen3-Next); 0: the whole head
   float norm_offset = 0.f;  ///< 1: zero-centred norm weights (Qwen3-Next)
+  bool table = false;  ///< (cos, sin) from rope_rotation_table (the engine's way), checked bit-equal to without
 };
 OpCaseDef qk_norm_rope_case(const QkNormRopeShape& s);
 

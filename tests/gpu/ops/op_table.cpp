@@ -21,14 +21,15 @@ std::vector<OpCaseDef> op_cases_test() {
   t.push_back(rmsnorm_case({.rows = 13, .cols = 2048, .add = true}));
   t.push_back(rmsnorm_case({.rows = 7, .cols = 136, .add = true}));
   t.push_back(rmsnorm_case({.rows = 9, .cols = 2048, .add = true, .weight_offset = 1.f}));
-  for (auto [head_dim, norm, cache] : {std::tuple{128, true, false}, {32, true, false}, {16, false, false},
-                                       {128, true, true}, {64, false, true}})
-    t.push_back(qk_norm_rope_case(
-        {.tokens = 19, .n_q_heads = 8, .n_kv_heads = 4, .head_dim = head_dim, .norm = norm, .cache = cache}));
+  for (auto [head_dim, norm, cache, table] :
+       {std::tuple{128, true, false, false}, {32, true, false, false}, {16, false, false, true},
+        {128, true, true, false}, {128, true, true, true}, {64, false, true, false}})
+    t.push_back(qk_norm_rope_case({.tokens = 19, .n_q_heads = 8, .n_kv_heads = 4, .head_dim = head_dim,
+                                   .norm = norm, .cache = cache, .table = table}));
   // Qwen3-Next: a quarter of the head rotates, zero-centred norm weights; head_dim 256
-  for (int head_dim : {64, 256})
+  for (auto [head_dim, table] : {std::pair{64, false}, {256, false}, {256, true}})
     t.push_back(qk_norm_rope_case({.tokens = 19, .n_q_heads = 8, .n_kv_heads = 2, .head_dim = head_dim,
-                                   .cache = true, .rotary_dim = head_dim / 4, .norm_offset = 1.f}));
+                                   .cache = true, .rotary_dim = head_dim / 4, .norm_offset = 1.f, .table = table}));
   // k/v inside a wider row, still 16-byte aligned
   t.push_back(kv_cache_write_case({.tokens = 45, .n_kv_heads = 4, .head_dim = 128, .num_slots = 16 * 12,
                                    .k_offset = 512, .stride = 3 * 512 + 32, .padding = true}));
@@ -441,7 +442,10 @@ std::vector<OpCaseDef> op_cases_bench() {
   for (int B : {1, 64, 256}) {
     add(B, embedding_case({.tokens = B, .hidden = kH, .vocab = kV}));
     add(B, rmsnorm_case({.rows = B, .cols = kH, .add = true}));
-    add(B, qk_norm_rope_case({.tokens = B, .n_q_heads = kNq, .n_kv_heads = kNkv, .head_dim = kD, .position = 191}));
+    // (cos, sin) computed in the kernel, and from the forward's table (the engine's way)
+    for (bool table : {false, true})
+      add(B, qk_norm_rope_case(
+                 {.tokens = B, .n_q_heads = kNq, .n_kv_heads = kNkv, .head_dim = kD, .position = 191, .table = table}));
     // k and v from the fused qkv row into a context-192 cache
     add(B, kv_cache_write_case({.tokens = B, .n_kv_heads = kNkv, .head_dim = kD, .num_slots = B * 192,
                                 .k_offset = kNq * kD, .stride = kQkvWidth}));
@@ -548,8 +552,11 @@ std::vector<OpCaseDef> op_cases_bench() {
                                              .kv_lens = std::vector<int>(prompts, len), .q_pad = 0}),
                              "attn_prefill " + std::to_string(prompts) + "x" + std::to_string(len) + " causal"));
 
-  // A prefill's rotation with the fused cache write (8192 tokens at positions up to 40000).
-  add(8192, qk_norm_rope_case({.tokens = 8192, .n_q_heads = kNq, .n_kv_heads = kNkv, .head_dim = kD, .cache = true}));
+  // A prefill's rotation with the fused cache write (8192 tokens at positions up to 40000), with
+  // (cos, sin) computed in the kernel and from the forward's table.
+  for (bool table : {false, true})
+    add(8192, qk_norm_rope_case(
+                  {.tokens = 8192, .n_q_heads = kNq, .n_kv_heads = kNkv, .head_dim = kD, .cache = true, .table = table}));
 
   // Qwen3-Next-80B-A3B's Gated DeltaNet layers on one GPU: 16 key / 32 value heads of 128, conv
   // kernel 4. Decode continues every sequence's state (2 MB of delta-rule state per sequence and
