@@ -444,8 +444,9 @@ std::vector<OpCaseDef> op_cases_bench() {
     add(B, rmsnorm_case({.rows = B, .cols = kH, .add = true}));
     // (cos, sin) computed in the kernel, and from the forward's table (the engine's way)
     for (bool table : {false, true})
-      add(B, qk_norm_rope_case(
-                 {.tokens = B, .n_q_heads = kNq, .n_kv_heads = kNkv, .head_dim = kD, .position = 191, .table = table}));
+      add(B, named(qk_norm_rope_case({.tokens = B, .n_q_heads = kNq, .n_kv_heads = kNkv, .head_dim = kD,
+                                      .position = 191, .table = table}),
+                   table ? "qk_norm_rope table" : "qk_norm_rope"));
     // k and v from the fused qkv row into a context-192 cache
     add(B, kv_cache_write_case({.tokens = B, .n_kv_heads = kNkv, .head_dim = kD, .num_slots = B * 192,
                                 .k_offset = kNq * kD, .stride = kQkvWidth}));
@@ -555,8 +556,9 @@ std::vector<OpCaseDef> op_cases_bench() {
   // A prefill's rotation with the fused cache write (8192 tokens at positions up to 40000), with
   // (cos, sin) computed in the kernel and from the forward's table.
   for (bool table : {false, true})
-    add(8192, qk_norm_rope_case(
-                  {.tokens = 8192, .n_q_heads = kNq, .n_kv_heads = kNkv, .head_dim = kD, .cache = true, .table = table}));
+    add(8192, named(qk_norm_rope_case({.tokens = 8192, .n_q_heads = kNq, .n_kv_heads = kNkv, .head_dim = kD,
+                                       .cache = true, .table = table}),
+                    table ? "qk_norm_rope table" : "qk_norm_rope"));
 
   // Qwen3-Next-80B-A3B's Gated DeltaNet layers on one GPU: 16 key / 32 value heads of 128, conv
   // kernel 4. Decode continues every sequence's state (2 MB of delta-rule state per sequence and
