@@ -57,7 +57,7 @@ __global__ void __launch_bounds__(kWarps * 32) qk_norm_rope_kernel(QkNormRopePar
   const int lane = threadIdx.x & 31;
   const bool write_cache = p.k_cache != nullptr;
   const int rotated = p.n_q_heads + p.n_kv_heads;
-  const int rd = p.rotary_dim > 0 ? p.rotary_dim : p.head_dim;
+  const int rd = rope_rotated_dims(p.rotary_dim, p.head_dim);
   const int half = rd / 2, pass = p.head_dim - rd;
   const int n_tok = min(kTokens, p.tokens - t0);
   int slot[kTokens];
@@ -201,7 +201,7 @@ void qk_norm_rope(const QkNormRopeParams& p, cudaStream_t stream) {
   MB_CHECK(CEIL_DIV(p.tokens, kTokens) <= 65535, "qk_norm_rope: tokens exceed grid.y");
   const int heads = p.n_q_heads + p.n_kv_heads + (p.k_cache ? p.n_kv_heads : 0);
   const dim3 grid(CEIL_DIV(heads, kWarps), CEIL_DIV(p.tokens, kTokens));
-  const int rd = p.rotary_dim > 0 ? p.rotary_dim : p.head_dim;
+  const int rd = rope_rotated_dims(p.rotary_dim, p.head_dim);
   const bool short_half = rd <= 128, no_tail = rd == p.head_dim;
   if (short_half && no_tail)
     launch_dependent(qk_norm_rope_kernel<2, 0>, grid, kWarps * 32, 0, stream, p);

@@ -37,6 +37,12 @@ struct QkNormRopeParams {
   const int32_t* slot_mapping = nullptr;  ///< [tokens]
 };
 
+/// Leading dims of a head that rotate: `rotary_dim`, or all `head_dim` when it is 0 (the
+/// QkNormRopeParams convention); rotation tables hold half as many (cos, sin) per token.
+__host__ __device__ inline int rope_rotated_dims(int rotary_dim, int head_dim) {
+  return rotary_dim > 0 ? rotary_dim : head_dim;
+}
+
 /// table[t, i] = (cos, sin) of positions[t] · theta^(-2i / rotary_dim) for i < rotary_dim / 2,
 /// exactly as qk_norm_rope computes them: every layer of a forward rotates by the same positions,
 /// so the forward computes this once (the precise sincosf is most of qk_norm_rope's own cost).

@@ -20,6 +20,7 @@
 #include "kernels/moe_wgmma.cuh"
 #include "kernels/quant.cuh"
 #include "kernels/random.cuh"
+#include "kernels/rope.cuh"
 
 namespace moebatch {
 namespace {
@@ -79,7 +80,7 @@ void carve(Carver& c, const ModelConfig& cfg, const ShardDims& d, const StepCapa
   b.o = c.take<bf16>(T * H);
   const size_t qm = cfg.attn_output_gate ? 2 : 1;
   b.qkv = c.take<bf16>(T * (nh * qm + 2 * nkv) * hd);
-  const size_t rd = cfg.rotary_dim > 0 ? cfg.rotary_dim : hd;
+  const size_t rd = kernels::rope_rotated_dims(static_cast<int>(cfg.rotary_dim), static_cast<int>(hd));
   if (cfg.num_kv_layers() > 0) b.rope_rotation = c.take<float2>(T * (rd / 2));
   // Gated DeltaNet: in_proj rows per key head q, k, v and z, then b and a per value head
   const LinearAttentionDims& la = cfg.linear;

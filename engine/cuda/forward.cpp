@@ -441,7 +441,7 @@ void cuda_forward(const ModelConfig& cfg, CudaRank& r, const StepShape& shape, S
   s.mark("embedding");
   // every attention layer rotates by the same positions: their (cos, sin) once per forward
   if (B.rope_rotation != nullptr) {
-    k::rope_rotation_table(B.positions, s.n, s.rope.rotary_dim > 0 ? s.rope.rotary_dim : s.rope.head_dim,
+    k::rope_rotation_table(B.positions, s.n, k::rope_rotated_dims(s.rope.rotary_dim, s.rope.head_dim),
                            s.rope.theta, B.rope_rotation, s.st);
     s.mark("rope_rotation");
   }

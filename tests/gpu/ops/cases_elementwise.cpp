@@ -231,7 +231,7 @@ class QkNormRopeCase final : public OpCase {
  private:
   static constexpr float kTheta = 1e6f, kEps = 1e-6f;
   int row_width() const { return (s_.n_q_heads + 2 * s_.n_kv_heads) * s_.head_dim; }
-  int rotated_dims() const { return s_.rotary_dim > 0 ? s_.rotary_dim : s_.head_dim; }
+  int rotated_dims() const { return kernels::rope_rotated_dims(s_.rotary_dim, s_.head_dim); }
   // The original rows rotated by the kernel computing its own (cos, sin): the table must give
   // the same bits.
   std::vector<uint16_t> without_table(const OpEnv& env) {
