@@ -62,6 +62,21 @@ constexpr int kMoeGemmA8Group = 128;
 /// scales and group 16, and 16-byte aligned weight data.
 void moe_gemm(const MoeGemmParams& p, cudaStream_t stream);
 
+/// The same product as moe_gemm for bf16 weights and activations on Hopper
+/// (kernels/moe_gemm_tma.cu): persistent CTAs stream 128-row weight tiles through a
+/// shared-memory ring filled by TMA and multiply on wgmma, so the bytes in flight are not bounded
+/// by registers and no CTA restarts its pipeline per tile. The engine's path for bf16 experts of
+/// decode steps where moe_gemm_tma_available (engine/cuda/linear.cpp). Requires moe_gemm_tma_takes,
+/// moe_gemm's other operand rules, and moe_wgmma_prepare on the current device.
+void moe_gemm_tma(const MoeGemmParams& p, cudaStream_t stream);
+
+/// Whether moe_gemm_tma runs on `device` (a compute capability 9.0 GPU and a build with the
+/// sm_90a object, as moe_wgmma_available).
+bool moe_gemm_tma_available(int device);
+
+/// Whether moe_gemm_tma takes these operands: bf16 weights, bf16 activations (no in_fp8).
+bool moe_gemm_tma_takes(const MoeGemmParams& p);
+
 /// Tokens up to which a step's experts can take moe_gemv: an expert then has at most this many
 /// pairs (one per token), all inside its first kMoeGemmTileM-row segment.
 constexpr int kMoeGemvMaxTokens = kMoeGemmTileM;

@@ -186,6 +186,7 @@ void moe_wgmma_prepare() {
   CUDA_CHECK(cudaFuncSetAttribute(moe_wgmma_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   CUDA_CHECK(cudaFuncSetAttribute(moe_wgmma_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   detail::moe_wgmma_fp8_prepare();
+  detail::moe_gemm_tma_prepare();
 #endif
 }
 

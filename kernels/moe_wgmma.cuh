@@ -76,7 +76,7 @@ struct MoeWgmmaFp8Params {
 bool moe_wgmma_available(int device);
 
 /// Raises the kernels' shared-memory limits on the current device: once per device before the
-/// first moe_wgmma or moe_wgmma_fp8 there (outside graph capture).
+/// first moe_wgmma, moe_wgmma_fp8 or moe_gemm_tma there (outside graph capture).
 void moe_wgmma_prepare();
 
 /// out rows of every expert = in rows · W_eᵀ (SiLU·mul of the halves with silu_gate_up).
@@ -92,6 +92,8 @@ void moe_wgmma_fp8(const MoeWgmmaFp8Params& p, cudaStream_t stream);
 namespace detail {
 /// moe_wgmma_prepare's part for moe_wgmma_fp8 (kernels/moe_wgmma_fp8.cu).
 void moe_wgmma_fp8_prepare();
+/// moe_wgmma_prepare's part for moe_gemm_tma (kernels/moe_gemm_tma.cu).
+void moe_gemm_tma_prepare();
 }  // namespace detail
 
 }  // namespace moebatch::kernels

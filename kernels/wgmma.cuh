@@ -1,10 +1,10 @@
 // Hopper warpgroup MMA (wgmma, PTX ISA "Asynchronous Warpgroup Level Matrix Multiply"): the
 // shared-memory operand descriptors, the instruction shapes the expert GEMMs use, the fences
 // around them, and the mbarriers that pace their pipelines. Only for code compiled for sm_90a
-// (the arch-specific target wgmma needs): kernels/moe_wgmma.cu, moe_wgmma_fp8.cu and gemv_stream.cu
-// (the mbarriers and the 1-D bulk copy only). A warpgroup
-// is 4 consecutive warps starting at a warp index divisible by 4; every thread of it executes
-// each MMA, fence and wait together.
+// (the arch-specific target wgmma needs): kernels/moe_wgmma.cu, moe_wgmma_fp8.cu, moe_gemm_tma.cu
+// and gemv_stream.cu (the mbarriers and the 1-D bulk copy only). A warpgroup is 4 consecutive
+// warps starting at a warp index divisible by 4; every thread of it executes each MMA, fence and
+// wait together.
 #pragma once
 
 #include <cstdint>
@@ -77,6 +77,23 @@ __device__ __forceinline__ void mma_m64n256k16(float (&d)[128], uint64_t desc_a,
         "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
         "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
         "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+/// d [64 × 32] (+)= A [64 × 16] · B [32 × 16]ᵀ, both bf16 K-major in shared memory, fp32
+/// accumulators laid out as for mma_m64n256k16 (8-column chunks j = 0..3): the small-N shape
+/// kernels/moe_gemm_tma.cu uses with weight rows on M and a pass's pairs on N.
+__device__ __forceinline__ void mma_m64n32k16(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+      "}, %16, %17, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 

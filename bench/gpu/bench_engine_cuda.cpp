@@ -23,7 +23,7 @@
 // --disable-router-norm keeps the one-token MLP norm in a launch of its own.
 // Usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--disable-custom-all-reduce]
 //                                   [--disable-wgmma-experts] [--disable-w8a8-experts]
-//                                   [--disable-stream-gemv] [--disable-router-norm]
+//                                   [--disable-stream-gemv] [--disable-tma-experts] [--disable-router-norm]
 //                                   [--quantization Q]
 //                                   [--moe-sorted-min-rows N] [out.json]
 //                                   [peer.json]
@@ -192,6 +192,7 @@ struct Args {
   bool wgmma_experts = true;             ///< --disable-wgmma-experts: prefill experts on cuBLAS
   bool w8a8_experts = true;              ///< --disable-w8a8-experts: FP8 experts decoded to bf16
   bool stream_gemv = true;               ///< --disable-stream-gemv: one-row bf16 GEMV from registers
+  bool tma_experts = true;               ///< --disable-tma-experts: decode experts on moe_gemm
   bool router_norm = true;               ///< --disable-router-norm: the MLP norm in its own launch
   Quantization quant = Quantization::None;
 };
@@ -213,6 +214,8 @@ Args parse_args(int argc, char** argv) {
       a.w8a8_experts = false;
     } else if (arg == "--disable-stream-gemv") {
       a.stream_gemv = false;
+    } else if (arg == "--disable-tma-experts") {
+      a.tma_experts = false;
     } else if (arg == "--disable-router-norm") {
       a.router_norm = false;
     } else if (arg == "--shape" && i + 1 < argc) {
@@ -268,6 +271,7 @@ int main(int argc, char** argv) {
   o.wgmma_experts = args.wgmma_experts;
   o.w8a8_experts = args.w8a8_experts;
   o.stream_gemv = args.stream_gemv;
+  o.tma_experts = args.tma_experts;
   o.router_norm = args.router_norm;
   const double lin = linear_bytes_per_param(args.quant);
   auto t0 = Clock::now();
@@ -296,6 +300,7 @@ int main(int argc, char** argv) {
   J["wgmma_experts"] = o.wgmma_experts;
   J["w8a8_experts"] = o.w8a8_experts;
   J["stream_gemv"] = o.stream_gemv;
+  J["tma_experts"] = o.tma_experts;
   J["router_norm"] = o.router_norm;
   J["memory_plan"] = {{"weights", be.memory_plan().weights},
                       {"activations", be.memory_plan().activations},

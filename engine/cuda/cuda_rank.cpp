@@ -64,7 +64,7 @@ void CudaRank::build(const ModelConfig& cfg, const ModelPlan& wplan, const Memor
   CUDA_CHECK(cudaMalloc(&cublas_ws_, kCublasWorkspace));
   CUBLAS_CHECK(cublasSetStream(cublas, stream));
   CUBLAS_CHECK(cublasSetWorkspace(cublas, cublas_ws_, kCublasWorkspace));
-  if (wgmma_experts) kernels::moe_wgmma_prepare();
+  if (wgmma_experts || tma_experts) kernels::moe_wgmma_prepare();
   if (stream_gemv) kernels::gemv_stream_prepare();
 
   CUDA_CHECK(cudaMalloc(&weight_mem_, plan.weights));

@@ -63,8 +63,8 @@ class CudaRank {
   size_t num_graphs() const { return graphs_.size(); }
   /// The rank's handle, stream and dequantization scratch, for engine/cuda/linear.h.
   GemmContext gemm() const {
-    return {cublas,           stream,          dequant_,   dequant_elems_,
-            group_ptrs_host_, group_ptrs_dev_, group_cap_, stream_gemv};
+    return {cublas,           stream,          dequant_,    dequant_elems_, group_ptrs_host_,
+            group_ptrs_dev_,  group_cap_,      stream_gemv, tma_experts};
   }
 
   // What the forward (engine/cuda/forward.cpp) reads.
@@ -89,6 +89,7 @@ class CudaRank {
   bool wgmma_experts = false;        ///< that path's bf16 experts on kernels::moe_wgmma
   bool w8a8_experts = false;         ///< FP8-block experts on moe_wgmma_fp8 (implies wgmma_experts)
   bool stream_gemv = false;          ///< one-row bf16 projections on kernels::gemv_stream
+  bool tma_experts = false;          ///< decode steps' bf16 experts on kernels::moe_gemm_tma
   bool router_norm = true;           ///< CudaBackendOptions::router_norm
   cublasHandle_t cublas = nullptr;  ///< bound to `stream`, fixed workspace
 

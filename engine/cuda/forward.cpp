@@ -390,7 +390,7 @@ std::optional<k::MoeCombineParams> moe(const Step& s, const DeviceLayerWeights& 
       gate_up.in_fp8 = x.data;
       gate_up.in_scales = x.scales;
     }
-    expert_gemm(gate_up, L.w_gate_up, s.n, s.st);
+    expert_gemm(s.gemm, gate_up, L.w_gate_up, s.n);
     s.mark("moe_gemm_gate_up_silu");
     if (a8) {
       const Fp8Rows a = carve_fp8_rows(B.gate_up, scratch, pairs, s.gate_up.n);
@@ -398,7 +398,7 @@ std::optional<k::MoeCombineParams> moe(const Step& s, const DeviceLayerWeights& 
       down.in_fp8 = a.data;
       down.in_scales = a.scales;
     }
-    expert_gemm(down, L.w_down, s.n, s.st);
+    expert_gemm(s.gemm, down, L.w_down, s.n);
     s.mark("moe_gemm_down");
   }
 

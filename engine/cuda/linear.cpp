@@ -52,7 +52,7 @@ void linear(const GemmContext& g, float* out, const bf16* in, const DeviceTensor
 // closer to the copy bandwidth. 2 and 4 are not yet measured.
 constexpr int kExpertGemvMaxTokens = 1;
 
-void expert_gemm(kernels::MoeGemmParams p, const DeviceTensor& w, int tokens, cudaStream_t stream) {
+void expert_gemm(const GemmContext& g, kernels::MoeGemmParams p, const DeviceTensor& w, int tokens) {
   MB_CHECK(w.shape.size() == 3 && w.shape[0] == p.num_experts &&
                w.shape[1] == (p.silu_gate_up ? 2 : 1) * p.n && w.shape[2] == p.k,
            "expert_gemm: weights must be [num_experts, n (2n with silu_gate_up), k]");
@@ -64,9 +64,11 @@ void expert_gemm(kernels::MoeGemmParams p, const DeviceTensor& w, int tokens, cu
     case WeightFormat::Int4:
       p.weight = w.matrix();  // both kernels decode each codec in registers
       if (tokens <= kExpertGemvMaxTokens && p.active_experts != nullptr)
-        kernels::moe_gemv(p, tokens, stream);
+        kernels::moe_gemv(p, tokens, g.stream);
+      else if (g.tma_experts && kernels::moe_gemm_tma_takes(p))
+        kernels::moe_gemm_tma(p, g.stream);
       else
-        kernels::moe_gemm(p, stream);
+        kernels::moe_gemm(p, g.stream);
       return;
     case WeightFormat::F32:
       break;

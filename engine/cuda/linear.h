@@ -29,6 +29,9 @@ struct GemmContext {
   /// One-row bf16 projections on kernels::gemv_stream (the rank's Hopper GPU has it and it was
   /// prepared there) instead of quant_linear's GEMV.
   bool stream_gemv = false;
+  /// bf16 expert GEMMs of decode steps on kernels::moe_gemm_tma (the rank's Hopper GPU has it
+  /// and moe_wgmma_prepare ran there) instead of moe_gemm.
+  bool tma_experts = false;
 };
 
 /// Regions of GemmContext's pointer arrays: the gate+up and the down GEMM of one MoE layer are
@@ -41,10 +44,11 @@ void linear(const GemmContext& g, bf16* out, const bf16* in, const DeviceTensor&
 void linear(const GemmContext& g, float* out, const bf16* in, const DeviceTensor& w, int rows);
 
 /// Grouped expert GEMM with the routing operands of `p` (out, in, sorted ids, offsets, sizes)
-/// and the stacked expert weights `w` ([E, n, k], or [E, 2n, k] with p.silu_gate_up). A call of
-/// `tokens` tokens with the active-expert list takes the grouped GEMV (kernels::moe_gemv) when
-/// that is the faster kernel for so few tokens (linear.cpp), any other the tiled GEMM.
-void expert_gemm(kernels::MoeGemmParams p, const DeviceTensor& w, int tokens, cudaStream_t stream);
+/// and the stacked expert weights `w` ([E, n, k], or [E, 2n, k] with p.silu_gate_up), on g's
+/// stream. A call of `tokens` tokens with the active-expert list takes the grouped GEMV
+/// (kernels::moe_gemv) when that is the faster kernel for so few tokens (linear.cpp); more tokens
+/// take the tiled GEMM: bf16 on kernels::moe_gemm_tma where g.tma_experts, else kernels::moe_gemm.
+void expert_gemm(const GemmContext& g, kernels::MoeGemmParams p, const DeviceTensor& w, int tokens);
 
 /// Expert GEMMs of a many-token step on rows in moe_align's sorted order: for each expert e
 /// with rows, out[offsets[e] .. offsets[e+1]) = in[same rows] · w[e]ᵀ (bf16: one cuBLAS grouped

@@ -693,7 +693,7 @@ TEST(CudaWeightFormats, UnsupportedFormatNamesIt) {
   p.num_experts = 4;
   p.n = 32;
   p.k = 32;
-  EXPECT_THROW(expert_gemm(p, w, 1, nullptr), Error);
+  EXPECT_THROW(expert_gemm(GemmContext{}, p, w, 1), Error);
   EXPECT_EQ(w.bytes(), 4u * 32 * 32 * 4);
 }
 

@@ -423,6 +423,7 @@ class MoeGemmCase final : public OpCase {
     }
     out_ = DevBuf<bf16>(static_cast<size_t>(pairs) * out_cols());
     out_.poison();
+    if (s_.tma) kernels::moe_wgmma_prepare();
   }
   void run(const OpEnv& env, int iter) override {
     const Routing& r = routings_[iter % s_.routings];
@@ -450,6 +451,8 @@ class MoeGemmCase final : public OpCase {
     }
     if (s_.gemv)
       kernels::moe_gemv(p, s_.tokens, env.stream);
+    else if (s_.tma)
+      kernels::moe_gemm_tma(p, env.stream);
     else
       s_.kernel(p, env.stream);
   }
@@ -813,7 +816,8 @@ OpCaseDef moe_gemm_case(const MoeGemmShape& s) {
   MB_CHECK(!s.w8a8 || (s.format == WeightFormat::fp8_block && !s.gemv), "moe_gemm case: W8A8 is the fp8 grouped GEMM's");
   MB_CHECK(!s.gemv || (s.active_experts && s.tokens <= kernels::kMoeGemvMaxTokens),
            "moe_gemm case: moe_gemv needs the active list and few tokens");
-  std::string name = std::string(s.gemv ? "moe_gemv" : s.kernel_name) + " " + stage;
+  MB_CHECK(!s.tma || (s.format == WeightFormat::bf16 && !s.gemv), "moe_gemm case: moe_gemm_tma is bf16's tiled GEMM");
+  std::string name = std::string(s.gemv ? "moe_gemv" : s.tma ? "moe_gemm_tma" : s.kernel_name) + " " + stage;
   if (s.format != WeightFormat::bf16) name += std::string(" ") + weight_format_name(s.format);
   if (s.w8a8) name += " w8a8";
   OpCaseDef d = op_case_def<MoeGemmCase>(name,
@@ -821,6 +825,7 @@ OpCaseDef moe_gemm_case(const MoeGemmShape& s) {
                                              " I" + to_string(s.inter) + (s.active_experts ? " active" : ""),
                                          OpFamily::moe_gemm, tol, s);
   d.format = s.format;
+  if (s.tma) d.available = &kernels::moe_gemm_tma_available;
   return d;
 }
 

@@ -260,6 +260,18 @@ std::vector<OpCaseDef> op_cases_test() {
           t.push_back(moe_gemm_case(s));
         }
       }
+  // The bf16 tiled GEMM on TMA + wgmma (Hopper) on the same shapes: partial 64-row boxes (I 64
+  // and 96 with SiLU, H 96 and 608 down), k past the last 64-input stage (96, 608), hot experts
+  // over two passes of 32 pairs, and the Qwen3 shapes with more tiles than CTAs (each CTA's ring
+  // wraps over several tiles); over every expert and over the active list.
+  for (MoeGemmShape s : gemm_shapes)
+    for (MoeGemmStage stage : {MoeGemmStage::gate_up, MoeGemmStage::gate_up_silu, MoeGemmStage::down})
+      for (bool active : {false, true}) {
+        s.stage = stage;
+        s.active_experts = active;
+        s.tma = true;
+        t.push_back(moe_gemm_case(s));
+      }
   // W8A8 on the fp8 grouped GEMM (e4m3 rows, k % 128 == 0): two passes of a hot expert, three
   // chunks with a one-group last chunk (k 640), the Qwen3 shapes; every stage.
   const MoeGemmShape w8a8_shapes[] = {
@@ -489,6 +501,10 @@ std::vector<OpCaseDef> op_cases_bench() {
           add(B, moe_gemm_case({.tokens = B, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI, .stage = stage,
                                 .active_experts = true, .routings = kRoutings, .format = format, .gemv = gemv}));
         }
+    if (B > kernels::kMoeGemvMaxTokens)  // "moe_gemm_tma <stage>": the engine's bf16 path there on Hopper
+      for (MoeGemmStage stage : {MoeGemmStage::down, MoeGemmStage::gate_up_silu})
+        add(B, moe_gemm_case({.tokens = B, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI, .stage = stage,
+                              .active_experts = true, .routings = kRoutings, .tma = true}));
     for (MoeGemmStage stage : {MoeGemmStage::down, MoeGemmStage::gate_up_silu})  // "moe_gemm <stage> fp8 w8a8"
       add(B, moe_gemm_case({.tokens = B, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI, .stage = stage,
                             .active_experts = true, .routings = kRoutings, .format = WeightFormat::fp8_block,

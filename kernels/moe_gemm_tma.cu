@@ -1,0 +1,273 @@
+// moe_gemm for bf16 experts on Hopper (kernels/moe_gemm.cuh, moe_gemm_tma): the weights stream
+// through a shared-memory ring filled by TMA, the products run on wgmma, and the CTAs are
+// persistent, so no CTA ever waits for its first weight bytes after the first tile.
+//
+// Why (bench/RESULTS.md, 2026-12-02): at batch 256 on the 30B shape the register-pipelined
+// moe_gemm streams gate+up at 83% and down at 74% of copy bandwidth. Each of its blocks holds at
+// most two 256-input chunks per warp in registers (it sits at its 168-register limit), restarts
+// that pipeline for every 64-row slice of an expert, and its last wave runs part-empty. Here the
+// bytes in flight live in shared memory (up to 5 stages of 16 KB per CTA, two CTAs per SM) and
+// the producer carries on into the next tile while the consumers finish the current one.
+//
+// Work: a tile is (expert with pairs, row block) — 128 weight rows: for silu_gate_up the 64 gate
+// rows and the matching 64 up rows (one thread holds gate and up of the same output), else 128
+// consecutive rows — over all of k, applied to the expert's pairs 32 at a time (a pass; an
+// expert with more pairs streams the tile once per pass, as moe_gemm does). Tile t of
+// (experts × row blocks) goes to CTA t % grid, experts outermost, so the CTAs working at one time
+// share an expert's activation rows in L2.
+//
+// Roles: warps 0-3 (one warpgroup) consume, warp 4 produces. Per stage (64 inputs) the producer
+// waits for the slot's empty barrier, lane 0 announces 16 KB and issues two TMA boxes of 64
+// weight rows × 64 inputs (128-byte swizzle; rows and inputs past the matrix read as zeros),
+// and lane r copies pass row r's 64 inputs (cp.async, zeros for padding pairs and past k) into
+// the slot's activation tile in the same swizzle; each lane's cp.async arrival and lane 0's
+// byte count complete the slot's full barrier. The consumers wait for it, issue
+// wgmma.m64n32k16 over the two boxes (weights as A: rows on M; the pass's pairs as B: the 8-wide
+// side carries pairs, as in moe_gemm's swapped product), and release the slot once those MMAs
+// are done. After a pass's last stage: the epilogue from the fp32 accumulators, one rounding,
+// SiLU·mul with silu_gate_up.
+//
+// Built for sm_90a only (MOEBATCH_WGMMA, kernels/CMakeLists.txt); without it the entry points
+// exist and moe_gemm_tma_available says false.
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/cuda_check.cuh"
+#include "kernels/moe_gemm.cuh"
+#include "kernels/moe_wgmma.cuh"
+#if MOEBATCH_WGMMA
+#include "kernels/device_common.cuh"
+#include "kernels/launch.cuh"
+#include "kernels/tensor_map.cuh"
+#include "kernels/wgmma.cuh"
+#endif
+
+namespace moebatch::kernels {
+namespace {
+
+#if MOEBATCH_WGMMA
+
+constexpr int kBox = 64;        // weight rows per TMA box and per m64 MMA; two boxes per tile
+constexpr int kBK = 64;         // inputs per stage: one 128-byte swizzled row
+constexpr int kPass = 32;       // pairs per pass: the MMAs' N
+constexpr int kStages = 5;      // two CTAs per SM: 10 stages of weights in flight per SM
+constexpr int kConsumerThreads = 128;
+constexpr int kThreads = kConsumerThreads + 32;  // + the producer warp
+constexpr int kBoxBytes = kBox * kBK * 2;        // 8 KB
+constexpr int kWeightBytes = 2 * kBoxBytes;
+constexpr int kXBytes = kPass * kBK * 2;         // 4 KB
+constexpr int kStageBytes = kWeightBytes + kXBytes;  // multiples of 1024 keep each tile aligned
+constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + slack to align the base to 1024
+constexpr int kCtasPerSm = 2;
+static_assert(kWeightBytes % 1024 == 0 && kXBytes % 1024 == 0, "swizzled tiles are 1024-aligned");
+
+// The tile sequence every role of a CTA walks in the same order.
+struct TileWalk {
+  int row_blocks;  // per expert
+  int experts;     // experts with pairs (active list), or every expert
+  __device__ int tiles() const { return experts * row_blocks; }
+};
+
+struct Tile {
+  int expert, row_block, seg_begin, seg_end;
+};
+
+__device__ __forceinline__ Tile tile_at(const MoeGemmParams& p, const TileWalk& w, int t) {
+  Tile tl;
+  const int a = t / w.row_blocks;
+  tl.row_block = t % w.row_blocks;
+  tl.expert = p.active_experts != nullptr ? p.active_experts[1 + a] : a;
+  tl.seg_begin = p.expert_offsets[tl.expert];
+  tl.seg_end = p.expert_offsets[tl.expert + 1];
+  return tl;
+}
+
+// Matrix rows of the tile's two boxes (silu_gate_up: gate rows, then the matching up rows).
+__device__ __forceinline__ int box_row(const MoeGemmParams& p, const Tile& t, int box) {
+  if (p.silu_gate_up) return t.expert * 2 * p.n + box * p.n + t.row_block * kBox;
+  return t.expert * p.n + t.row_block * 2 * kBox + box * kBox;
+}
+
+__device__ __forceinline__ void produce(const MoeGemmParams& p, const TileWalk& walk, const CUtensorMap* map,
+                                        uint8_t* smem, uint32_t smem_addr, uint32_t full0, uint32_t empty0) {
+  const int lane = threadIdx.x & 31, kt_count = (p.k + kBK - 1) / kBK;
+  int q = 0;  // stage counter over the CTA's life: slot q % kStages, phase q / kStages
+  for (int ti = blockIdx.x; ti < walk.tiles(); ti += gridDim.x) {
+    const Tile t = tile_at(p, walk, ti);
+    const int rows[2] = {box_row(p, t, 0), box_row(p, t, 1)};
+    for (int pass = t.seg_begin; pass < t.seg_end; pass += kPass) {
+      int src = -1;  // the activation row lane copies: pass row `lane`
+      if (pass + lane < t.seg_end) {
+        const int id = p.sorted_ids[pass + lane];
+        if (id >= 0 && id < p.num_pairs) src = id / p.in_row_div;
+      }
+      const bf16* src_row = src >= 0 ? p.in + static_cast<size_t>(src) * p.k : p.in;
+      for (int kt = 0; kt < kt_count; ++kt, ++q) {
+        const int slot = q % kStages;
+        if (q >= kStages) wgmma::mbarrier_wait(empty0 + slot * 8, (q / kStages - 1) & 1);
+        const uint32_t full = full0 + slot * 8, w_tile = smem_addr + slot * kStageBytes;
+        if (lane == 0) {
+          wgmma::mbarrier_arrive_expect_tx(full, kWeightBytes);
+          wgmma::tma_load_2d(w_tile, map, kt * kBK, rows[0], full);
+          wgmma::tma_load_2d(w_tile + kBoxBytes, map, kt * kBK, rows[1], full);
+        }
+        uint8_t* x_tile = smem + slot * kStageBytes + kWeightBytes;
+#pragma unroll
+        for (int c = 0; c < kBK / 8; ++c) {
+          const int col = kt * kBK + c * 8;
+          const bool ok = src >= 0 && col < p.k;
+          cp_async16(x_tile + wgmma::sw128_offset(lane, c), ok ? src_row + col : p.in, ok ? 16 : 0);
+        }
+        wgmma::cp_async_mbarrier_arrive(full);
+      }
+    }
+  }
+  cp_async_wait<0>();  // no copy outlives its thread
+}
+
+// One output value of the epilogue; `pair` < 0: a padding pair, nothing written.
+__device__ __forceinline__ void store_out(const MoeGemmParams& p, int pair, int col, float v) {
+  if (pair >= 0 && col < p.n) p.out[static_cast<size_t>(pair) * p.n + col] = __float2bfloat16(v);
+}
+
+__device__ __forceinline__ void consume(const MoeGemmParams& p, const TileWalk& walk, uint32_t smem_addr,
+                                        uint32_t full0, uint32_t empty0) {
+  const int kt_count = (p.k + kBK - 1) / kBK;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  // Accumulator layout (kernels/wgmma.cuh, N = 32): d[4j], d[4j+1] at box row 16·warp + lane/4,
+  // pairs 8j + 2(lane%4) + {0, 1} of the pass; d[4j+2], d[4j+3] at box row + 8.
+  const int r = 16 * warp + (lane >> 2), c = 2 * (lane & 3);
+  float acc[2][16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) acc[0][i] = acc[1][i] = 0.f;
+  int q = 0;
+  for (int ti = blockIdx.x; ti < walk.tiles(); ti += gridDim.x) {
+    const Tile t = tile_at(p, walk, ti);
+    for (int pass = t.seg_begin; pass < t.seg_end; pass += kPass) {
+      for (int kt = 0; kt < kt_count; ++kt, ++q) {
+        const int slot = q % kStages;
+        wgmma::mbarrier_wait(full0 + slot * 8, (q / kStages) & 1);
+        // the activation tile came through the generic proxy; the tensor cores read through the async one
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        const uint32_t w_tile = smem_addr + slot * kStageBytes, x_tile = w_tile + kWeightBytes;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          wgmma::fence_operand(acc[0][i]);
+          wgmma::fence_operand(acc[1][i]);
+        }
+        wgmma::fence();
+#pragma unroll
+        for (int kk = 0; kk < kBK / 16; ++kk) {
+          const int accumulate = kt > 0 || kk > 0;
+          const uint64_t x_desc = wgmma::smem_desc_sw128(x_tile + kk * 32);
+          wgmma::mma_m64n32k16(acc[0], wgmma::smem_desc_sw128(w_tile + kk * 32), x_desc, accumulate);
+          wgmma::mma_m64n32k16(acc[1], wgmma::smem_desc_sw128(w_tile + kBoxBytes + kk * 32), x_desc, accumulate);
+        }
+        wgmma::commit();
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          wgmma::fence_operand(acc[0][i]);
+          wgmma::fence_operand(acc[1][i]);
+        }
+        wgmma::wait<1>();  // the stage before is done: release its slot
+        if (kt > 0) wgmma::mbarrier_arrive(empty0 + ((q - 1) % kStages) * 8);
+      }
+      wgmma::wait<0>();
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        wgmma::fence_operand(acc[0][i]);
+        wgmma::fence_operand(acc[1][i]);
+      }
+      wgmma::mbarrier_arrive(empty0 + ((q - 1) % kStages) * 8);
+
+      // Epilogue: this thread's 8 pairs (4 chunks × 2) of the pass, its two rows of each box.
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = pass + 8 * j + c + h;
+          int pair = -1;
+          if (row < t.seg_end) {
+            const int id = p.sorted_ids[row];
+            if (id >= 0 && id < p.num_pairs) pair = id;
+          }
+          if (p.silu_gate_up) {
+            const int col = t.row_block * kBox + r;
+#pragma unroll
+            for (int rr = 0; rr < 2; ++rr) {  // box rows r and r + 8
+              const float g = acc[0][4 * j + 2 * rr + h], u = acc[1][4 * j + 2 * rr + h];
+              store_out(p, pair, col + 8 * rr, g / (1.f + expf(-g)) * u);
+            }
+          } else {
+#pragma unroll
+            for (int box = 0; box < 2; ++box)
+#pragma unroll
+              for (int rr = 0; rr < 2; ++rr)
+                store_out(p, pair, t.row_block * 2 * kBox + box * kBox + r + 8 * rr, acc[box][4 * j + 2 * rr + h]);
+          }
+        }
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, kCtasPerSm)
+    moe_gemm_tma_kernel(MoeGemmParams p, int row_blocks, const __grid_constant__ CUtensorMap weight_map) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  // full[s]: the producer warp's 32 cp.async arrivals + lane 0's byte count; empty[s]: one
+  // arrival per consumer thread
+  __shared__ __align__(8) uint64_t bars[2 * kStages];
+  const uint32_t full0 = static_cast<uint32_t>(__cvta_generic_to_shared(&bars[0]));
+  const uint32_t empty0 = full0 + kStages * 8;
+  wgmma::init_ring_barriers(full0, empty0, kStages, 32 + 1, kConsumerThreads);
+  pdl_sync();  // the routing and the activations come from the kernels before
+  const TileWalk walk{row_blocks, p.active_experts != nullptr ? p.active_experts[0] : p.num_experts};
+  if (threadIdx.x >= kConsumerThreads)
+    produce(p, walk, &weight_map, smem, smem_addr, full0, empty0);
+  else
+    consume(p, walk, smem_addr, full0, empty0);
+}
+
+#endif  // MOEBATCH_WGMMA
+
+}  // namespace
+
+namespace detail {
+void moe_gemm_tma_prepare() {
+#if MOEBATCH_WGMMA
+  CUDA_CHECK(cudaFuncSetAttribute(moe_gemm_tma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+#endif
+}
+}  // namespace detail
+
+bool moe_gemm_tma_available(int device) { return moe_wgmma_available(device); }
+
+bool moe_gemm_tma_takes(const MoeGemmParams& p) {
+  return p.weight.codec == WeightCodec::Bf16 && p.in_fp8 == nullptr;
+}
+
+void moe_gemm_tma(const MoeGemmParams& p, cudaStream_t stream) {
+  check_moe_gemm_params(p, "moe_gemm_tma");
+  MB_CHECK(moe_gemm_tma_takes(p), "moe_gemm_tma: bf16 weights and activations only");
+  if (p.num_pairs == 0) return;
+#if MOEBATCH_WGMMA
+  const int64_t weight_rows = static_cast<int64_t>(p.num_experts) * (p.silu_gate_up ? 2 : 1) * p.n;
+  MB_CHECK(weight_rows < (int64_t{1} << 31), "moe_gemm_tma: too many weight rows");
+  const int row_blocks = p.silu_gate_up ? CEIL_DIV(p.n, kBox) : CEIL_DIV(p.n, 2 * kBox);
+  const int64_t experts = p.active_experts != nullptr ? std::min(p.num_experts, p.num_pairs) : p.num_experts;
+  int device = 0, sms = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int64_t grid = std::min<int64_t>(experts * row_blocks, static_cast<int64_t>(sms) * kCtasPerSm);
+  const CUtensorMap map = tensor_map_2d(p.weight.data, TmaElement::Bf16, weight_rows, p.k, kBox);
+  launch_dependent(moe_gemm_tma_kernel, dim3(static_cast<unsigned>(grid)), dim3(kThreads), kSmemBytes, stream, p,
+                   row_blocks, map);
+  CUDA_CHECK_LAST();
+#else
+  (void)stream;
+  MB_CHECK(false, "moe_gemm_tma: this build has no sm_90a code (see moe_gemm_tma_available)");
+#endif
+}
+
+}  // namespace moebatch::kernels
