@@ -31,6 +31,7 @@
 // exist and moe_gemm_tma_available says false.
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda_check.cuh"
 #include "kernels/moe_gemm.cuh"
@@ -48,18 +49,28 @@ namespace {
 #if MOEBATCH_WGMMA
 
 constexpr int kBox = 64;        // weight rows per TMA box and per m64 MMA; two boxes per tile
-constexpr int kBK = 64;         // inputs per stage: one 128-byte swizzled row
+constexpr int kRowBytes = 128;  // bytes of a row per stage: one 128-byte swizzled row
 constexpr int kPass = 32;       // pairs per pass: the MMAs' N
 constexpr int kStages = 5;      // two CTAs per SM: 10 stages of weights in flight per SM
 constexpr int kConsumerThreads = 128;
 constexpr int kThreads = kConsumerThreads + 32;  // + the producer warp
-constexpr int kBoxBytes = kBox * kBK * 2;        // 8 KB
+constexpr int kBoxBytes = kBox * kRowBytes;      // 8 KB
 constexpr int kWeightBytes = 2 * kBoxBytes;
-constexpr int kXBytes = kPass * kBK * 2;         // 4 KB
-constexpr int kStageBytes = kWeightBytes + kXBytes;  // multiples of 1024 keep each tile aligned
-constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + slack to align the base to 1024
+constexpr int kXBytes = kPass * kRowBytes;       // 4 KB
+// W8A8: the stage's scales after its tiles: the 128 weight rows', then the 32 pass rows'.
+constexpr int kScaleBytes = 1024;
+static_assert((2 * kBox + kPass) * 4 <= kScaleBytes, "a stage's scales fit their slot");
 constexpr int kCtasPerSm = 2;
 static_assert(kWeightBytes % 1024 == 0 && kXBytes % 1024 == 0, "swizzled tiles are 1024-aligned");
+
+// Inputs per stage: 64 bf16 or 128 e4m3 (= the activation scale group, kMoeGemmA8Group).
+template <bool kFp8>
+constexpr int kBK = kFp8 ? 128 : 64;
+template <bool kFp8>
+constexpr int kStageBytes = kWeightBytes + kXBytes + (kFp8 ? kScaleBytes : 0);  // multiples of 1024
+template <bool kFp8>
+constexpr int kSmemBytes = kStages * kStageBytes<kFp8> + 1024;  // + slack to align the base to 1024
+static_assert(kBK<true> == kMoeGemmA8Group, "a W8A8 stage is one activation scale group");
 
 // The tile sequence every role of a CTA walks in the same order.
 struct TileWalk {
@@ -88,9 +99,15 @@ __device__ __forceinline__ int box_row(const MoeGemmParams& p, const Tile& t, in
   return t.expert * p.n + t.row_block * 2 * kBox + box * kBox;
 }
 
+template <bool kFp8>
 __device__ __forceinline__ void produce(const MoeGemmParams& p, const TileWalk& walk, const CUtensorMap* map,
                                         uint8_t* smem, uint32_t smem_addr, uint32_t full0, uint32_t empty0) {
-  const int lane = threadIdx.x & 31, kt_count = (p.k + kBK - 1) / kBK;
+  constexpr int BK = kBK<kFp8>, kElem = kFp8 ? 1 : 2;
+  const int lane = threadIdx.x & 31, kt_count = (p.k + BK - 1) / BK;
+  const uint8_t* in = kFp8 ? p.in_fp8 : reinterpret_cast<const uint8_t*>(p.in);
+  const int groups = p.k / BK;  // W8A8: scales per row (k % 128 == 0 there)
+  const int64_t weight_rows = static_cast<int64_t>(p.num_experts) * (p.silu_gate_up ? 2 : 1) * p.n;
+  const float* w_scales = static_cast<const float*>(p.weight.scales);
   int q = 0;  // stage counter over the CTA's life: slot q % kStages, phase q / kStages
   for (int ti = blockIdx.x; ti < walk.tiles(); ti += gridDim.x) {
     const Tile t = tile_at(p, walk, ti);
@@ -101,22 +118,34 @@ __device__ __forceinline__ void produce(const MoeGemmParams& p, const TileWalk& 
         const int id = p.sorted_ids[pass + lane];
         if (id >= 0 && id < p.num_pairs) src = id / p.in_row_div;
       }
-      const bf16* src_row = src >= 0 ? p.in + static_cast<size_t>(src) * p.k : p.in;
+      const uint8_t* src_row = src >= 0 ? in + static_cast<size_t>(src) * p.k * kElem : in;
       for (int kt = 0; kt < kt_count; ++kt, ++q) {
         const int slot = q % kStages;
         if (q >= kStages) wgmma::mbarrier_wait(empty0 + slot * 8, (q / kStages - 1) & 1);
-        const uint32_t full = full0 + slot * 8, w_tile = smem_addr + slot * kStageBytes;
+        const uint32_t full = full0 + slot * 8, w_tile = smem_addr + slot * kStageBytes<kFp8>;
         if (lane == 0) {
           wgmma::mbarrier_arrive_expect_tx(full, kWeightBytes);
-          wgmma::tma_load_2d(w_tile, map, kt * kBK, rows[0], full);
-          wgmma::tma_load_2d(w_tile + kBoxBytes, map, kt * kBK, rows[1], full);
+          wgmma::tma_load_2d(w_tile, map, kt * BK, rows[0], full);
+          wgmma::tma_load_2d(w_tile + kBoxBytes, map, kt * BK, rows[1], full);
         }
-        uint8_t* x_tile = smem + slot * kStageBytes + kWeightBytes;
+        uint8_t* x_tile = smem + slot * kStageBytes<kFp8> + kWeightBytes;
 #pragma unroll
-        for (int c = 0; c < kBK / 8; ++c) {
-          const int col = kt * kBK + c * 8;
-          const bool ok = src >= 0 && col < p.k;
-          cp_async16(x_tile + wgmma::sw128_offset(lane, c), ok ? src_row + col : p.in, ok ? 16 : 0);
+        for (int c = 0; c < kRowBytes / 16; ++c) {
+          const int byte = kt * kRowBytes + c * 16;
+          const bool ok = src >= 0 && byte < p.k * kElem;
+          cp_async16(x_tile + wgmma::sw128_offset(lane, c), ok ? src_row + byte : in, ok ? 16 : 0);
+        }
+        if constexpr (kFp8) {
+          // the group's scales: weight rows 0-127 of the tile (rows past the matrix: 0), pass rows 0-31
+          float* scales = reinterpret_cast<float*>(x_tile + kXBytes);
+#pragma unroll
+          for (int i = 0; i < 2 * kBox / 32; ++i) {
+            const int r = lane + 32 * i, row = rows[r / kBox] + r % kBox;
+            const bool ok = row < weight_rows;
+            cp_async4(&scales[r], ok ? w_scales + static_cast<size_t>(row) * groups + kt : w_scales, ok ? 4 : 0);
+          }
+          cp_async4(&scales[2 * kBox + lane], src >= 0 ? p.in_scales + static_cast<size_t>(src) * groups + kt : p.in_scales,
+                    src >= 0 ? 4 : 0);
         }
         wgmma::cp_async_mbarrier_arrive(full);
       }
@@ -130,55 +159,128 @@ __device__ __forceinline__ void store_out(const MoeGemmParams& p, int pair, int 
   if (pair >= 0 && col < p.n) p.out[static_cast<size_t>(pair) * p.n + col] = __float2bfloat16(v);
 }
 
-__device__ __forceinline__ void consume(const MoeGemmParams& p, const TileWalk& walk, uint32_t smem_addr,
-                                        uint32_t full0, uint32_t empty0) {
-  const int kt_count = (p.k + kBK - 1) / kBK;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  // Accumulator layout (kernels/wgmma.cuh, N = 32): d[4j], d[4j+1] at box row 16·warp + lane/4,
-  // pairs 8j + 2(lane%4) + {0, 1} of the pass; d[4j+2], d[4j+3] at box row + 8.
-  const int r = 16 * warp + (lane >> 2), c = 2 * (lane & 3);
-  float acc[2][16];
+// Accumulators of the two boxes (kernels/wgmma.cuh layout, N = 32): d[4j], d[4j+1] at box row
+// 16·warp + lane/4, pairs 8j + 2(lane%4) + {0, 1} of the pass; d[4j+2], d[4j+3] at box row + 8.
+using BoxAcc = float[2][16];
+
+__device__ __forceinline__ void fence_acc(BoxAcc& a) {
 #pragma unroll
-  for (int i = 0; i < 16; ++i) acc[0][i] = acc[1][i] = 0.f;
+  for (int i = 0; i < 16; ++i) {
+    wgmma::fence_operand(a[0][i]);
+    wgmma::fence_operand(a[1][i]);
+  }
+}
+
+// The MMAs of one stage into d (accumulating onto it from input `acc_from` on).
+template <bool kFp8>
+__device__ __forceinline__ void stage_mma(BoxAcc& d, uint32_t w_tile, bool accumulate) {
+  const uint32_t x_tile = w_tile + kWeightBytes;
+  fence_acc(d);
+  wgmma::fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {  // four 32-byte k slices of the 128-byte rows
+    const int acc = accumulate || kk > 0;
+    const uint64_t x_desc = wgmma::smem_desc_sw128(x_tile + kk * 32);
+#pragma unroll
+    for (int box = 0; box < 2; ++box) {
+      const uint64_t w_desc = wgmma::smem_desc_sw128(w_tile + box * kBoxBytes + kk * 32);
+      if constexpr (kFp8)
+        wgmma::mma_m64n32k32_e4m3(d[box], w_desc, x_desc, acc);
+      else
+        wgmma::mma_m64n32k16(d[box], w_desc, x_desc, acc);
+    }
+  }
+  wgmma::commit();
+  fence_acc(d);
+}
+
+// W8A8: a finished stage's sums into the accumulators, scaled by its weight rows' and pairs'
+// scales (the stage's slot, still held).
+__device__ __forceinline__ void promote(BoxAcc& acc, const BoxAcc& part, const float* scales) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int r = 16 * warp + (lane >> 2), c = 2 * (lane & 3);
+#pragma unroll
+  for (int box = 0; box < 2; ++box)
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const float ws = scales[box * kBox + r + 8 * rr];
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int i = 4 * j + 2 * rr + h;
+          acc[box][i] = fmaf(part[box][i], ws * scales[2 * kBox + 8 * j + c + h], acc[box][i]);
+        }
+    }
+}
+
+template <bool kFp8>
+__device__ __forceinline__ void consume(const MoeGemmParams& p, const TileWalk& walk, uint32_t smem_addr,
+                                        uint8_t* smem, uint32_t full0, uint32_t empty0) {
+  const int kt_count = (p.k + kBK<kFp8> - 1) / kBK<kFp8>;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int r = 16 * warp + (lane >> 2), c = 2 * (lane & 3);
+  BoxAcc acc;
+  // W8A8: each stage's sums go to part[kt % 2] (accumulate 0 at its first MMA) and are promoted
+  // into acc once the next stage's MMAs are issued, so the tensor cores never wait for it
+  BoxAcc part[kFp8 ? 2 : 1];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    acc[0][i] = acc[1][i] = 0.f;
+#pragma unroll
+    for (int b = 0; b < (kFp8 ? 2 : 1); ++b) part[b][0][i] = part[b][1][i] = 0.f;
+  }
+  auto slot_of = [](int q) { return q % kStages; };
+  auto scales_of = [&](int q) {
+    return reinterpret_cast<const float*>(smem + slot_of(q) * kStageBytes<kFp8> + kWeightBytes + kXBytes);
+  };
   int q = 0;
   for (int ti = blockIdx.x; ti < walk.tiles(); ti += gridDim.x) {
     const Tile t = tile_at(p, walk, ti);
     for (int pass = t.seg_begin; pass < t.seg_end; pass += kPass) {
-      for (int kt = 0; kt < kt_count; ++kt, ++q) {
-        const int slot = q % kStages;
-        wgmma::mbarrier_wait(full0 + slot * 8, (q / kStages) & 1);
+      if constexpr (kFp8) {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) acc[0][i] = acc[1][i] = 0.f;
+      }
+      // One stage: wait for its slot, issue its MMAs (buffer B), retire the stage before.
+      auto stage = [&](int kt, auto buffer) {
+        [[maybe_unused]] constexpr int B = decltype(buffer)::value;
+        wgmma::mbarrier_wait(full0 + slot_of(q) * 8, (q / kStages) & 1);
         // the activation tile came through the generic proxy; the tensor cores read through the async one
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        const uint32_t w_tile = smem_addr + slot * kStageBytes, x_tile = w_tile + kWeightBytes;
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-          wgmma::fence_operand(acc[0][i]);
-          wgmma::fence_operand(acc[1][i]);
+        const uint32_t w_tile = smem_addr + slot_of(q) * kStageBytes<kFp8>;
+        if constexpr (kFp8)
+          stage_mma<true>(part[B], w_tile, false);
+        else
+          stage_mma<false>(acc, w_tile, kt > 0);
+        wgmma::wait<1>();  // the stage before is done: promote it, release its slot
+        if (kt > 0) {
+          if constexpr (kFp8) {
+            fence_acc(part[B ^ 1]);  // its registers are read only after the wait
+            promote(acc, part[B ^ 1], scales_of(q - 1));
+          }
+          wgmma::mbarrier_arrive(empty0 + slot_of(q - 1) * 8);
         }
-        wgmma::fence();
-#pragma unroll
-        for (int kk = 0; kk < kBK / 16; ++kk) {
-          const int accumulate = kt > 0 || kk > 0;
-          const uint64_t x_desc = wgmma::smem_desc_sw128(x_tile + kk * 32);
-          wgmma::mma_m64n32k16(acc[0], wgmma::smem_desc_sw128(w_tile + kk * 32), x_desc, accumulate);
-          wgmma::mma_m64n32k16(acc[1], wgmma::smem_desc_sw128(w_tile + kBoxBytes + kk * 32), x_desc, accumulate);
-        }
-        wgmma::commit();
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-          wgmma::fence_operand(acc[0][i]);
-          wgmma::fence_operand(acc[1][i]);
-        }
-        wgmma::wait<1>();  // the stage before is done: release its slot
-        if (kt > 0) wgmma::mbarrier_arrive(empty0 + ((q - 1) % kStages) * 8);
+        ++q;
+      };
+      for (int kt = 0; kt < kt_count; kt += 2) {
+        stage(kt, std::integral_constant<int, 0>{});
+        if (kt + 1 < kt_count) stage(kt + 1, std::integral_constant<int, kFp8 ? 1 : 0>{});
       }
       wgmma::wait<0>();
-#pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        wgmma::fence_operand(acc[0][i]);
-        wgmma::fence_operand(acc[1][i]);
+      if constexpr (kFp8) {
+        // the last stage's buffer (compile-time indices keep part in registers)
+        if ((kt_count - 1) & 1) {
+          fence_acc(part[1]);
+          promote(acc, part[1], scales_of(q - 1));
+        } else {
+          fence_acc(part[0]);
+          promote(acc, part[0], scales_of(q - 1));
+        }
+      } else {
+        fence_acc(acc);
       }
-      wgmma::mbarrier_arrive(empty0 + ((q - 1) % kStages) * 8);
+      wgmma::mbarrier_arrive(empty0 + slot_of(q - 1) * 8);
 
       // Epilogue: this thread's 8 pairs (4 chunks × 2) of the pass, its two rows of each box.
 #pragma unroll
@@ -210,6 +312,7 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, const TileWalk& 
   }
 }
 
+template <bool kFp8>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     moe_gemm_tma_kernel(MoeGemmParams p, int row_blocks, const __grid_constant__ CUtensorMap weight_map) {
   extern __shared__ uint8_t smem_raw[];
@@ -224,9 +327,26 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   pdl_sync();  // the routing and the activations come from the kernels before
   const TileWalk walk{row_blocks, p.active_experts != nullptr ? p.active_experts[0] : p.num_experts};
   if (threadIdx.x >= kConsumerThreads)
-    produce(p, walk, &weight_map, smem, smem_addr, full0, empty0);
+    produce<kFp8>(p, walk, &weight_map, smem, smem_addr, full0, empty0);
   else
-    consume(p, walk, smem_addr, full0, empty0);
+    consume<kFp8>(p, walk, smem_addr, smem, full0, empty0);
+}
+
+template <bool kFp8>
+void launch(const MoeGemmParams& p, cudaStream_t stream) {
+  const int64_t weight_rows = static_cast<int64_t>(p.num_experts) * (p.silu_gate_up ? 2 : 1) * p.n;
+  MB_CHECK(weight_rows < (int64_t{1} << 31), "moe_gemm_tma: too many weight rows");
+  const int row_blocks = p.silu_gate_up ? CEIL_DIV(p.n, kBox) : CEIL_DIV(p.n, 2 * kBox);
+  const int64_t experts = p.active_experts != nullptr ? std::min(p.num_experts, p.num_pairs) : p.num_experts;
+  int device = 0, sms = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int64_t grid = std::min<int64_t>(experts * row_blocks, static_cast<int64_t>(sms) * kCtasPerSm);
+  const CUtensorMap map =
+      tensor_map_2d(p.weight.data, kFp8 ? TmaElement::U8 : TmaElement::Bf16, weight_rows, p.k, kBox);
+  launch_dependent(moe_gemm_tma_kernel<kFp8>, dim3(static_cast<unsigned>(grid)), dim3(kThreads),
+                   kSmemBytes<kFp8>, stream, p, row_blocks, map);
+  CUDA_CHECK_LAST();
 }
 
 #endif  // MOEBATCH_WGMMA
@@ -236,7 +356,10 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
 namespace detail {
 void moe_gemm_tma_prepare() {
 #if MOEBATCH_WGMMA
-  CUDA_CHECK(cudaFuncSetAttribute(moe_gemm_tma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  CUDA_CHECK(cudaFuncSetAttribute(moe_gemm_tma_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  kSmemBytes<false>));
+  CUDA_CHECK(cudaFuncSetAttribute(moe_gemm_tma_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  kSmemBytes<true>));
 #endif
 }
 }  // namespace detail
@@ -244,26 +367,21 @@ void moe_gemm_tma_prepare() {
 bool moe_gemm_tma_available(int device) { return moe_wgmma_available(device); }
 
 bool moe_gemm_tma_takes(const MoeGemmParams& p) {
-  return p.weight.codec == WeightCodec::Bf16 && p.in_fp8 == nullptr;
+  if (p.in_fp8 != nullptr)  // W8A8: one scale per weight row and stage of 128 inputs
+    return p.weight.codec == WeightCodec::Fp8Block && p.weight.group == kMoeGemmA8Group && p.k % kMoeGemmA8Group == 0;
+  return p.weight.codec == WeightCodec::Bf16;
 }
 
 void moe_gemm_tma(const MoeGemmParams& p, cudaStream_t stream) {
   check_moe_gemm_params(p, "moe_gemm_tma");
-  MB_CHECK(moe_gemm_tma_takes(p), "moe_gemm_tma: bf16 weights and activations only");
+  MB_CHECK(moe_gemm_tma_takes(p),
+           "moe_gemm_tma: bf16 weights and activations, or FP8 weights in groups of 128 with e4m3 activations");
   if (p.num_pairs == 0) return;
 #if MOEBATCH_WGMMA
-  const int64_t weight_rows = static_cast<int64_t>(p.num_experts) * (p.silu_gate_up ? 2 : 1) * p.n;
-  MB_CHECK(weight_rows < (int64_t{1} << 31), "moe_gemm_tma: too many weight rows");
-  const int row_blocks = p.silu_gate_up ? CEIL_DIV(p.n, kBox) : CEIL_DIV(p.n, 2 * kBox);
-  const int64_t experts = p.active_experts != nullptr ? std::min(p.num_experts, p.num_pairs) : p.num_experts;
-  int device = 0, sms = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const int64_t grid = std::min<int64_t>(experts * row_blocks, static_cast<int64_t>(sms) * kCtasPerSm);
-  const CUtensorMap map = tensor_map_2d(p.weight.data, TmaElement::Bf16, weight_rows, p.k, kBox);
-  launch_dependent(moe_gemm_tma_kernel, dim3(static_cast<unsigned>(grid)), dim3(kThreads), kSmemBytes, stream, p,
-                   row_blocks, map);
-  CUDA_CHECK_LAST();
+  if (p.in_fp8 != nullptr)
+    launch<true>(p, stream);
+  else
+    launch<false>(p, stream);
 #else
   (void)stream;
   MB_CHECK(false, "moe_gemm_tma: this build has no sm_90a code (see moe_gemm_tma_available)");

@@ -97,6 +97,23 @@ __device__ __forceinline__ void mma_m64n32k16(float (&d)[16], uint64_t desc_a, u
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
+/// d [64 × 32] (+)= A [64 × 32] · B [32 × 32]ᵀ, both e4m3 K-major in shared memory (128-byte
+/// swizzle; advancing by 32 bytes selects the next 32-wide k slice), fp32 accumulators laid out
+/// as for mma_m64n32k16. kernels/moe_gemm_tma.cu's W8A8 shape.
+__device__ __forceinline__ void mma_m64n32k32_e4m3(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+      "}, %16, %17, p, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
 /// d [64 × 128] (+)= A [64 × 32] · B [128 × 32]ᵀ, both e4m3 K-major in shared memory (the same
 /// 128-byte swizzle: a 128-byte row holds 128 values, so advancing by 32 bytes selects the next
 /// 32-wide k slice), fp32 accumulators laid out as for mma_m64n256k16 (8-column chunks j = 0..15).

@@ -816,7 +816,8 @@ OpCaseDef moe_gemm_case(const MoeGemmShape& s) {
   MB_CHECK(!s.w8a8 || (s.format == WeightFormat::fp8_block && !s.gemv), "moe_gemm case: W8A8 is the fp8 grouped GEMM's");
   MB_CHECK(!s.gemv || (s.active_experts && s.tokens <= kernels::kMoeGemvMaxTokens),
            "moe_gemm case: moe_gemv needs the active list and few tokens");
-  MB_CHECK(!s.tma || (s.format == WeightFormat::bf16 && !s.gemv), "moe_gemm case: moe_gemm_tma is bf16's tiled GEMM");
+  MB_CHECK(!s.tma || ((s.format == WeightFormat::bf16 || s.w8a8) && !s.gemv),
+           "moe_gemm case: moe_gemm_tma is the tiled GEMM of bf16 and of W8A8");
   std::string name = std::string(s.gemv ? "moe_gemv" : s.tma ? "moe_gemm_tma" : s.kernel_name) + " " + stage;
   if (s.format != WeightFormat::bf16) name += std::string(" ") + weight_format_name(s.format);
   if (s.w8a8) name += " w8a8";

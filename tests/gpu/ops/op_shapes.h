@@ -167,7 +167,7 @@ struct MoeGemmShape {
   bool gemv = false;  ///< launch kernels::moe_gemv (tokens ≤ kMoeGemvMaxTokens) instead of `kernel`
   /// fp8_block only: W8A8, the input rows quantized per 1 × 128 by quantize_fp8_rows (in_fp8)
   bool w8a8 = false;
-  /// bf16 only: kernels::moe_gemm_tma (Hopper) instead of `kernel`
+  /// bf16 or W8A8: kernels::moe_gemm_tma (Hopper) instead of `kernel`
   bool tma = false;
 };
 OpCaseDef moe_gemm_case(const MoeGemmShape& s);

@@ -280,14 +280,17 @@ std::vector<OpCaseDef> op_cases_test() {
       {.tokens = 1, .experts = 64, .top_k = 8, .hidden = 2048, .inter = 768},
       {.tokens = 12, .experts = 32, .top_k = 8, .hidden = 2048, .inter = 768, .hot = 7},
   };
+  // The same on moe_gemm_tma (one 128-input stage per scale group: k 640 is five stages).
   for (MoeGemmShape s : w8a8_shapes)
-    for (MoeGemmStage stage : {MoeGemmStage::gate_up, MoeGemmStage::gate_up_silu, MoeGemmStage::down}) {
-      s.stage = stage;
-      s.active_experts = stage == MoeGemmStage::gate_up_silu;
-      s.format = WeightFormat::fp8_block;
-      s.w8a8 = true;
-      t.push_back(moe_gemm_case(s));
-    }
+    for (MoeGemmStage stage : {MoeGemmStage::gate_up, MoeGemmStage::gate_up_silu, MoeGemmStage::down})
+      for (bool tma : {false, true}) {
+        s.stage = stage;
+        s.active_experts = stage == MoeGemmStage::gate_up_silu;
+        s.format = WeightFormat::fp8_block;
+        s.w8a8 = true;
+        s.tma = tma;
+        t.push_back(moe_gemm_case(s));
+      }
   // The many-token path's expert GEMM on wgmma: experts spanning several 128-row tiles (a hot
   // one), empty experts, a partial last tile of output columns (I 72 of 128, H 136 of 256) and
   // of k (72, 136: a last slice of 8 of 64); the cuBLAS fallback on the same shapes.
@@ -501,10 +504,14 @@ std::vector<OpCaseDef> op_cases_bench() {
           add(B, moe_gemm_case({.tokens = B, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI, .stage = stage,
                                 .active_experts = true, .routings = kRoutings, .format = format, .gemv = gemv}));
         }
-    if (B > kernels::kMoeGemvMaxTokens)  // "moe_gemm_tma <stage>": the engine's bf16 path there on Hopper
+    // "moe_gemm_tma <stage>" and "... fp8 w8a8": the engine's bf16 and W8A8 paths there on Hopper
+    if (B > kernels::kMoeGemvMaxTokens)
       for (MoeGemmStage stage : {MoeGemmStage::down, MoeGemmStage::gate_up_silu})
-        add(B, moe_gemm_case({.tokens = B, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI, .stage = stage,
-                              .active_experts = true, .routings = kRoutings, .tma = true}));
+        for (bool a8 : {false, true})
+          add(B, moe_gemm_case({.tokens = B, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI, .stage = stage,
+                                .active_experts = true, .routings = kRoutings,
+                                .format = a8 ? WeightFormat::fp8_block : WeightFormat::bf16, .w8a8 = a8,
+                                .tma = true}));
     for (MoeGemmStage stage : {MoeGemmStage::down, MoeGemmStage::gate_up_silu})  // "moe_gemm <stage> fp8 w8a8"
       add(B, moe_gemm_case({.tokens = B, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI, .stage = stage,
                             .active_experts = true, .routings = kRoutings, .format = WeightFormat::fp8_block,
@@ -603,12 +610,13 @@ std::vector<OpCaseDef> op_cases_bench() {
     }
   }
   // The expert kernels at the other decode buckets (2, 4, 8 tokens): where the grouped GEMV
-  // stops beating the tiled GEMM (engine/cuda/linear.cpp kExpertGemvMaxTokens).
+  // stops beating the tiled GEMMs (engine/cuda/linear.cpp kExpertGemvMaxTokens), and which tiled
+  // GEMM is the faster there (moe_gemm or moe_gemm_tma).
   for (int B : {2, 4, 8})
-    for (bool gemv : {false, true})
+    for (int kernel = 0; kernel < 3; ++kernel)
       add(B, moe_gemm_case({.tokens = B, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
                             .stage = MoeGemmStage::gate_up_silu, .active_experts = true,
-                            .routings = kRoutings, .gemv = gemv}));
+                            .routings = kRoutings, .gemv = kernel == 1, .tma = kernel == 2}));
   // Dense bf16 projections at 8 rows: gemv_stream (near FMA-bound there, by estimate) against the
   // cuBLAS GEMM quant_linear takes, on the same rotation of copies.
   for (auto [proj, n, k] : {std::tuple{"qkv", kQkvWidth, kH}, {"o_proj", kH, kNq * kD}})
