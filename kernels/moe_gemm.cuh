@@ -57,9 +57,10 @@ struct MoeGemmParams {
 constexpr int kMoeGemmA8Group = 128;
 
 /// Runs the grouped GEMM (bf16 tensor-core MMA, fp32 accumulation, one rounding): pipelined,
-/// a block per 64 weight rows of an expert over all of k. The engine's path at every batch and
-/// weight codec. Requires fp8 scales with a group that is a multiple of 16, nvfp4 scales, row
-/// scales and group 16, and 16-byte aligned weight data.
+/// a block per 64 weight rows of an expert over all of k. The engine's path for steps of more
+/// than one token where moe_gemm_tma does not take the operands (other codecs, other GPUs).
+/// Requires fp8 scales with a group that is a multiple of 16, nvfp4 scales, row scales and group
+/// 16, and 16-byte aligned weight data.
 void moe_gemm(const MoeGemmParams& p, cudaStream_t stream);
 
 /// The same product as moe_gemm for bf16 weights and activations on Hopper
