@@ -1,13 +1,15 @@
-// moe_gemm for bf16 experts on Hopper (kernels/moe_gemm.cuh, moe_gemm_tma): the weights stream
-// through a shared-memory ring filled by TMA, the products run on wgmma, and the CTAs are
-// persistent, so no CTA ever waits for its first weight bytes after the first tile.
+// moe_gemm for bf16 experts, and W8A8 experts (FP8 blocks of 128 inputs, e4m3 activations), on
+// Hopper (kernels/moe_gemm.cuh, moe_gemm_tma): the weights stream through a shared-memory ring
+// filled by TMA, the products run on wgmma, and the CTAs are persistent, so no CTA ever waits
+// for its first weight bytes after the first tile.
 //
-// Why (bench/RESULTS.md, 2026-12-02): at batch 256 on the 30B shape the register-pipelined
-// moe_gemm streams gate+up at 83% and down at 74% of copy bandwidth. Each of its blocks holds at
-// most two 256-input chunks per warp in registers (it sits at its 168-register limit), restarts
-// that pipeline for every 64-row slice of an expert, and its last wave runs part-empty. Here the
-// bytes in flight live in shared memory (up to 5 stages of 16 KB per CTA, two CTAs per SM) and
-// the producer carries on into the next tile while the consumers finish the current one.
+// Why (bench/RESULTS.md, 2026-12-02 / 2026-12-03): at batch 256 on the 30B shape the
+// register-pipelined moe_gemm streams gate+up at 83% and down at 74% of copy bandwidth (bf16;
+// W8A8 45-50%). Each of its blocks holds at most two 256-input chunks per warp in registers (it
+// sits at its 168-register limit), restarts that pipeline for every 64-row slice of an expert,
+// and its last wave runs part-empty. Here the bytes in flight live in shared memory (5 stages of
+// 16 KB of weights per CTA, two CTAs per SM) and the producer carries on into the next tile while
+// the consumers finish the current one: 94% / 87% (bf16), 83% / 73% (W8A8).
 //
 // Work: a tile is (expert with pairs, row block) — 128 weight rows: for silu_gate_up the 64 gate
 // rows and the matching 64 up rows (one thread holds gate and up of the same output), else 128
@@ -16,16 +18,19 @@
 // (experts × row blocks) goes to CTA t % grid, experts outermost, so the CTAs working at one time
 // share an expert's activation rows in L2.
 //
-// Roles: warps 0-3 (one warpgroup) consume, warp 4 produces. Per stage (64 inputs) the producer
-// waits for the slot's empty barrier, lane 0 announces 16 KB and issues two TMA boxes of 64
-// weight rows × 64 inputs (128-byte swizzle; rows and inputs past the matrix read as zeros),
-// and lane r copies pass row r's 64 inputs (cp.async, zeros for padding pairs and past k) into
-// the slot's activation tile in the same swizzle; each lane's cp.async arrival and lane 0's
-// byte count complete the slot's full barrier. The consumers wait for it, issue
-// wgmma.m64n32k16 over the two boxes (weights as A: rows on M; the pass's pairs as B: the 8-wide
-// side carries pairs, as in moe_gemm's swapped product), and release the slot once those MMAs
-// are done. After a pass's last stage: the epilogue from the fp32 accumulators, one rounding,
-// SiLU·mul with silu_gate_up.
+// Roles: warps 0-3 (one warpgroup) consume, warp 4 produces. A stage is 128 bytes of every row:
+// 64 bf16 or 128 e4m3 inputs (one activation scale group). Per stage the producer waits for the
+// slot's empty barrier, lane 0 announces 16 KB and issues two TMA boxes of 64 weight rows × 128
+// bytes (128-byte swizzle; rows and inputs past the matrix read as zeros), lane r copies pass row
+// r's 128 bytes (cp.async, zeros for padding pairs and past k) into the slot's activation tile in
+// the same swizzle, and for W8A8 the stage's 128 weight-row scales and 32 pair scales beside it
+// (4-byte cp.async); each lane's cp.async arrival and lane 0's byte count complete the slot's
+// full barrier. The consumers wait for it, issue wgmma.m64n32k16 (bf16) or m64n32k32 (e4m3) over
+// the two boxes (weights as A: rows on M; the pass's pairs as B: the narrow side carries pairs,
+// as in moe_gemm's swapped product), and release the slot once those MMAs are done. W8A8 sums a
+// stage into its own accumulators (two sets, alternating) and promotes them, scaled by weight
+// row × pair, once the next stage's MMAs are issued. After a pass's last stage: the epilogue
+// from the fp32 accumulators, one rounding, SiLU·mul with silu_gate_up.
 //
 // Built for sm_90a only (MOEBATCH_WGMMA, kernels/CMakeLists.txt); without it the entry points
 // exist and moe_gemm_tma_available says false.
