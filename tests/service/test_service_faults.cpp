@@ -57,7 +57,7 @@ struct ServeWithPorts {
     return sh;
   }
 
-  /// Waits for the ready line on stdout (in the log).
+  /// Waits for the ready line on stdout (in the log); a daemon takes ~20 s to start under TSan.
   bool ready() {
     return test::wait_until(
         [&] {
@@ -65,7 +65,7 @@ struct ServeWithPorts {
           if (line) ports = *line;
           return line.has_value();
         },
-        30s);
+        test::under_tsan(30s));
   }
   int http_port() const { return ports["http_port"].get<int>(); }
 };
@@ -224,7 +224,7 @@ TEST_P(ServiceFaultsStore, PubAnnouncesEveryFinalTransition) {
         return notices.by_key.count("n-cancel") && notices.by_key.count("n-invalid") &&
                notices.by_key.count("n-lease") && notices.by_key.count("n-zmq");
       },
-      8s);
+      test::under_tsan(8s));
   ASSERT_EQ(notices.by_key.count("n-zmq"), 1u) << "no notice for the ZeroMQ job";
   EXPECT_EQ(notices.by_key["n-zmq"]["state"], "done");
   ASSERT_EQ(notices.by_key.count("n-cancel"), 1u) << "no notice for the cancelled job";
