@@ -63,11 +63,12 @@ constexpr int kMoeGemmA8Group = 128;
 /// 16, and 16-byte aligned weight data.
 void moe_gemm(const MoeGemmParams& p, cudaStream_t stream);
 
-/// The same product as moe_gemm for bf16 weights and activations on Hopper
-/// (kernels/moe_gemm_tma.cu): persistent CTAs stream 128-row weight tiles through a
-/// shared-memory ring filled by TMA and multiply on wgmma, so the bytes in flight are not bounded
-/// by registers and no CTA restarts its pipeline per tile. The engine's path for bf16 experts of
-/// decode steps where moe_gemm_tma_available (engine/cuda/linear.cpp). Requires moe_gemm_tma_takes,
+/// The same product as moe_gemm on Hopper for bf16 weights and activations, and for W8A8
+/// (FP8-block weights in groups of 128, e4m3 rows in in_fp8) (kernels/moe_gemm_tma.cu):
+/// persistent CTAs stream 128-row weight tiles through a shared-memory ring filled by TMA and
+/// multiply on wgmma, so the bytes in flight are not bounded by registers and no CTA restarts
+/// its pipeline per tile. The engine's path for those experts in decode steps of more than one
+/// token where moe_gemm_tma_available (engine/cuda/linear.cpp). Requires moe_gemm_tma_takes,
 /// moe_gemm's other operand rules, and moe_wgmma_prepare on the current device.
 void moe_gemm_tma(const MoeGemmParams& p, cudaStream_t stream);
 
@@ -75,7 +76,8 @@ void moe_gemm_tma(const MoeGemmParams& p, cudaStream_t stream);
 /// sm_90a object, as moe_wgmma_available).
 bool moe_gemm_tma_available(int device);
 
-/// Whether moe_gemm_tma takes these operands: bf16 weights, bf16 activations (no in_fp8).
+/// Whether moe_gemm_tma takes these operands: bf16 weights with bf16 activations (no in_fp8),
+/// or FP8-block weights in groups of 128 with in_fp8 and k % 128 == 0.
 bool moe_gemm_tma_takes(const MoeGemmParams& p);
 
 /// Tokens up to which a step's experts can take moe_gemv: an expert then has at most this many

@@ -90,9 +90,9 @@ struct CudaBackendOptions {
   /// bulk-copy GEMV (kernels::gemv_stream) where the GPU is a Hopper and the build has its sm_90a
   /// code; false: the register-fed GEMV (kernels::gemv_quant).
   bool stream_gemv = true;
-  /// The grouped expert GEMMs of decode steps with bf16 experts on the persistent TMA-fed wgmma
-  /// kernel (kernels::moe_gemm_tma) where the GPU is a Hopper and the build has its sm_90a code;
-  /// false: the register-pipelined kernels::moe_gemm.
+  /// The grouped expert GEMMs of decode steps with bf16 or W8A8 experts on the persistent
+  /// TMA-fed wgmma kernel (kernels::moe_gemm_tma) where the GPU is a Hopper and the build has its
+  /// sm_90a code; false: the register-pipelined kernels::moe_gemm.
   bool tma_experts = true;
   /// One-token decode steps of one rank run the MLP's residual add + RMSNorm inside the
   /// router's launch (kernels::RouteSmallNorm) instead of a launch of their own.

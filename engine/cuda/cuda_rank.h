@@ -89,7 +89,7 @@ class CudaRank {
   bool wgmma_experts = false;        ///< that path's bf16 experts on kernels::moe_wgmma
   bool w8a8_experts = false;         ///< FP8-block experts on moe_wgmma_fp8 (implies wgmma_experts)
   bool stream_gemv = false;          ///< one-row bf16 projections on kernels::gemv_stream
-  bool tma_experts = false;          ///< decode steps' bf16 experts on kernels::moe_gemm_tma
+  bool tma_experts = false;          ///< decode steps' bf16 / W8A8 experts on kernels::moe_gemm_tma
   bool router_norm = true;           ///< CudaBackendOptions::router_norm
   cublasHandle_t cublas = nullptr;  ///< bound to `stream`, fixed workspace
 

@@ -29,8 +29,8 @@ struct GemmContext {
   /// One-row bf16 projections on kernels::gemv_stream (the rank's Hopper GPU has it and it was
   /// prepared there) instead of quant_linear's GEMV.
   bool stream_gemv = false;
-  /// bf16 expert GEMMs of decode steps on kernels::moe_gemm_tma (the rank's Hopper GPU has it
-  /// and moe_wgmma_prepare ran there) instead of moe_gemm.
+  /// Expert GEMMs of decode steps that kernels::moe_gemm_tma takes (bf16, W8A8) on it (the
+  /// rank's Hopper GPU has it and moe_wgmma_prepare ran there) instead of moe_gemm.
   bool tma_experts = false;
 };
 
@@ -47,7 +47,8 @@ void linear(const GemmContext& g, float* out, const bf16* in, const DeviceTensor
 /// and the stacked expert weights `w` ([E, n, k], or [E, 2n, k] with p.silu_gate_up), on g's
 /// stream. A call of `tokens` tokens with the active-expert list takes the grouped GEMV
 /// (kernels::moe_gemv) when that is the faster kernel for so few tokens (linear.cpp); more tokens
-/// take the tiled GEMM: bf16 on kernels::moe_gemm_tma where g.tma_experts, else kernels::moe_gemm.
+/// take the tiled GEMM: kernels::moe_gemm_tma where g.tma_experts and it takes the operands
+/// (bf16, W8A8), else kernels::moe_gemm.
 void expert_gemm(const GemmContext& g, kernels::MoeGemmParams p, const DeviceTensor& w, int tokens);
 
 /// Expert GEMMs of a many-token step on rows in moe_align's sorted order: for each expert e
