@@ -200,10 +200,8 @@ __device__ __forceinline__ void stage_mma(BoxAcc& d, uint32_t w_tile, bool accum
 }
 
 // W8A8: a finished stage's sums into the accumulators, scaled by its weight rows' and pairs'
-// scales (the stage's slot, still held).
-__device__ __forceinline__ void promote(BoxAcc& acc, const BoxAcc& part, const float* scales) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int r = 16 * warp + (lane >> 2), c = 2 * (lane & 3);
+// scales (the stage's slot, still held); r, c: the thread's box row and pair column (consume).
+__device__ __forceinline__ void promote(BoxAcc& acc, const BoxAcc& part, const float* scales, int r, int c) {
 #pragma unroll
   for (int box = 0; box < 2; ++box)
 #pragma unroll
@@ -262,7 +260,7 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, const TileWalk& 
         if (kt > 0) {
           if constexpr (kFp8) {
             fence_acc(part[B ^ 1]);  // its registers are read only after the wait
-            promote(acc, part[B ^ 1], scales_of(q - 1));
+            promote(acc, part[B ^ 1], scales_of(q - 1), r, c);
           }
           wgmma::mbarrier_arrive(empty0 + slot_of(q - 1) * 8);
         }
@@ -277,10 +275,10 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, const TileWalk& 
         // the last stage's buffer (compile-time indices keep part in registers)
         if ((kt_count - 1) & 1) {
           fence_acc(part[1]);
-          promote(acc, part[1], scales_of(q - 1));
+          promote(acc, part[1], scales_of(q - 1), r, c);
         } else {
           fence_acc(part[0]);
-          promote(acc, part[0], scales_of(q - 1));
+          promote(acc, part[0], scales_of(q - 1), r, c);
         }
       } else {
         fence_acc(acc);
