@@ -162,11 +162,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int s = 0; s < kStages - 1; ++s)
     if (s < k_groups) load_stage(s);
   for (int kt = 0; kt < k_groups; ++kt) {
-    const int next = kt + kStages - 1;
-    if (next < k_groups) {
-      if (next >= kStages) wgmma::mbarrier_wait(empty0 + (next % kStages) * 8, (next / kStages - 1) & 1);
-      load_stage(next);
-    }
     const int slot = kt % kStages;
     wgmma::mbarrier_wait(full0 + slot * 8, (kt / kStages) & 1);
     // the copies were made by the generic proxy; the tensor cores read through the async one
@@ -186,6 +181,16 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma::mma_m64n128k32_e4m3(part, wgmma::smem_desc_sw128(a_addr + kk * 32),
                                    wgmma::smem_desc_sw128(b_addr + h * (kHalf * kBK) + kk * 32), kk > 0);
       wgmma::commit();
+      if (h == 0) {
+        // While the first half's MMAs run: refill the slot slice kt - 1 used, once the other
+        // warpgroup is done with it too. (Waiting for that before this slice's MMAs kept the two
+        // warpgroups in step, so that both promoted while the tensor cores idled.)
+        const int next = kt + kStages - 1;
+        if (next < k_groups) {
+          if (next >= kStages) wgmma::mbarrier_wait(empty0 + (next % kStages) * 8, (next / kStages - 1) & 1);
+          load_stage(next);
+        }
+      }
       wgmma::wait<0>();
 #pragma unroll
       for (int i = 0; i < 64; ++i) wgmma::fence_operand(part[i]);
