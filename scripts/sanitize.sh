@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# The test suite under sanitizers (CPU build, no CUDA); CI's second stage (.ci/run).
+# The test suite under sanitizers (CPU build, no CUDA); CI's second and third stages (.ci/run).
 #   asan:      ASan + UBSan over the binaries that take outside input or run threads (INPUT_TESTS:
 #              queue, ingress, service, tokenizer), in build-asan;
 #   asan-full: ASan + UBSan over every test, in build-asan; CI's second stage;
 #   tsan:      TSan over the threaded parts (TSAN_TESTS: queue, ingress, service), in build-tsan,
-#              with scripts/tsan.supp (library false positives only, each one explained); eight
-#              service tests that check work done within a time budget, or cannot fit ctest's
-#              300 s at TSan's pace, skip themselves there (MB_SKIP_UNDER_TSAN), four give their
-#              work a longer deadline (under_tsan; both in tests/service/test_util.h);
-#   tsan-ci:   TSan over the queue and ingress binaries that need no `moebatch` executable
-#              (TSAN_CI_TESTS; CI's third stage: the whole list's tests take ~9 min under TSan
-#              on an idle 2-core machine, more than CI's time leaves; docs/reliability.md).
+#              with scripts/tsan.supp (library false positives only, each one explained); CI's
+#              third stage since 2026-12-03. Eight service tests that check work done within a
+#              time budget, or cannot fit ctest's 300 s at TSan's pace, skip themselves there
+#              (MB_SKIP_UNDER_TSAN), four give their work a longer deadline (under_tsan; both in
+#              tests/service/test_util.h);
+#   tsan-ci:   TSan over the queue and ingress binaries only, which need no `moebatch` executable
+#              (TSAN_CI_TESTS): a quick local check, about 70 s from a clean build-tsan
+#              on the 2-core machine; CI's third stage until 2026-12-03.
 # Binaries are picked by the LABELS tests/CMakeLists.txt gives each (its name), so new tests in
 # them are covered; only those binaries (and what they start) are built.
 # A report fails the run even when it comes from a process the tests start and kill or whose
@@ -18,9 +19,10 @@
 # fails when that folder is not empty at the end. UBSan findings abort (MOEBATCH_SANITIZE adds
 # -fno-sanitize-recover); ASan and TSan halt on their first report.
 # Sanitizer builds use -O1 -g1: half the compile time of -O2 -g, and line tables are all a
-# report's stack needs. TSan builds are CMake unity builds (up to 8 sources of a target compiled
-# as one translation unit; build times: docs/reliability.md), so file-local names (anonymous
-# namespaces, statics) must be unique within a target: a clash fails the TSan build.
+# report's stack needs. They are unity builds (MOEBATCH_UNITY: up to 8 sources of a target
+# compiled as one translation unit; why and build times: cmake/build_speed.cmake,
+# docs/reliability.md), so file-local names (anonymous namespaces, statics) must be unique within
+# a target: a clash fails the unity build.
 # Extra arguments go to cmake's configure step (CI: -DMOEBATCH_WERROR=ON).
 # Usage: scripts/sanitize.sh [asan|asan-full|tsan|tsan-ci|all] [cmake args...]   (default all: asan, tsan)
 set -euo pipefail
@@ -44,9 +46,8 @@ run() {  # run <build dir> <sanitizers> [test binaries: only these are built and
   local start=$SECONDS extra=()
   # GCC warns that TSan does not model std::atomic_thread_fence (Boost.Asio's handler fences);
   # asio's queues are mutex-protected, so the warning, an error under WERROR, is not a finding.
-  # Unity builds for TSan only: measured, they did not shorten the ASan build (docs/reliability.md).
-  if [ "$san" = thread ]; then extra=(-DCMAKE_CXX_FLAGS=-Wno-tsan -DCMAKE_UNITY_BUILD=ON); fi
-  cmake -S . -B "$dir" -G Ninja -DMOEBATCH_CUDA=OFF -DMOEBATCH_BUILD_BENCH=OFF \
+  if [ "$san" = thread ]; then extra=(-DCMAKE_CXX_FLAGS=-Wno-tsan); fi
+  cmake -S . -B "$dir" -G Ninja -DMOEBATCH_CUDA=OFF -DMOEBATCH_BUILD_BENCH=OFF -DMOEBATCH_UNITY=ON \
     -DMOEBATCH_SANITIZE="$san" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" "${extra[@]}" "${CMAKE_ARGS[@]}" \
     >/dev/null || return 1
