@@ -16,32 +16,54 @@ struct MoeTile {
 };
 
 /// Warp 0 only: the m-th row tile when every expert's rows are cut into ceil(rows / kBM) tiles in
-/// expert order; false past the last one. 32 experts per step: tile counts, a warp scan, a ballot.
+/// expert order; false past the last one. 32 experts per step: tile counts, a warp scan, a
+/// ballot. The offsets of four steps are loaded before the first scan, not one step's after the
+/// other's: a block can load nothing before this, and one round trip instead of four took 1–4%
+/// off the expert GEMMs (bench/RESULTS.md, 2026-12-03 session 12).
 template <int kBM>
 __device__ bool find_moe_tile(const int32_t* off, int experts, int m, MoeTile& tile) {
+  constexpr int kSteps = 4;
   const int lane = threadIdx.x & 31;
   int before = 0;  // tiles of the experts of earlier steps
-  for (int base = 0; base < experts; base += 32) {
-    const int e = base + lane;
-    const int row0 = e < experts ? off[e] : 0;
-    const int rows = e < experts ? off[e + 1] - row0 : 0;
-    const int tiles = rows > 0 ? (rows + kBM - 1) / kBM : 0;
-    int incl = tiles;
+  for (int base = 0; base < experts; base += 32 * kSteps) {
+    int lo[kSteps], hi[kSteps];
 #pragma unroll
-    for (int d = 1; d < 32; d <<= 1) {
-      const int v = __shfl_up_sync(~0u, incl, d);
-      if (lane >= d) incl += v;
+    for (int u = 0; u < kSteps; ++u) {
+      const int e = base + 32 * u + lane;
+      lo[u] = e < experts ? off[e] : 0;
+      hi[u] = e < experts ? off[e + 1] : 0;
     }
-    const int start = before + incl - tiles;
-    const unsigned hit = __ballot_sync(~0u, m >= start && m < start + tiles);
+    // the first step with a hit decides (a ballot: the same for the whole warp)
+    unsigned hit = 0;
+    int hit_start = 0, hit_row0 = 0, hit_rows = 0, hit_expert = 0;
+#pragma unroll
+    for (int u = 0; u < kSteps; ++u) {
+      const int rows = hi[u] - lo[u];
+      const int tiles = rows > 0 ? (rows + kBM - 1) / kBM : 0;
+      int incl = tiles;
+#pragma unroll
+      for (int d = 1; d < 32; d <<= 1) {
+        const int v = __shfl_up_sync(~0u, incl, d);
+        if (lane >= d) incl += v;
+      }
+      const int start = before + incl - tiles;
+      const unsigned h = __ballot_sync(~0u, m >= start && m < start + tiles);
+      if (hit == 0 && h != 0) {
+        hit = h;
+        hit_start = start;
+        hit_row0 = lo[u];
+        hit_rows = rows;
+        hit_expert = base + 32 * u + lane;
+      }
+      before += __shfl_sync(~0u, incl, 31);
+    }
     if (hit != 0) {
       if (lane == __ffs(hit) - 1) {
-        const int local = (m - start) * kBM;
-        tile = {e, row0 + local, min(kBM, rows - local)};
+        const int local = (m - hit_start) * kBM;
+        tile = {hit_expert, hit_row0 + local, min(kBM, hit_rows - local)};
       }
       return true;
     }
-    before += __shfl_sync(~0u, incl, 31);
   }
   return false;
 }

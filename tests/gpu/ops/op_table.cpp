@@ -293,9 +293,11 @@ std::vector<OpCaseDef> op_cases_test() {
       }
   // The many-token path's expert GEMM on wgmma: experts spanning several 128-row tiles (a hot
   // one), empty experts, a partial last tile of output columns (I 72 of 128, H 136 of 256) and
-  // of k (72, 136: a last slice of 8 of 64); the cuBLAS fallback on the same shapes.
+  // of k (72, 136: a last slice of 8 of 64), more experts than one pass of the tile lookup
+  // takes (160 > 128); the cuBLAS fallback on the same shapes.
   const SortedExpertGemmShape sorted_shapes[] = {
       {.tokens = 300, .experts = 16, .top_k = 4, .hidden = 256, .inter = 128, .hot = 3},
+      {.tokens = 400, .experts = 160, .top_k = 4, .hidden = 256, .inter = 128, .hot = 150},
       {.tokens = 40, .experts = 64, .top_k = 2, .hidden = 136, .inter = 72, .hot = 9},
       {.tokens = 160, .experts = 128, .top_k = 8, .hidden = 2048, .inter = 768, .hot = 5},
   };
