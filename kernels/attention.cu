@@ -617,6 +617,8 @@ void attention_prefill(const AttentionParams& p, cudaStream_t stream) {
   check(p);
   if (p.num_seqs == 0 || p.num_tokens == 0 || p.max_q_len == 0) return;
   if (!on_tensor_cores(p)) return dispatch<8>(p, stream);
+  const int64_t rows = static_cast<int64_t>(p.max_q_len) * (p.n_q_heads / p.n_kv_heads);
+  if (rows >= kTcWideMinRows && prefill_on_wgmma(p)) return attention_prefill_wgmma(p, stream);
   switch (p.head_dim) {
     case 32: launch_mma<32>(p, stream); break;
     case 64: launch_mma<64>(p, stream); break;

@@ -9,6 +9,11 @@
 
 namespace moebatch::kernels {
 
+/// Which kernel attention_prefill runs where several take the shape: `best` picks (the wgmma
+/// kernel on Hopper at head_dim 128, else mma.sync); `mma_sync` keeps the mma.sync kernel, so
+/// that tests and benchmarks reach it on Hopper too.
+enum class AttentionPrefillKernel { best, mma_sync };
+
 /// Operands of attention_prefill / attention_decode.
 struct AttentionParams {
   bf16* out = nullptr;                ///< [num_tokens, n_q_heads * head_dim]
@@ -31,6 +36,7 @@ struct AttentionParams {
   float scale = 0.f;                  ///< softmax scale, usually 1/sqrt(head_dim)
   int num_splits = 1;                 ///< split-K (flash-decoding) partitions of the key range
   float* workspace = nullptr;         ///< attention_workspace_floats(...) floats when num_splits > 1
+  AttentionPrefillKernel prefill_kernel = AttentionPrefillKernel::best;
 };
 
 /// Ticket counters at the head of a split-K workspace: one per (sequence, kv head) of the
@@ -52,11 +58,13 @@ inline size_t attention_workspace_floats(int num_tokens, int n_q_heads, int head
 /// kernel), each split at least one 32-key tile, at most max_splits.
 int attention_decode_splits(int num_seqs, int n_kv_heads, int max_kv_len, int num_sms, int max_splits);
 
-/// Causal attention for many query tokens per sequence: tiles of 64 (token, head) rows of one
-/// kv group share each staged 64-key K/V tile, on bf16 tensor cores (fp32 scores, softmax and
-/// accumulation; P rounded to bf16 for P·V). head_dim 16, num_splits > 1, scale <= 0 and q,
-/// cache or out pointers not 16-byte aligned take the CUDA-core kernel of attention_decode with
-/// tiles of 32 rows.
+/// Causal attention for many query tokens per sequence: tiles of (token, head) rows of one kv
+/// group share each staged K/V tile, on bf16 tensor cores (fp32 scores, softmax and
+/// accumulation; P rounded to bf16 for P·V): on Hopper at head_dim 128 with 512 rows or more
+/// (the longest sequence's tokens × heads per kv head) warpgroup MMAs over 128 × 128 tiles
+/// (kernels/attention_wgmma.cu), else mma.sync over 64- or 128-row × 64-key tiles. head_dim 16,
+/// num_splits > 1, scale <= 0 and q, cache or out pointers not 16-byte aligned take the CUDA-core
+/// kernel of attention_decode with tiles of 32 rows.
 void attention_prefill(const AttentionParams& p, cudaStream_t stream);
 
 /// Attention for one query token per sequence (decode), on tensor cores with K/V streamed from

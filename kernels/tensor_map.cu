@@ -42,4 +42,20 @@ CUtensorMap tensor_map_2d(const void* base, TmaElement element, int64_t rows, in
   return map;
 }
 
+CUtensorMap tensor_map_3d_bf16(const void* base, int64_t outer, int64_t mid, int64_t inner, int box_outer) {
+  MB_CHECK(outer > 0 && mid > 0 && inner > 0 && inner % 64 == 0 && reinterpret_cast<uintptr_t>(base) % 16 == 0,
+           "tensor_map_3d_bf16: rows must be 64-element multiples at a 16-byte aligned base");
+  MB_CHECK(box_outer > 0 && box_outer <= 256, "tensor_map_3d_bf16: a box holds 1..256 outer rows");
+  CUtensorMap map{};
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(inner), static_cast<cuuint64_t>(mid), static_cast<cuuint64_t>(outer)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(inner * 2), static_cast<cuuint64_t>(mid * inner * 2)};
+  const cuuint32_t box[3] = {64, 1, static_cast<cuuint32_t>(box_outer)};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const CUresult r = encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(base), dims, strides, box,
+                               element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  MB_CHECK(r == CUDA_SUCCESS, "tensor_map_3d_bf16: cuTensorMapEncodeTiled failed (" + std::to_string(r) + ")");
+  return map;
+}
+
 }  // namespace moebatch::kernels

@@ -18,4 +18,10 @@ enum class TmaElement { U8, Bf16 };
 /// cols reads as zeros. Error when the driver refuses it.
 CUtensorMap tensor_map_2d(const void* base, TmaElement element, int64_t rows, int64_t cols, int box_rows);
 
+/// The map of bf16 `base` [outer, mid, 64 · inner_64] (strides: mid · inner, inner elements; base
+/// 16-byte aligned): boxes of 64 inner elements (128 bytes) × 1 mid × box_outer outer rows, in
+/// the 128-byte swizzle. The paged KV cache [slots, kv heads, head_dim] read one cache block of
+/// one kv head at a time (kernels/attention_wgmma.cu). Error when the driver refuses it.
+CUtensorMap tensor_map_3d_bf16(const void* base, int64_t outer, int64_t mid, int64_t inner, int box_outer);
+
 }  // namespace moebatch::kernels

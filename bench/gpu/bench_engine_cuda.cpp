@@ -20,10 +20,12 @@
 // --disable-wgmma-experts runs that path's experts on cuBLAS instead of the wgmma kernel;
 // --disable-w8a8-experts decodes FP8 experts to bf16 for it instead of running them W8A8;
 // --disable-stream-gemv keeps one-row bf16 projections on the register-fed GEMV;
-// --disable-router-norm keeps the one-token MLP norm in a launch of its own.
+// --disable-router-norm keeps the one-token MLP norm in a launch of its own;
+// --disable-wgmma-attention keeps prefill attention on the mma.sync kernel.
 // Usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--disable-custom-all-reduce]
 //                                   [--disable-wgmma-experts] [--disable-w8a8-experts]
 //                                   [--disable-stream-gemv] [--disable-tma-experts] [--disable-router-norm]
+//                                   [--disable-wgmma-attention]
 //                                   [--quantization Q]
 //                                   [--moe-sorted-min-rows N] [out.json]
 //                                   [peer.json]
@@ -194,6 +196,7 @@ struct Args {
   bool stream_gemv = true;               ///< --disable-stream-gemv: one-row bf16 GEMV from registers
   bool tma_experts = true;               ///< --disable-tma-experts: decode experts on moe_gemm
   bool router_norm = true;               ///< --disable-router-norm: the MLP norm in its own launch
+  bool wgmma_attention = true;           ///< --disable-wgmma-attention: prefill attention on mma.sync
   Quantization quant = Quantization::None;
 };
 
@@ -216,6 +219,8 @@ Args parse_args(int argc, char** argv) {
       a.stream_gemv = false;
     } else if (arg == "--disable-tma-experts") {
       a.tma_experts = false;
+    } else if (arg == "--disable-wgmma-attention") {
+      a.wgmma_attention = false;
     } else if (arg == "--disable-router-norm") {
       a.router_norm = false;
     } else if (arg == "--shape" && i + 1 < argc) {
@@ -225,7 +230,7 @@ Args parse_args(int argc, char** argv) {
     } else if (arg == "--quantization" && i + 1 < argc) {
       a.quant = parse_quantization(argv[++i]);
     } else if (arg.rfind("--", 0) == 0) {
-      std::fprintf(stderr, "usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--disable-custom-all-reduce] [--disable-wgmma-experts] [--disable-w8a8-experts] [--disable-stream-gemv] [--disable-router-norm] [--quantization Q] [--moe-sorted-min-rows N] [out.json] [peer.json]\n");
+      std::fprintf(stderr, "usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--disable-custom-all-reduce] [--disable-wgmma-experts] [--disable-w8a8-experts] [--disable-stream-gemv] [--disable-router-norm] [--disable-wgmma-attention] [--quantization Q] [--moe-sorted-min-rows N] [out.json] [peer.json]\n");
       std::exit(2);
     } else if (positional++ == 0) {
       a.out_path = arg;
@@ -271,6 +276,7 @@ int main(int argc, char** argv) {
   o.wgmma_experts = args.wgmma_experts;
   o.w8a8_experts = args.w8a8_experts;
   o.stream_gemv = args.stream_gemv;
+  o.wgmma_attention = args.wgmma_attention;
   o.tma_experts = args.tma_experts;
   o.router_norm = args.router_norm;
   const double lin = linear_bytes_per_param(args.quant);
@@ -300,6 +306,7 @@ int main(int argc, char** argv) {
   J["wgmma_experts"] = o.wgmma_experts;
   J["w8a8_experts"] = o.w8a8_experts;
   J["stream_gemv"] = o.stream_gemv;
+  J["wgmma_attention"] = o.wgmma_attention;
   J["tma_experts"] = o.tma_experts;
   J["router_norm"] = o.router_norm;
   J["memory_plan"] = {{"weights", be.memory_plan().weights},

@@ -170,6 +170,7 @@ void CudaBackend::init(const std::filesystem::path* model_dir, uint64_t seed) {
     ranks_[r]->stream_gemv = o.stream_gemv && kernels::gemv_stream_available(devices_[r]);
     ranks_[r]->tma_experts = o.tma_experts && kernels::moe_gemm_tma_available(devices_[r]);
     ranks_[r]->router_norm = o.router_norm;
+    ranks_[r]->wgmma_attention = o.wgmma_attention;
   }
   // The sorted prefill path decodes every compressed expert into bf16 before its GEMM, a cost
   // that rows must amortize. On cuBLAS (no wgmma): at 160 rows per expert (Qwen3-Next-80B FP8,

@@ -91,6 +91,7 @@ class CudaRank {
   bool stream_gemv = false;          ///< one-row bf16 projections on kernels::gemv_stream
   bool tma_experts = false;          ///< decode steps' bf16 / W8A8 experts on kernels::moe_gemm_tma
   bool router_norm = true;           ///< CudaBackendOptions::router_norm
+  bool wgmma_attention = true;       ///< CudaBackendOptions::wgmma_attention
   cublasHandle_t cublas = nullptr;  ///< bound to `stream`, fixed workspace
 
  private:

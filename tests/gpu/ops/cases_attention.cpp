@@ -78,6 +78,7 @@ class AttentionCase final : public OpCase {
     p_.scale = 1.f / std::sqrt(static_cast<float>(hd));
     p_.num_splits = splits_;
     p_.workspace = ws_.get();
+    if (s_.mma_sync) p_.prefill_kernel = kernels::AttentionPrefillKernel::mma_sync;
   }
 
   void run(const OpEnv& env, int) override {
@@ -224,7 +225,7 @@ OpCaseDef attention_case(const AttentionShape& s) {
       lens(s.q_lens, 0) + " kvlen " + lens(s.kv_lens, s.random_kv_max) + " splits " +
       (s.splits == kSplitsAuto ? std::string("auto") : std::to_string(s.splits)) +
       (s.kv_bound > 0 ? " bound " + std::to_string(s.kv_bound) : "") +
-      (s.block_size != 16 ? " block " + std::to_string(s.block_size) : "");
+      (s.block_size != 16 ? " block " + std::to_string(s.block_size) : "") + (s.mma_sync ? " mma_sync" : "");
   return op_case_def<AttentionCase>(s.decode ? "attn_decode" : "attn_prefill", shape, OpFamily::attention, 5e-3, s);
 }
 

@@ -51,12 +51,13 @@ std::vector<OpCaseDef> op_cases_test() {
   t.push_back(shared_expert_gate_case({.tokens = 17, .hidden = 2048}));
 
   // Attention. Prefill: whole prompts, a chunk continuing a cached prefix and a decode token in
-  // one step. head_dim 32/64/128 run on tensor cores (64-row, 64-key tiles; at head_dim 128 a
-  // step whose longest sequence has ≥ 512 rows takes 128-row tiles: the first two cases, and
-  // the third at 504 rows the 64-row ones); head_dim 16 and 256 and split-K take the CUDA-core
-  // kernel.
-  t.push_back(attention_case({.head_dim = 128, .n_q_heads = 32, .n_kv_heads = 4, .q_lens = {37, 64, 20, 1},
-                              .kv_lens = {37, 64, 85, 130}}));
+  // one step. head_dim 32/64/128 run on tensor cores (64-row, 64-key mma.sync tiles; at head_dim
+  // 128 a step whose longest sequence has ≥ 512 rows takes the wgmma kernel's 128-row, 128-key
+  // tiles on Hopper, else mma.sync's 128-row tiles: the first two cases, and the third at 504
+  // rows the 64-row ones); head_dim 16 and 256 and split-K take the CUDA-core kernel.
+  for (bool mma_sync : {false, true})
+    t.push_back(attention_case({.head_dim = 128, .n_q_heads = 32, .n_kv_heads = 4, .q_lens = {37, 64, 20, 1},
+                                .kv_lens = {37, 64, 85, 130}, .mma_sync = mma_sync}));
   // Prompt lengths around the tiles (64 rows = 8 tokens of 8 heads, or 64 tokens of 1 head; 64
   // keys): a decode token, whole prompts and chunks on a cached prefix that ends mid-tile.
   t.push_back(attention_case({.head_dim = 128, .n_q_heads = 32, .n_kv_heads = 4, .q_lens = {1, 63, 64, 65, 200},
@@ -65,6 +66,18 @@ std::vector<OpCaseDef> op_cases_test() {
                               .kv_lens = {17, 63, 104, 81}}));
   t.push_back(attention_case({.head_dim = 128, .n_q_heads = 8, .n_kv_heads = 8, .q_lens = {1, 63, 64, 65, 200},
                               .kv_lens = {1, 100, 64, 65, 456}}));
+  // Long prompts and chunks across several 128-key tiles (the wgmma kernel's three stages wrap
+  // around; the first warpgroup of a block stops a tile before the second), a block of 64 rows
+  // only (16 tokens of a 4-head group in a 128-row tile: the second warpgroup has no rows),
+  // 1 head per kv head, cache blocks of 8 and 32; and the same on the mma.sync kernel.
+  for (bool mma_sync : {false, true}) {
+    t.push_back(attention_case({.head_dim = 128, .n_q_heads = 32, .n_kv_heads = 4, .q_lens = {700, 129, 1, 300},
+                                .kv_lens = {700, 1000, 40, 333}, .mma_sync = mma_sync}));
+    t.push_back(attention_case({.head_dim = 128, .n_q_heads = 16, .n_kv_heads = 4, .q_lens = {144, 16},
+                                .kv_lens = {400, 16}, .block_size = 8, .mma_sync = mma_sync}));
+    t.push_back(attention_case({.head_dim = 128, .n_q_heads = 8, .n_kv_heads = 8, .q_lens = {513, 64},
+                                .kv_lens = {600, 900}, .block_size = 32, .mma_sync = mma_sync}));
+  }
   t.push_back(attention_case({.head_dim = 64, .n_q_heads = 16, .n_kv_heads = 4, .q_lens = {130, 7}, .kv_lens = {130, 71}}));
   t.push_back(attention_case({.head_dim = 32, .n_q_heads = 8, .n_kv_heads = 4, .q_lens = {50, 3}, .kv_lens = {50, 40}}));
   t.push_back(attention_case({.head_dim = 16, .n_q_heads = 8, .n_kv_heads = 4, .q_lens = {17, 33}, .kv_lens = {17, 33}}));
@@ -571,12 +584,16 @@ std::vector<OpCaseDef> op_cases_bench() {
       add(8192, sorted_expert_gemm_case({.tokens = 8192, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
                                          .stage = stage, .gather = stage == MoeGemmStage::gate_up_silu,
                                          .fp8 = true, .block_scales = block}));
-  // Prefill attention: whole prompts, causal (batch column: the tokens).
-  for (auto [prompts, len] : {std::pair{64, 128}, {8, 512}, {8, 1024}, {1, 2048}})
-    add(prompts * len, named(attention_case({.head_dim = kD, .n_q_heads = kNq, .n_kv_heads = kNkv,
-                                             .q_lens = std::vector<int>(prompts, len),
-                                             .kv_lens = std::vector<int>(prompts, len), .q_pad = 0}),
-                             "attn_prefill " + std::to_string(prompts) + "x" + std::to_string(len) + " causal"));
+  // Prefill attention: whole prompts, causal (batch column: the tokens), on the kernel the
+  // engine takes and on the mma.sync one.
+  for (auto [prompts, len] : {std::pair{64, 128}, {32, 256}, {8, 512}, {8, 1024}, {1, 2048}})
+    for (bool mma_sync : {false, true})
+      add(prompts * len, named(attention_case({.head_dim = kD, .n_q_heads = kNq, .n_kv_heads = kNkv,
+                                               .q_lens = std::vector<int>(prompts, len),
+                                               .kv_lens = std::vector<int>(prompts, len), .q_pad = 0,
+                                               .mma_sync = mma_sync}),
+                               "attn_prefill " + std::to_string(prompts) + "x" + std::to_string(len) + " causal" +
+                                   (mma_sync ? " mma_sync" : "")));
 
   // A prefill's rotation with the fused cache write (8192 tokens at positions up to 40000), with
   // (cos, sin) computed in the kernel and from the forward's table.
