@@ -588,17 +588,26 @@ void launch_mma(const AttentionParams& p, cudaStream_t stream) {
   launch_mma<D, 1>(p, stream);
 }
 
-// Where prefill runs: the tensor-core kernel takes head_dim 32/64/128 without split-K, with
-// 16-byte aligned q, cache and output rows (cp.async, vector stores) and a positive scale (it
-// takes row maxima before scaling); the CUDA-core kernel takes the rest (head_dim 16 and 256,
-// num_splits > 1, odd pointers). Decode takes the warp kernels of kernels/attention_decode.cu
+// Where prefill runs: the tensor-core kernels take head_dim 32/64/128 (mma.sync) and on Hopper
+// 128/256 (wgmma, on_wgmma) without split-K, with 16-byte aligned q, cache and output rows
+// (cp.async, TMA, vector stores) and a positive scale (they take row maxima before scaling); the
+// CUDA-core kernel takes the rest (head_dim 16, 256 elsewhere, num_splits > 1, odd pointers). Decode takes the warp kernels of kernels/attention_decode.cu
 // where they apply (head_dim 64/128, ≤ 16 query heads per kv head); otherwise without split-K
 // the same tensor-core kernel, its 64-row tile holding one group's rows.
-bool on_tensor_cores(const AttentionParams& p) {
+bool tensor_core_operands(const AttentionParams& p) {
   const int group = p.n_q_heads / p.n_kv_heads;
-  return p.head_dim >= 32 && p.head_dim <= 128 && p.num_splits == 1 && p.scale > 0.f && aligned(p.q, 16) &&
-         aligned(p.k_cache, 16) && aligned(p.v_cache, 16) && aligned(p.out, 16) &&
+  return p.num_splits == 1 && p.scale > 0.f && aligned(p.q, 16) && aligned(p.k_cache, 16) &&
+         aligned(p.v_cache, 16) && aligned(p.out, 16) &&
          CEIL_DIV(static_cast<int64_t>(p.max_q_len) * group, kTcRows) <= 65535;
+}
+bool on_tensor_cores(const AttentionParams& p) {
+  return p.head_dim >= 32 && p.head_dim <= 128 && tensor_core_operands(p);
+}
+// The wgmma kernel (Hopper): head_dim 128 where mma.sync would take 128-row tiles, and head_dim
+// 256, which has no mma.sync kernel; prefill_on_wgmma has the rest.
+bool on_wgmma(const AttentionParams& p) {
+  const int64_t rows = static_cast<int64_t>(p.max_q_len) * (p.n_q_heads / p.n_kv_heads);
+  return tensor_core_operands(p) && (p.head_dim == 256 || rows >= kTcWideMinRows) && prefill_on_wgmma(p);
 }
 
 }  // namespace
@@ -616,9 +625,8 @@ int attention_decode_splits(int num_seqs, int n_kv_heads, int max_kv_len, int nu
 void attention_prefill(const AttentionParams& p, cudaStream_t stream) {
   check(p);
   if (p.num_seqs == 0 || p.num_tokens == 0 || p.max_q_len == 0) return;
+  if (on_wgmma(p)) return attention_prefill_wgmma(p, stream);
   if (!on_tensor_cores(p)) return dispatch<8>(p, stream);
-  const int64_t rows = static_cast<int64_t>(p.max_q_len) * (p.n_q_heads / p.n_kv_heads);
-  if (rows >= kTcWideMinRows && prefill_on_wgmma(p)) return attention_prefill_wgmma(p, stream);
   switch (p.head_dim) {
     case 32: launch_mma<32>(p, stream); break;
     case 64: launch_mma<64>(p, stream); break;

@@ -9,9 +9,10 @@
 
 namespace moebatch::kernels {
 
-/// Which kernel attention_prefill runs where several take the shape: `best` picks (the wgmma
-/// kernel on Hopper at head_dim 128, else mma.sync); `mma_sync` keeps the mma.sync kernel, so
-/// that tests and benchmarks reach it on Hopper too.
+/// Which kernel attention_prefill runs where several take the shape: `best` picks (on Hopper the
+/// wgmma kernel at head_dim 128 and 256); `mma_sync` keeps prefill off the wgmma kernel (on
+/// mma.sync, or the CUDA-core kernel at head_dim 256), so that tests and benchmarks reach those
+/// on Hopper too.
 enum class AttentionPrefillKernel { best, mma_sync };
 
 /// Operands of attention_prefill / attention_decode.
@@ -60,11 +61,12 @@ int attention_decode_splits(int num_seqs, int n_kv_heads, int max_kv_len, int nu
 
 /// Causal attention for many query tokens per sequence: tiles of (token, head) rows of one kv
 /// group share each staged K/V tile, on bf16 tensor cores (fp32 scores, softmax and
-/// accumulation; P rounded to bf16 for P·V): on Hopper at head_dim 128 with 512 rows or more
-/// (the longest sequence's tokens × heads per kv head) warpgroup MMAs over 128 × 128 tiles
-/// (kernels/attention_wgmma.cu), else mma.sync over 64- or 128-row × 64-key tiles. head_dim 16,
-/// num_splits > 1, scale <= 0 and q, cache or out pointers not 16-byte aligned take the CUDA-core
-/// kernel of attention_decode with tiles of 32 rows.
+/// accumulation; P rounded to bf16 for P·V): on Hopper warpgroup MMAs over 128-row tiles
+/// (kernels/attention_wgmma.cu) at head_dim 256 and at head_dim 128 with 512 rows or more (the
+/// longest sequence's tokens × heads per kv head) and a context past 128 keys, else mma.sync over
+/// 64- or 128-row × 64-key tiles. head_dim 16, 256 off Hopper, num_splits > 1, scale <= 0 and q,
+/// cache or out pointers not 16-byte aligned take the CUDA-core kernel of attention_decode with
+/// tiles of 32 rows.
 void attention_prefill(const AttentionParams& p, cudaStream_t stream);
 
 /// Attention for one query token per sequence (decode), on tensor cores with K/V streamed from

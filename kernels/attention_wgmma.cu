@@ -40,23 +40,47 @@
 namespace moebatch::kernels {
 namespace {
 
-constexpr int kD = 128;         // head_dim
-constexpr int kRows = 128;      // rows per block: 64 per warpgroup
-constexpr int kKeys = 128;      // keys per K/V tile
-constexpr int kStages = 3;      // K/V tiles: multiplied, landing, being fetched
-constexpr int kThreads = 256;   // two warpgroups; every thread also copies
-constexpr int kQSlab = kRows * 128;   // bytes of one 64-dim slab of the Q tile
-constexpr int kKvSlab = kKeys * 128;  // of a K or V tile
-constexpr int kQBytes = 2 * kQSlab;
-constexpr int kTileBytes = 2 * kKvSlab;
-constexpr int kStageBytes = 2 * kTileBytes;  // K then V
-constexpr int kSmemBytes = kQBytes + kStages * kStageBytes + 1024;  // + slack to align the base to 1024
-constexpr int kOutPitch = kD + 8;  // epilogue staging row (elements): 16 bytes of padding
+constexpr int kRows = 128;     // rows per block: 64 per warpgroup
+constexpr int kThreads = 256;  // two warpgroups
 constexpr float kLog2e = 1.4426950408889634f;
-static_assert(kThreads == 2 * kRows && kThreads == 2 * kKeys, "two threads copy each row");
-static_assert(kRows * kOutPitch * 2 <= kStages * kStageBytes, "the output tile reuses the stages");
+
+// The tile shape of a head_dim: keys per K/V tile and stages such that the shared memory fits
+// 227 KB and the accumulators (S: keys / 2, O: D / 2 fp32 registers a thread) fit beside each
+// other. D 128: 128-key tiles, three stages (225 KB); D 256: 64-key tiles, two stages (193 KB).
+template <int D>
+struct Tiles {
+  static constexpr int kKeys = D == 256 ? 64 : 128;
+  static constexpr int kStages = D == 256 ? 2 : 3;  // K/V tiles: multiplied, (landing,) being fetched
+  static constexpr int kSlabs = D / 64;             // 128-byte rows of 64 dims
+  static constexpr int kQSlab = kRows * 128;        // bytes of one slab of the Q tile
+  static constexpr int kKvSlab = kKeys * 128;       // of a K or V tile
+  static constexpr int kQBytes = kSlabs * kQSlab;
+  static constexpr int kTileBytes = kSlabs * kKvSlab;
+  static constexpr int kStageBytes = 2 * kTileBytes;  // K then V
+  static constexpr int kSmemBytes = kQBytes + kStages * kStageBytes + 1024;  // + slack to align the base to 1024
+  static constexpr int kOutPitch = D + 8;  // epilogue staging row (elements): 16 bytes of padding
+  static_assert(kRows * kOutPitch * 2 <= kStages * kStageBytes, "the output tile reuses the stages");
+  static_assert(kSmemBytes + 64 <= 227 * 1024, "one block's shared memory");
+  static_assert((kThreads / 2) % kKeys == 0, "the loaders split a tile's rows evenly");
+};
 
 #if MOEBATCH_WGMMA
+
+// The two MMA shapes by N: S = Q·Kᵀ over a tile's keys, O += P·V over head_dim.
+template <int N>
+__device__ __forceinline__ void mma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  if constexpr (N == 128)
+    wgmma::mma_m64n128k16(d, desc_a, desc_b, accumulate);
+  else
+    wgmma::mma_m64n64k16(d, desc_a, desc_b, accumulate);
+}
+template <int N>
+__device__ __forceinline__ void mma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b) {
+  if constexpr (N == 128)
+    wgmma::mma_m64n128k16_rs(d, a, desc_b);
+  else
+    wgmma::mma_m64n256k16_rs(d, a, desc_b);
+}
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
@@ -68,9 +92,15 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 // key 0 is valid for every row and a warpgroup's first tile leaves each row max finite. Rows past
 // the sequence take the last row's bound and zero q, and are not stored. A warpgroup stops
 // multiplying after the last tile its own rows reach (wg_tiles) but keeps releasing the stages.
+template <int D>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_prefill_wgmma_kernel(AttentionParams p, const __grid_constant__ CUtensorMap k_map,
                                    const __grid_constant__ CUtensorMap v_map) {
+  using T = Tiles<D>;
+  constexpr int kKeys = T::kKeys, kStages = T::kStages, kSlabs = T::kSlabs, kQSlab = T::kQSlab;
+  constexpr int kKvSlab = T::kKvSlab, kQBytes = T::kQBytes, kTileBytes = T::kTileBytes;
+  constexpr int kStageBytes = T::kStageBytes, kOutPitch = T::kOutPitch;
+  constexpr int kChunks = D / 8;  // 16-byte chunks of a row
   extern __shared__ uint8_t smem_raw[];
   __shared__ __align__(8) uint64_t bars[2 * kStages];  // full[0..kStages), empty[0..kStages)
   pdl_sync();
@@ -99,12 +129,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   wgmma::init_ring_barriers(full0, empty0, kStages, kThreads / 2 + 1, kThreads);
 
   // Row copies by cp.async, chunks first, first + kStep, ... of row `row` (16-byte chunk c of a
-  // 256-byte row lies in slab c / 8); ok false: zeros. With kStep 2 a thread pair covers a
-  // 32-byte sector per instruction.
+  // row lies in slab c / 8); ok false: zeros. With kStep 2 a thread pair covers a 32-byte sector
+  // per instruction.
   const auto copy_row = [&](auto step, uint8_t* tile, int slab_bytes, int row, int first, const bf16* src, bool ok) {
     constexpr int kStep = decltype(step)::value;
 #pragma unroll
-    for (int i = 0; i < 16 / kStep; ++i) {
+    for (int i = 0; i < kChunks / kStep; ++i) {
       const int c = kStep * i + first;
       cp_async16(tile + (c >> 3) * slab_bytes + wgmma::sw128_offset(row, c & 7), ok ? src + 8 * c : src, ok ? 16 : 0);
     }
@@ -113,51 +143,52 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int r = threadIdx.x >> 1, row = row0 + r;
     const bool ok = row < n_rows;
     copy_row(std::integral_constant<int, 2>{}, smem, kQSlab, r, threadIdx.x & 1,
-             ok ? p.q + static_cast<size_t>(q0 + row / group) * p.q_stride + (kvh * group + row % group) * kD : p.q, ok);
+             ok ? p.q + static_cast<size_t>(q0 + row / group) * p.q_stride + (kvh * group + row % group) * D : p.q, ok);
     cp_async_commit();
   }
   // K/V tile kt into stage kt % kStages. The cache blocks wholly below block_limit come by TMA
-  // (lane b of warp 0 brings block b of the tile: a box of block_size rows × 64 dims per slab,
-  // for K and for V; lane 0 first announces their bytes). Keys from full_end on — the partial
-  // last block, and the tile's rest, zero-filled: their p is 0, but stale shared memory or unused
-  // cache slots may hold NaN, and 0·NaN = NaN — by every thread's cp.async.
+  // (lane b of the loaders' first warp brings block b of the tile: a box of block_size rows × 64
+  // dims per slab, for K and for V; lane 0 first announces their bytes). Keys from full_end on —
+  // the partial last block, and the tile's rest, zero-filled: their p is 0, but stale shared
+  // memory or unused cache slots may hold NaN, and 0·NaN = NaN — by the loaders' cp.async,
+  // kThreads / 2 / kKeys threads a row.
   const int32_t* table = p.block_tables + static_cast<size_t>(seq) * p.max_blocks_per_seq;
   const int full_end = block_limit / p.block_size * p.block_size;
-  const int lt = threadIdx.x & 127;  // the loader thread's row of a tile, or lane of warp 0
+  constexpr int kRowThreads = kThreads / 2 / kKeys;  // loader threads per row of a tile
+  const int lt = threadIdx.x & 127;  // the loader thread, its lane in the first warp
   const auto load_tile = [&](int kt) {
     const int stage = kt % kStages, k0 = kt * kKeys;
     const uint32_t full = full0 + stage * 8;
     const uint32_t k_addr = stage_addr0 + stage * kStageBytes, v_addr = k_addr + kTileBytes;
     if (lt < 32) {
       const int whole = min(max(full_end - k0, 0), kKeys) / p.block_size;
-      if (lt == 0) wgmma::mbarrier_arrive_expect_tx(full, whole * p.block_size * 128 * 4);
+      if (lt == 0) wgmma::mbarrier_arrive_expect_tx(full, whole * p.block_size * 128 * kSlabs * 2);
       __syncwarp();
       if (lt < whole) {
         const int slot0 = __ldg(table + k0 / p.block_size + lt) * p.block_size;
         const uint32_t off = lt * p.block_size * 128;
 #pragma unroll
-        for (int slab = 0; slab < 2; ++slab) {
+        for (int slab = 0; slab < kSlabs; ++slab) {
           wgmma::tma_load_3d(k_addr + slab * kKvSlab + off, &k_map, 64 * slab, kvh, slot0, full);
           wgmma::tma_load_3d(v_addr + slab * kKvSlab + off, &v_map, 64 * slab, kvh, slot0, full);
         }
       }
     }
-    const int kpos = k0 + lt;
+    const int kpos = k0 + lt / kRowThreads;
     if (kpos >= full_end) {
       const bool ok = kpos < block_limit;
       const int slot = ok ? __ldg(table + kpos / p.block_size) * p.block_size + kpos % p.block_size : 0;
       // size_t: slot * n_kv_heads * head_dim overflows int for large pools.
-      const size_t off = (static_cast<size_t>(slot) * p.n_kv_heads + kvh) * kD;
+      const size_t off = (static_cast<size_t>(slot) * p.n_kv_heads + kvh) * D;
       uint8_t* k_tile = smem + kQBytes + stage * kStageBytes;
-      copy_row(std::integral_constant<int, 1>{}, k_tile, kKvSlab, lt, 0, p.k_cache + off, ok);
-      copy_row(std::integral_constant<int, 1>{}, k_tile + kTileBytes, kKvSlab, lt, 0, p.v_cache + off, ok);
+      const std::integral_constant<int, kRowThreads> step;
+      copy_row(step, k_tile, kKvSlab, lt / kRowThreads, lt % kRowThreads, p.k_cache + off, ok);
+      copy_row(step, k_tile + kTileBytes, kKvSlab, lt / kRowThreads, lt % kRowThreads, p.v_cache + off, ok);
     }
     wgmma::cp_async_mbarrier_arrive(full);
   };
-  if (loader) {
-    load_tile(0);
-    if (n_tiles > 1) load_tile(1);
-  }
+  if (loader)
+    for (int kt = 0; kt < kStages - 1 && kt < n_tiles; ++kt) load_tile(kt);
   cp_async_wait<0>();  // this thread's Q copies (the one committed group; the tiles are paced by mbarriers)
   // cp.async wrote through the generic proxy, the tensor cores read through the async one:
   // fenced by each writer before the barrier and by each reader after it.
@@ -174,10 +205,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t q_wg = q_addr + wg * 64 * 128;  // this warpgroup's rows of slab 0
   const float log2_scale = p.scale * kLog2e;      // scores to base-2 logits, applied in fp32
 
-  float s[64], o[64];
-  uint32_t pf[8][4];  // P as the A operand of the 8 k16 steps of P·V
+  float s[kKeys / 2], o[D / 2];
+  uint32_t pf[kKeys / 16][4];  // P as the A operand of the k16 steps of P·V
 #pragma unroll
-  for (int i = 0; i < 64; ++i) {
+  for (int i = 0; i < D / 2; ++i) {
     o[i] = 0.f;
     wgmma::fence_operand(o[i]);
   }
@@ -190,28 +221,28 @@ __global__ void __launch_bounds__(kThreads, 1)
   const auto issue_s = [&](int kt) {
     const uint32_t k_addr = stage_addr0 + (kt % kStages) * kStageBytes;
 #pragma unroll
-    for (int i = 0; i < 64; ++i) wgmma::fence_operand(s[i]);
+    for (int i = 0; i < kKeys / 2; ++i) wgmma::fence_operand(s[i]);
     wgmma::fence();
 #pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
+    for (int kk = 0; kk < D / 16; ++kk) {
       const uint32_t q_k = q_wg + (kk >> 2) * kQSlab + (kk & 3) * 32, k_k = k_addr + (kk >> 2) * kKvSlab + (kk & 3) * 32;
-      wgmma::mma_m64n128k16(s, wgmma::smem_desc_sw128(q_k), wgmma::smem_desc_sw128(k_k), kk > 0);
+      mma_ss<kKeys>(s, wgmma::smem_desc_sw128(q_k), wgmma::smem_desc_sw128(k_k), kk > 0);
     }
     wgmma::commit();
 #pragma unroll
-    for (int i = 0; i < 64; ++i) wgmma::fence_operand(s[i]);
+    for (int i = 0; i < kKeys / 2; ++i) wgmma::fence_operand(s[i]);
   };
   const auto issue_pv = [&](int kt) {
     const uint32_t v_addr = stage_addr0 + (kt % kStages) * kStageBytes + kTileBytes;
 #pragma unroll
-    for (int i = 0; i < 64; ++i) wgmma::fence_operand(o[i]);
+    for (int i = 0; i < D / 2; ++i) wgmma::fence_operand(o[i]);
     wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk)
-      wgmma::mma_m64n128k16_rs(o, pf[kk], wgmma::smem_desc_sw128_mn(v_addr + kk * 16 * 128, kKvSlab));
+      mma_rs<D>(o, pf[kk], wgmma::smem_desc_sw128_mn(v_addr + kk * 16 * 128, kKvSlab));
     wgmma::commit();
 #pragma unroll
-    for (int i = 0; i < 64; ++i) wgmma::fence_operand(o[i]);
+    for (int i = 0; i < D / 2; ++i) wgmma::fence_operand(o[i]);
   };
 
   if (wg_tiles > 0) {
@@ -221,14 +252,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int kt = 0; kt < n_tiles; ++kt) {
     wgmma::wait<0>();  // S(kt) and P·V(kt − 1)
 #pragma unroll
-    for (int i = 0; i < 64; ++i) {
-      wgmma::fence_operand(s[i]);
-      wgmma::fence_operand(o[i]);
-    }
-    // Tile kt − 1's stage is free once both warpgroups got here: refill it with tile kt + 2.
+    for (int i = 0; i < kKeys / 2; ++i) wgmma::fence_operand(s[i]);
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) wgmma::fence_operand(o[i]);
+    // Tile kt − 1's stage is free once both warpgroups got here: refill it with tile
+    // kt + kStages − 1.
     if (kt > 0) wgmma::mbarrier_arrive(empty0 + ((kt - 1) % kStages) * 8);
-    if (loader && kt + 2 < n_tiles) {
-      const int next = kt + 2;
+    if (loader && kt + kStages - 1 < n_tiles) {
+      const int next = kt + kStages - 1;
       if (next >= kStages) wgmma::mbarrier_wait(empty0 + (next % kStages) * 8, (next / kStages - 1) & 1);
       load_tile(next);
     }
@@ -239,7 +270,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int k0 = kt * kKeys;
       if (k0 + kKeys > wg_lo) {
 #pragma unroll
-        for (int j = 0; j < 16; ++j)
+        for (int j = 0; j < kKeys / 8; ++j)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int key = k0 + 8 * j + 2 * t + e;
@@ -249,7 +280,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       float mx_a = -INFINITY, mx_b = -INFINITY;
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
+      for (int j = 0; j < kKeys / 8; ++j) {
         mx_a = fmaxf(mx_a, fmaxf(s[4 * j], s[4 * j + 1]));
         mx_b = fmaxf(mx_b, fmaxf(s[4 * j + 2], s[4 * j + 3]));
       }
@@ -265,7 +296,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // Chunks 2kk, 2kk + 1 are a[0]/a[1], a[2]/a[3] of P·V's k16 step kk.
       float sum_a = 0.f, sum_b = 0.f;
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
+      for (int j = 0; j < kKeys / 8; ++j) {
         const float p0 = exp2f(fmaf(s[4 * j], log2_scale, -mn_a));
         const float p1 = exp2f(fmaf(s[4 * j + 1], log2_scale, -mn_a));
         const float p2 = exp2f(fmaf(s[4 * j + 2], log2_scale, -mn_b));
@@ -278,7 +309,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       l_a = l_a * alpha_a + sum_a;
       l_b = l_b * alpha_b + sum_b;
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
+      for (int j = 0; j < D / 8; ++j) {
         o[4 * j] *= alpha_a;
         o[4 * j + 1] *= alpha_a;
         o[4 * j + 2] *= alpha_b;
@@ -291,7 +322,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   wgmma::wait<0>();
 #pragma unroll
-  for (int i = 0; i < 64; ++i) wgmma::fence_operand(o[i]);
+  for (int i = 0; i < D / 2; ++i) wgmma::fence_operand(o[i]);
   cp_async_commit();
   cp_async_wait<0>();  // (every tile's copies were waited for by the warpgroup holding the last row)
   __syncthreads();  // both warpgroups are done with the stages: they hold the output tile now
@@ -306,7 +337,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   bf16* const o_s = reinterpret_cast<bf16*>(smem + kQBytes);
   const int r = row_a - row0;
 #pragma unroll
-  for (int j = 0; j < 16; ++j) {
+  for (int j = 0; j < D / 8; ++j) {
     *reinterpret_cast<__nv_bfloat162*>(o_s + r * kOutPitch + 8 * j + 2 * t) =
         __floats2bfloat162_rn(o[4 * j] * inv_a, o[4 * j + 1] * inv_a);
     *reinterpret_cast<__nv_bfloat162*>(o_s + (r + 8) * kOutPitch + 8 * j + 2 * t) =
@@ -314,12 +345,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
 #pragma unroll
-  for (int i = 0; i < kRows * (kD / 8) / kThreads; ++i) {
-    const int idx = static_cast<int>(threadIdx.x) + kThreads * i, rr = idx / (kD / 8), ch = idx % (kD / 8) * 8;
+  for (int i = 0; i < kRows * kChunks / kThreads; ++i) {
+    const int idx = static_cast<int>(threadIdx.x) + kThreads * i, rr = idx / kChunks, ch = idx % kChunks * 8;
     const int row = row0 + rr;
     if (row >= n_rows) continue;
     const size_t out_row = static_cast<size_t>(q0 + row / group) * p.n_q_heads + kvh * group + row % group;
-    *reinterpret_cast<uint4*>(p.out + out_row * kD + ch) = *reinterpret_cast<const uint4*>(o_s + rr * kOutPitch + ch);
+    *reinterpret_cast<uint4*>(p.out + out_row * D + ch) = *reinterpret_cast<const uint4*>(o_s + rr * kOutPitch + ch);
   }
 }
 
@@ -327,18 +358,22 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 }  // namespace
 
-// A block here has its SM to itself (225 KB of shared memory, 254 registers a thread), so its
-// prologue (Q and the first K/V tiles) and epilogue overlap nothing: with one key tile per block
-// (no context longer than kKeys) that costs more than the faster MMAs save — 64 prompts of 128
-// tokens 127.8 µs against mma.sync's 110.3, 8 × 512 101.2 against 129.9 (bench/RESULTS.md,
-// 2026-12-03) — so such steps stay on mma.sync.
+// Where prefill takes this kernel. head_dim 128: a block has its SM to itself (225 KB of shared
+// memory, 254 registers a thread), so its prologue (Q and the first K/V tiles) and epilogue
+// overlap nothing; with one key tile per block (no context longer than 128 keys) that costs more
+// than the faster MMAs save — 64 prompts of 128 tokens 127.8 µs against mma.sync's 110.3,
+// 8 × 512 101.2 against 129.9 (bench/RESULTS.md, 2026-12-03) — so such steps stay on mma.sync.
+// head_dim 256: the alternative is the CUDA-core kernel, so every prefill.
 bool prefill_on_wgmma(const AttentionParams& p) {
 #if MOEBATCH_WGMMA
-  // A tile's cache blocks go to the lanes of the loading warp, one each.
-  const bool blocks_fit = p.block_size >= kKeys / 32 && kKeys % p.block_size == 0;
-  if (p.head_dim != kD || !blocks_fit || p.max_kv_len <= kKeys ||
-      p.prefill_kernel == AttentionPrefillKernel::mma_sync)
-    return false;
+  if (p.prefill_kernel == AttentionPrefillKernel::mma_sync) return false;
+  int keys = 0;  // per K/V tile
+  if (p.head_dim == 128 && p.max_kv_len > Tiles<128>::kKeys)
+    keys = Tiles<128>::kKeys;
+  else if (p.head_dim == 256)
+    keys = Tiles<256>::kKeys;
+  // A tile's cache blocks go to the lanes of the loaders' first warp, one each.
+  if (keys == 0 || p.block_size < keys / 32 || keys % p.block_size != 0) return false;
   int device = 0, major = 0, minor = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
@@ -350,8 +385,11 @@ bool prefill_on_wgmma(const AttentionParams& p) {
 #endif
 }
 
-void attention_prefill_wgmma(const AttentionParams& p, cudaStream_t stream) {
 #if MOEBATCH_WGMMA
+namespace {
+
+template <int D>
+void launch(const AttentionParams& p, cudaStream_t stream) {
   const int group = p.n_q_heads / p.n_kv_heads;
   const int64_t row_tiles = CEIL_DIV(static_cast<int64_t>(p.max_q_len) * group, kRows);
   MB_CHECK(row_tiles <= 65535, "attention: too many query rows for one launch");
@@ -359,14 +397,25 @@ void attention_prefill_wgmma(const AttentionParams& p, cudaStream_t stream) {
   // TMA's coordinate range, and the block table is trusted for which slots are read, as by every
   // attention kernel.
   constexpr int64_t kSlotExtent = (int64_t{1} << 31) - 1;
-  const CUtensorMap k_map = tensor_map_3d_bf16(p.k_cache, kSlotExtent, p.n_kv_heads, kD, p.block_size);
-  const CUtensorMap v_map = tensor_map_3d_bf16(p.v_cache, kSlotExtent, p.n_kv_heads, kD, p.block_size);
+  const CUtensorMap k_map = tensor_map_3d_bf16(p.k_cache, kSlotExtent, p.n_kv_heads, D, p.block_size);
+  const CUtensorMap v_map = tensor_map_3d_bf16(p.v_cache, kSlotExtent, p.n_kv_heads, D, p.block_size);
   // Above the 48 KB default; set per launch, as attributes are per device.
-  CUDA_CHECK(cudaFuncSetAttribute(attention_prefill_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  kSmemBytes));
-  launch_dependent(attention_prefill_wgmma_kernel, dim3(p.n_kv_heads, static_cast<unsigned>(row_tiles), p.num_seqs), kThreads, kSmemBytes,
-                   stream, p, k_map, v_map);
+  const auto kernel = attention_prefill_wgmma_kernel<D>;
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tiles<D>::kSmemBytes));
+  launch_dependent(kernel, dim3(p.n_kv_heads, static_cast<unsigned>(row_tiles), p.num_seqs), kThreads,
+                   Tiles<D>::kSmemBytes, stream, p, k_map, v_map);
   CUDA_CHECK_LAST();
+}
+
+}  // namespace
+#endif
+
+void attention_prefill_wgmma(const AttentionParams& p, cudaStream_t stream) {
+#if MOEBATCH_WGMMA
+  if (p.head_dim == 256)
+    launch<256>(p, stream);
+  else
+    launch<128>(p, stream);
 #else
   (void)p;
   (void)stream;

@@ -101,7 +101,7 @@ struct AttentionShape {
   int kv_bound = 0;
   int block_size = 16;  ///< cache block (the decode kernels step 16 keys in one block
                         ///< when it divides by 16, else look up every key)
-  bool mma_sync = false;  ///< prefill on the mma.sync kernel even where the wgmma one would run
+  bool mma_sync = false;  ///< prefill off the wgmma kernel (AttentionPrefillKernel::mma_sync)
 };
 OpCaseDef attention_case(const AttentionShape& s);
 

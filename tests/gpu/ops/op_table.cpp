@@ -81,8 +81,17 @@ std::vector<OpCaseDef> op_cases_test() {
   t.push_back(attention_case({.head_dim = 64, .n_q_heads = 16, .n_kv_heads = 4, .q_lens = {130, 7}, .kv_lens = {130, 71}}));
   t.push_back(attention_case({.head_dim = 32, .n_q_heads = 8, .n_kv_heads = 4, .q_lens = {50, 3}, .kv_lens = {50, 40}}));
   t.push_back(attention_case({.head_dim = 16, .n_q_heads = 8, .n_kv_heads = 4, .q_lens = {17, 33}, .kv_lens = {17, 33}}));
-  // Qwen3-Next's full attention: head_dim 256, 8 q heads per kv head
-  t.push_back(attention_case({.head_dim = 256, .n_q_heads = 16, .n_kv_heads = 2, .q_lens = {70, 5}, .kv_lens = {70, 90}}));
+  // Qwen3-Next's full attention: head_dim 256, 8 q heads per kv head — on Hopper the wgmma
+  // kernel's 64-key tiles (two stages: chunks on cached prefixes wrap them several times), cache
+  // blocks of 8 and 32, 1 head per kv head; and the same on the CUDA-core kernel.
+  for (bool mma_sync : {false, true}) {
+    t.push_back(attention_case({.head_dim = 256, .n_q_heads = 16, .n_kv_heads = 2, .q_lens = {70, 5},
+                                .kv_lens = {70, 90}, .mma_sync = mma_sync}));
+    t.push_back(attention_case({.head_dim = 256, .n_q_heads = 16, .n_kv_heads = 2, .q_lens = {300, 1, 129},
+                                .kv_lens = {300, 700, 200}, .block_size = 8, .mma_sync = mma_sync}));
+    t.push_back(attention_case({.head_dim = 256, .n_q_heads = 8, .n_kv_heads = 8, .q_lens = {100, 37},
+                                .kv_lens = {250, 37}, .block_size = 32, .mma_sync = mma_sync}));
+  }
   t.push_back(attention_case(
       {.head_dim = 64, .n_q_heads = 16, .n_kv_heads = 16, .q_lens = {40}, .kv_lens = {90}, .splits = 2}));
   // Decode: 23 sequences of random length 1-700, with lengths at block edges (1, 16, 17), in one
@@ -594,6 +603,16 @@ std::vector<OpCaseDef> op_cases_bench() {
                                                .mma_sync = mma_sync}),
                                "attn_prefill " + std::to_string(prompts) + "x" + std::to_string(len) + " causal" +
                                    (mma_sync ? " mma_sync" : "")));
+  // Qwen3-Next-80B's full-attention layers (16 q / 2 kv heads of 256): the wgmma kernel against
+  // the CUDA-core one it replaces there.
+  for (auto [prompts, len] : {std::pair{64, 128}, {8, 1024}})
+    for (bool mma_sync : {false, true})
+      add(prompts * len, named(attention_case({.head_dim = 256, .n_q_heads = 16, .n_kv_heads = 2,
+                                               .q_lens = std::vector<int>(prompts, len),
+                                               .kv_lens = std::vector<int>(prompts, len), .q_pad = 0,
+                                               .mma_sync = mma_sync}),
+                               "attn_prefill d256 " + std::to_string(prompts) + "x" + std::to_string(len) +
+                                   " causal" + (mma_sync ? " cuda-core" : "")));
 
   // A prefill's rotation with the fused cache write (8192 tokens at positions up to 40000), with
   // (cos, sin) computed in the kernel and from the forward's table.
