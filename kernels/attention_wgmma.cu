@@ -42,7 +42,6 @@ namespace {
 
 constexpr int kRows = 128;     // rows per block: 64 per warpgroup
 constexpr int kThreads = 256;  // two warpgroups
-constexpr float kLog2e = 1.4426950408889634f;
 
 // The tile shape of a head_dim: keys per K/V tile and stages such that the shared memory fits
 // 227 KB and the accumulators (S: keys / 2, O: D / 2 fp32 registers a thread) fit beside each
@@ -65,6 +64,8 @@ struct Tiles {
 };
 
 #if MOEBATCH_WGMMA
+
+constexpr float kLog2e = 1.4426950408889634f;
 
 // The two MMA shapes by N: S = Q·Kᵀ over a tile's keys, O += P·V over head_dim.
 template <int N>
