@@ -3,22 +3,22 @@
 //
 // A block owns 128 rows of one sequence and one kv head — a row being (query token, head of the
 // kv group), heads inner, as in the mma.sync kernel — as two warpgroups of 64 rows. Per tile of
-// 128 keys:
-//   S = Q·Kᵀ    wgmma m64n128k16, Q and K both K-major in shared memory (8 MMAs over head_dim);
-//   softmax     online, in fp32 registers (base 2; a row's 32 scores per thread, max and sum over
-//               the quad of lanes sharing the row); P rounded to bf16 in registers;
-//   O += P·V    wgmma m64n128k16 with P as the register A operand (a 16-column slice of the S
+// keys (128 at head_dim 128, 64 at head_dim 256: Tiles<D>):
+//   S = Q·Kᵀ    wgmma m64nKEYSk16, Q and K both K-major in shared memory (head_dim / 16 MMAs);
+//   softmax     online, in fp32 registers (base 2; a row's keys / 4 scores per thread, max and sum
+//               over the quad of lanes sharing the row); P rounded to bf16 in registers;
+//   O += P·V    wgmma m64nDk16 with P as the register A operand (a 16-column slice of the S
 //               accumulators is exactly an A fragment) and V N-major in shared memory, i.e. the
 //               rows of the tile as they come from the cache (no transpose pass).
 // The next tile's S is issued right after this tile's P·V, so the tensor cores run P·V(t) and
 // S(t + 1) back to back while the warpgroup waits, and the other warpgroup's softmax fills the
-// gaps. K/V tiles go through three stages (tile t + 2 lands while t is multiplied), brought by
-// the second warpgroup: whole cache blocks by TMA (a box of block_size keys × 64 dims each),
-// the partial last block by cp.async; mbarriers pace them (full: the copies landed; empty: both
-// warpgroups' MMAs on the stage retired), so the warpgroups never meet at a block barrier inside
-// the loop. Rows of 128 bytes (64 dims) in the 128-byte swizzle (kernels/wgmma.cuh): Q, K and V
-// tiles are two 64-dim slabs each, in the one layout that TMA, cp.async and both operand
-// descriptors share.
+// gaps. K/V tiles go through a ring of stages (three at head_dim 128: tile t + 2 lands while t
+// is multiplied; two at 256), brought by the second warpgroup: whole cache blocks by TMA (a box
+// of block_size keys × 64 dims each), the partial last block by cp.async; mbarriers pace them
+// (full: the copies landed; empty: both warpgroups' MMAs on the stage retired), so the
+// warpgroups never meet at a block barrier inside the loop. Rows of 128 bytes (64 dims) in the
+// 128-byte swizzle (kernels/wgmma.cuh): Q, K and V tiles are head_dim / 64 slabs each, in the
+// one layout that TMA, cp.async and both operand descriptors share.
 //
 // Built for sm_90a only (MOEBATCH_WGMMA, kernels/CMakeLists.txt); without it prefill_on_wgmma
 // says false.
