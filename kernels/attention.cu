@@ -591,9 +591,10 @@ void launch_mma(const AttentionParams& p, cudaStream_t stream) {
 // Where prefill runs: the tensor-core kernels take head_dim 32/64/128 (mma.sync) and on Hopper
 // 128/256 (wgmma, on_wgmma) without split-K, with 16-byte aligned q, cache and output rows
 // (cp.async, TMA, vector stores) and a positive scale (they take row maxima before scaling); the
-// CUDA-core kernel takes the rest (head_dim 16, 256 elsewhere, num_splits > 1, odd pointers). Decode takes the warp kernels of kernels/attention_decode.cu
-// where they apply (head_dim 64/128, ≤ 16 query heads per kv head); otherwise without split-K
-// the same tensor-core kernel, its 64-row tile holding one group's rows.
+// CUDA-core kernel takes the rest (head_dim 16, 256 elsewhere, num_splits > 1, odd pointers).
+// Decode takes the warp kernels of kernels/attention_decode.cu where they apply (head_dim
+// 64/128, ≤ 16 query heads per kv head); otherwise without split-K the same tensor-core kernel,
+// its 64-row tile holding one group's rows.
 bool tensor_core_operands(const AttentionParams& p) {
   const int group = p.n_q_heads / p.n_kv_heads;
   return p.num_splits == 1 && p.scale > 0.f && aligned(p.q, 16) && aligned(p.k_cache, 16) &&

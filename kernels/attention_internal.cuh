@@ -37,12 +37,12 @@ bool decode_on_split_warps(const AttentionParams& p);
 /// That kernel (kernels/attention_decode.cu): one launch, partials combined by the last split.
 void attention_decode_split_warps(const AttentionParams& p, cudaStream_t stream);
 
-/// Whether prefill may run on the wgmma kernel (kernels/attention_wgmma.cu): head_dim 128, a
-/// context longer than one 128-key tile, cache blocks of 4..128 keys dividing 128, a compute
-/// capability 9.0 device, a build with the sm_90a code, and p.prefill_kernel not mma_sync. The
-/// caller checks the rest (attention.cu: rows, alignment, no split-K).
+/// Whether prefill may run on the wgmma kernel (kernels/attention_wgmma.cu): head_dim 128 with a
+/// context longer than one 128-key tile, or head_dim 256 (64-key tiles); cache blocks that divide
+/// a tile into at most 32; moe_wgmma_available for the current device; p.prefill_kernel not
+/// mma_sync. The caller checks the rest (attention.cu: rows, alignment, no split-K).
 bool prefill_on_wgmma(const AttentionParams& p);
-/// That kernel: blocks of 128 rows (two warpgroups) × 128-key tiles.
+/// That kernel: blocks of 128 rows (two warpgroups) × 128-key tiles (64 at head_dim 256).
 void attention_prefill_wgmma(const AttentionParams& p, cudaStream_t stream);
 
 }  // namespace moebatch::kernels

@@ -32,6 +32,7 @@
 #include "kernels/cuda_check.cuh"
 #include "kernels/device_common.cuh"
 #include "kernels/launch.cuh"
+#include "kernels/moe_wgmma.cuh"
 #include "kernels/tensor_map.cuh"
 #if MOEBATCH_WGMMA
 #include "kernels/wgmma.cuh"
@@ -360,13 +361,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 }  // namespace
 
 // Where prefill takes this kernel. head_dim 128: a block has its SM to itself (225 KB of shared
-// memory, 254 registers a thread), so its prologue (Q and the first K/V tiles) and epilogue
+// memory, 252 registers a thread), so its prologue (Q and the first K/V tiles) and epilogue
 // overlap nothing; with one key tile per block (no context longer than 128 keys) that costs more
 // than the faster MMAs save — 64 prompts of 128 tokens 127.8 µs against mma.sync's 110.3,
 // 8 × 512 101.2 against 129.9 (bench/RESULTS.md, 2026-12-03) — so such steps stay on mma.sync.
 // head_dim 256: the alternative is the CUDA-core kernel, so every prefill.
 bool prefill_on_wgmma(const AttentionParams& p) {
-#if MOEBATCH_WGMMA
   if (p.prefill_kernel == AttentionPrefillKernel::mma_sync) return false;
   int keys = 0;  // per K/V tile
   if (p.head_dim == 128 && p.max_kv_len > Tiles<128>::kKeys)
@@ -375,15 +375,10 @@ bool prefill_on_wgmma(const AttentionParams& p) {
     keys = Tiles<256>::kKeys;
   // A tile's cache blocks go to the lanes of the loaders' first warp, one each.
   if (keys == 0 || p.block_size < keys / 32 || keys % p.block_size != 0) return false;
-  int device = 0, major = 0, minor = 0;
+  // The sm_90a code and a device that runs it: the same condition as every wgmma kernel's.
+  int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  return major == 9 && minor == 0;
-#else
-  (void)p;
-  return false;
-#endif
+  return moe_wgmma_available(device);
 }
 
 #if MOEBATCH_WGMMA

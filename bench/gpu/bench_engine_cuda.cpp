@@ -21,7 +21,8 @@
 // --disable-w8a8-experts decodes FP8 experts to bf16 for it instead of running them W8A8;
 // --disable-stream-gemv keeps one-row bf16 projections on the register-fed GEMV;
 // --disable-router-norm keeps the one-token MLP norm in a launch of its own;
-// --disable-wgmma-attention keeps prefill attention on the mma.sync kernel.
+// --disable-wgmma-attention keeps prefill attention off the wgmma kernel (mma.sync; head_dim 256:
+// the CUDA-core kernel).
 // Usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--disable-custom-all-reduce]
 //                                   [--disable-wgmma-experts] [--disable-w8a8-experts]
 //                                   [--disable-stream-gemv] [--disable-tma-experts] [--disable-router-norm]
@@ -196,7 +197,7 @@ struct Args {
   bool stream_gemv = true;               ///< --disable-stream-gemv: one-row bf16 GEMV from registers
   bool tma_experts = true;               ///< --disable-tma-experts: decode experts on moe_gemm
   bool router_norm = true;               ///< --disable-router-norm: the MLP norm in its own launch
-  bool wgmma_attention = true;           ///< --disable-wgmma-attention: prefill attention on mma.sync
+  bool wgmma_attention = true;           ///< --disable-wgmma-attention: prefill off the wgmma kernel
   Quantization quant = Quantization::None;
 };
 

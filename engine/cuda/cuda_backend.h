@@ -97,8 +97,9 @@ struct CudaBackendOptions {
   /// One-token decode steps of one rank run the MLP's residual add + RMSNorm inside the
   /// router's launch (kernels::RouteSmallNorm) instead of a launch of their own.
   bool router_norm = true;
-  /// Prefill attention at head_dim 128 on the warpgroup-MMA kernel (kernels/attention_wgmma.cu)
-  /// where the GPU is a Hopper and the build has its sm_90a code; false: the mma.sync kernel.
+  /// Prefill attention at head_dim 128 and 256 on the warpgroup-MMA kernel
+  /// (kernels/attention_wgmma.cu) where the GPU is a Hopper and the build has its sm_90a code;
+  /// false: the mma.sync kernel (head_dim 256: the CUDA-core kernel).
   bool wgmma_attention = true;
 
   /// The ordinal of every rank (`devices`, or the consecutive range).

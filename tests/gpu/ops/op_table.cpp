@@ -54,7 +54,8 @@ std::vector<OpCaseDef> op_cases_test() {
   // one step. head_dim 32/64/128 run on tensor cores (64-row, 64-key mma.sync tiles; at head_dim
   // 128 a step whose longest sequence has ≥ 512 rows takes the wgmma kernel's 128-row, 128-key
   // tiles on Hopper, else mma.sync's 128-row tiles: the first two cases, and the third at 504
-  // rows the 64-row ones); head_dim 16 and 256 and split-K take the CUDA-core kernel.
+  // rows the 64-row ones); head_dim 256 the wgmma kernel on Hopper; head_dim 16, 256 elsewhere
+  // and split-K take the CUDA-core kernel.
   for (bool mma_sync : {false, true})
     t.push_back(attention_case({.head_dim = 128, .n_q_heads = 32, .n_kv_heads = 4, .q_lens = {37, 64, 20, 1},
                                 .kv_lens = {37, 64, 85, 130}, .mma_sync = mma_sync}));
