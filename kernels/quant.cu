@@ -202,9 +202,10 @@ __device__ __forceinline__ unsigned e2m1_code(float q) {
   return q < 0.f && m != 0u ? m | 8u : m;
 }
 
-// One warp per (row, group): amax, scale, then the codes.
+// One warp per (row, group): amax, scale, then the codes. Scales land at r * groups + g, or
+// group-major at g * scales_ld + r when scales_ld > 0.
 __global__ void quantize_fp8_kernel(const bf16* in, int64_t rows, int cols, int group,
-                                    int row_block, uint8_t* data, float* scales) {
+                                    int row_block, uint8_t* data, float* scales, int scales_ld) {
   pdl_sync();
   const int lane = threadIdx.x & 31;
   const int groups = (cols + group - 1) / group;
@@ -214,13 +215,34 @@ __global__ void quantize_fp8_kernel(const bf16* in, int64_t rows, int cols, int 
   const int64_t r0 = wid / groups * row_block, r1 = min(rows, r0 + row_block);
   const int g = static_cast<int>(wid % groups), c0 = g * group;
   const int len = min(group, cols - c0);
+  auto scale_at = [&](int64_t r) -> float& {
+    return scales_ld > 0 ? scales[g * static_cast<int64_t>(scales_ld) + r] : scales[r * groups + g];
+  };
+  if (row_block == 1 && len == 128) {
+    // The activations' common case: one 8-byte load and one 4-byte store per lane.
+    const bf16* src = in + r0 * cols + c0 + lane * 4;
+    float v[4];
+    const uint2 raw = *reinterpret_cast<const uint2*>(src);
+    const __nv_bfloat162 lo = *reinterpret_cast<const __nv_bfloat162*>(&raw.x);
+    const __nv_bfloat162 hi = *reinterpret_cast<const __nv_bfloat162*>(&raw.y);
+    v[0] = __low2float(lo), v[1] = __high2float(lo), v[2] = __low2float(hi), v[3] = __high2float(hi);
+    const float amax = warp_max(fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3]))));
+    const float scale = amax > 0.f ? amax / kE4m3Max : 1.f;
+    if (lane == 0) scale_at(r0) = scale;
+    uint32_t packed = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      packed |= static_cast<uint32_t>(__nv_cvt_float_to_fp8(v[j] / scale, __NV_SATFINITE, __NV_E4M3)) << (8 * j);
+    *reinterpret_cast<uint32_t*>(data + r0 * cols + c0 + lane * 4) = packed;
+    return;
+  }
   float amax = 0.f;
   for (int64_t r = r0; r < r1; ++r)
     for (int c = lane; c < len; c += 32) amax = fmaxf(amax, fabsf(__bfloat162float(in[r * cols + c0 + c])));
   amax = warp_max(amax);
   const float scale = amax > 0.f ? amax / kE4m3Max : 1.f;
   for (int64_t r = r0; r < r1; ++r) {
-    if (lane == 0) scales[r * groups + g] = scale;
+    if (lane == 0) scale_at(r) = scale;
     const bf16* src = in + r * cols + c0;
     uint8_t* dst = data + r * cols + c0;
     for (int c = lane; c < len; c += 32)
@@ -412,17 +434,19 @@ void quant_linear(cublasHandle_t handle, cudaStream_t stream, float* out, const 
 }
 
 void quantize_fp8_rows(const bf16* in, int64_t rows, int cols, int group, uint8_t* data,
-                       float* scales, cudaStream_t stream, int row_block) {
+                       float* scales, cudaStream_t stream, int row_block, int scales_ld) {
   MB_CHECK(rows >= 0 && cols > 0 && cols % 16 == 0,
            "quantize_fp8_rows: cols must be a positive multiple of 16");
   MB_CHECK(group > 0 && group % 16 == 0,
            "quantize_fp8_rows: group must be a positive multiple of 16");
   MB_CHECK(row_block > 0, "quantize_fp8_rows: row_block must be positive");
+  MB_CHECK(scales_ld == 0 || (scales_ld >= rows && row_block == 1),
+           "quantize_fp8_rows: group-major scales need row_block 1 and scales_ld >= rows");
   MB_CHECK(in && data && scales, "quantize_fp8_rows: null operand");
   if (rows == 0) return;
   const int64_t warps = (rows + row_block - 1) / row_block * ((cols + group - 1) / group);
   launch_dependent(quantize_fp8_kernel, blocks_for(warps * 32), kThreads, 0, stream, in, rows, cols,
-                   group, row_block, data, scales);
+                   group, row_block, data, scales, scales_ld);
   CUDA_CHECK_LAST();
 }
 

@@ -67,9 +67,11 @@ void quant_linear(cublasHandle_t handle, cudaStream_t stream, float* out, const 
 /// of a row may be partial), scale = amax / 448 (1 when the block is all zero), repeated in each
 /// of its rows, data = e4m3 round-to-nearest-even, saturating, of v / scale. row_block 1:
 /// activations per token and group; 128: weights in 128 × 128 blocks, as FP8 checkpoints hold
-/// them. data [rows, cols] bytes, scales [rows, ceil(cols / group)] f32. cols % 16, group % 16 == 0.
+/// them. data [rows, cols] bytes, scales [rows, ceil(cols / group)] f32, or with scales_ld > 0
+/// (row_block 1, scales_ld ≥ rows) group-major [ceil(cols / group)][scales_ld], the activation
+/// layout of kernels::Fp8BlockGemm. cols % 16, group % 16 == 0.
 void quantize_fp8_rows(const bf16* in, int64_t rows, int cols, int group, uint8_t* data,
-                       float* scales, cudaStream_t stream, int row_block = 1);
+                       float* scales, cudaStream_t stream, int row_block = 1, int scales_ld = 0);
 
 /// Whether every row's scales [rows, groups] equal those of the first row of its block of
 /// `row_block` rows (counted from row 0). Synchronizes `stream` (a load-time check).

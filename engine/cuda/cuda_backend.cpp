@@ -23,6 +23,7 @@
 #include "engine/cuda/rank_threads.h"
 #include "engine/cuda/stage_timer.h"
 #include "engine/cuda/step_chunk.h"
+#include "kernels/gemm_fp8.cuh"
 #include "kernels/gemv_stream.cuh"
 #include "kernels/moe_wgmma.cuh"
 #include "kernels/cuda_check.cuh"
@@ -171,6 +172,7 @@ void CudaBackend::init(const std::filesystem::path* model_dir, uint64_t seed) {
     ranks_[r]->tma_experts = o.tma_experts && kernels::moe_gemm_tma_available(devices_[r]);
     ranks_[r]->router_norm = o.router_norm;
     ranks_[r]->wgmma_attention = o.wgmma_attention;
+    ranks_[r]->w8a8_linear = o.w8a8_linear && kernels::fp8_block_gemm_available(devices_[r]);
   }
   // The sorted prefill path decodes every compressed expert into bf16 before its GEMM, a cost
   // that rows must amortize. On cuBLAS (no wgmma): at 160 rows per expert (Qwen3-Next-80B FP8,
@@ -215,7 +217,8 @@ void CudaBackend::init(const std::filesystem::path* model_dir, uint64_t seed) {
     n.free = free[r];
     n.weights = arena.bytes;
     n.weight_formats = arena.formats;
-    n.activations = step_buffer_bytes(cfg_, d, cap) + dequant_scratch_elems(wplans[r]) * sizeof(bf16);
+    n.activations = step_buffer_bytes(cfg_, d, cap) + dequant_scratch_elems(wplans[r]) * sizeof(bf16) +
+                    (ranks_[r]->w8a8_linear ? w8a8_linear_bytes(wplans[r], cap.tokens) : 0);
     n.state = DeviceLinearState::bytes(cfg_, d, o.max_num_seqs);
     n.reserve = kReserve + kCublasWorkspace + (world > 1 ? kCommReserve + p2p_bytes : 0);
     n.kv_block_bytes = static_cast<size_t>(cfg_.num_kv_layers()) * 2 * o.block_size *

@@ -101,6 +101,11 @@ struct CudaBackendOptions {
   /// (kernels/attention_wgmma.cu) where the GPU is a Hopper and the build has its sm_90a code;
   /// false: the mma.sync kernel (head_dim 256: the CUDA-core kernel).
   bool wgmma_attention = true;
+  /// Projections on FP8-block weights (128 × 128 scale blocks) of steps with more than 8 rows as
+  /// W8A8 on cuBLASLt's block-scaled FP8 GEMM (kernels/gemm_fp8.cuh), the rows quantized per
+  /// 1 × 128 as vLLM does for block-FP8 checkpoints, where the GPU is a Hopper; false: the weights
+  /// decoded to bf16 for a bf16 cuBLAS GEMM.
+  bool w8a8_linear = true;
 
   /// The ordinal of every rank (`devices`, or the consecutive range).
   std::vector<int> device_list() const;

@@ -32,6 +32,10 @@ struct DeviceTensor {
   /// blocks of FP8 checkpoints and of --quantization fp8; 1: per row). Set after loading by
   /// looking at the scales (mark_block_scales), never assumed.
   int scale_rows = 1;
+  /// Fp8Block with scale_rows 128 and 128-input groups, where the rank runs W8A8 projections
+  /// (kernels::Fp8BlockGemm): the scales once per 128 × 128 block, [ceil(rows / 128)]
+  /// [fp8_block_scale_ld(cols)], in memory the rank owns. Null otherwise.
+  float* block_scales = nullptr;
   bool empty() const { return shape.empty(); }
   int64_t numel() const;
   /// Row width (the last dim) and rows (every other dim flattened).

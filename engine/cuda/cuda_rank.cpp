@@ -32,10 +32,11 @@ CudaRank::~CudaRank() {
   cudaSetDevice(device);
   if (stream) cudaStreamSynchronize(stream);
   for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
+  fp8_gemm_.reset();
   if (cublas) cublasDestroy(cublas);
   if (stream) cudaStreamDestroy(stream);
-  for (void* p : {weight_mem_, kv_mem_, state_mem_, buf_mem_, cublas_ws_,
-                  static_cast<void*>(dequant_)}) {
+  for (void* p : {weight_mem_, kv_mem_, state_mem_, buf_mem_, cublas_ws_, static_cast<void*>(dequant_),
+                  static_cast<void*>(a8_), block_scales_mem_}) {
     if (p) cudaFree(p);
   }
   if (pinned_) cudaFreeHost(pinned_);
@@ -66,6 +67,7 @@ void CudaRank::build(const ModelConfig& cfg, const ModelPlan& wplan, const Memor
   CUBLAS_CHECK(cublasSetWorkspace(cublas, cublas_ws_, kCublasWorkspace));
   if (wgmma_experts || tma_experts) kernels::moe_wgmma_prepare();
   if (stream_gemv) kernels::gemv_stream_prepare();
+  if (w8a8_linear) fp8_gemm_ = std::make_unique<kernels::Fp8BlockGemm>(cublas_ws_, kCublasWorkspace);
 
   CUDA_CHECK(cudaMalloc(&weight_mem_, plan.weights));
   weights = place_weights(cfg, dims, wplan, weight_mem_);
@@ -90,9 +92,12 @@ void CudaRank::build(const ModelConfig& cfg, const ModelPlan& wplan, const Memor
                  .per_slot = linear_state_floats(cfg, dims)};
   }
 
-  dequant_elems_ = dequant_scratch_elems(wplan);  // counted in plan.activations
+  if (w8a8_linear) attach_block_scales();
+  dequant_elems_ = dequant_scratch_elems(wplan);  // counted in plan.activations, as a8_bytes_
   if (dequant_elems_ > 0) CUDA_CHECK(cudaMalloc(&dequant_, dequant_elems_ * sizeof(bf16)));
-  CUDA_CHECK(cudaMalloc(&buf_mem_, plan.activations - dequant_elems_ * sizeof(bf16)));
+  a8_bytes_ = w8a8_linear ? w8a8_linear_bytes(wplan, cap.tokens) : 0;
+  if (a8_bytes_ > 0) CUDA_CHECK(cudaMalloc(&a8_, a8_bytes_));
+  CUDA_CHECK(cudaMalloc(&buf_mem_, plan.activations - dequant_elems_ * sizeof(bf16) - a8_bytes_));
   buf = carve_step_buffers(buf_mem_, cfg, dims, cap);
   CUDA_CHECK(cudaMemsetAsync(buf.route_counter, 0, sizeof(int32_t), stream));
   CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -104,6 +109,33 @@ void CudaRank::build(const ModelConfig& cfg, const ModelPlan& wplan, const Memor
   const size_t ptr_bytes = kGroupedStages * 3 * static_cast<size_t>(group_cap_) * sizeof(void*);
   CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&group_ptrs_host_), ptr_bytes));
   CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&group_ptrs_dev_), ptr_bytes));
+}
+
+void CudaRank::attach_block_scales() {
+  // The weights' per-row scales hold each block's scale 128 times; the GEMM reads the block grid.
+  // A few hundred KB for a whole model: inside the plan's reserve.
+  std::vector<DeviceTensor*> takes;
+  size_t floats = 0;
+  for (auto& L : weights.layers)
+    L.zip(L, [&](DeviceTensor& t, const DeviceTensor&) {
+      if (t.shape.size() != 2 || t.format != WeightFormat::Fp8Block || t.scale_rows != kernels::kFp8BlockGemmGroup ||
+          t.group != kernels::kFp8BlockGemmGroup || !kernels::Fp8BlockGemm::takes(4, static_cast<int>(t.rows()),
+                                                                                  static_cast<int>(t.cols())))
+        return;
+      takes.push_back(&t);
+      floats += static_cast<size_t>(t.rows() / kernels::kFp8BlockGemmGroup) *
+                kernels::fp8_block_scale_ld(static_cast<int>(t.cols()));
+    });
+  if (takes.empty()) return;
+  CUDA_CHECK(cudaMalloc(&block_scales_mem_, floats * sizeof(float)));
+  auto* next = static_cast<float*>(block_scales_mem_);
+  for (DeviceTensor* t : takes) {
+    const int cols = static_cast<int>(t->cols()), ld = kernels::fp8_block_scale_ld(cols);
+    kernels::compact_block_scales(static_cast<const float*>(t->scales), t->rows(), cols / t->group, next, ld,
+                                  stream);
+    t->block_scales = next;
+    next += static_cast<size_t>(t->rows() / kernels::kFp8BlockGemmGroup) * ld;
+  }
 }
 
 void CudaRank::upload(const StepChunk& c) {

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -63,8 +64,9 @@ class CudaRank {
   size_t num_graphs() const { return graphs_.size(); }
   /// The rank's handle, stream and dequantization scratch, for engine/cuda/linear.h.
   GemmContext gemm() const {
-    return {cublas,           stream,          dequant_,    dequant_elems_, group_ptrs_host_,
-            group_ptrs_dev_,  group_cap_,      stream_gemv, tma_experts};
+    return {cublas,          stream,     dequant_,    dequant_elems_, group_ptrs_host_,
+            group_ptrs_dev_, group_cap_, stream_gemv, tma_experts,    fp8_gemm_.get(),
+            a8_,             a8_bytes_};
   }
 
   // What the forward (engine/cuda/forward.cpp) reads.
@@ -92,11 +94,14 @@ class CudaRank {
   bool tma_experts = false;          ///< decode steps' bf16 / W8A8 experts on kernels::moe_gemm_tma
   bool router_norm = true;           ///< CudaBackendOptions::router_norm
   bool wgmma_attention = true;       ///< CudaBackendOptions::wgmma_attention
+  bool w8a8_linear = false;          ///< FP8-block projections on kernels::Fp8BlockGemm (Hopper)
   cublasHandle_t cublas = nullptr;  ///< bound to `stream`, fixed workspace
 
  private:
   // Pinned bytes of the sampling controls and sampled tokens (5 arrays of R, 8-byte slots).
   size_t sampling_staging_bytes() const { return static_cast<size_t>(buf.cap.logits_rows) * 40; }
+  // Compacts the block scales of the projections fp8_gemm_ takes (DeviceTensor::block_scales).
+  void attach_block_scales();
 
   bool probed_ = false;  // a context exists: the destructor has something to release
   void* weight_mem_ = nullptr;
@@ -106,6 +111,10 @@ class CudaRank {
   void* cublas_ws_ = nullptr;
   bf16* dequant_ = nullptr;  // decoded compressed weight of a many-row dense GEMM
   size_t dequant_elems_ = 0;
+  std::unique_ptr<kernels::Fp8BlockGemm> fp8_gemm_;  // w8a8_linear only
+  uint8_t* a8_ = nullptr;           // quantized rows of a W8A8 projection (GemmContext::a8)
+  size_t a8_bytes_ = 0;
+  void* block_scales_mem_ = nullptr;  // DeviceTensor::block_scales of every W8A8 projection
   const void** group_ptrs_host_ = nullptr;  // pinned, kGroupedStages · 3 · group_cap_
   const void** group_ptrs_dev_ = nullptr;   // device, the same
   int group_cap_ = 0;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "common/error.h"
@@ -16,11 +17,31 @@ namespace {
   throw Error(std::string(op) + ": no CUDA kernel for weights stored as " + weight_format_name(f));
 }
 
+// W8A8 through cuBLASLt's block-scaled FP8 GEMM: rows in multiples of four (its activation
+// scales' pitch), the last rows % 4 on the decode GEMV with bf16 activations. False when the
+// call is not one it takes (then the caller's other paths run).
+bool linear_w8a8(const GemmContext& g, bf16* out, const bf16* in, const DeviceTensor& w, int rows) {
+  const int n = static_cast<int>(w.shape[0]), k = static_cast<int>(w.shape[1]);
+  const int m4 = rows / 4 * 4;
+  if (g.fp8_gemm == nullptr || w.block_scales == nullptr || rows <= kernels::kGemvMaxRows ||
+      !kernels::Fp8BlockGemm::takes(m4, n, k) || fp8_rows_bytes(m4, k) > g.a8_bytes)
+    return false;
+  const Fp8Rows x = carve_fp8_rows(g.a8, g.a8_bytes, m4, k);
+  kernels::quantize_fp8_rows(in, m4, k, kernels::kFp8BlockGemmGroup, x.data, x.scales, g.stream, 1, m4);
+  g.fp8_gemm->run(g.stream, out, x.data, x.scales, static_cast<const uint8_t*>(w.data), w.block_scales, m4, n, k);
+  if (rows > m4)
+    kernels::gemv_quant(out + static_cast<size_t>(m4) * n, in + static_cast<size_t>(m4) * k, w.matrix(),
+                        rows - m4, n, k, g.stream);
+  return true;
+}
+
 template <class Out>
 void linear_any(const GemmContext& g, Out* out, const bf16* in, const DeviceTensor& w, int rows) {
   MB_CHECK(w.shape.size() == 2, "linear: weight must be [out, in]");
   const int n = static_cast<int>(w.shape[0]), k = static_cast<int>(w.shape[1]);
   if (w.format == WeightFormat::F32) no_kernel("linear", w.format);
+  if constexpr (std::is_same_v<Out, bf16>)
+    if (w.format == WeightFormat::Fp8Block && linear_w8a8(g, out, in, w, rows)) return;
   if (g.stream_gemv && w.format == WeightFormat::Bf16 && rows == 1 &&
       kernels::gemv_stream_fits(rows, k)) {
     kernels::gemv_stream(out, in, w.as_bf16(), rows, n, k, g.stream);
@@ -220,6 +241,18 @@ void expert_gemm_wgmma_fp8(const GemmContext& g, kernels::MoeWgmmaFp8Params p, c
   p.weight_scales = static_cast<const float*>(w.scales);
   p.weight_scale_rows = w.scale_rows;
   kernels::moe_wgmma_fp8(p, g.stream);
+}
+
+size_t w8a8_linear_bytes(const ModelPlan& plan, int64_t rows) {
+  int widest = 0;
+  auto consider = [&](const TensorPlan& t) {
+    if (!t.empty() && t.shape.size() == 2 && t.format == WeightFormat::Fp8Block)
+      widest = std::max(widest, static_cast<int>(t.shape[1]));
+  };
+  for (const auto& L : plan.layers)
+    for (const TensorPlan* t : {&L.wqkv, &L.wo, &L.mlp_gate_up, &L.mlp_down, &L.shared_gate_up, &L.shared_down})
+      consider(*t);
+  return widest > 0 ? fp8_rows_bytes(rows, widest) : 0;
 }
 
 size_t dequant_scratch_elems(const ModelPlan& plan) {

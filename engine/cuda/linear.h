@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include "engine/cuda/cuda_model.h"
+#include "kernels/gemm_fp8.cuh"
 #include "kernels/moe_gemm.cuh"
 #include "kernels/moe_wgmma.cuh"
 
@@ -32,6 +33,12 @@ struct GemmContext {
   /// Expert GEMMs of decode steps that kernels::moe_gemm_tma takes (bf16, W8A8) on it (the
   /// rank's Hopper GPU has it and moe_wgmma_prepare ran there) instead of moe_gemm.
   bool tma_experts = false;
+  /// Projections on FP8-block weights with block_scales and more than kernels::kGemvMaxRows
+  /// rows run W8A8 here (the rows quantized per 1 × 128 into `a8`); null: decoded to bf16 for
+  /// cuBLAS (kernels::quant_linear).
+  kernels::Fp8BlockGemm* fp8_gemm = nullptr;
+  uint8_t* a8 = nullptr;  ///< w8a8_linear_bytes of the rank's plan and step capacity
+  size_t a8_bytes = 0;
 };
 
 /// Regions of GemmContext's pointer arrays: the gate+up and the down GEMM of one MoE layer are
@@ -94,6 +101,10 @@ bool expert_gemm_w8a8(const DeviceTensor& gate_up, const DeviceTensor& down, int
 /// expert_gemm_wgmma for FP8-block experts and e4m3 activations (kernels::moe_wgmma_fp8): `p`
 /// has every operand but the weights and their scales, taken from `w` [E, n, k].
 void expert_gemm_wgmma_fp8(const GemmContext& g, kernels::MoeWgmmaFp8Params p, const DeviceTensor& w);
+
+/// Bytes of GemmContext::a8 for steps of up to `rows` tokens under weight plan `plan`: the
+/// e4m3 rows and scales of the widest FP8-block projection input (0 without one).
+size_t w8a8_linear_bytes(const ModelPlan& plan, int64_t rows);
 
 /// Elements of the scratch the GEMMs of a rank with weight plan `plan` need: the largest
 /// compressed 2-D weight or single expert matrix (0 when every weight is bf16).

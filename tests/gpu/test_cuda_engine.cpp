@@ -29,6 +29,7 @@
 #include "engine/engine.h"
 #include "engine/model_files.h"
 #include "kernels/gemm.cuh"
+#include "kernels/gemm_fp8.cuh"
 #include "tests/common/prompts.h"
 #include "tests/engine/reference.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -303,6 +304,33 @@ TEST_P(CudaFixture, SortedExpertPathMatchesGroupedKernel) {
       expect_rows_close(all, false, GetParam() + " sorted (W8A8) vs oracle, all positions", kW8a8Tol);
     }
   }
+}
+
+// FP8-block projections of steps with more than 8 rows run W8A8 on cuBLASLt's block-scaled GEMM
+// where the GPU is a Hopper (CudaBackendOptions::w8a8_linear): against the same model with them
+// decoded to bf16, within kW8a8Tol (the activations' e4m3 rounding), on prompts whose lengths
+// leave a GEMV tail of 1 and 2 rows (37, 150); and not bit-equal, which says the path ran.
+TEST_P(CudaFixture, W8a8ProjectionsMatchDecodedWeights) {
+  if (GetParam() != "qwen3_moe_tiny_fp8") GTEST_SKIP() << "FP8-block checkpoints only";
+  if (!kernels::fp8_block_gemm_available(0)) GTEST_SKIP() << "block-scaled FP8 GEMM needs a Hopper GPU";
+  std::mt19937 rng(std::random_device{}());
+  EngineOptions eo{.max_num_seqs = 8, .max_num_batched_tokens = 256};
+  CudaBackendOptions decoded = small_options();
+  decoded.max_num_batched_tokens = 256;
+  decoded.w8a8_linear = false;
+  CudaBackendOptions w8a8 = decoded;
+  w8a8.w8a8_linear = true;
+  Engine a(std::make_unique<CudaBackend>(fixture_path(GetParam()), w8a8), eo);
+  Engine b(std::make_unique<CudaBackend>(fixture_path(GetParam()), decoded), eo);
+  const int64_t V = a.config().vocab_size;
+  std::vector<double> errs;
+  for (size_t len : {size_t{37}, size_t{150}}) {
+    auto prompt = random_prompt(rng, len, V);
+    const auto e = row_errors(a.score(prompt), b.score(prompt), V);
+    errs.insert(errs.end(), e.begin(), e.end());
+  }
+  expect_rows_close(errs, false, GetParam() + " W8A8 projections vs decoded", kW8a8Tol);
+  EXPECT_GT(*std::max_element(errs.begin(), errs.end()), 0.0) << "W8A8 projections did not run";
 }
 
 // Logits of each decode step (paged cache, decode kernel, graphs) against a full recompute of

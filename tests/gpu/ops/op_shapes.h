@@ -259,6 +259,13 @@ OpCaseDef quant_linear_case(const QuantLinearShape& s);
 /// benchmark row names.
 const char* quant_linear_path_name(const QuantLinearShape& s);
 
+/// kernels::Fp8BlockGemm (cuBLASLt, block-scaled FP8) of x [m, k] bf16, quantized per 1 × 128
+/// in run(), and bf16 weights [n, k] quantized in 128 × 128 blocks; m % 4, n % 128, k % 128 == 0.
+struct Fp8BlockGemmShape {
+  int m, n, k;
+};
+OpCaseDef fp8_block_gemm_case(const Fp8BlockGemmShape& s);
+
 /// kernels::dequantize of a [rows, cols] matrix in `format` to bf16.
 struct DequantizeShape {
   int rows, cols;
@@ -272,6 +279,8 @@ struct QuantizeShape {
   int rows, cols;
   WeightFormat format = WeightFormat::fp8_block;  ///< fp8_block, nvfp4 or int4
   int group = 128;                                ///< fp8 inputs per scale
+  /// fp8 only: scales group-major with a pitch of rows + 3 (kernels::Fp8BlockGemm's activations)
+  bool group_major = false;
 };
 OpCaseDef quantize_case(const QuantizeShape& s);
 

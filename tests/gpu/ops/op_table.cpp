@@ -416,6 +416,16 @@ std::vector<OpCaseDef> op_cases_test() {
   t.push_back(quantize_case({.rows = 37, .cols = 1040, .format = WeightFormat::fp8_block, .group = 128}));
   t.push_back(quantize_case({.rows = 16, .cols = 2048, .format = WeightFormat::fp8_block, .group = 128}));
   t.push_back(quantize_case({.rows = 9, .cols = 208, .format = WeightFormat::fp8_block, .group = 64}));
+  // group-major scales (kernels::Fp8BlockGemm's activations): the vector path (whole groups of
+  // 128) and a partial last group
+  for (int cols : {2048, 1040})
+    t.push_back(quantize_case(
+        {.rows = 37, .cols = cols, .format = WeightFormat::fp8_block, .group = 128, .group_major = true}));
+  // Block-scaled FP8 GEMM (cuBLASLt, Hopper): k of 1 and 3 scale blocks (a block-grid pitch
+  // padded to four), m 12 and 36 (not multiples of the tile), the 30B projections' shapes.
+  for (auto [m, n, k] : {std::tuple{12, 256, 128}, {36, 384, 384}, {64, 512, 128}, {40, 128, 256},
+                         {264, 5120, 2048}, {128, 2048, 4096}})
+    t.push_back(fp8_block_gemm_case({.m = m, .n = n, .k = k}));
   t.push_back(quantize_case({.rows = 37, .cols = 1056, .format = WeightFormat::nvfp4}));
   t.push_back(quantize_case({.rows = 8, .cols = 4096, .format = WeightFormat::nvfp4}));
   t.push_back(quantize_case({.rows = 37, .cols = 1056, .format = WeightFormat::int4}));
@@ -551,6 +561,10 @@ std::vector<OpCaseDef> op_cases_bench() {
         add(B, named(quant_linear_case(s), std::string(proj) + " " + weight_format_name(f) + " (" +
                                                quant_linear_path_name(s) + ")"));
       }
+    // FP8 weights as W8A8 on cuBLASLt's block-scaled GEMM (the engine's path past 8 rows on Hopper)
+    if (B > 8)
+      for (auto [proj, n, k] : {std::tuple{"qkv", kQkvWidth, kH}, {"o_proj", kH, kNq * kD}})
+        add(B, named(fp8_block_gemm_case({.m = B, .n = n, .k = k}), std::string(proj) + " fp8 (w8a8 cuBLASLt)"));
     // The persistent bulk-copy GEMV (gemv_stream, sm_90a) beside "qkv bf16 (gemv)" on the same
     // rotation of copies; both GEMVs again with one copy of W, resident in L2 after the warm-up
     // ("L2-resident": what they cost when the bytes are no object — launch, ramp, reductions,
@@ -657,6 +671,18 @@ std::vector<OpCaseDef> op_cases_bench() {
                             .stage = MoeGemmStage::gate_up_silu, .active_experts = true,
                             .routings = kRoutings, .gemv = kernel == 1, .tma = kernel == 2}));
   // Dense bf16 projections at 8 rows: gemv_stream (near FMA-bound there, by estimate) against the
+  // The projections of an 8 × 1024-token prefill: bf16 cuBLAS, FP8 decoded to bf16 for cuBLAS,
+  // FP8 as W8A8 on cuBLASLt (batch column: tokens).
+  constexpr int kPrefillRows = 8192;
+  for (auto [proj, n, k] : {std::tuple{"qkv", kQkvWidth, kH}, {"o_proj", kH, kNq * kD}}) {
+    for (WeightFormat f : {WeightFormat::bf16, WeightFormat::fp8_block}) {
+      const QuantLinearShape s{.m = kPrefillRows, .n = n, .k = k, .format = f, .w_scale = 0.02f};
+      add(kPrefillRows, named(quant_linear_case(s), std::string(proj) + " " + weight_format_name(f) + " (" +
+                                                        quant_linear_path_name(s) + ")"));
+    }
+    add(kPrefillRows, named(fp8_block_gemm_case({.m = kPrefillRows, .n = n, .k = k}),
+                            std::string(proj) + " fp8 (w8a8 cuBLASLt)"));
+  }
   // cuBLAS GEMM quant_linear takes, on the same rotation of copies.
   for (auto [proj, n, k] : {std::tuple{"qkv", kQkvWidth, kH}, {"o_proj", kH, kNq * kD}})
     for (bool stream : {false, true}) {
