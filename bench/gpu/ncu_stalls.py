@@ -24,7 +24,10 @@ def main():
         rows = [r for r in csv.reader(line for line in f if line.startswith('"'))]
     if not rows:
         sys.exit("no CSV rows (was the report collected with --section SourceCounters?)")
-    head, body = rows[0], rows[1:]
+    # ncu puts a "Kernel Name" line above the column header: the header is the first row
+    # that names the stall-sampling column.
+    at = next((i for i, r in enumerate(rows) if any(h.startswith("Warp Stall Sampling (All") for h in r)), 0)
+    head, body = rows[at], rows[at + 1:]
     samples = next((i for i, h in enumerate(head) if h.startswith("Warp Stall Sampling (All")), None)
     source = next((i for i, h in enumerate(head) if h in ("Source", "SASS")), None)
     address = next((i for i, h in enumerate(head) if h.startswith("Address")), None)

@@ -12,6 +12,8 @@
 # `w8a8`: the W8A8 expert GEMM: its kernel cases, engine tests (ENGINE_FILTER), the wgmma
 # kernel rows, the engine benchmark on the 30B shape in bf16, fp8 W8A8 and fp8 decoded to bf16,
 # and Qwen3-Next-80B in fp8.
+# `linear`: the W8A8 projections on cuBLASLt: their kernel cases, the FP8 engine tests, the
+# projection rows, the engine benchmark in bf16, fp8 and fp8 with the projections decoded.
 # `prefill`: kernel and engine tests, the prefill expert GEMM rows (wgmma and its cuBLAS peer),
 # the engine benchmark on the 30B shape with the wgmma experts and without them.
 set -uo pipefail
@@ -70,6 +72,28 @@ if [ "$WHAT" = w8a8 ]; then
   done
   timeout 150 ./build-dev/moebatch_bench_engine_cuda --shape qwen3-next-80b-a3b --quantization fp8 "$OUT/bench_next_fp8.json" > "$OUT/bench_next_fp8.log" 2>&1
   echo "next fp8 rc=$?"; tail -8 "$OUT/bench_next_fp8.log"
+  exit 0
+fi
+if [ "$WHAT" = linear ]; then
+  # FP8-block projections as W8A8 on cuBLASLt (kernels/gemm_fp8.cuh): their op cases and the
+  # quantizer's, the engine tests of the FP8 fixture (ENGINE_FILTER), the projection rows, and
+  # the 30B engine benchmark in bf16, fp8 and fp8 with the projections decoded to bf16.
+  timeout 120 ./build-dev/moebatch_gpu_tests --gtest_filter='*cuBLASLt*:*quantize*:*quant_linear*' > "$OUT/kernel_tests.log" 2>&1
+  echo "kernel tests rc=$?"; grep -E "FAIL|^\[  PASSED|^\[==|SKIPPED|Failure|rel" "$OUT/kernel_tests.log" | head -30
+  timeout 200 ./build-dev/moebatch_gpu_engine_tests --gtest_filter="${ENGINE_FILTER:-*fp8*}" > "$OUT/engine_tests.log" 2>&1
+  echo "engine tests rc=$?"
+  grep -E "Failure|Expected|Which is|rows within|FAILED|^\[  PASSED|^\[==" "$OUT/engine_tests.log" | head -40
+  # (JSON to /tmp and one log per tool: the device call returns a few files only)
+  for f in qkv o_proj; do
+    timeout 100 ./build-dev/moebatch_bench_kernels "/tmp/bench_kernels_$f.json" --filter "$f" >> "$OUT/bench_kernels_linear.log" 2>&1
+  done
+  echo "kernels rc=$?"; grep -E "qkv|o_proj" "$OUT/bench_kernels_linear.log" | grep -vE "gemv|L2-res"
+  for v in "none" "fp8" "fp8 --disable-w8a8-linear"; do
+    tag=${v// /_}
+    echo "=== $v" >> "$OUT/bench_engine_linear.log"
+    timeout 120 ./build-dev/moebatch_bench_engine_cuda --quantization $v "/tmp/bench_engine_$tag.json" > /tmp/bench_engine_$tag.log 2>&1
+    echo "bench $v rc=$?"; cat /tmp/bench_engine_$tag.log >> "$OUT/bench_engine_linear.log"; tail -8 /tmp/bench_engine_$tag.log
+  done
   exit 0
 fi
 if [ "$WHAT" = prefill ]; then
