@@ -464,8 +464,8 @@ OpCaseDef quantize_case(const QuantizeShape& s) {
   const std::string shape = fp8 ? shape_str({{"r", s.rows}, {"c", s.cols}, {"g", s.group}})
                                 : shape_str({{"r", s.rows}, {"c", s.cols}});
   const double tol = fp8 ? 0.04 : s.format == WeightFormat::int4 ? 0.1 : 0.15;
-  OpCaseDef d = op_case_def<QuantizeCase>(label("quantize", s.format), shape, OpFamily::quant,
-                                          tol, s);
+  OpCaseDef d = op_case_def<QuantizeCase>(label("quantize", s.format, s.group_major ? " group-major" : ""), shape,
+                                          OpFamily::quant, tol, s);
   d.format = s.format;
   return d;
 }
