@@ -13,6 +13,8 @@ struct Fp8BlockGemm::Plan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  bool ok = false;  // the heuristic found an algorithm
+  cublasStatus_t status = CUBLAS_STATUS_SUCCESS;  // the heuristic's answer (why not, when !ok)
   ~Plan() {
     if (d) cublasLtMatrixLayoutDestroy(d);
     if (b) cublasLtMatrixLayoutDestroy(b);
@@ -62,29 +64,35 @@ const Fp8BlockGemm::Plan& Fp8BlockGemm::plan(int m, int n, int k) {
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     const cublasLtMatmulMatrixScale_t a_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
                                       b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    // The heuristic wants scale pointers with the scale modes; the workspace stands in for them
+    // (device memory, aligned) until run() sets each call's own.
+    const void* stand_in = workspace_;
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode, sizeof(a_mode)));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode, sizeof(b_mode)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &stand_in, sizeof(stand_in)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &stand_in, sizeof(stand_in)));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_8F_E4M3, k, n, k));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_8F_E4M3, k, m, k));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->d, CUDA_R_16BF, n, m, n));
     cublasLtMatmulPreference_t pref = nullptr;
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     const uint64_t ws = workspace_bytes_;
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
     const cublasStatus_t st =
         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
-    const cublasStatus_t hs = st == CUBLAS_STATUS_SUCCESS
-                                  ? cublasLtMatmulAlgoGetHeuristic(lt_, p->op, p->a, p->b, p->d, p->d, pref, 1,
-                                                                   &result, &found)
-                                  : st;
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    // A shape cuBLASLt declines (an error status or no algorithm) is remembered as such: the
+    // caller takes another path for it.
+    if (st == CUBLAS_STATUS_SUCCESS)
+      p->status = cublasLtMatmulAlgoGetHeuristic(lt_, p->op, p->a, p->b, p->d, p->d, pref, 1, &result, &found);
+    if (st == CUBLAS_STATUS_SUCCESS && p->status == CUBLAS_STATUS_SUCCESS && found > 0) {
+      p->algo = result.algo;
+      p->ok = true;
+    }
     cublasLtMatmulPreferenceDestroy(pref);
-    CUBLAS_CHECK(hs);
-    MB_CHECK(found > 0, "Fp8BlockGemm: cuBLASLt has no block-scaled FP8 algorithm for m " + std::to_string(m) +
-                            " n " + std::to_string(n) + " k " + std::to_string(k));
-    p->algo = result.algo;
+    CUBLAS_CHECK(st);
   } catch (...) {
     delete p;
     throw;
@@ -93,12 +101,17 @@ const Fp8BlockGemm::Plan& Fp8BlockGemm::plan(int m, int n, int k) {
   return *p;
 }
 
+bool Fp8BlockGemm::supports(int m, int n, int k) { return takes(m, n, k) && plan(m, n, k).ok; }
+
 void Fp8BlockGemm::run(cudaStream_t stream, bf16* out, const uint8_t* x, const float* x_scales,
                        const uint8_t* w, const float* w_scales, int m, int n, int k) {
   MB_CHECK(takes(m, n, k), "Fp8BlockGemm: m must be a positive multiple of 4, n and k of 128 (m " +
                                std::to_string(m) + " n " + std::to_string(n) + " k " + std::to_string(k) + ")");
   MB_CHECK(out && x && x_scales && w && w_scales, "Fp8BlockGemm: null operand");
   const Plan& p = plan(m, n, k);
+  MB_CHECK(p.ok, "Fp8BlockGemm: cuBLASLt has no block-scaled FP8 algorithm for m " + std::to_string(m) + " n " +
+                     std::to_string(n) + " k " + std::to_string(k) + " (heuristic: " +
+                     cublasGetStatusString(p.status) + "; ask supports() first)");
   // The scale pointers belong to this call's operands; the descriptor is the shape's.
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scales, sizeof(w_scales)));
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x_scales, sizeof(x_scales)));

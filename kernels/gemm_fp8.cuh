@@ -48,10 +48,13 @@ class Fp8BlockGemm {
   /// pitch), n and k multiples of 128 (whole scale blocks).
   static bool takes(int m, int n, int k);
 
+  /// takes(m, n, k) and cuBLASLt has an algorithm for the shape (asked once per shape).
+  bool supports(int m, int n, int k);
+
   /// out [m, n] bf16 = Σ_c (x[i, c] · x_scales[c / 128][i]) · (w[j, c] · w_scales[j / 128][c / 128])
   /// with fp32 accumulation. x [m, k] and w [n, k] e4m3 row-major; x_scales [k / 128][m] (group
   /// major: kernels::quantize_fp8_rows with scales_ld = m writes them); w_scales
-  /// [n / 128][fp8_block_scale_ld(k)] (compact_block_scales). takes(m, n, k); the pointers
+  /// [n / 128][fp8_block_scale_ld(k)] (compact_block_scales). supports(m, n, k); the pointers
   /// 16-byte aligned. Graph-capturable (no allocation; the heuristic runs on the host).
   void run(cudaStream_t stream, bf16* out, const uint8_t* x, const float* x_scales, const uint8_t* w,
            const float* w_scales, int m, int n, int k);

@@ -24,7 +24,7 @@ bool linear_w8a8(const GemmContext& g, bf16* out, const bf16* in, const DeviceTe
   const int n = static_cast<int>(w.shape[0]), k = static_cast<int>(w.shape[1]);
   const int m4 = rows / 4 * 4;
   if (g.fp8_gemm == nullptr || w.block_scales == nullptr || rows <= kernels::kGemvMaxRows ||
-      !kernels::Fp8BlockGemm::takes(m4, n, k) || fp8_rows_bytes(m4, k) > g.a8_bytes)
+      fp8_rows_bytes(m4, k) > g.a8_bytes || !g.fp8_gemm->supports(m4, n, k))
     return false;
   const Fp8Rows x = carve_fp8_rows(g.a8, g.a8_bytes, m4, k);
   kernels::quantize_fp8_rows(in, m4, k, kernels::kFp8BlockGemmGroup, x.data, x.scales, g.stream, 1, m4);
