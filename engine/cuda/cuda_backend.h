@@ -103,8 +103,9 @@ struct CudaBackendOptions {
   bool wgmma_attention = true;
   /// Projections on FP8-block weights (128 × 128 scale blocks) of steps with more than 8 rows as
   /// W8A8 on cuBLASLt's block-scaled FP8 GEMM (kernels/gemm_fp8.cuh), the rows quantized per
-  /// 1 × 128 as vLLM does for block-FP8 checkpoints, where the GPU is a Hopper; false: the weights
-  /// decoded to bf16 for a bf16 cuBLAS GEMM.
+  /// 1 × 128 as vLLM does for block-FP8 checkpoints, where the GPU is a Hopper and the shape is
+  /// one where it measured faster (engine/cuda/linear.cpp); false: the weights decoded to bf16
+  /// for a bf16 cuBLAS GEMM.
   bool w8a8_linear = true;
 
   /// The ordinal of every rank (`devices`, or the consecutive range).

@@ -17,12 +17,20 @@ namespace {
   throw Error(std::string(op) + ": no CUDA kernel for weights stored as " + weight_format_name(f));
 }
 
+// Where W8A8 loses to decoding the weight for a bf16 GEMM (bench/RESULTS.md 2026-12-03,
+// session 14, 30B shape, eager stages over 48 layers): at prefill size the activation pass of a
+// wide input costs more than the FP8 rate saves — o_proj (k 4096) at 8192 rows 9.57 vs 8.29 ms —
+// while qkv (k 2048) wins there (9.22 vs 10.92) and both win at 64 and 256 rows (qkv 0.83 vs
+// 1.08 / 0.91 vs 1.27, o_proj 0.98 vs 1.04 / 1.09 vs 1.15). Between 256 and 8192 rows not measured.
+constexpr int kW8a8WideInputMaxRows = 1024, kW8a8WideInput = 2048;
+
 // W8A8 through cuBLASLt's block-scaled FP8 GEMM: rows in multiples of four (its activation
 // scales' pitch), the last rows % 4 on the decode GEMV with bf16 activations. False when the
 // call is not one it takes (then the caller's other paths run).
 bool linear_w8a8(const GemmContext& g, bf16* out, const bf16* in, const DeviceTensor& w, int rows) {
   const int n = static_cast<int>(w.shape[0]), k = static_cast<int>(w.shape[1]);
   const int m4 = rows / 4 * 4;
+  if (k > kW8a8WideInput && rows > kW8a8WideInputMaxRows) return false;
   if (g.fp8_gemm == nullptr || w.block_scales == nullptr || rows <= kernels::kGemvMaxRows ||
       fp8_rows_bytes(m4, k) > g.a8_bytes || !g.fp8_gemm->supports(m4, n, k))
     return false;

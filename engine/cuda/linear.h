@@ -34,8 +34,9 @@ struct GemmContext {
   /// rank's Hopper GPU has it and moe_wgmma_prepare ran there) instead of moe_gemm.
   bool tma_experts = false;
   /// Projections on FP8-block weights with block_scales and more than kernels::kGemvMaxRows
-  /// rows run W8A8 here (the rows quantized per 1 × 128 into `a8`); null: decoded to bf16 for
-  /// cuBLAS (kernels::quant_linear).
+  /// rows run W8A8 here (the rows quantized per 1 × 128 into `a8`) but for prefill-sized calls
+  /// with inputs wider than 2048 (linear.cpp: measured slower there); null, or those: decoded
+  /// to bf16 for cuBLAS (kernels::quant_linear).
   kernels::Fp8BlockGemm* fp8_gemm = nullptr;
   uint8_t* a8 = nullptr;  ///< w8a8_linear_bytes of the rank's plan and step capacity
   size_t a8_bytes = 0;
