@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <tuple>
 
 #include "kernels/types.cuh"
@@ -34,9 +35,11 @@ inline int fp8_block_scale_ld(int k) { return ((k + kFp8BlockGemmGroup - 1) / kF
 /// Blackwell takes other scale modes).
 bool fp8_block_gemm_available(int device);
 
-/// One rank's block-scaled FP8 GEMMs: a cuBLASLt handle, the workspace it may use (shared with
-/// the rank's cuBLAS handle: both run on the rank's one stream, never at once) and the
-/// algorithm cuBLASLt's heuristic picked per shape. Not thread-safe: one per rank thread.
+/// One rank's block-scaled FP8 GEMMs: a cuBLASLt handle, the workspace it may use (the buffer
+/// the rank gave its cuBLAS handle — both run on the rank's one stream, never at once; cuBLAS
+/// itself may be on its own pool by then, since cublasSetStream resets a handle's workspace) and the
+/// algorithm cuBLASLt's heuristic picked per shape and operand alignment. Not thread-safe: one
+/// per rank thread.
 class Fp8BlockGemm {
  public:
   Fp8BlockGemm(void* workspace, size_t workspace_bytes);
@@ -48,8 +51,9 @@ class Fp8BlockGemm {
   /// pitch), n and k multiples of 128 (whole scale blocks).
   static bool takes(int m, int n, int k);
 
-  /// takes(m, n, k) and cuBLASLt has an algorithm for the shape (asked once per shape).
-  bool supports(int m, int n, int k);
+  /// takes(m, n, k) and cuBLASLt has an algorithm for the shape with operands `out`, `x`, `w`
+  /// as aligned as these (asked once per shape and alignment).
+  bool supports(int m, int n, int k, const void* out, const void* x, const void* w);
 
   /// out [m, n] bf16 = Σ_c (x[i, c] · x_scales[c / 128][i]) · (w[j, c] · w_scales[j / 128][c / 128])
   /// with fp32 accumulation. x [m, k] and w [n, k] e4m3 row-major; x_scales [k / 128][m] (group
@@ -61,12 +65,12 @@ class Fp8BlockGemm {
 
  private:
   struct Plan;
-  const Plan& plan(int m, int n, int k);
+  const Plan& plan(int m, int n, int k, int alignment);
 
   cublasLtHandle_t lt_ = nullptr;
   void* workspace_;
   size_t workspace_bytes_;
-  std::map<std::tuple<int, int, int>, Plan*> plans_;
+  std::map<std::tuple<int, int, int, int>, std::unique_ptr<Plan>> plans_;
 };
 
 /// The compact grid of a weight whose per-row scales [rows, groups] (the Fp8Block layout of

@@ -203,9 +203,11 @@ __device__ __forceinline__ unsigned e2m1_code(float q) {
 }
 
 // One warp per (row, group): amax, scale, then the codes. Scales land at r * groups + g, or
-// group-major at g * scales_ld + r when scales_ld > 0.
+// group-major at g * scales_ld + r when scales_ld > 0. vector_ok: `in` 8-byte and `data` 4-byte
+// aligned (then every whole 128-group is, as cols % 16 == 0).
 __global__ void quantize_fp8_kernel(const bf16* in, int64_t rows, int cols, int group,
-                                    int row_block, uint8_t* data, float* scales, int scales_ld) {
+                                    int row_block, uint8_t* data, float* scales, int scales_ld,
+                                    bool vector_ok) {
   pdl_sync();
   const int lane = threadIdx.x & 31;
   const int groups = (cols + group - 1) / group;
@@ -218,7 +220,7 @@ __global__ void quantize_fp8_kernel(const bf16* in, int64_t rows, int cols, int 
   auto scale_at = [&](int64_t r) -> float& {
     return scales_ld > 0 ? scales[g * static_cast<int64_t>(scales_ld) + r] : scales[r * groups + g];
   };
-  if (row_block == 1 && len == 128) {
+  if (row_block == 1 && len == 128 && vector_ok) {
     // The activations' common case: one 8-byte load and one 4-byte store per lane.
     const bf16* src = in + r0 * cols + c0 + lane * 4;
     float v[4];
@@ -446,7 +448,8 @@ void quantize_fp8_rows(const bf16* in, int64_t rows, int cols, int group, uint8_
   if (rows == 0) return;
   const int64_t warps = (rows + row_block - 1) / row_block * ((cols + group - 1) / group);
   launch_dependent(quantize_fp8_kernel, blocks_for(warps * 32), kThreads, 0, stream, in, rows, cols,
-                   group, row_block, data, scales, scales_ld);
+                   group, row_block, data, scales, scales_ld,
+                   reinterpret_cast<uintptr_t>(in) % 8 == 0 && reinterpret_cast<uintptr_t>(data) % 4 == 0);
   CUDA_CHECK_LAST();
 }
 

@@ -113,7 +113,8 @@ void CudaRank::build(const ModelConfig& cfg, const ModelPlan& wplan, const Memor
 
 void CudaRank::attach_block_scales() {
   // The weights' per-row scales hold each block's scale 128 times; the GEMM reads the block grid.
-  // A few hundred KB for a whole model: inside the plan's reserve.
+  // Hundreds of KB for the MoE shapes, a few MB for a dense model's wide MLP: inside the plan's
+  // reserve.
   std::vector<DeviceTensor*> takes;
   size_t floats = 0;
   for (auto& L : weights.layers)

@@ -285,6 +285,7 @@ DeviceTensor DeviceTensor::rows_from(int64_t row0) const {
   if (scales) v.scales = static_cast<char*>(scales) + row0 * per_row.scales;
   if (row_scales) v.row_scales = row_scales + row0;
   if (mins) v.mins = mins + row0 * static_cast<int64_t>(per_row.mins / sizeof(float));
+  v.block_scales = nullptr;  // the block grid is the whole tensor's (rows need not start a block)
   return v;
 }
 

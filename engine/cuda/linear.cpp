@@ -32,9 +32,10 @@ bool linear_w8a8(const GemmContext& g, bf16* out, const bf16* in, const DeviceTe
   const int m4 = rows / 4 * 4;
   if (k > kW8a8WideInput && rows > kW8a8WideInputMaxRows) return false;
   if (g.fp8_gemm == nullptr || w.block_scales == nullptr || rows <= kernels::kGemvMaxRows ||
-      fp8_rows_bytes(m4, k) > g.a8_bytes || !g.fp8_gemm->supports(m4, n, k))
+      fp8_rows_bytes(m4, k) > g.a8_bytes)
     return false;
   const Fp8Rows x = carve_fp8_rows(g.a8, g.a8_bytes, m4, k);
+  if (!g.fp8_gemm->supports(m4, n, k, out, x.data, w.data)) return false;
   kernels::quantize_fp8_rows(in, m4, k, kernels::kFp8BlockGemmGroup, x.data, x.scales, g.stream, 1, m4);
   g.fp8_gemm->run(g.stream, out, x.data, x.scales, static_cast<const uint8_t*>(w.data), w.block_scales, m4, n, k);
   if (rows > m4)
@@ -252,15 +253,19 @@ void expert_gemm_wgmma_fp8(const GemmContext& g, kernels::MoeWgmmaFp8Params p, c
 }
 
 size_t w8a8_linear_bytes(const ModelPlan& plan, int64_t rows) {
-  int widest = 0;
+  size_t most = 0;
   auto consider = [&](const TensorPlan& t) {
-    if (!t.empty() && t.shape.size() == 2 && t.format == WeightFormat::Fp8Block)
-      widest = std::max(widest, static_cast<int>(t.shape[1]));
+    if (t.empty() || t.shape.size() != 2 || t.format != WeightFormat::Fp8Block) return;
+    const int k = static_cast<int>(t.shape[1]);
+    // the rows linear_w8a8 sends through the buffer at most
+    const int64_t takes = k > kW8a8WideInput ? std::min<int64_t>(rows, kW8a8WideInputMaxRows) : rows;
+    most = std::max(most, fp8_rows_bytes(takes, k));
   };
   for (const auto& L : plan.layers)
-    for (const TensorPlan* t : {&L.wqkv, &L.wo, &L.mlp_gate_up, &L.mlp_down, &L.shared_gate_up, &L.shared_down})
+    for (const TensorPlan* t : {&L.wqkv, &L.wo, &L.mlp_gate_up, &L.mlp_down, &L.shared_gate_up, &L.shared_down,
+                                &L.lin_in, &L.lin_out})
       consider(*t);
-  return widest > 0 ? fp8_rows_bytes(rows, widest) : 0;
+  return most;
 }
 
 size_t dequant_scratch_elems(const ModelPlan& plan) {

@@ -312,8 +312,10 @@ TEST_P(CudaFixture, SortedExpertPathMatchesGroupedKernel) {
 
 // FP8-block projections of steps with more than 8 rows run W8A8 on cuBLASLt's block-scaled GEMM
 // where the GPU is a Hopper (CudaBackendOptions::w8a8_linear): against the same model with them
-// decoded to bf16, within kW8a8Tol (the activations' e4m3 rounding), on prompts whose lengths
-// leave a GEMV tail of 1 and 2 rows (37, 150); and not bit-equal, which says the path ran.
+// decoded to bf16, on prompts whose lengths leave a GEMV tail of 1 and 2 rows (37, 150); and not
+// bit-equal, which says the path ran. Bound 1.5 × kW8a8Tol: both sides are W8A8-level
+// approximations of the model (the experts run W8A8 on both), so their distance is up to the sum
+// of their errors (measured: 145–163 of 187 rows within kW8a8Tol, worst 0.12–0.20).
 TEST_P(CudaFixture, W8a8ProjectionsMatchDecodedWeights) {
   if (GetParam() != "qwen3_moe_tiny_fp8") GTEST_SKIP() << "FP8-block checkpoints only";
   if (!kernels::fp8_block_gemm_available(0)) GTEST_SKIP() << "block-scaled FP8 GEMM needs a Hopper GPU";
@@ -333,7 +335,7 @@ TEST_P(CudaFixture, W8a8ProjectionsMatchDecodedWeights) {
     const auto e = row_errors(a.score(prompt), b.score(prompt), V);
     errs.insert(errs.end(), e.begin(), e.end());
   }
-  expect_rows_close(errs, false, GetParam() + " W8A8 projections vs decoded", kW8a8Tol);
+  expect_rows_close(errs, false, GetParam() + " W8A8 projections vs decoded", 1.5 * kW8a8Tol);
   EXPECT_GT(*std::max_element(errs.begin(), errs.end()), 0.0) << "W8A8 projections did not run";
 }
 
@@ -406,9 +408,11 @@ TEST_P(CudaFixture, BatchInvariance) {
 // The same requests with decode graphs replayed and with the same launches run eagerly:
 // bitwise equal logits and tokens (with tp > 1 the graphs hold the collectives; a sum of two
 // ranks is one rounding in either order, so NCCL's choice of algorithm does not matter).
-void expect_graph_replay_equals_eager(const std::string& model, int tp, ExpertSplit split) {
+// `seqs` sequences decode together (more than 8: the decode steps' projections leave the GEMV).
+void expect_graph_replay_equals_eager(const std::string& model, int tp, ExpertSplit split, int seqs = 3) {
   std::mt19937 rng(std::random_device{}());
   CudaBackendOptions og = small_options(true), oe = small_options(false);
+  og.max_num_seqs = oe.max_num_seqs = std::max<int64_t>(og.max_num_seqs, seqs);
   og.tensor_parallel_size = oe.tensor_parallel_size = tp;
   og.expert_split = oe.expert_split = split;
   og.quantization = oe.quantization = quantization_for(model, tp, split);
@@ -417,11 +421,11 @@ void expect_graph_replay_equals_eager(const std::string& model, int tp, ExpertSp
   CudaBackend* g = graphs.get();
   CudaBackend* e = eager.get();
   EngineOptions eo;
-  eo.max_num_seqs = 8;
+  eo.max_num_seqs = og.max_num_seqs;
   eo.max_num_batched_tokens = 64;
   Engine eg(std::move(graphs), eo), ee(std::move(eager), eo);
   const int64_t V = eg.config().vocab_size;
-  for (uint64_t id = 0; id < 3; ++id) {
+  for (uint64_t id = 0; id < static_cast<uint64_t>(seqs); ++id) {
     auto p = random_prompt(rng, 5 + rng() % 30, V);
     eg.add(request(id, p, 10, true));
     ee.add(request(id, p, 10, true));
@@ -440,6 +444,8 @@ void expect_graph_replay_equals_eager(const std::string& model, int tp, ExpertSp
 
 TEST_P(CudaFixture, GraphReplayEqualsEager) {
   expect_graph_replay_equals_eager(GetParam(), 1, ExpertSplit::Intermediate);
+  // FP8 blocks: decode steps of 12 rows run the projections W8A8 (cuBLASLt inside the graphs)
+  if (GetParam() == "qwen3_moe_tiny_fp8") expect_graph_replay_equals_eager(GetParam(), 1, ExpertSplit::Intermediate, 12);
 }
 
 // Tokens sampled on the device (greedy) equal the host argmax of the same logits; seeded
@@ -804,8 +810,10 @@ class CudaTensorParallel : public ::testing::TestWithParam<std::tuple<std::strin
 };
 
 // Every reference prompt scored on two GPUs against one GPU (and the oracle): positions before
-// the first router near-tie within kRelTol, and over all positions every row (dense) or 3 in 4
-// rows (MoE). The two differ by where bf16 rounds: each rank's partial o_proj / MLP output is
+// the first router near-tie within kRelTol (the FP8 fixture: kW8a8Tol — a shard whose fused
+// 128-row block mixes k and v rows, or a run decoded to bf16, takes its projections or experts
+// off the W8A8 path that one GPU runs), and over all positions every row (dense) or 3 in 4 rows
+// (MoE). The two differ by where bf16 rounds: each rank's partial o_proj / MLP output is
 // rounded before the all-reduce.
 TEST_P(CudaTensorParallel, LogitsMatchSingleRank) {
   auto ref = load_reference(model());
@@ -822,13 +830,13 @@ TEST_P(CudaTensorParallel, LogitsMatchSingleRank) {
       const double e = rel_err(b.data() + t * V, a.data() + t * V, V);
       worst = std::max(worst, e);
       ++compared;
-      EXPECT_LT(e, kRelTol) << label() << " prompt len " << r.prompt.size() << " pos " << t;
+      EXPECT_LT(e, w8a8_tol(model())) << label() << " prompt len " << r.prompt.size() << " pos " << t;
     }
     auto e1 = row_errors(b, a, V), e2 = row_errors(b, r.logits, V);
     vs_one.insert(vs_one.end(), e1.begin(), e1.end());
     vs_oracle.insert(vs_oracle.end(), e2.begin(), e2.end());
   }
-  expect_rows_close(vs_one, dense(), label() + " vs tp1, all positions");
+  expect_rows_close(vs_one, dense(), label() + " vs tp1, all positions", w8a8_tol(model()));
   expect_rows_close(vs_oracle, dense(), label() + " vs oracle, all positions", oracle_tol(model()));
   std::printf("%s: %zu positions before a router near-tie, worst vs tp1 %.3g\n", label().c_str(),
               compared, worst);

@@ -1,6 +1,7 @@
 // Cases of the block-scaled FP8 dense GEMM (kernels/gemm_fp8.cuh): bf16 activations quantized
 // per 1 × 128 into group-major scales, then cuBLASLt on FP8 tensor cores against bf16 weights
 // quantized in 128 × 128 blocks (as FP8 checkpoints hold them) and compacted to the block grid.
+#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,8 +18,10 @@ constexpr int kGroup = kernels::kFp8BlockGemmGroup;
 
 // The reference multiplies the decoded operands (e4m3 codes times their scales, as the kernels
 // wrote them) in fp64, so it tests the GEMM and both scale layouts; the activations' own
-// quantization error is the quantizer case's (quantize_fp8_rows). run() times what the engine
-// runs per projection: the activation quantization and the GEMM.
+// quantization error is the quantizer case's (quantize_fp8_rows). Every weight block and every
+// activation group is scaled by its own power of two (exact in bf16), so each scale differs from
+// its neighbours' and a scale read from the wrong block or group cannot pass. run() times what
+// the engine runs per projection: the activation quantization and the GEMM.
 class Fp8BlockGemmCase final : public OpCase {
  public:
   explicit Fp8BlockGemmCase(const Fp8BlockGemmShape& s) : s_(s) {}
@@ -27,6 +30,9 @@ class Fp8BlockGemmCase final : public OpCase {
     const int m = s_.m, n = s_.n, k = s_.k, groups = k / kGroup;
     x_ = RandomBf16(static_cast<size_t>(m) * k, 1.f, rng, env.stream);
     w_ = RandomBf16(static_cast<size_t>(n) * k, 0.05f, rng, env.stream);
+    CUDA_CHECK(cudaStreamSynchronize(env.stream));  // the fills ran there
+    spread(x_, m, k, [](int r, int g) { return (r * 5 + g * 3) % 7 - 3; });
+    spread(w_, n, k, [](int r, int g) { return (r / kGroup * 7 + g * 3) % 9 - 4; });
     w_q_ = DevBuf<uint8_t>(static_cast<size_t>(n) * k);
     w_rs_ = DevBuf<float>(static_cast<size_t>(n) * groups);
     const int ld = kernels::fp8_block_scale_ld(k);
@@ -80,6 +86,18 @@ class Fp8BlockGemmCase final : public OpCase {
   double flops() const override { return 2.0 * s_.m * s_.n * s_.k; }
 
  private:
+  // Multiplies element (r, c) of the [rows, cols] buffer by 2^exponent(r, c / 128).
+  template <class Exponent>
+  static void spread(const RandomBf16& buf, int rows, int cols, Exponent exponent) {
+    std::vector<uint16_t> v = buf.current();
+    for (int r = 0; r < rows; ++r)
+      for (int c = 0; c < cols; ++c) {
+        uint16_t& e = v[static_cast<size_t>(r) * cols + c];
+        e = f2bf(std::ldexp(bf2f(e), exponent(r, c / kGroup)));
+      }
+    CUDA_CHECK(cudaMemcpy(buf.get(), v.data(), v.size() * sizeof(uint16_t), cudaMemcpyHostToDevice));
+  }
+
   Fp8BlockGemmShape s_;
   RandomBf16 x_, w_;
   DevBuf<uint8_t> w_q_, x_q_, workspace_;

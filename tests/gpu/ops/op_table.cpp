@@ -670,7 +670,6 @@ std::vector<OpCaseDef> op_cases_bench() {
       add(B, moe_gemm_case({.tokens = B, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
                             .stage = MoeGemmStage::gate_up_silu, .active_experts = true,
                             .routings = kRoutings, .gemv = kernel == 1, .tma = kernel == 2}));
-  // Dense bf16 projections at 8 rows: gemv_stream (near FMA-bound there, by estimate) against the
   // The projections of an 8 × 1024-token prefill: bf16 cuBLAS, FP8 decoded to bf16 for cuBLAS,
   // FP8 as W8A8 on cuBLASLt (batch column: tokens).
   constexpr int kPrefillRows = 8192;
@@ -683,6 +682,7 @@ std::vector<OpCaseDef> op_cases_bench() {
     add(kPrefillRows, named(fp8_block_gemm_case({.m = kPrefillRows, .n = n, .k = k}),
                             std::string(proj) + " fp8 (w8a8 cuBLASLt)"));
   }
+  // Dense bf16 projections at 8 rows: gemv_stream (near FMA-bound there, by estimate) against the
   // cuBLAS GEMM quant_linear takes, on the same rotation of copies.
   for (auto [proj, n, k] : {std::tuple{"qkv", kQkvWidth, kH}, {"o_proj", kH, kNq * kD}})
     for (bool stream : {false, true}) {
