@@ -39,3 +39,16 @@
 
 /// Grid size for `n` items in groups of `d`.
 #define CEIL_DIV(n, d) (((n) + (d) - 1) / (d))
+
+namespace moebatch::kernels {
+
+/// Whether CUDA device `device` has compute capability 9.0 (Hopper): what the sm_90a kernels
+/// and cuBLASLt's block-scaled FP8 GEMM need.
+inline bool is_sm90_device(int device) {
+  int major = 0, minor = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  return major == 9 && minor == 0;
+}
+
+}  // namespace moebatch::kernels

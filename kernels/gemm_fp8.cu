@@ -42,11 +42,8 @@ int common_alignment(const void* out, const void* x, const void* w) {
 }  // namespace
 
 bool fp8_block_gemm_available(int device) {
-  int major = 0, minor = 0;
-  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
   // the scale modes came with cuBLAS 12.9: the headers built against and the library loaded
-  return CUBLAS_VERSION >= 120900 && major == 9 && minor == 0 && cublasLtGetVersion() >= 120900;
+  return CUBLAS_VERSION >= 120900 && cublasLtGetVersion() >= 120900 && is_sm90_device(device);
 }
 
 Fp8BlockGemm::Fp8BlockGemm(void* workspace, size_t workspace_bytes)
@@ -71,21 +68,19 @@ const Fp8BlockGemm::Plan& Fp8BlockGemm::plan(int m, int n, int k, int alignment)
   auto p = std::make_unique<Plan>();
   CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
 #if CUBLAS_VERSION >= 120900
   const cublasLtMatmulMatrixScale_t a_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
                                     b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode, sizeof(a_mode)));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode, sizeof(b_mode)));
 #else
   throw Error("Fp8BlockGemm: block-scaled FP8 needs cuBLAS 12.9 or newer at build time");
 #endif
   // The heuristic wants scale pointers with the scale modes; the workspace stands in for them
   // (device memory, aligned) until run() sets each call's own.
   const void* stand_in = workspace_;
-  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-#if CUBLAS_VERSION >= 120900
-  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode, sizeof(a_mode)));
-  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode, sizeof(b_mode)));
-#endif
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &stand_in, sizeof(stand_in)));
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &stand_in, sizeof(stand_in)));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_8F_E4M3, k, n, k));

@@ -192,10 +192,7 @@ void moe_wgmma_prepare() {
 
 bool moe_wgmma_available(int device) {
 #if MOEBATCH_WGMMA
-  int major = 0, minor = 0;
-  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  return major == 9 && minor == 0;
+  return is_sm90_device(device);
 #else
   (void)device;
   return false;
