@@ -86,16 +86,6 @@ __device__ __forceinline__ uint4 load_vec(const bf16* p) {
   return *reinterpret_cast<const uint4*>(p);
 }
 
-__device__ __forceinline__ void unpack8(uint4 u, float out[8]) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __bfloat1622float2(h[i]);
-    out[2 * i] = f.x;
-    out[2 * i + 1] = f.y;
-  }
-}
-
 __device__ __forceinline__ float round_bf16(float x) {
   return __bfloat162float(__float2bfloat16(x));
 }

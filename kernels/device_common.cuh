@@ -63,9 +63,8 @@ __device__ __forceinline__ T block_inclusive_scan(T v, T* scratch, T* total) {
   return v;
 }
 
-/// Loads 8 consecutive bf16 (16 bytes, must be 16-byte aligned) as floats.
-__device__ __forceinline__ void load8(const __nv_bfloat16* p, float out[8]) {
-  const uint4 u = *reinterpret_cast<const uint4*>(p);
+/// 8 bf16 held in 16 bytes, as floats.
+__device__ __forceinline__ void unpack8(const uint4& u, float out[8]) {
   const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -73,6 +72,11 @@ __device__ __forceinline__ void load8(const __nv_bfloat16* p, float out[8]) {
     out[2 * i] = f.x;
     out[2 * i + 1] = f.y;
   }
+}
+
+/// Loads 8 consecutive bf16 (16 bytes, must be 16-byte aligned) as floats.
+__device__ __forceinline__ void load8(const __nv_bfloat16* p, float out[8]) {
+  unpack8(*reinterpret_cast<const uint4*>(p), out);
 }
 
 /// Stores 8 floats as 8 consecutive bf16 (16 bytes, 16-byte aligned), round to nearest.
