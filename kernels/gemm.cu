@@ -24,6 +24,16 @@ __global__ void add_bias_kernel(bf16* out, const bf16* bias, int rows, int cols)
   store8(row + c, v);
 }
 
+// Runs the handle's next calls on `stream`, binding it only when it is another one:
+// cublasSetStream also resets the handle's workspace to cuBLAS's own pool, which would drop a
+// workspace the owner set (a rank's fixed buffer, which keeps cuBLAS from allocating while a
+// step is captured into a graph and which the rank's cuBLASLt calls share).
+void bind_stream(cublasHandle_t handle, cudaStream_t stream) {
+  cudaStream_t current = nullptr;
+  CUBLAS_CHECK(cublasGetStream(handle, &current));
+  if (current != stream) CUBLAS_CHECK(cublasSetStream(handle, stream));
+}
+
 // Row-major out[m, n] is column-major outᵀ [n, m]; outᵀ = W · xᵀ where the row-major W [n, k]
 // buffer read column-major is Wᵀ (hence OP_T) and row-major x [m, k] read column-major is xᵀ.
 void linear_impl(cublasHandle_t handle, cudaStream_t stream, void* out, cudaDataType_t out_type,
@@ -31,7 +41,7 @@ void linear_impl(cublasHandle_t handle, cudaStream_t stream, void* out, cudaData
   MB_CHECK(m >= 0 && n > 0 && k > 0, "linear: bad shape");
   MB_CHECK(out && x && w, "linear: null operand");
   if (m == 0) return;
-  CUBLAS_CHECK(cublasSetStream(handle, stream));
+  bind_stream(handle, stream);
   const float alpha = 1.f, beta = 0.f;
   CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, w, CUDA_R_16BF, k,
                             x, CUDA_R_16BF, k, &beta, out, out_type, n, CUBLAS_COMPUTE_32F,
@@ -68,7 +78,7 @@ void linear_grouped(cublasHandle_t handle, cudaStream_t stream, bf16* const* out
     ptrs_host[2 * count + i] = outs[i];
   }
   CUDA_CHECK(cudaMemcpyAsync(ptrs_dev, ptrs_host, 3 * count * sizeof(void*), cudaMemcpyHostToDevice, stream));
-  CUBLAS_CHECK(cublasSetStream(handle, stream));
+  bind_stream(handle, stream);
   CUBLAS_CHECK(cublasGemmGroupedBatchedEx(
       handle, ta.data(), tb.data(), m_arr.data(), n_arr.data(), k_arr.data(), alpha.data(), ptrs_dev, CUDA_R_16BF,
       ld_k.data(), ptrs_dev + count, CUDA_R_16BF, ld_k.data(), beta.data(),

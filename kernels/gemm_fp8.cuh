@@ -36,8 +36,7 @@ inline int fp8_block_scale_ld(int k) { return ((k + kFp8BlockGemmGroup - 1) / kF
 bool fp8_block_gemm_available(int device);
 
 /// One rank's block-scaled FP8 GEMMs: a cuBLASLt handle, the workspace it may use (the buffer
-/// the rank gave its cuBLAS handle — both run on the rank's one stream, never at once; cuBLAS
-/// itself may be on its own pool by then, since cublasSetStream resets a handle's workspace) and the
+/// the rank gave its cuBLAS handle — both run on the rank's one stream, never at once) and the
 /// algorithm cuBLASLt's heuristic picked per shape and operand alignment. Not thread-safe: one
 /// per rank thread.
 class Fp8BlockGemm {
