@@ -2,6 +2,7 @@
 #include "kernels/device_common.cuh"
 #include "kernels/launch.cuh"
 #include "kernels/rope.cuh"
+#include "kernels/rope_device.cuh"
 
 namespace moebatch::kernels {
 namespace {
@@ -10,16 +11,6 @@ constexpr int kWarps = 8;             // heads per block: they share the tokens'
 constexpr int kTokens = 4;            // tokens per block: each warp has 4 heads' loads in flight
 constexpr int kMaxPairsPerLane = 4;  // rotary_dim <= 256
 constexpr int kMaxTailPerLane = 8;   // head_dim - rotary_dim <= 256
-
-// (cos, sin) of pair i at `position`: the fp32 angle as the reference implementation computes
-// it, and the precise sincosf, since the angle grows to ~1e5 radians at long positions (it costs
-// more than the rest of qk_norm_rope, hence the table a forward computes once for all layers).
-__device__ __forceinline__ float2 rope_rotation(int position, int i, int rd, float theta) {
-  const float inv_freq = 1.f / powf(theta, static_cast<float>(2 * i) / rd);
-  float sn, co;
-  sincosf(static_cast<float>(position) * inv_freq, &sn, &co);
-  return make_float2(co, sn);
-}
 
 __global__ void rope_rotation_table_kernel(const int32_t* positions, int tokens, int rd, float theta,
                                            float2* table) {
@@ -162,6 +153,102 @@ __global__ void __launch_bounds__(kWarps * 32) qk_norm_rope_kernel(QkNormRopePar
   }
 }
 
+// The wide form (kernels/rope_device.cuh), for heads of 16 · 2^j dims whose rotated half is
+// whole 8-dim chunks (Qwen3's 128, Qwen3-Next's 256 with 64 rotating) and 16-byte aligned rows:
+// a group of kG = head_dim / 8 lanes takes kU consecutive heads of one token, each lane 8
+// consecutive dims of every head in one 16-byte access. Everything a group needs — its heads'
+// rows, the token's slot, its (cos, sin) and both norms' weights for its 8 dims — is loaded in
+// one round before anything waits, and the (cos, sin) and weights serve all kU heads. kU = 1 for
+// a decode step's few tokens (latency: one head per group), more at prefill sizes, where bytes
+// in flight decide (the warp-per-head kernel above moved 4-byte pairs and measured 2.7x its bytes
+// at 8192 tokens). A group's lanes always take the same path (its shuffles are masked to it).
+constexpr int kWideThreads = 256;
+
+template <int kG, int kU>
+__global__ void __launch_bounds__(kWideThreads) qk_norm_rope_wide_kernel(QkNormRopeParams p) {
+  pdl_sync();
+  const bool write_cache = p.k_cache != nullptr;
+  const int rotated = p.n_q_heads + p.n_kv_heads;
+  const int heads = rotated + (write_cache ? p.n_kv_heads : 0);
+  const int chunks = (heads + kU - 1) / kU;  // groups per token
+  const int64_t group = (static_cast<int64_t>(blockIdx.x) * kWideThreads + threadIdx.x) / kG;
+  if (group >= static_cast<int64_t>(p.tokens) * chunks) return;
+  const int t = static_cast<int>(group / chunks), h0 = static_cast<int>(group % chunks) * kU;
+  const RopeLane lane = rope_lane<kG>(rope_rotated_dims(p.rotary_dim, p.head_dim));
+  const int d0 = 8 * lane.lane;
+
+  // One round of loads: the heads' rows, the slot, (cos, sin), the norm weights.
+  uint4 raw[kU];
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+    const int h = h0 + u;
+    const bf16* src = h >= heads            ? nullptr
+                    : h < p.n_q_heads       ? p.q + t * p.q_stride + static_cast<int64_t>(h) * p.head_dim
+                    : h < rotated           ? p.k + t * p.k_stride + static_cast<int64_t>(h - p.n_q_heads) * p.head_dim
+                                            : p.v + t * p.v_stride + static_cast<int64_t>(h - rotated) * p.head_dim;
+    raw[u] = src != nullptr ? *reinterpret_cast<const uint4*>(src + d0) : make_uint4(0, 0, 0, 0);
+  }
+  const int slot = write_cache && h0 + kU > p.n_q_heads ? p.slot_mapping[t] : -1;
+  float2 cs[8];
+  if (lane.rotates && h0 < rotated) rope_lane_rotation(p, t, lane, cs);
+  const bool norms = p.q_norm != nullptr;
+  float qw[8], kw[8];
+  if (norms && h0 < p.n_q_heads) load8(p.q_norm + d0, qw);
+  if (norms && h0 + kU > p.n_q_heads && h0 < rotated) load8(p.k_norm + d0, kw);
+
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+    const int h = h0 + u;
+    if (h >= heads) break;  // the same for the whole group
+    if (h >= rotated) {
+      if (slot >= 0)  // a v head: a bit-exact copy into its slot
+        *reinterpret_cast<uint4*>(p.v_cache + static_cast<size_t>(slot) * p.n_kv_heads * p.head_dim +
+                                  static_cast<size_t>(h - rotated) * p.head_dim + d0) = raw[u];
+      continue;
+    }
+    const bool is_q = h < p.n_q_heads;
+    float x[8];
+    unpack8(raw[u], x);
+    norm_rope_lane<kG>(x, norms ? (is_q ? qw : kw) : nullptr, p, lane, cs);
+    bf16* dst = is_q ? p.q + t * p.q_stride + static_cast<int64_t>(h) * p.head_dim
+                     : p.k + t * p.k_stride + static_cast<int64_t>(h - p.n_q_heads) * p.head_dim;
+    store8(dst + d0, x);
+    if (!is_q && slot >= 0)  // size_t: slot * width overflows int for large pools
+      store8(p.k_cache + static_cast<size_t>(slot) * p.n_kv_heads * p.head_dim +
+                 static_cast<size_t>(h - p.n_q_heads) * p.head_dim + d0,
+             x);
+  }
+}
+
+// Whether qk_norm_rope_wide_kernel takes these operands: heads of 16 · 2^j dims up to 256, a
+// rotated half of whole 8-dim chunks, 16-byte aligned rows, weights and table.
+bool wide_form_fits(const QkNormRopeParams& p) {
+  const int d = p.head_dim, rd = rope_rotated_dims(p.rotary_dim, p.head_dim);
+  auto a16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  return d >= 16 && d <= 256 && (d & (d - 1)) == 0 && rd % 16 == 0 && a16(p.q) && a16(p.k) &&
+         p.q_stride % 8 == 0 && p.k_stride % 8 == 0 && (p.q_norm == nullptr || (a16(p.q_norm) && a16(p.k_norm))) &&
+         (p.rotation == nullptr || a16(p.rotation)) &&
+         (p.k_cache == nullptr || (a16(p.k_cache) && a16(p.v_cache) && a16(p.v) && p.v_stride % 8 == 0));
+}
+
+template <int kG>
+void launch_wide(const QkNormRopeParams& p, cudaStream_t stream) {
+  const int heads = p.n_q_heads + p.n_kv_heads + (p.k_cache ? p.n_kv_heads : 0);
+  const int64_t items = static_cast<int64_t>(p.tokens) * heads;
+  // Four heads per group once there are enough (token, head) items to fill the GPU several times
+  // over (8192 tokens of the 30B shape: 73.6 us, against 102 with one head per group and 95.6 for
+  // the warp-per-head form, H200); a decode step's few items each get their own lanes, latency
+  // being its cost.
+  auto blocks = [&](int u) {
+    return static_cast<unsigned>(CEIL_DIV(static_cast<int64_t>(p.tokens) * CEIL_DIV(heads, u) * kG, kWideThreads));
+  };
+  if (items >= 8192) {
+    launch_dependent(qk_norm_rope_wide_kernel<kG, 4>, dim3(blocks(4)), kWideThreads, 0, stream, p);
+  } else {
+    launch_dependent(qk_norm_rope_wide_kernel<kG, 1>, dim3(blocks(1)), kWideThreads, 0, stream, p);
+  }
+}
+
 }  // namespace
 
 void rope_rotation_table(const int32_t* positions, int tokens, int rotary_dim, float theta, float2* table,
@@ -198,6 +285,17 @@ void qk_norm_rope(const QkNormRopeParams& p, cudaStream_t stream) {
                                      p.v_stride >= static_cast<int64_t>(p.n_kv_heads) * p.head_dim),
            "qk_norm_rope: a cache write needs v_cache, v, v_stride and slot_mapping");
   if (p.tokens == 0) return;
+  if (wide_form_fits(p)) {
+    switch (p.head_dim / 8) {
+      case 2: launch_wide<2>(p, stream); break;
+      case 4: launch_wide<4>(p, stream); break;
+      case 8: launch_wide<8>(p, stream); break;
+      case 16: launch_wide<16>(p, stream); break;
+      default: launch_wide<32>(p, stream); break;
+    }
+    CUDA_CHECK_LAST();
+    return;
+  }
   MB_CHECK(CEIL_DIV(p.tokens, kTokens) <= 65535, "qk_norm_rope: tokens exceed grid.y");
   const int heads = p.n_q_heads + p.n_kv_heads + (p.k_cache ? p.n_kv_heads : 0);
   const dim3 grid(CEIL_DIV(heads, kWarps), CEIL_DIV(p.tokens, kTokens));
