@@ -44,15 +44,26 @@ struct AlignParams {
   /// A pair's expert in every output is topk_ids - expert0 (local ids); pairs of other ranks'
   /// experts are dropped (no segment, no GEMM rows). 0 with every expert local.
   int expert0 = 0;
+  /// Optional [moe_align_workspace_ints(num_experts)]: per-block counts, with which a prefill's
+  /// many pairs are counted and placed by many blocks (two launches) instead of one.
+  int32_t* workspace = nullptr;
 };
+
+/// Most blocks the many-pairs align spreads over.
+constexpr int kAlignMaxBlocks = 64;
+/// Size of AlignParams::workspace.
+inline size_t moe_align_workspace_ints(int num_experts) {
+  return static_cast<size_t>(kAlignMaxBlocks) * num_experts;
+}
 
 /// Size sorted_ids must have: every expert may waste block_m - 1 padding rows.
 inline int moe_align_capacity(int num_pairs, int num_experts, int block_m) {
   return num_pairs + num_experts * (block_m - 1);
 }
 
-/// Counts pairs per expert, scans padded offsets and scatters pair ids (one block); pairs whose
-/// expert lies outside [expert0, expert0 + num_experts) are dropped.
+/// Counts pairs per expert, scans padded offsets and scatters pair ids; pairs whose expert lies
+/// outside [expert0, expert0 + num_experts) are dropped. One block, or with a workspace and
+/// enough pairs (a prefill's) up to kAlignMaxBlocks blocks in two launches.
 void moe_align(const AlignParams& p, cudaStream_t stream);
 
 /// Most tokens moe_route_small takes (decode batches up to 8).

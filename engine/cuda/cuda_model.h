@@ -136,6 +136,7 @@ struct StepBuffers {
   int32_t* sorted_ids = nullptr;    // [moe_align_capacity(T k, E)]
   int32_t* expert_offsets = nullptr;// [E + 1]
   int32_t* active_experts = nullptr;// [E + 1]: count, then the experts with pairs
+  int32_t* align_ws = nullptr;      // [moe_align_workspace_ints(E)]: a prefill align's block counts
   int32_t* route_counter = nullptr; // [1] moe_route_small's block counter (zeroed at start)
   bf16* gate_up = nullptr;          // [max(S 2Ie, T 2I, T 2Is)]
   bf16* act = nullptr;              // half of gate_up

@@ -112,7 +112,7 @@ struct Step {
              .align = {.sorted_ids = B.sorted_ids, .expert_offsets = B.expert_offsets,
                        .topk_ids = B.topk_ids, .num_pairs = pairs, .num_experts = El,
                        .block_m = k::kMoeGemmTileM, .active_experts = B.active_experts,
-                       .expert0 = e0},
+                       .expert0 = e0, .workspace = B.align_ws},
              .x = B.h, .logits = B.router_logits, .hidden = H, .counter = B.route_counter, .norm = {}};
 
     // experts: gate+up with SiLU·mul in its epilogue (input row = pair / top_k), then down
