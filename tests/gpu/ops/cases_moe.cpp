@@ -159,7 +159,7 @@ class RouterCase final : public OpCase {
 
 // One routing's device side: expert ids and moe_align's outputs for them.
 struct Routing {
-  DevBuf<int32_t> ids, sorted, offsets, active;
+  DevBuf<int32_t> ids, sorted, offsets, active, workspace;
   kernels::AlignParams align(int pairs, int E, int expert0 = 0) const {
     kernels::AlignParams a;
     a.sorted_ids = sorted.get();
@@ -170,6 +170,7 @@ struct Routing {
     a.num_experts = E;
     a.block_m = kMoeGemmTileM;
     a.expert0 = expert0;
+    a.workspace = workspace.get();
     return a;
   }
 };
@@ -186,7 +187,9 @@ double make_routings(std::mt19937& rng, int tokens, int E, int K, int hot, int c
     hit += static_cast<double>(std::set<int32_t>(ids.begin(), ids.end()).size()) / count;
     if (r == 0) ids0 = ids;
     Routing& R = out.emplace_back(Routing{DevBuf<int32_t>(ids), DevBuf<int32_t>(cap), DevBuf<int32_t>(E + 1),
-                                          DevBuf<int32_t>(E + 1)});
+                                          DevBuf<int32_t>(E + 1),
+                                          DevBuf<int32_t>(kernels::moe_align_workspace_ints(E))});
+    R.workspace.poison();
     R.sorted.poison();
     R.offsets.poison();
     R.active.poison();
@@ -202,7 +205,9 @@ class AlignCase final : public OpCase {
     make_routings(rng, s_.tokens, s_.experts, s_.top_k, s_.hot, s_.routings, routings_, ids0_);
   }
   void run(const OpEnv& env, int iter) override {
-    kernels::moe_align(routings_[iter % s_.routings].align(s_.tokens * s_.top_k, aligned(), s_.expert0), env.stream);
+    kernels::AlignParams a = routings_[iter % s_.routings].align(s_.tokens * s_.top_k, aligned(), s_.expert0);
+    if (s_.one_block) a.workspace = nullptr;
+    kernels::moe_align(a, env.stream);
   }
   OpCheck check(const OpEnv&, double) override {
     const Routing& r = routings_[0];
@@ -783,7 +788,8 @@ OpCaseDef align_case(const AlignShape& s) {
   MB_CHECK(s.routings >= 1, "moe_align case: at least one routing");
   MB_CHECK(s.local_experts == 0 || s.expert0 + s.local_experts <= s.experts, "moe_align case: bad expert range");
   return op_case_def<AlignCase>("moe_align",
-                                experts(s.tokens, s.experts, s.top_k, s.hot) + local_range(s.expert0, s.local_experts),
+                                experts(s.tokens, s.experts, s.top_k, s.hot) + local_range(s.expert0, s.local_experts) +
+                                    (s.one_block ? " one-block" : ""),
                                 OpFamily::moe_routing, 0, s);
 }
 

@@ -122,6 +122,7 @@ struct AlignShape {
   /// Expert parallel (> 0): align only experts [expert0, expert0 + local_experts) of the
   /// routing's `experts`, under local ids; other pairs are dropped.
   int expert0 = 0, local_experts = 0;
+  bool one_block = false;  ///< no workspace: the one-block align whatever the pair count
 };
 OpCaseDef align_case(const AlignShape& s);
 

@@ -23,9 +23,24 @@ std::vector<OpCaseDef> op_cases_test() {
   t.push_back(rmsnorm_case({.rows = 9, .cols = 2048, .add = true, .weight_offset = 1.f}));
   for (auto [head_dim, norm, cache, table] :
        {std::tuple{128, true, false, false}, {32, true, false, false}, {16, false, false, true},
-        {128, true, true, false}, {128, true, true, true}, {64, false, true, false}})
+        {128, true, true, false}, {128, true, true, true}, {64, false, true, false},
+        // 96 dims: not a power of two, so the warp-per-head form (the wide one takes the rest)
+        {96, true, true, true}})
     t.push_back(qk_norm_rope_case({.tokens = 19, .n_q_heads = 8, .n_kv_heads = 4, .head_dim = head_dim,
                                    .norm = norm, .cache = cache, .table = table}));
+  // Enough (token, head) items for groups of four heads; 12 heads per token (6 q, 3 k, 3 v), so
+  // groups mix q with k and k with v, and a 9-head row ends in a partial group
+  t.push_back(qk_norm_rope_case({.tokens = 800, .n_q_heads = 6, .n_kv_heads = 3, .head_dim = 128, .cache = true,
+                                 .table = true}));
+  t.push_back(qk_norm_rope_case({.tokens = 1000, .n_q_heads = 6, .n_kv_heads = 3, .head_dim = 128}));
+  // ... and at Qwen3-Next's shape (a whole warp per head, a quarter rotating: tail lanes)
+  t.push_back(qk_norm_rope_case({.tokens = 500, .n_q_heads = 16, .n_kv_heads = 2, .head_dim = 256, .cache = true,
+                                 .rotary_dim = 64, .norm_offset = 1.f, .table = true}));
+  // The warp-per-head form's other instantiations: rotated halves of 12 dims (not whole 8-dim
+  // lanes), heads of 192 dims with and without an unrotated tail
+  for (auto [head_dim, rotary_dim] : {std::pair{96, 24}, {192, 0}, {192, 160}})
+    t.push_back(qk_norm_rope_case({.tokens = 19, .n_q_heads = 8, .n_kv_heads = 4, .head_dim = head_dim,
+                                   .cache = true, .rotary_dim = rotary_dim, .table = true}));
   // Qwen3-Next: a quarter of the head rotates, zero-centred norm weights; head_dim 256
   for (auto [head_dim, table] : {std::pair{64, false}, {256, false}, {256, true}})
     t.push_back(qk_norm_rope_case({.tokens = 19, .n_q_heads = 8, .n_kv_heads = 2, .head_dim = head_dim,
@@ -230,9 +245,13 @@ std::vector<OpCaseDef> op_cases_test() {
                                  .bf16_logits = bf16_logits}));
   for (int tokens : {1, 64, 300})  // 300 tokens: every one also picks expert 5
     t.push_back(align_case({.tokens = tokens, .experts = 128, .top_k = 8, .hot = tokens == 300 ? 5 : -1}));
+  // a prefill's pairs: on many blocks (a workspace), and on one block in several rounds of its
+  // batched passes, the last partial
+  t.push_back(align_case({.tokens = 8000, .experts = 128, .top_k = 8, .hot = 9}));
+  t.push_back(align_case({.tokens = 2100, .experts = 128, .top_k = 8, .hot = 9, .one_block = true}));
   // Expert parallel: one rank's experts of the routing (first, last and a middle quarter)
-  for (auto [tokens, expert0, local] : {std::tuple{1, 0, 64}, {64, 64, 64}, {300, 32, 32}})
-    t.push_back(align_case({.tokens = tokens, .experts = 128, .top_k = 8, .hot = tokens == 300 ? 40 : -1,
+  for (auto [tokens, expert0, local] : {std::tuple{1, 0, 64}, {64, 64, 64}, {300, 32, 32}, {5000, 40, 48}})
+    t.push_back(align_case({.tokens = tokens, .experts = 128, .top_k = 8, .hot = tokens >= 300 ? 40 : -1,
                             .expert0 = expert0, .local_experts = local}));
   // The many-token expert path's gather (and its pair → row map), a hot expert included.
   t.push_back(gather_sorted_case({.tokens = 300, .experts = 128, .top_k = 8, .hidden = 2048, .hot = 5}));
@@ -628,6 +647,9 @@ std::vector<OpCaseDef> op_cases_bench() {
                                                .mma_sync = mma_sync}),
                                "attn_prefill d256 " + std::to_string(prompts) + "x" + std::to_string(len) +
                                    " causal" + (mma_sync ? " cuda-core" : "")));
+
+  // A prefill's align: 65,536 (token, expert) pairs counted and scattered (on many blocks).
+  add(8192, align_case({.tokens = 8192, .experts = kE, .top_k = kK}));
 
   // A prefill's rotation with the fused cache write (8192 tokens at positions up to 40000), with
   // (cos, sin) computed in the kernel and from the forward's table.
