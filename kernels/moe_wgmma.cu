@@ -1,12 +1,14 @@
 // Grouped expert GEMM on wgmma (kernels/moe_wgmma.cuh). One block computes a 128-row × 256-column
 // tile of one expert's output: two warpgroups, each a 64-row slab, share the 256 weight rows.
-// k moves through a 4-stage pipeline of 64-wide slices laid out with the 128-byte swizzle wgmma
-// reads (kernels/wgmma.cuh): the weight tile by TMA (one thread, two 128-row boxes), the A rows
-// by every thread's cp.async, each stage's arrival and release tracked by mbarriers, so the two
-// warpgroups never meet at a block barrier inside the loop; a slice's MMAs overlap the next
-// slice's, and slices are fetched three ahead. The epilogue stages the
-// tile in shared memory so that every row leaves in 16-byte stores. With sorted_ids the A rows
-// come straight from the tokens' rows (the gather of the gate+up stage, fused).
+// k moves through a ring of slices laid out with the swizzle wgmma reads (kernels/wgmma.cuh):
+// by default 4 slots of 64-wide slices (128-byte rows), or with MoeWgmmaParams::deep_ring 9 slots
+// of 32-wide ones (64-byte rows: a third more bytes in flight in about the same shared memory).
+// The weight tile comes by TMA (one thread, two 128-row boxes), the A rows by every thread's
+// cp.async, each slot's arrival and release tracked by mbarriers, so the two warpgroups never
+// meet at a block barrier inside the loop; a slice's MMAs overlap the next slice's, and slices
+// are fetched (slots - 1) ahead. The epilogue stages the tile in shared memory so that every row
+// leaves in 16-byte stores. With sorted_ids the A rows come straight from the tokens' rows (the
+// gather of the gate+up stage, fused).
 //
 // Built for sm_90a only (MOEBATCH_WGMMA, set by kernels/CMakeLists.txt); without it the entry
 // points exist and moe_wgmma_available says false.
@@ -27,21 +29,36 @@ namespace {
 
 constexpr int kBM = 128;     // rows per block: one 64-row slab per warpgroup
 constexpr int kBN = 256;     // weight rows per block (gate+up: 128 gate rows and the same 128 up rows)
-constexpr int kBK = 64;      // k per stage: one 128-byte swizzled row
-constexpr int kStages = 4;   // slots: computing, two landing, one refilled once the MMAs before it end
 constexpr int kThreads = 256;
-constexpr int kATile = kBM * kBK * 2;  // bytes; multiples of 1024 keep every tile aligned
-constexpr int kBTile = kBN * kBK * 2;
-constexpr int kStageBytes = kATile + kBTile;
-constexpr int kOutPitch = kBN + 8;     // epilogue staging row (elements): 16 bytes of padding
-constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + slack to align the base to 1024
-static_assert(kBM * kOutPitch * 2 <= kStages * kStageBytes, "the output tile reuses the stages");
+constexpr int kOutPitch = kBN + 8;  // epilogue staging row (elements): 16 bytes of padding
+
+// The k pipeline: kBK-wide slices (one swizzled shared-memory row of kBK · 2 bytes per tile row)
+// in kStages slots — one computing, one whose MMAs are retiring, the rest landing.
+template <int kBK_, int kStages_>
+struct Ring {
+  static constexpr int kBK = kBK_, kStages = kStages_;
+  static constexpr int kRowBytes = kBK * 2;
+  static constexpr int kChunks = kRowBytes / 16;        // 16-byte chunks per tile row
+  static constexpr int kRowsPerPass = kThreads / kChunks;  // A rows one cp.async per thread covers
+  static constexpr int kPasses = kBM / kRowsPerPass;
+  static constexpr int kATile = kBM * kRowBytes;  // bytes; multiples of 1024 keep every tile aligned
+  static constexpr int kBTile = kBN * kRowBytes;
+  static constexpr int kStageBytes = kATile + kBTile;
+  static constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + slack to align the base to 1024
+  static_assert(kBM * kOutPitch * 2 <= kStages * kStageBytes, "the output tile reuses the stages");
+  static_assert(kATile % 1024 == 0 && kBTile % 1024 == 0, "tiles stay aligned to the swizzle atoms");
+  static_assert(kSmemBytes <= 227 * 1024, "one block's shared memory");
+};
+using Ring64 = Ring<64, 4>;  // 4 × 48 KB
+using Ring32 = Ring<32, 9>;  // 9 × 24 KB (MoeWgmmaParams::deep_ring)
 
 #if MOEBATCH_WGMMA
 
-template <bool kSilu>
+template <bool kSilu, class R>
 __global__ void __launch_bounds__(kThreads, 1)
     moe_wgmma_kernel(MoeWgmmaParams p, int n_tiles, const __grid_constant__ CUtensorMap weight_map) {
+  constexpr int kBK = R::kBK, kStages = R::kStages, kATile = R::kATile, kBTile = R::kBTile;
+  constexpr int kStageBytes = R::kStageBytes;
   extern __shared__ uint8_t smem_raw[];
   const int m = static_cast<int>(blockIdx.x / n_tiles), n_tile = static_cast<int>(blockIdx.x % n_tiles);
   MoeTile t;
@@ -51,16 +68,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   const int wg = threadIdx.x >> 7;  // warpgroup: rows [64·wg, 64·wg + 64) of the tile
   const int half = p.n / 2;         // kSilu: gate rows [0, half), up rows [half, n)
-  // Each thread copies 16-byte chunk (threadIdx.x % 8) of A's tile rows threadIdx.x / 8 + 32·i;
-  // a_src[i] is the row of `in` that A row i holds, -1 for zeros (past the segment, padding
-  // pairs). Thread 0 has the weight tile brought by TMA: two boxes of 128 rows (the gate and the
-  // up rows with SiLU). Rows a box reads past the expert's own (a partial last tile) only feed
-  // output columns that are never stored.
-  const int chunk = threadIdx.x & 7, row_in_pass = threadIdx.x >> 3;
-  int a_src[kBM / 32];
+  // Each thread copies 16-byte chunk (threadIdx.x % kChunks) of A's tile rows
+  // threadIdx.x / kChunks + kRowsPerPass·i; a_src[i] is the row of `in` that A row i holds, -1
+  // for zeros (past the segment, padding pairs). Thread 0 has the weight tile brought by TMA:
+  // two boxes of 128 rows (the gate and the up rows with SiLU). Rows a box reads past the
+  // expert's own (a partial last tile) only feed output columns that are never stored.
+  const int chunk = threadIdx.x % R::kChunks, row_in_pass = threadIdx.x / R::kChunks;
+  int a_src[R::kPasses];
 #pragma unroll
-  for (int i = 0; i < kBM / 32; ++i) {
-    const int r = row_in_pass + 32 * i, row = t.row0 + r;
+  for (int i = 0; i < R::kPasses; ++i) {
+    const int r = row_in_pass + R::kRowsPerPass * i, row = t.row0 + r;
     a_src[i] = r < t.rows ? row : -1;
     if (p.sorted_ids && r < t.rows) {
       const int id = p.sorted_ids[row];
@@ -92,10 +109,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     uint8_t* a_tile = smem + slot * kStageBytes;
 #pragma unroll
-    for (int i = 0; i < kBM / 32; ++i) {
+    for (int i = 0; i < R::kPasses; ++i) {
       const bool ok = col < p.k && a_src[i] >= 0;
       const bf16* src = ok ? p.in + static_cast<size_t>(a_src[i]) * p.k + col : p.in;
-      cp_async16(a_tile + wgmma::sw128_offset(row_in_pass + 32 * i, chunk), src, ok ? 16 : 0);
+      cp_async16(a_tile + wgmma::swizzled_offset<R::kRowBytes>(row_in_pass + R::kRowsPerPass * i, chunk), src,
+                 ok ? 16 : 0);
     }
     wgmma::cp_async_mbarrier_arrive(full0 + slot * 8);
   };
@@ -106,7 +124,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int kt_count = (p.k + kBK - 1) / kBK;
   // Slices kStages - 1 ahead. Iteration kt issues slice kt's MMAs, waits for slice kt - 1's
-  // (wait<1>: kt's may still run), releases that slot, then refills it with slice kt + 3.
+  // (wait<1>: kt's may still run), releases that slot, then refills it with slice
+  // kt + kStages - 1.
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s)
     if (s < kt_count) load_stage(s);
@@ -122,7 +141,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < kBK / 16; ++kk)
-      wgmma::mma_m64n256k16(acc, wgmma::smem_desc_sw128(a_addr + kk * 32), wgmma::smem_desc_sw128(b_addr + kk * 32), 1);
+      wgmma::mma_m64n256k16(acc, wgmma::smem_desc_kmajor<R::kRowBytes>(a_addr + kk * 32),
+                            wgmma::smem_desc_kmajor<R::kRowBytes>(b_addr + kk * 32), 1);
     wgmma::commit();
 #pragma unroll
     for (int i = 0; i < 128; ++i) wgmma::fence_operand(acc[i]);
@@ -163,16 +183,31 @@ __global__ void __launch_bounds__(kThreads, 1)
                             out_cols * 2);
 }
 
-template <bool kSilu>
+template <bool kSilu, class R>
 void launch(const MoeWgmmaParams& p, cudaStream_t stream) {
   const int out_cols = kSilu ? p.n / 2 : p.n, tile_cols = kSilu ? kBN / 2 : kBN;
   const int n_tiles = (out_cols + tile_cols - 1) / tile_cols;
   const int64_t blocks = moe_row_tiles_bound(p.rows_cap, p.num_experts, kBM) * n_tiles;
   MB_CHECK(blocks < (int64_t{1} << 31), "moe_wgmma: too many tiles");
   MB_CHECK(static_cast<int64_t>(p.num_experts) * p.n < (int64_t{1} << 31), "moe_wgmma: too many weight rows");
-  const CUtensorMap map = tensor_map_2d(p.weight, TmaElement::Bf16, static_cast<int64_t>(p.num_experts) * p.n, p.k, kBN / 2);
-  moe_wgmma_kernel<kSilu><<<static_cast<unsigned>(blocks), kThreads, kSmemBytes, stream>>>(p, n_tiles, map);
+  const CUtensorMap map = tensor_map_2d(p.weight, TmaElement::Bf16, static_cast<int64_t>(p.num_experts) * p.n, p.k,
+                                        kBN / 2, R::kRowBytes);
+  moe_wgmma_kernel<kSilu, R><<<static_cast<unsigned>(blocks), kThreads, R::kSmemBytes, stream>>>(p, n_tiles, map);
   CUDA_CHECK_LAST();
+}
+
+template <class R>
+void launch(const MoeWgmmaParams& p, cudaStream_t stream) {
+  if (p.silu_gate_up)
+    launch<true, R>(p, stream);
+  else
+    launch<false, R>(p, stream);
+}
+
+template <class R>
+void raise_smem_limits() {
+  CUDA_CHECK(cudaFuncSetAttribute(moe_wgmma_kernel<true, R>, cudaFuncAttributeMaxDynamicSharedMemorySize, R::kSmemBytes));
+  CUDA_CHECK(cudaFuncSetAttribute(moe_wgmma_kernel<false, R>, cudaFuncAttributeMaxDynamicSharedMemorySize, R::kSmemBytes));
 }
 
 #endif  // MOEBATCH_WGMMA
@@ -183,8 +218,8 @@ bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 =
 
 void moe_wgmma_prepare() {
 #if MOEBATCH_WGMMA
-  CUDA_CHECK(cudaFuncSetAttribute(moe_wgmma_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-  CUDA_CHECK(cudaFuncSetAttribute(moe_wgmma_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  raise_smem_limits<Ring64>();
+  raise_smem_limits<Ring32>();
   detail::moe_wgmma_fp8_prepare();
   detail::moe_gemm_tma_prepare();
 #endif
@@ -209,10 +244,10 @@ void moe_wgmma(const MoeWgmmaParams& p, cudaStream_t stream) {
   MB_CHECK(aligned16(p.out) && aligned16(p.in) && aligned16(p.weight), "moe_wgmma: operands must be 16-byte aligned");
   if (p.rows_cap == 0) return;
 #if MOEBATCH_WGMMA
-  if (p.silu_gate_up)
-    launch<true>(p, stream);
+  if (p.deep_ring)
+    launch<Ring32>(p, stream);
   else
-    launch<false>(p, stream);
+    launch<Ring64>(p, stream);
 #else
   (void)stream;
   MB_CHECK(false, "moe_wgmma: this build has no sm_90a code (see moe_wgmma_available)");

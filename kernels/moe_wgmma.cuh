@@ -36,6 +36,10 @@ struct MoeWgmmaParams {
   /// With sorted_ids, optional [num_pairs]: row_of_pair[id] = i for every real pair (the map
   /// moe_combine reads the expert outputs through), as moe_gather_sorted writes it.
   int32_t* row_of_pair = nullptr;
+  /// The k pipeline as 9 slots of 32-wide slices (64-byte swizzle) instead of 4 of 64-wide ones:
+  /// 192 instead of 144 KB of loads in flight per block, for when the slices' latency, not the
+  /// tensor cores, paces the loop (bench/RESULTS.md says which measured faster).
+  bool deep_ring = false;
 };
 
 /// Inputs per scale group of the W8A8 expert GEMM: FP8 block-128 weights (the checkpoint layout

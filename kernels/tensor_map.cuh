@@ -1,6 +1,6 @@
 // TMA tensor maps for the wgmma kernels (host side): a row-major [rows, cols] matrix in global
-// memory described as boxes of box_rows × 128 bytes in the 128-byte swizzle that
-// kernels/wgmma.cuh's descriptors read. The driver's encoder is reached through the runtime, so
+// memory described as boxes of box_rows × 128 (or 64) bytes in the 128-byte (64-byte) swizzle
+// that kernels/wgmma.cuh's descriptors read. The driver's encoder is reached through the runtime, so
 // nothing links libcuda itself.
 #pragma once
 
@@ -14,9 +14,11 @@ namespace moebatch::kernels {
 enum class TmaElement { U8, Bf16 };
 
 /// The map of `base` [rows, cols] (row stride cols elements; cols · element bytes a multiple of
-/// 16, base 16-byte aligned): boxes of 128 bytes of a row × box_rows rows; what lies past rows or
-/// cols reads as zeros. Error when the driver refuses it.
-CUtensorMap tensor_map_2d(const void* base, TmaElement element, int64_t rows, int64_t cols, int box_rows);
+/// 16, base 16-byte aligned): boxes of box_row_bytes (128, or 64 in the 64-byte swizzle of
+/// kernels/wgmma.cuh's smem_desc_sw64) of a row × box_rows rows; what lies past rows or cols
+/// reads as zeros. Error when the driver refuses it.
+CUtensorMap tensor_map_2d(const void* base, TmaElement element, int64_t rows, int64_t cols, int box_rows,
+                          int box_row_bytes = 128);
 
 /// The map of bf16 `base` [outer, mid, 64 · inner_64] (strides: mid · inner, inner elements; base
 /// 16-byte aligned): boxes of 64 inner elements (128 bytes) × 1 mid × box_outer outer rows, in

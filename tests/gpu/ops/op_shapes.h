@@ -190,6 +190,8 @@ struct SortedExpertGemmShape {
   bool fp8 = false;
   /// fp8 only: weights quantized in 128 × 128 blocks (weight_scale_rows 128, the cheaper promotion)
   bool block_scales = false;
+  /// bf16 wgmma only: the 9-slot ring of 32-wide k slices (MoeWgmmaParams::deep_ring)
+  bool deep_ring = false;
 };
 OpCaseDef sorted_expert_gemm_case(const SortedExpertGemmShape& s);
 

@@ -354,6 +354,11 @@ std::vector<OpCaseDef> op_cases_test() {
           s.gather = true;  // the engine's gate+up: rows gathered in the kernel
           t.push_back(sorted_expert_gemm_case(s));
         }
+        if (!cublas) {  // the deep ring, as the engine would run it
+          s.deep_ring = true;
+          t.push_back(sorted_expert_gemm_case(s));
+          s.deep_ring = false;
+        }
       }
   // W8A8 (FP8 tensor cores; k and output columns multiples of 16): H 144 and I 80 end in a
   // partial 128-group of k and a partial last tile of columns (and of the activations' scale
@@ -622,6 +627,10 @@ std::vector<OpCaseDef> op_cases_bench() {
       add(8192, sorted_expert_gemm_case({.tokens = 8192, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
                                          .stage = stage, .cublas = cublas,
                                          .gather = !cublas && stage == MoeGemmStage::gate_up_silu}));
+  for (MoeGemmStage stage : {MoeGemmStage::gate_up_silu, MoeGemmStage::down})
+    add(8192, sorted_expert_gemm_case({.tokens = 8192, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
+                                       .stage = stage, .gather = stage == MoeGemmStage::gate_up_silu,
+                                       .deep_ring = true}));
   for (MoeGemmStage stage : {MoeGemmStage::gate_up_silu, MoeGemmStage::down})
     for (bool block : {false, true})
       add(8192, sorted_expert_gemm_case({.tokens = 8192, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
