@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "kernels/types.cuh"
 
@@ -87,6 +88,11 @@ void moe_wgmma_prepare();
 /// Requires moe_wgmma_available and moe_wgmma_prepare for the current device; n (n / 2 with
 /// silu_gate_up) and k multiples of 8, 16-byte aligned operands.
 void moe_wgmma(const MoeWgmmaParams& p, cudaStream_t stream);
+
+/// Diagnostic builds (MOEBATCH_PHASE_CLOCKS, kernels/phase_clock.cuh): the cycles every bf16
+/// moe_wgmma tile's warpgroups spent in each WgmmaPhase since the last call, then the number of
+/// warpgroup tiles summed (kPhaseCount + 1 values), and resets them. Other builds: empty.
+std::vector<uint64_t> moe_wgmma_take_phase_clocks();
 
 /// The same for FP8 operands (MoeWgmmaFp8Params). Requires moe_wgmma_available and
 /// moe_wgmma_prepare; k and the output columns (n / 2 with silu_gate_up) multiples of 16,

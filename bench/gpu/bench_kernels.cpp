@@ -9,6 +9,8 @@
 //   --check        compare each case with its CPU reference once before timing (slow: the
 //                  references of the large shapes take minutes on a few cores)
 //   --filter TEXT  only the rows whose kernel name contains TEXT
+// A build with -DMOEBATCH_PHASE_CLOCKS=ON also prints, for each row that ran the bf16 wgmma
+// expert GEMM, the cycles its warpgroups spent per tile in each phase (kernels/phase_clock.cuh).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -21,6 +23,8 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/cuda_check.cuh"
+#include "kernels/moe_wgmma.cuh"
+#include "kernels/phase_clock.cuh"
 #include "kernels/random.cuh"
 #include "tests/gpu/ops/op_case.h"
 #include "tests/gpu/ops/op_util.h"
@@ -36,7 +40,17 @@ struct Row {
   int batch;
   std::string kernel, note, check;
   double ms, bytes, flops;
+  std::vector<double> phase_cycles;  ///< per warpgroup tile (diagnostic builds), else empty
 };
+
+// The phase sums moe_wgmma_take_phase_clocks returned, per warpgroup tile; empty when the build
+// has no phase clocks or no tile ran.
+std::vector<double> cycles_per_tile(const std::vector<uint64_t>& totals) {
+  if (totals.size() != moebatch::kernels::kPhaseCount + 1 || totals.back() == 0) return {};
+  std::vector<double> per(moebatch::kernels::kPhaseCount);
+  for (size_t i = 0; i < per.size(); ++i) per[i] = static_cast<double>(totals[i]) / static_cast<double>(totals.back());
+  return per;
+}
 
 // Device-to-device copy of 2 GiB: bytes read + written per second, the bandwidth ceiling.
 double copy_tbps(cudaStream_t s) {
@@ -73,7 +87,7 @@ Row cublas_batched_gate_up(cublasHandle_t cublas, cudaStream_t s, int batch) {
       5, 40);
   const double bytes = groups * 2.0 * 2 * kI * kH;
   return {batch, "cublas batched gate_up (" + std::to_string(groups) + "x" + std::to_string(m) + ")", "peer", "",
-          ms, bytes, 2.0 * groups * m * 2 * kI * kH};
+          ms, bytes, 2.0 * groups * m * 2 * kI * kH, {}};
 }
 
 }  // namespace
@@ -116,8 +130,11 @@ int main(int argc, char** argv) {
       std::printf("%-4s b%-5d %s [%s] %s\n", verdict.c_str(), def.batch, def.name.c_str(), def.shape.c_str(),
                   r.detail().c_str());
     }
+    kernels::moe_wgmma_take_phase_clocks();  // the setup's and the check's launches are not timed
     const double ms = ops::op_case_median_ms(*c, env);
-    rows.push_back({def.batch, def.name, c->note(), verdict, ms, c->bytes(), c->flops()});
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    rows.push_back({def.batch, def.name, c->note(), verdict, ms, c->bytes(), c->flops(),
+                    cycles_per_tile(kernels::moe_wgmma_take_phase_clocks())});
   }
   for (int B : {1, 64, 256})
     if (std::string("cublas batched gate_up").find(filter) != std::string::npos)
@@ -140,6 +157,17 @@ int main(int argc, char** argv) {
     nlohmann::json row = {{"batch", r.batch}, {"kernel", r.kernel}, {"us", r.ms * 1e3}, {"GBps", gbs},
                           {"TFLOPs", tf},     {"bytes", r.bytes},   {"note", r.note}};
     if (!r.check.empty()) row["check"] = r.check;
+    if (!r.phase_cycles.empty()) {
+      double total = 0;
+      for (double c : r.phase_cycles) total += c;
+      std::printf("       phases per warpgroup tile (%.0f cycles):", total);
+      for (int p = 0; p < kernels::kPhaseCount; ++p) {
+        std::printf(" %s %.0f (%.1f%%)", kernels::kWgmmaPhaseNames[p], r.phase_cycles[p],
+                    100.0 * r.phase_cycles[p] / total);
+        row["phase_cycles_per_tile"][kernels::kWgmmaPhaseNames[p]] = r.phase_cycles[p];
+      }
+      std::printf("\n");
+    }
     j["rows"].push_back(row);
   }
   std::ofstream(json_path) << j.dump(2) << "\n";
