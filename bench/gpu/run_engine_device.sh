@@ -2,7 +2,7 @@
 # One device call for the CUDA engine: configure (engine-only), build the engine GPU tests, the
 # kernel tests and the engine benchmark; run the tests, then the HF peer (its own 61 GB, freed
 # when it exits), then the benchmark. Logs and JSON go to $OUT; summaries print last.
-# Usage: bench/gpu/run_engine_device.sh [tests|bench|all|base|quant|prefill|w8a8] [peer batches, e.g. 1,64, or none]
+# Usage: bench/gpu/run_engine_device.sh [tests|bench|all|base|quant|prefill|w8a8|linear|ring] [peer batches, e.g. 1,64, or none]
 # `quant`: the compressed-weight run: kernel and engine tests, the quant kernel rows, the engine
 # benchmark on the 30B shape with bf16 / fp8 / nvfp4 linear weights, and the seed-class shape in
 # NVFP4 on one GPU.
@@ -16,6 +16,10 @@
 # projection rows, the engine benchmark in bf16, fp8 and fp8 with the projections decoded.
 # `prefill`: kernel and engine tests, the prefill expert GEMM rows (wgmma and its cuBLAS peer),
 # the engine benchmark on the 30B shape with the wgmma experts and without them.
+# `ring`: the bf16 wgmma expert GEMM's two rings (MoeWgmmaParams::deep_ring): all kernel tests,
+# the engine tests, the moe_wgmma rows, the 30B engine benchmark (prefill and batch 64) with
+# each ring, then the moe_wgmma rows again from a phase-clock build (build-pc,
+# -DMOEBATCH_PHASE_CLOCKS=ON): cycles per tile in each phase of the k loop.
 set -uo pipefail
 OUT=${OUT:-/tmp/moebatch-out}
 WHAT=${1:-all}
@@ -111,6 +115,28 @@ if [ "$WHAT" = prefill ]; then
     timeout 120 ./build-dev/moebatch_bench_engine_cuda $flag "$OUT/bench_engine_$v.json" > "$OUT/bench_engine_$v.log" 2>&1
     echo "bench $v rc=$?"; tail -8 "$OUT/bench_engine_$v.log"
   done
+  exit 0
+fi
+if [ "$WHAT" = ring ]; then
+  # the phase-clock build compiles beside the first runs (its own directory, 6 of the 16 cores)
+  (cmake -S . -B build-pc -G Ninja -DMOEBATCH_ENGINE_ONLY=ON -DMOEBATCH_CUDA=ON -DMOEBATCH_BUILD_TESTS=OFF \
+     -DMOEBATCH_PHASE_CLOCKS=ON > "$OUT/pc_configure.log" 2>&1 &&
+   cmake --build build-pc -j6 --target moebatch_bench_kernels > "$OUT/pc_build.log" 2>&1; echo "pc build rc=$?" > /tmp/pc_rc) &
+  timeout 150 ./build-dev/moebatch_gpu_tests > "$OUT/kernel_tests.log" 2>&1
+  echo "kernel tests rc=$?"; grep -E "FAIL|^\[  PASSED|^\[==|SKIPPED" "$OUT/kernel_tests.log" | head -30
+  timeout 200 ./build-dev/moebatch_gpu_engine_tests > "$OUT/engine_tests.log" 2>&1
+  echo "engine tests rc=$?"
+  grep -E "Failure|Expected|Which is|FAILED|^\[  PASSED|^\[==" "$OUT/engine_tests.log" | head -30
+  timeout 100 ./build-dev/moebatch_bench_kernels "/tmp/bench_kernels_wgmma.json" --filter "moe_wgmma " > "$OUT/bench_kernels_wgmma.log" 2>&1
+  echo "kernels rc=$?"; grep -E "moe_" "$OUT/bench_kernels_wgmma.log"
+  for v in 64x4 32x9; do
+    flag=""; [ $v = 32x9 ] && flag=--wgmma-deep-ring
+    MOEBATCH_BENCH_BATCHES=64 timeout 120 ./build-dev/moebatch_bench_engine_cuda $flag "/tmp/bench_engine_$v.json" > "/tmp/bench_engine_$v.log" 2>&1
+    echo "bench ring $v rc=$?"; cat "/tmp/bench_engine_$v.log" >> "$OUT/bench_engine_rings.log"; tail -8 "/tmp/bench_engine_$v.log"
+  done
+  wait; cat /tmp/pc_rc
+  timeout 100 ./build-pc/moebatch_bench_kernels "/tmp/bench_kernels_pc.json" --filter "moe_wgmma " > "$OUT/bench_kernels_phases.log" 2>&1
+  echo "phase clocks rc=$?"; grep -E "moe_|phases" "$OUT/bench_kernels_phases.log"
   exit 0
 fi
 if [ "$WHAT" != bench ]; then
