@@ -108,6 +108,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t empty0 = full0 + kStages * 8;
   wgmma::init_pipeline_barriers<kStages, kThreads>(full0, empty0);
 
+  const int kt_count = (p.k + kBK - 1) / kBK;
   auto load_stage = [&](int kt) {
     const int slot = kt % kStages, col = kt * kBK + chunk * 8;
     if (threadIdx.x == 0) {
@@ -126,18 +127,25 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     wgmma::cp_async_mbarrier_arrive(full0 + slot * 8);
   };
+  // MoeWgmmaParams::l2_prefetch: the weight boxes of slice kt asked into L2 ahead of their load
+  auto prefetch_stage = [&](int kt) {
+    if (threadIdx.x == 0 && kt < kt_count) {
+      wgmma::tma_prefetch_l2_2d(&weight_map, kt * kBK, box_row[0]);
+      wgmma::tma_prefetch_l2_2d(&weight_map, kt * kBK, box_row[1]);
+    }
+  };
 
   float acc[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) acc[i] = 0.f;
 
-  const int kt_count = (p.k + kBK - 1) / kBK;
   // Slices kStages - 1 ahead. Iteration kt issues slice kt's MMAs, waits for slice kt - 1's
   // (wait<1>: kt's may still run), releases that slot, then refills it with slice
   // kt + kStages - 1.
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s)
     if (s < kt_count) load_stage(s);
+  for (int s = kStages - 1; s < kStages - 1 + p.l2_prefetch; ++s) prefetch_stage(s);
   clock.mark(kPhaseFill);
   for (int kt = 0; kt < kt_count; ++kt) {
     const int slot = kt % kStages;
@@ -166,6 +174,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (next >= kStages) wgmma::mbarrier_wait(empty0 + (next % kStages) * 8, (next / kStages - 1) & 1);
       clock.mark(kPhaseEmptyWait);
       load_stage(next);
+      if (p.l2_prefetch > 0) prefetch_stage(next + p.l2_prefetch);
       clock.mark(kPhaseRefill);
     }
   }
@@ -274,6 +283,7 @@ void moe_wgmma(const MoeWgmmaParams& p, cudaStream_t stream) {
            "moe_wgmma: output columns and k must be multiples of 8");
   MB_CHECK(p.out && p.in && p.weight && p.expert_offsets, "moe_wgmma: null operand");
   MB_CHECK(!p.sorted_ids || (p.num_pairs >= 0 && p.in_row_div > 0), "moe_wgmma: bad gather");
+  MB_CHECK(p.l2_prefetch >= 0 && p.l2_prefetch <= 64, "moe_wgmma: l2_prefetch is 0..64 slices");
   MB_CHECK(aligned16(p.out) && aligned16(p.in) && aligned16(p.weight), "moe_wgmma: operands must be 16-byte aligned");
   if (p.rows_cap == 0) return;
 #if MOEBATCH_WGMMA

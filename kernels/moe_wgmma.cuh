@@ -41,6 +41,10 @@ struct MoeWgmmaParams {
   /// 192 instead of 144 KB of loads in flight per block, for when the slices' latency, not the
   /// tensor cores, paces the loop (bench/RESULTS.md says which measured faster).
   bool deep_ring = false;
+  /// Slices past the ring whose weight boxes are asked into L2 ahead of their load (TMA
+  /// prefetch; 0: none): the first row tile of an expert reads its weights from HBM, and this
+  /// starts that read earlier than the ring alone can.
+  int l2_prefetch = 0;
 };
 
 /// Inputs per scale group of the W8A8 expert GEMM: FP8 block-128 weights (the checkpoint layout

@@ -379,6 +379,14 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tmap, int 
       : "memory");
 }
 
+/// TMA: asks for the box at (x = innermost coordinate, y) of the 2-D tensor map `tmap` to be
+/// brought into L2 (no shared memory, no barrier; a hint the hardware may drop). One thread.
+__device__ __forceinline__ void tma_prefetch_l2_2d(const void* tmap, int x, int y) {
+  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n" ::"l"(reinterpret_cast<uint64_t>(tmap)),
+               "r"(x), "r"(y)
+               : "memory");
+}
+
 /// TMA: the box at (x innermost, y, z) of the 3-D tensor map `tmap` into shared memory at
 /// `dst`, as tma_load_2d.
 __device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* tmap, int x, int y, int z, uint32_t bar) {

@@ -16,10 +16,10 @@
 # projection rows, the engine benchmark in bf16, fp8 and fp8 with the projections decoded.
 # `prefill`: kernel and engine tests, the prefill expert GEMM rows (wgmma and its cuBLAS peer),
 # the engine benchmark on the 30B shape with the wgmma experts and without them.
-# `ring`: the bf16 wgmma expert GEMM's two rings (MoeWgmmaParams::deep_ring): all kernel tests,
-# the engine tests, the moe_wgmma rows, the 30B engine benchmark (prefill and batch 64) with
-# each ring, then the moe_wgmma rows again from a phase-clock build (build-pc,
-# -DMOEBATCH_PHASE_CLOCKS=ON): cycles per tile in each phase of the k loop.
+# `ring`: the bf16 wgmma expert GEMM's experiments (MoeWgmmaParams::deep_ring, l2_prefetch): all
+# kernel tests, the engine tests, the moe_wgmma rows, the 30B engine benchmark (prefill and
+# batch 64) with each ring, with and without the L2 prefetch, then the moe_wgmma rows again from
+# a phase-clock build (build-pc, -DMOEBATCH_PHASE_CLOCKS=ON): cycles per tile in each phase.
 set -uo pipefail
 OUT=${OUT:-/tmp/moebatch-out}
 WHAT=${1:-all}
@@ -129,10 +129,12 @@ if [ "$WHAT" = ring ]; then
   grep -E "Failure|Expected|Which is|FAILED|^\[  PASSED|^\[==" "$OUT/engine_tests.log" | head -30
   timeout 100 ./build-dev/moebatch_bench_kernels "/tmp/bench_kernels_wgmma.json" --filter "moe_wgmma " > "$OUT/bench_kernels_wgmma.log" 2>&1
   echo "kernels rc=$?"; grep -E "moe_" "$OUT/bench_kernels_wgmma.log"
-  for v in 64x4 32x9; do
-    flag=""; [ $v = 32x9 ] && flag=--wgmma-deep-ring
-    MOEBATCH_BENCH_BATCHES=64 timeout 120 ./build-dev/moebatch_bench_engine_cuda $flag "/tmp/bench_engine_$v.json" > "/tmp/bench_engine_$v.log" 2>&1
-    echo "bench ring $v rc=$?"; cat "/tmp/bench_engine_$v.log" >> "$OUT/bench_engine_rings.log"; tail -8 "/tmp/bench_engine_$v.log"
+  for flags in "" "--wgmma-deep-ring" "--wgmma-l2-prefetch 4" "--wgmma-deep-ring --wgmma-l2-prefetch 4"; do
+    tag=$(echo "ring $flags" | tr ' -' '__')
+    echo "=== ${flags:-default}" >> "$OUT/bench_engine_rings.log"
+    MOEBATCH_BENCH_BATCHES=64 timeout 120 ./build-dev/moebatch_bench_engine_cuda $flags "/tmp/bench_engine_$tag.json" > "/tmp/bench_engine_$tag.log" 2>&1
+    echo "bench ${flags:-default} rc=$?"; cat "/tmp/bench_engine_$tag.log" >> "$OUT/bench_engine_rings.log"
+    grep -E "moe_gemm|prefill of|^ *64 \|" "/tmp/bench_engine_$tag.log" | head -12
   done
   wait; cat /tmp/pc_rc
   timeout 100 ./build-pc/moebatch_bench_kernels "/tmp/bench_kernels_pc.json" --filter "moe_wgmma " > "$OUT/bench_kernels_phases.log" 2>&1

@@ -84,6 +84,9 @@ struct CudaBackendOptions {
   /// There, the wgmma kernel's k pipeline as 9 slots of 32-wide slices instead of 4 of 64-wide
   /// ones (kernels::MoeWgmmaParams::deep_ring).
   bool wgmma_deep_ring = false;
+  /// There, weight slices asked into L2 this many slices past the kernel's ring (0: none;
+  /// kernels::MoeWgmmaParams::l2_prefetch).
+  int wgmma_l2_prefetch = 0;
   /// There, FP8-block experts (groups of 128) run W8A8: the activations quantized per row and
   /// 128 columns, the products on FP8 tensor cores (kernels::moe_wgmma_fp8); so do the grouped
   /// GEMMs of steps with more than one token (kernels::moe_gemm's in_fp8). false: their weights

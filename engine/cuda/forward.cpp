@@ -350,13 +350,14 @@ std::optional<k::MoeCombineParams> moe(const Step& s, const DeviceLayerWeights& 
                         {.out = B.act, .in = B.h, .expert_offsets = B.expert_offsets, .num_experts = experts,
                          .n = 2 * s.gate_up.n, .k = s.H, .rows_cap = B.sorted_rows, .silu_gate_up = true,
                          .sorted_ids = B.sorted_ids, .num_pairs = pairs, .in_row_div = s.gate_up.in_row_div,
-                         .row_of_pair = B.row_of_pair, .deep_ring = s.r.wgmma_deep_ring},
+                         .row_of_pair = B.row_of_pair, .deep_ring = s.r.wgmma_deep_ring,
+                         .l2_prefetch = s.r.wgmma_l2_prefetch},
                         L.w_gate_up);
       s.mark("moe_gemm_gate_up_silu");
       expert_gemm_wgmma(s.gemm,
                         {.out = B.expert_out, .in = B.act, .expert_offsets = B.expert_offsets,
                          .num_experts = experts, .n = s.H, .k = s.gate_up.n, .rows_cap = B.sorted_rows,
-                         .deep_ring = s.r.wgmma_deep_ring},
+                         .deep_ring = s.r.wgmma_deep_ring, .l2_prefetch = s.r.wgmma_l2_prefetch},
                         L.w_down);
       s.mark("moe_gemm_down");
     } else {

@@ -192,6 +192,8 @@ struct SortedExpertGemmShape {
   bool block_scales = false;
   /// bf16 wgmma only: the 9-slot ring of 32-wide k slices (MoeWgmmaParams::deep_ring)
   bool deep_ring = false;
+  /// bf16 wgmma only: weight slices asked into L2 this far past the ring (l2_prefetch)
+  int l2_prefetch = 0;
 };
 OpCaseDef sorted_expert_gemm_case(const SortedExpertGemmShape& s);
 

@@ -354,10 +354,13 @@ std::vector<OpCaseDef> op_cases_test() {
           s.gather = true;  // the engine's gate+up: rows gathered in the kernel
           t.push_back(sorted_expert_gemm_case(s));
         }
-        if (!cublas) {  // the deep ring, as the engine would run it
+        if (!cublas) {  // the deep ring, as the engine would run it, then with the L2 prefetch
           s.deep_ring = true;
           t.push_back(sorted_expert_gemm_case(s));
+          s.l2_prefetch = 4;
+          t.push_back(sorted_expert_gemm_case(s));
           s.deep_ring = false;
+          s.l2_prefetch = 0;
         }
       }
   // W8A8 (FP8 tensor cores; k and output columns multiples of 16): H 144 and I 80 end in a
@@ -627,10 +630,12 @@ std::vector<OpCaseDef> op_cases_bench() {
       add(8192, sorted_expert_gemm_case({.tokens = 8192, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
                                          .stage = stage, .cublas = cublas,
                                          .gather = !cublas && stage == MoeGemmStage::gate_up_silu}));
+  // ... and its experiments: the deep ring, the L2 prefetch of weight slices, both
   for (MoeGemmStage stage : {MoeGemmStage::gate_up_silu, MoeGemmStage::down})
-    add(8192, sorted_expert_gemm_case({.tokens = 8192, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
-                                       .stage = stage, .gather = stage == MoeGemmStage::gate_up_silu,
-                                       .deep_ring = true}));
+    for (auto [deep, prefetch] : {std::pair{true, 0}, {false, 4}, {true, 4}})
+      add(8192, sorted_expert_gemm_case({.tokens = 8192, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
+                                         .stage = stage, .gather = stage == MoeGemmStage::gate_up_silu,
+                                         .deep_ring = deep, .l2_prefetch = prefetch}));
   for (MoeGemmStage stage : {MoeGemmStage::gate_up_silu, MoeGemmStage::down})
     for (bool block : {false, true})
       add(8192, sorted_expert_gemm_case({.tokens = 8192, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
