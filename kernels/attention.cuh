@@ -5,6 +5,9 @@
 // kv_lens[s] - n_q + i and sees keys 0..that position.
 #pragma once
 
+#include <cstdint>
+#include <vector>
+
 #include "kernels/types.cuh"
 
 namespace moebatch::kernels {
@@ -68,6 +71,12 @@ int attention_decode_splits(int num_seqs, int n_kv_heads, int max_kv_len, int nu
 /// cache or out pointers not 16-byte aligned take the CUDA-core kernel of attention_decode with
 /// tiles of 32 rows.
 void attention_prefill(const AttentionParams& p, cudaStream_t stream);
+
+/// Diagnostic builds (MOEBATCH_PHASE_CLOCKS, kernels/phase_clock.cuh): the cycles every row block
+/// of the prefill kernel on wgmma spent per warpgroup in each AttentionPhase since the last call,
+/// then the number of warpgroup blocks summed (kAttnPhases + 1 values), and resets them. Other
+/// builds: empty.
+std::vector<uint64_t> attention_prefill_take_phase_clocks();
 
 /// Attention for one query token per sequence (decode), on tensor cores with K/V streamed from
 /// the cache into MMA fragments (kernels/attention_decode.cu): below kWarpDecodeMinUnits

@@ -33,6 +33,7 @@
 #include "kernels/device_common.cuh"
 #include "kernels/launch.cuh"
 #include "kernels/moe_wgmma.cuh"
+#include "kernels/phase_clock.cuh"
 #include "kernels/tensor_map.cuh"
 #if MOEBATCH_WGMMA
 #include "kernels/wgmma.cuh"
@@ -67,6 +68,12 @@ struct Tiles {
 #if MOEBATCH_WGMMA
 
 constexpr float kLog2e = 1.4426950408889634f;
+
+#if MOEBATCH_PHASE_CLOCKS
+// The phase totals of every row block since the last attention_prefill_take_phase_clocks
+// (diagnostic builds only: kernels/phase_clock.cuh).
+__device__ unsigned long long g_attention_phase_totals[kAttnPhases + 1];
+#endif
 
 // The two MMA shapes by N: S = Q·Kᵀ over a tile's keys, O += P·V over head_dim.
 template <int N>
@@ -106,6 +113,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   __shared__ __align__(8) uint64_t bars[2 * kStages];  // full[0..kStages), empty[0..kStages)
   pdl_sync();
+  PhaseClock<kAttnPhases> clock;
   const int kvh = blockIdx.x, seq = blockIdx.z;
   const int row0 = (gridDim.y - 1 - blockIdx.y) * kRows;
   const int q0 = p.q_start[seq];
@@ -251,12 +259,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     wait_tile(0);
     issue_s(0);
   }
+  clock.mark(kAttnPrologue);
   for (int kt = 0; kt < n_tiles; ++kt) {
     wgmma::wait<0>();  // S(kt) and P·V(kt − 1)
 #pragma unroll
     for (int i = 0; i < kKeys / 2; ++i) wgmma::fence_operand(s[i]);
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) wgmma::fence_operand(o[i]);
+    clock.mark(kAttnMmaWait);
     // Tile kt − 1's stage is free once both warpgroups got here: refill it with tile
     // kt + kStages − 1.
     if (kt > 0) wgmma::mbarrier_arrive(empty0 + ((kt - 1) % kStages) * 8);
@@ -265,6 +275,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (next >= kStages) wgmma::mbarrier_wait(empty0 + (next % kStages) * 8, (next / kStages - 1) & 1);
       load_tile(next);
     }
+    clock.mark(kAttnRefill);
     const bool active = kt < wg_tiles, more = kt + 1 < wg_tiles;
     if (active) {
       // Causal mask where a key of the tile reaches a row's bound (8-column chunk j of the
@@ -318,9 +329,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         o[4 * j + 3] *= alpha_b;
       }
     }
+    clock.mark(kAttnSoftmax);
     if (more) wait_tile(kt + 1);
+    clock.mark(kAttnFullWait);
     if (active) issue_pv(kt);
     if (more) issue_s(kt + 1);
+    clock.mark(kAttnIssue);
   }
   wgmma::wait<0>();
 #pragma unroll
@@ -354,6 +368,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     const size_t out_row = static_cast<size_t>(q0 + row / group) * p.n_q_heads + kvh * group + row % group;
     *reinterpret_cast<uint4*>(p.out + out_row * D + ch) = *reinterpret_cast<const uint4*>(o_s + rr * kOutPitch + ch);
   }
+  clock.mark(kAttnEpilogue);
+#if MOEBATCH_PHASE_CLOCKS
+  clock.flush(g_attention_phase_totals);
+#endif
 }
 
 #endif  // MOEBATCH_WGMMA
@@ -405,6 +423,14 @@ void launch(const AttentionParams& p, cudaStream_t stream) {
 
 }  // namespace
 #endif
+
+std::vector<uint64_t> attention_prefill_take_phase_clocks() {
+#if MOEBATCH_WGMMA && MOEBATCH_PHASE_CLOCKS
+  return take_phase_totals(g_attention_phase_totals);
+#else
+  return {};
+#endif
+}
 
 void attention_prefill_wgmma(const AttentionParams& p, cudaStream_t stream) {
 #if MOEBATCH_WGMMA

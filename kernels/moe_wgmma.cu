@@ -58,7 +58,7 @@ using Ring32 = Ring<32, 9>;  // 9 × 24 KB (MoeWgmmaParams::deep_ring)
 #if MOEBATCH_PHASE_CLOCKS
 // The phase totals of every tile since the last moe_wgmma_take_phase_clocks (diagnostic builds
 // only: kernels/phase_clock.cuh).
-__device__ unsigned long long g_phase_totals[kPhaseCount + 1];
+__device__ unsigned long long g_phase_totals[kWgmmaPhases + 1];
 #endif
 
 template <bool kSilu, class R>
@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kBK = R::kBK, kStages = R::kStages, kATile = R::kATile, kBTile = R::kBTile;
   constexpr int kStageBytes = R::kStageBytes;
   extern __shared__ uint8_t smem_raw[];
-  PhaseClock clock;
+  PhaseClock<kWgmmaPhases> clock;
   const int m = static_cast<int>(blockIdx.x / n_tiles), n_tile = static_cast<int>(blockIdx.x % n_tiles);
   MoeTile t;
   if (!block_moe_tile<kBM>(p.expert_offsets, p.num_experts, m, t)) return;
@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (real && p.row_of_pair && n_tile == 0 && chunk == 0) p.row_of_pair[id] = row;
     }
   }
-  clock.mark(kPhaseLookup);
+  clock.mark(kWgmmaLookup);
   const int expert_row0 = t.expert * p.n;  // the expert's first row in the weight map
   const int box_row[2] = {expert_row0 + (kSilu ? n_tile * (kBN / 2) : n_tile * kBN),
                           expert_row0 + (kSilu ? half + n_tile * (kBN / 2) : n_tile * kBN + kBN / 2)};
@@ -146,11 +146,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int s = 0; s < kStages - 1; ++s)
     if (s < kt_count) load_stage(s);
   for (int s = kStages - 1; s < kStages - 1 + p.l2_prefetch; ++s) prefetch_stage(s);
-  clock.mark(kPhaseFill);
+  clock.mark(kWgmmaFill);
   for (int kt = 0; kt < kt_count; ++kt) {
     const int slot = kt % kStages;
     wgmma::mbarrier_wait(full0 + slot * 8, (kt / kStages) & 1);
-    clock.mark(kPhaseFullWait);
+    clock.mark(kWgmmaFullWait);
     // A's copies were made by the generic proxy; the tensor cores read through the async one
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     const uint32_t a_addr = smem_addr + slot * kStageBytes + wg * (kATile / 2);
@@ -163,19 +163,19 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma::mma_m64n256k16(acc, wgmma::smem_desc_kmajor<R::kRowBytes>(a_addr + kk * 32),
                             wgmma::smem_desc_kmajor<R::kRowBytes>(b_addr + kk * 32), 1);
     wgmma::commit();
-    clock.mark(kPhaseMmaIssue);
+    clock.mark(kWgmmaMmaIssue);
 #pragma unroll
     for (int i = 0; i < 128; ++i) wgmma::fence_operand(acc[i]);
     wgmma::wait<1>();
-    clock.mark(kPhaseMmaWait);
+    clock.mark(kWgmmaMmaWait);
     if (kt > 0) wgmma::mbarrier_arrive(empty0 + ((kt - 1) % kStages) * 8);
     const int next = kt + kStages - 1;
     if (next < kt_count) {
       if (next >= kStages) wgmma::mbarrier_wait(empty0 + (next % kStages) * 8, (next / kStages - 1) & 1);
-      clock.mark(kPhaseEmptyWait);
+      clock.mark(kWgmmaEmptyWait);
       load_stage(next);
       if (p.l2_prefetch > 0) prefetch_stage(next + p.l2_prefetch);
-      clock.mark(kPhaseRefill);
+      clock.mark(kWgmmaRefill);
     }
   }
   wgmma::wait<0>();
@@ -205,7 +205,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   store_tile<kBM, kThreads>(reinterpret_cast<const uint8_t*>(out_tile), kOutPitch * 2, reinterpret_cast<uint8_t*>(p.out),
                             static_cast<size_t>(out_cols) * 2, t.row0, t.rows, n_tile * tile_cols * 2, tile_cols * 2,
                             out_cols * 2);
-  clock.mark(kPhaseEpilogue);
+  clock.mark(kWgmmaEpilogue);
 #if MOEBATCH_PHASE_CLOCKS
   clock.flush(g_phase_totals);
 #endif
@@ -255,13 +255,7 @@ void moe_wgmma_prepare() {
 
 std::vector<uint64_t> moe_wgmma_take_phase_clocks() {
 #if MOEBATCH_WGMMA && MOEBATCH_PHASE_CLOCKS
-  std::vector<uint64_t> totals(kPhaseCount + 1);
-  static_assert(sizeof(uint64_t) == sizeof(unsigned long long));
-  CUDA_CHECK(cudaMemcpyFromSymbol(totals.data(), g_phase_totals, sizeof(g_phase_totals)));
-  void* dev = nullptr;
-  CUDA_CHECK(cudaGetSymbolAddress(&dev, g_phase_totals));
-  CUDA_CHECK(cudaMemset(dev, 0, sizeof(g_phase_totals)));
-  return totals;
+  return take_phase_totals(g_phase_totals);
 #else
   return {};
 #endif

@@ -94,8 +94,8 @@ void moe_wgmma_prepare();
 void moe_wgmma(const MoeWgmmaParams& p, cudaStream_t stream);
 
 /// Diagnostic builds (MOEBATCH_PHASE_CLOCKS, kernels/phase_clock.cuh): the cycles every bf16
-/// moe_wgmma tile's warpgroups spent in each WgmmaPhase since the last call, then the number of
-/// warpgroup tiles summed (kPhaseCount + 1 values), and resets them. Other builds: empty.
+/// moe_wgmma tile's warpgroups spent in each MoeWgmmaPhase since the last call, then the number
+/// of warpgroup tiles summed (kWgmmaPhases + 1 values), and resets them. Other builds: empty.
 std::vector<uint64_t> moe_wgmma_take_phase_clocks();
 
 /// The same for FP8 operands (MoeWgmmaFp8Params). Requires moe_wgmma_available and

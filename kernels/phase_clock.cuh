@@ -1,62 +1,94 @@
-// Where a pipelined kernel's time goes, phase by phase: clock64 deltas summed per warpgroup over
-// the phases of the bf16 wgmma expert GEMM's k loop (kernels/moe_wgmma.cu). A diagnostic build
-// only (cmake -DMOEBATCH_PHASE_CLOCKS=ON): otherwise PhaseClock is empty, its calls compile to
-// nothing and the kernels are unchanged. ncu's stall sampling says which instructions wait; this
-// says how long each phase of a tile takes, which is what tells a latency-bound ring (full waits)
-// from a lockstep of the warpgroups (empty waits) or an exposed prologue and epilogue.
+// Where a pipelined kernel's time goes, phase by phase: clock deltas summed per warpgroup over the
+// phases of a tile, for the bf16 wgmma expert GEMM (kernels/moe_wgmma.cu) and the prefill
+// attention on wgmma (kernels/attention_wgmma.cu). A diagnostic build only (cmake
+// -DMOEBATCH_PHASE_CLOCKS=ON): otherwise PhaseClock is empty, its calls compile to nothing and
+// the kernels are unchanged. ncu's stall sampling says which instructions wait; this says how long
+// each phase of a tile takes, which is what tells a latency-bound ring (full waits) from a
+// lockstep of the warpgroups (empty waits) or an exposed prologue and epilogue.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <vector>
+
+#include "kernels/cuda_check.cuh"
 
 namespace moebatch::kernels {
 
 /// Phases of one tile of moe_wgmma, in the order a warpgroup passes them.
-enum WgmmaPhase : int {
-  kPhaseLookup,     ///< the tile lookup and the gathered rows' ids
-  kPhaseFill,       ///< barrier setup and the first slices' loads issued
-  kPhaseFullWait,   ///< waiting for a slice to land
-  kPhaseMmaIssue,   ///< fences and the MMAs issued
-  kPhaseMmaWait,    ///< waiting for the previous slice's MMAs
-  kPhaseEmptyWait,  ///< waiting for the other warpgroup to release the slot to refill
-  kPhaseRefill,     ///< a slice's loads issued
-  kPhaseEpilogue,   ///< the last MMAs, the staging and the stores
-  kPhaseCount
+enum MoeWgmmaPhase : int {
+  kWgmmaLookup,     ///< the tile lookup and the gathered rows' ids
+  kWgmmaFill,       ///< barrier setup and the first slices' loads issued
+  kWgmmaFullWait,   ///< waiting for a slice to land
+  kWgmmaMmaIssue,   ///< fences and the MMAs issued
+  kWgmmaMmaWait,    ///< waiting for the previous slice's MMAs
+  kWgmmaEmptyWait,  ///< waiting for the other warpgroup to release the slot to refill
+  kWgmmaRefill,     ///< a slice's loads issued
+  kWgmmaEpilogue,   ///< the last MMAs, the staging and the stores
+  kWgmmaPhases
 };
-
-/// Names of the phases, for printing.
-inline constexpr const char* kWgmmaPhaseNames[kPhaseCount] = {
+inline constexpr const char* kMoeWgmmaPhaseNames[kWgmmaPhases] = {
     "lookup", "fill", "full_wait", "mma_issue", "mma_wait", "empty_wait", "refill", "epilogue"};
 
+/// Phases of one row block of the prefill attention on wgmma, per warpgroup.
+enum AttentionPhase : int {
+  kAttnPrologue,  ///< the block's geometry, barriers, Q and the first K/V tiles
+  kAttnMmaWait,   ///< waiting for S(kt) and P·V(kt − 1)
+  kAttnRefill,    ///< releasing tile kt − 1's stage; the loader waits for it and refills it
+  kAttnSoftmax,   ///< mask, max, exp2, sums, P packed, O rescaled
+  kAttnFullWait,  ///< waiting for tile kt + 1 to land
+  kAttnIssue,     ///< P·V(kt) and S(kt + 1) issued
+  kAttnEpilogue,  ///< the last MMAs, normalization, staging and stores
+  kAttnPhases
+};
+inline constexpr const char* kAttentionPhaseNames[kAttnPhases] = {
+    "prologue", "mma_wait", "refill", "softmax", "full_wait", "issue", "epilogue"};
+
 #if MOEBATCH_PHASE_CLOCKS
-/// One thread's running phase sums; thread 0 of each warpgroup adds them to the totals.
+/// One thread's running phase sums (32-bit: a block's phases sum to less than 2^32 cycles); thread
+/// 0 of each warpgroup adds them to the totals.
+template <int kPhases>
 struct PhaseClock {
-  long long last;
-  long long sum[kPhaseCount] = {};
+  unsigned last;
+  unsigned sum[kPhases] = {};
   __device__ __forceinline__ PhaseClock() : last(now()) {}
   /// Charges the cycles since the previous mark to `phase`.
   __device__ __forceinline__ void mark(int phase) {
-    const long long t = now();
+    const unsigned t = now();
     sum[phase] += t - last;
     last = t;
   }
-  // clock64 exists only in the device pass
-  __device__ __forceinline__ static long long now() {
+  /// totals [kPhases + 1]: the phase sums, then the number of warpgroup tiles summed.
+  __device__ __forceinline__ void flush(unsigned long long* totals) const {
+    if ((threadIdx.x & 127) != 0) return;
+    for (int i = 0; i < kPhases; ++i) atomicAdd(&totals[i], static_cast<unsigned long long>(sum[i]));
+    atomicAdd(&totals[kPhases], 1ull);
+  }
+  // clock() exists only in the device pass
+  __device__ __forceinline__ static unsigned now() {
 #ifdef __CUDA_ARCH__
-    return clock64();
+    return static_cast<unsigned>(clock());
 #else
     return 0;
 #endif
   }
-  /// totals [kPhaseCount + 1]: the phase sums, then the number of warpgroup tiles summed.
-  __device__ __forceinline__ void flush(unsigned long long* totals) const {
-    if ((threadIdx.x & 127) != 0) return;
-    for (int i = 0; i < kPhaseCount; ++i) atomicAdd(&totals[i], static_cast<unsigned long long>(sum[i]));
-    atomicAdd(&totals[kPhaseCount], 1ull);
-  }
 };
+
+/// Host, in the translation unit that defines `totals` (a __device__ array its kernel flushes
+/// into): the sums since the last call, then reset to zero.
+template <size_t N>
+std::vector<uint64_t> take_phase_totals(const unsigned long long (&totals)[N]) {
+  static_assert(sizeof(uint64_t) == sizeof(unsigned long long));
+  std::vector<uint64_t> out(N);
+  CUDA_CHECK(cudaMemcpyFromSymbol(out.data(), totals, sizeof(totals)));
+  void* dev = nullptr;
+  CUDA_CHECK(cudaGetSymbolAddress(&dev, totals));
+  CUDA_CHECK(cudaMemset(dev, 0, sizeof(totals)));
+  return out;
+}
 #else
+template <int kPhases>
 struct PhaseClock {
   __device__ __forceinline__ void mark(int) {}
   __device__ __forceinline__ void flush(unsigned long long*) const {}

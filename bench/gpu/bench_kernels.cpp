@@ -10,7 +10,8 @@
 //                  references of the large shapes take minutes on a few cores)
 //   --filter TEXT  only the rows whose kernel name contains TEXT
 // A build with -DMOEBATCH_PHASE_CLOCKS=ON also prints, for each row that ran the bf16 wgmma
-// expert GEMM, the cycles its warpgroups spent per tile in each phase (kernels/phase_clock.cuh).
+// expert GEMM or the prefill attention on wgmma, the cycles its warpgroups spent per tile in each
+// phase (kernels/phase_clock.cuh).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -18,10 +19,12 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "kernels/attention.cuh"
 #include "kernels/cuda_check.cuh"
 #include "kernels/moe_wgmma.cuh"
 #include "kernels/phase_clock.cuh"
@@ -40,16 +43,29 @@ struct Row {
   int batch;
   std::string kernel, note, check;
   double ms, bytes, flops;
-  std::vector<double> phase_cycles;  ///< per warpgroup tile (diagnostic builds), else empty
+  /// Diagnostic builds: the phase names and cycles per warpgroup tile of the wgmma kernel the row
+  /// ran (kernels/phase_clock.cuh); else empty.
+  std::vector<std::pair<std::string, double>> phases;
 };
 
-// The phase sums moe_wgmma_take_phase_clocks returned, per warpgroup tile; empty when the build
-// has no phase clocks or no tile ran.
-std::vector<double> cycles_per_tile(const std::vector<uint64_t>& totals) {
-  if (totals.size() != moebatch::kernels::kPhaseCount + 1 || totals.back() == 0) return {};
-  std::vector<double> per(moebatch::kernels::kPhaseCount);
-  for (size_t i = 0; i < per.size(); ++i) per[i] = static_cast<double>(totals[i]) / static_cast<double>(totals.back());
-  return per;
+// The phase sums a take_phase_clocks call returned, per warpgroup tile, named; empty when the
+// build has no phase clocks or no tile ran.
+template <size_t N>
+std::vector<std::pair<std::string, double>> per_tile(const std::vector<uint64_t>& totals,
+                                                     const char* const (&names)[N]) {
+  std::vector<std::pair<std::string, double>> out;
+  if (totals.size() != N + 1 || totals.back() == 0) return out;
+  for (size_t i = 0; i < N; ++i)
+    out.emplace_back(names[i], static_cast<double>(totals[i]) / static_cast<double>(totals.back()));
+  return out;
+}
+
+// Both wgmma kernels' phase sums since the last call (a row runs one of them at most).
+std::vector<std::pair<std::string, double>> take_phases() {
+  auto phases = per_tile(moebatch::kernels::moe_wgmma_take_phase_clocks(), moebatch::kernels::kMoeWgmmaPhaseNames);
+  auto attention = per_tile(moebatch::kernels::attention_prefill_take_phase_clocks(),
+                            moebatch::kernels::kAttentionPhaseNames);
+  return phases.empty() ? attention : phases;
 }
 
 // Device-to-device copy of 2 GiB: bytes read + written per second, the bandwidth ceiling.
@@ -130,11 +146,11 @@ int main(int argc, char** argv) {
       std::printf("%-4s b%-5d %s [%s] %s\n", verdict.c_str(), def.batch, def.name.c_str(), def.shape.c_str(),
                   r.detail().c_str());
     }
-    kernels::moe_wgmma_take_phase_clocks();  // the setup's and the check's launches are not timed
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    take_phases();  // the setup's and the check's launches are not timed
     const double ms = ops::op_case_median_ms(*c, env);
     CUDA_CHECK(cudaStreamSynchronize(s));
-    rows.push_back({def.batch, def.name, c->note(), verdict, ms, c->bytes(), c->flops(),
-                    cycles_per_tile(kernels::moe_wgmma_take_phase_clocks())});
+    rows.push_back({def.batch, def.name, c->note(), verdict, ms, c->bytes(), c->flops(), take_phases()});
   }
   for (int B : {1, 64, 256})
     if (std::string("cublas batched gate_up").find(filter) != std::string::npos)
@@ -157,14 +173,13 @@ int main(int argc, char** argv) {
     nlohmann::json row = {{"batch", r.batch}, {"kernel", r.kernel}, {"us", r.ms * 1e3}, {"GBps", gbs},
                           {"TFLOPs", tf},     {"bytes", r.bytes},   {"note", r.note}};
     if (!r.check.empty()) row["check"] = r.check;
-    if (!r.phase_cycles.empty()) {
+    if (!r.phases.empty()) {
       double total = 0;
-      for (double c : r.phase_cycles) total += c;
+      for (const auto& [name, cycles] : r.phases) total += cycles;
       std::printf("       phases per warpgroup tile (%.0f cycles):", total);
-      for (int p = 0; p < kernels::kPhaseCount; ++p) {
-        std::printf(" %s %.0f (%.1f%%)", kernels::kWgmmaPhaseNames[p], r.phase_cycles[p],
-                    100.0 * r.phase_cycles[p] / total);
-        row["phase_cycles_per_tile"][kernels::kWgmmaPhaseNames[p]] = r.phase_cycles[p];
+      for (const auto& [name, cycles] : r.phases) {
+        std::printf(" %s %.0f (%.1f%%)", name.c_str(), cycles, 100.0 * cycles / total);
+        row["phase_cycles_per_tile"][name] = cycles;
       }
       std::printf("\n");
     }

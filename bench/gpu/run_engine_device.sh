@@ -19,7 +19,8 @@
 # `ring`: the bf16 wgmma expert GEMM's experiments (MoeWgmmaParams::deep_ring, l2_prefetch): all
 # kernel tests, the engine tests, the moe_wgmma rows, the 30B engine benchmark (prefill and
 # batch 64) with each ring, with and without the L2 prefetch, then the moe_wgmma rows again from
-# a phase-clock build (build-pc, -DMOEBATCH_PHASE_CLOCKS=ON): cycles per tile in each phase.
+# a phase-clock build (build-pc, -DMOEBATCH_PHASE_CLOCKS=ON) with the prefill attention rows:
+# cycles per tile in each phase of both wgmma kernels.
 set -uo pipefail
 OUT=${OUT:-/tmp/moebatch-out}
 WHAT=${1:-all}
@@ -137,8 +138,11 @@ if [ "$WHAT" = ring ]; then
     grep -E "moe_gemm|prefill of|^ *64 \|" "/tmp/bench_engine_$tag.log" | head -12
   done
   wait; cat /tmp/pc_rc
-  timeout 100 ./build-pc/moebatch_bench_kernels "/tmp/bench_kernels_pc.json" --filter "moe_wgmma " > "$OUT/bench_kernels_phases.log" 2>&1
-  echo "phase clocks rc=$?"; grep -E "moe_|phases" "$OUT/bench_kernels_phases.log"
+  for f in "moe_wgmma " "attn_prefill"; do
+    timeout 100 ./build-pc/moebatch_bench_kernels "/tmp/bench_kernels_pc.json" --filter "$f" >> "$OUT/bench_kernels_phases.log" 2>&1
+    echo "phase clocks $f rc=$?"
+  done
+  grep -E "moe_|attn_|phases" "$OUT/bench_kernels_phases.log"
   exit 0
 fi
 if [ "$WHAT" != bench ]; then
