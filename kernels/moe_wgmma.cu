@@ -61,9 +61,13 @@ using Ring32 = Ring<32, 9>;  // 9 × 24 KB (MoeWgmmaParams::deep_ring)
 __device__ unsigned long long g_phase_totals[kWgmmaPhases + 1];
 #endif
 
-template <bool kSilu, class R>
+// kTmaRows (MoeWgmmaParams::tma_rows): A's 128 rows come as one TMA box like the weights, rows
+// past the tile's own (the next expert's, or zeros past rows_cap) only feeding output rows that
+// are never stored; no thread copies anything.
+template <bool kSilu, class R, bool kTmaRows>
 __global__ void __launch_bounds__(kThreads, 1)
-    moe_wgmma_kernel(MoeWgmmaParams p, int n_tiles, const __grid_constant__ CUtensorMap weight_map) {
+    moe_wgmma_kernel(MoeWgmmaParams p, int n_tiles, const __grid_constant__ CUtensorMap weight_map,
+                     const __grid_constant__ CUtensorMap rows_map) {
   constexpr int kBK = R::kBK, kStages = R::kStages, kATile = R::kATile, kBTile = R::kBTile;
   constexpr int kStageBytes = R::kStageBytes;
   extern __shared__ uint8_t smem_raw[];
@@ -84,7 +88,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int chunk = threadIdx.x % R::kChunks, row_in_pass = threadIdx.x / R::kChunks;
   int a_src[R::kPasses];
 #pragma unroll
-  for (int i = 0; i < R::kPasses; ++i) {
+  for (int i = 0; i < (kTmaRows ? 0 : R::kPasses); ++i) {
     const int r = row_in_pass + R::kRowsPerPass * i, row = t.row0 + r;
     a_src[i] = r < t.rows ? row : -1;
     if (p.sorted_ids && r < t.rows) {
@@ -106,26 +110,30 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ __align__(8) uint64_t bars[2 * kStages];  // full[0..kStages), empty[0..kStages)
   const uint32_t full0 = static_cast<uint32_t>(__cvta_generic_to_shared(&bars[0]));
   const uint32_t empty0 = full0 + kStages * 8;
-  wgmma::init_pipeline_barriers<kStages, kThreads>(full0, empty0);
+  // full[s]: every thread's cp.async arrival and thread 0's for the TMA bytes; TMA rows: thread 0's
+  wgmma::init_ring_barriers(full0, empty0, kStages, kTmaRows ? 1 : kThreads + 1, kThreads);
 
   const int kt_count = (p.k + kBK - 1) / kBK;
   auto load_stage = [&](int kt) {
     const int slot = kt % kStages, col = kt * kBK + chunk * 8;
     if (threadIdx.x == 0) {
       const uint32_t bar = full0 + slot * 8, b_tile = smem_addr + slot * kStageBytes + kATile;
-      wgmma::mbarrier_arrive_expect_tx(bar, kBTile);
+      wgmma::mbarrier_arrive_expect_tx(bar, kTmaRows ? kATile + kBTile : kBTile);
+      if constexpr (kTmaRows) wgmma::tma_load_2d(smem_addr + slot * kStageBytes, &rows_map, kt * kBK, t.row0, bar);
       wgmma::tma_load_2d(b_tile, &weight_map, kt * kBK, box_row[0], bar);
       wgmma::tma_load_2d(b_tile + kBTile / 2, &weight_map, kt * kBK, box_row[1], bar);
     }
-    uint8_t* a_tile = smem + slot * kStageBytes;
+    if constexpr (!kTmaRows) {
+      uint8_t* a_tile = smem + slot * kStageBytes;
 #pragma unroll
-    for (int i = 0; i < R::kPasses; ++i) {
-      const bool ok = col < p.k && a_src[i] >= 0;
-      const bf16* src = ok ? p.in + static_cast<size_t>(a_src[i]) * p.k + col : p.in;
-      cp_async16(a_tile + wgmma::swizzled_offset<R::kRowBytes>(row_in_pass + R::kRowsPerPass * i, chunk), src,
-                 ok ? 16 : 0);
+      for (int i = 0; i < R::kPasses; ++i) {
+        const bool ok = col < p.k && a_src[i] >= 0;
+        const bf16* src = ok ? p.in + static_cast<size_t>(a_src[i]) * p.k + col : p.in;
+        cp_async16(a_tile + wgmma::swizzled_offset<R::kRowBytes>(row_in_pass + R::kRowsPerPass * i, chunk), src,
+                   ok ? 16 : 0);
+      }
+      wgmma::cp_async_mbarrier_arrive(full0 + slot * 8);
     }
-    wgmma::cp_async_mbarrier_arrive(full0 + slot * 8);
   };
   // MoeWgmmaParams::l2_prefetch: the weight boxes of slice kt asked into L2 ahead of their load
   auto prefetch_stage = [&](int kt) {
@@ -152,7 +160,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma::mbarrier_wait(full0 + slot * 8, (kt / kStages) & 1);
     clock.mark(kWgmmaFullWait);
     // A's copies were made by the generic proxy; the tensor cores read through the async one
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    if constexpr (!kTmaRows) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     const uint32_t a_addr = smem_addr + slot * kStageBytes + wg * (kATile / 2);
     const uint32_t b_addr = smem_addr + slot * kStageBytes + kATile;
 #pragma unroll
@@ -211,7 +219,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-template <bool kSilu, class R>
+template <bool kSilu, class R, bool kTmaRows>
 void launch(const MoeWgmmaParams& p, cudaStream_t stream) {
   const int out_cols = kSilu ? p.n / 2 : p.n, tile_cols = kSilu ? kBN / 2 : kBN;
   const int n_tiles = (out_cols + tile_cols - 1) / tile_cols;
@@ -220,22 +228,26 @@ void launch(const MoeWgmmaParams& p, cudaStream_t stream) {
   MB_CHECK(static_cast<int64_t>(p.num_experts) * p.n < (int64_t{1} << 31), "moe_wgmma: too many weight rows");
   const CUtensorMap map = tensor_map_2d(p.weight, TmaElement::Bf16, static_cast<int64_t>(p.num_experts) * p.n, p.k,
                                         kBN / 2, R::kRowBytes);
-  moe_wgmma_kernel<kSilu, R><<<static_cast<unsigned>(blocks), kThreads, R::kSmemBytes, stream>>>(p, n_tiles, map);
+  // without TMA rows the kernel never reads its rows map: the weights' stands in
+  const CUtensorMap rows = kTmaRows ? tensor_map_2d(p.in, TmaElement::Bf16, p.rows_cap, p.k, kBM, R::kRowBytes) : map;
+  moe_wgmma_kernel<kSilu, R, kTmaRows><<<static_cast<unsigned>(blocks), kThreads, R::kSmemBytes, stream>>>(
+      p, n_tiles, map, rows);
   CUDA_CHECK_LAST();
 }
 
 template <class R>
 void launch(const MoeWgmmaParams& p, cudaStream_t stream) {
   if (p.silu_gate_up)
-    launch<true, R>(p, stream);
+    p.tma_rows ? launch<true, R, true>(p, stream) : launch<true, R, false>(p, stream);
   else
-    launch<false, R>(p, stream);
+    p.tma_rows ? launch<false, R, true>(p, stream) : launch<false, R, false>(p, stream);
 }
 
 template <class R>
 void raise_smem_limits() {
-  CUDA_CHECK(cudaFuncSetAttribute(moe_wgmma_kernel<true, R>, cudaFuncAttributeMaxDynamicSharedMemorySize, R::kSmemBytes));
-  CUDA_CHECK(cudaFuncSetAttribute(moe_wgmma_kernel<false, R>, cudaFuncAttributeMaxDynamicSharedMemorySize, R::kSmemBytes));
+  for (const auto kernel : {moe_wgmma_kernel<true, R, false>, moe_wgmma_kernel<false, R, false>,
+                            moe_wgmma_kernel<true, R, true>, moe_wgmma_kernel<false, R, true>})
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, R::kSmemBytes));
 }
 
 #endif  // MOEBATCH_WGMMA
@@ -278,6 +290,7 @@ void moe_wgmma(const MoeWgmmaParams& p, cudaStream_t stream) {
   MB_CHECK(p.out && p.in && p.weight && p.expert_offsets, "moe_wgmma: null operand");
   MB_CHECK(!p.sorted_ids || (p.num_pairs >= 0 && p.in_row_div > 0), "moe_wgmma: bad gather");
   MB_CHECK(p.l2_prefetch >= 0 && p.l2_prefetch <= 64, "moe_wgmma: l2_prefetch is 0..64 slices");
+  MB_CHECK(!p.tma_rows || !p.sorted_ids, "moe_wgmma: rows by TMA must be in sorted order already (no gather)");
   MB_CHECK(aligned16(p.out) && aligned16(p.in) && aligned16(p.weight), "moe_wgmma: operands must be 16-byte aligned");
   if (p.rows_cap == 0) return;
 #if MOEBATCH_WGMMA

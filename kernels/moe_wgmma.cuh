@@ -45,6 +45,9 @@ struct MoeWgmmaParams {
   /// prefetch; 0: none): the first row tile of an expert reads its weights from HBM, and this
   /// starts that read earlier than the ring alone can.
   int l2_prefetch = 0;
+  /// Sorted rows (no sorted_ids) brought by TMA, one 128-row box per slice beside the weights'
+  /// boxes, instead of every thread's cp.async: no load instructions in the k loop.
+  bool tma_rows = false;
 };
 
 /// Inputs per scale group of the W8A8 expert GEMM: FP8 block-128 weights (the checkpoint layout

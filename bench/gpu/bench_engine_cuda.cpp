@@ -20,6 +20,8 @@
 // --disable-wgmma-experts runs that path's experts on cuBLAS instead of the wgmma kernel;
 // --wgmma-deep-ring runs the wgmma kernel's k pipeline as 9 slots of 32-wide slices;
 // --wgmma-l2-prefetch N asks its weight slices into L2 N slices past its ring;
+// --wgmma-tma-rows brings the down stage's rows by TMA; --wgmma-pregather gathers gate+up's
+// rows into sorted order first and brings them by TMA too;
 // --disable-w8a8-experts decodes FP8 experts to bf16 for it instead of running them W8A8;
 // --disable-stream-gemv keeps one-row bf16 projections on the register-fed GEMV;
 // --disable-router-norm keeps the one-token MLP norm in a launch of its own;
@@ -28,6 +30,7 @@
 // instead of running them W8A8 on cuBLASLt.
 // Usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--disable-custom-all-reduce]
 //                                   [--disable-wgmma-experts] [--wgmma-deep-ring] [--wgmma-l2-prefetch N]
+//                                   [--wgmma-tma-rows] [--wgmma-pregather]
 //                                   [--disable-w8a8-experts]
 //                                   [--disable-stream-gemv] [--disable-tma-experts] [--disable-router-norm]
 //                                   [--disable-wgmma-attention] [--disable-w8a8-linear]
@@ -199,6 +202,8 @@ struct Args {
   bool wgmma_experts = true;             ///< --disable-wgmma-experts: prefill experts on cuBLAS
   bool wgmma_deep_ring = false;          ///< --wgmma-deep-ring: their k pipeline as 9 × 32-wide slices
   int wgmma_l2_prefetch = 0;             ///< --wgmma-l2-prefetch N: weight slices into L2 N past the ring
+  bool wgmma_tma_rows = false;           ///< --wgmma-tma-rows: the down stage's rows by TMA
+  bool wgmma_pregather = false;          ///< --wgmma-pregather: gate+up rows gathered first, then by TMA
   bool w8a8_experts = true;              ///< --disable-w8a8-experts: FP8 experts decoded to bf16
   bool stream_gemv = true;               ///< --disable-stream-gemv: one-row bf16 GEMV from registers
   bool tma_experts = true;               ///< --disable-tma-experts: decode experts on moe_gemm
@@ -225,6 +230,10 @@ Args parse_args(int argc, char** argv) {
       a.wgmma_deep_ring = true;
     } else if (arg == "--wgmma-l2-prefetch" && i + 1 < argc) {
       a.wgmma_l2_prefetch = std::stoi(argv[++i]);
+    } else if (arg == "--wgmma-tma-rows") {
+      a.wgmma_tma_rows = true;
+    } else if (arg == "--wgmma-pregather") {
+      a.wgmma_pregather = true;
     } else if (arg == "--disable-w8a8-experts") {
       a.w8a8_experts = false;
     } else if (arg == "--disable-stream-gemv") {
@@ -244,7 +253,7 @@ Args parse_args(int argc, char** argv) {
     } else if (arg == "--quantization" && i + 1 < argc) {
       a.quant = parse_quantization(argv[++i]);
     } else if (arg.rfind("--", 0) == 0) {
-      std::fprintf(stderr, "usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--disable-custom-all-reduce] [--disable-wgmma-experts] [--wgmma-deep-ring] [--wgmma-l2-prefetch N] [--disable-w8a8-experts] [--disable-stream-gemv] [--disable-router-norm] [--disable-wgmma-attention] [--disable-w8a8-linear] [--quantization Q] [--moe-sorted-min-rows N] [out.json] [peer.json]\n");
+      std::fprintf(stderr, "usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--disable-custom-all-reduce] [--disable-wgmma-experts] [--wgmma-deep-ring] [--wgmma-l2-prefetch N] [--wgmma-tma-rows] [--wgmma-pregather] [--disable-w8a8-experts] [--disable-stream-gemv] [--disable-router-norm] [--disable-wgmma-attention] [--disable-w8a8-linear] [--quantization Q] [--moe-sorted-min-rows N] [out.json] [peer.json]\n");
       std::exit(2);
     } else if (positional++ == 0) {
       a.out_path = arg;
@@ -290,6 +299,8 @@ int main(int argc, char** argv) {
   o.wgmma_experts = args.wgmma_experts;
   o.wgmma_deep_ring = args.wgmma_deep_ring;
   o.wgmma_l2_prefetch = args.wgmma_l2_prefetch;
+  o.wgmma_tma_rows = args.wgmma_tma_rows;
+  o.wgmma_pregather = args.wgmma_pregather;
   o.w8a8_experts = args.w8a8_experts;
   o.stream_gemv = args.stream_gemv;
   o.wgmma_attention = args.wgmma_attention;
@@ -323,6 +334,8 @@ int main(int argc, char** argv) {
   J["wgmma_experts"] = o.wgmma_experts;
   J["wgmma_deep_ring"] = o.wgmma_deep_ring;
   J["wgmma_l2_prefetch"] = o.wgmma_l2_prefetch;
+  J["wgmma_tma_rows"] = o.wgmma_tma_rows;
+  J["wgmma_pregather"] = o.wgmma_pregather;
   J["w8a8_experts"] = o.w8a8_experts;
   J["stream_gemv"] = o.stream_gemv;
   J["wgmma_attention"] = o.wgmma_attention;

@@ -91,6 +91,8 @@ class CudaRank {
   bool wgmma_experts = false;        ///< that path's bf16 experts on kernels::moe_wgmma
   bool wgmma_deep_ring = false;      ///< CudaBackendOptions::wgmma_deep_ring
   int wgmma_l2_prefetch = 0;         ///< CudaBackendOptions::wgmma_l2_prefetch
+  bool wgmma_tma_rows = false;       ///< CudaBackendOptions::wgmma_tma_rows
+  bool wgmma_pregather = false;      ///< CudaBackendOptions::wgmma_pregather
   bool w8a8_experts = false;         ///< FP8-block experts on moe_wgmma_fp8 (implies wgmma_experts)
   bool stream_gemv = false;          ///< one-row bf16 projections on kernels::gemv_stream
   bool tma_experts = false;          ///< decode steps' bf16 / W8A8 experts on kernels::moe_gemm_tma

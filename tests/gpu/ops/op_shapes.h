@@ -194,6 +194,8 @@ struct SortedExpertGemmShape {
   bool deep_ring = false;
   /// bf16 wgmma only: weight slices asked into L2 this far past the ring (l2_prefetch)
   int l2_prefetch = 0;
+  /// bf16 wgmma without gather only: the sorted rows brought by TMA (tma_rows)
+  bool tma_rows = false;
 };
 OpCaseDef sorted_expert_gemm_case(const SortedExpertGemmShape& s);
 

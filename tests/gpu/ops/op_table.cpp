@@ -361,6 +361,13 @@ std::vector<OpCaseDef> op_cases_test() {
           t.push_back(sorted_expert_gemm_case(s));
           s.deep_ring = false;
           s.l2_prefetch = 0;
+          s.gather = false;  // sorted rows by TMA, with each ring (rows past a tile's own read too)
+          s.tma_rows = true;
+          t.push_back(sorted_expert_gemm_case(s));
+          s.deep_ring = true;
+          t.push_back(sorted_expert_gemm_case(s));
+          s.deep_ring = false;
+          s.tma_rows = false;
         }
       }
   // W8A8 (FP8 tensor cores; k and output columns multiples of 16): H 144 and I 80 end in a
@@ -630,12 +637,17 @@ std::vector<OpCaseDef> op_cases_bench() {
       add(8192, sorted_expert_gemm_case({.tokens = 8192, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
                                          .stage = stage, .cublas = cublas,
                                          .gather = !cublas && stage == MoeGemmStage::gate_up_silu}));
-  // ... and its experiments: the deep ring, the L2 prefetch of weight slices, both
-  for (MoeGemmStage stage : {MoeGemmStage::gate_up_silu, MoeGemmStage::down})
+  // ... and its experiments: the deep ring, the L2 prefetch of weight slices, both; the sorted
+  // rows by TMA (gate+up then reads rows gathered beforehand, as --wgmma-pregather runs it)
+  for (MoeGemmStage stage : {MoeGemmStage::gate_up_silu, MoeGemmStage::down}) {
     for (auto [deep, prefetch] : {std::pair{true, 0}, {false, 4}, {true, 4}})
       add(8192, sorted_expert_gemm_case({.tokens = 8192, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
                                          .stage = stage, .gather = stage == MoeGemmStage::gate_up_silu,
                                          .deep_ring = deep, .l2_prefetch = prefetch}));
+    for (bool deep : {false, true})
+      add(8192, sorted_expert_gemm_case({.tokens = 8192, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
+                                         .stage = stage, .deep_ring = deep, .tma_rows = true}));
+  }
   for (MoeGemmStage stage : {MoeGemmStage::gate_up_silu, MoeGemmStage::down})
     for (bool block : {false, true})
       add(8192, sorted_expert_gemm_case({.tokens = 8192, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
