@@ -134,9 +134,10 @@ if [ "$WHAT" = prefill ]; then
   exit 0
 fi
 if [ "$WHAT" = ring-tests ]; then
-  timeout 200 ./build-dev/moebatch_gpu_tests > "$OUT/kernel_tests.log" 2>&1
+  echo "built at $(date +%T)"
+  timeout 150 ./build-dev/moebatch_gpu_tests > "$OUT/kernel_tests.log" 2>&1
   echo "kernel tests rc=$?"; grep -E "FAIL|^\[  PASSED|^\[==|SKIPPED" "$OUT/kernel_tests.log" | head -30
-  timeout 220 ./build-dev/moebatch_gpu_engine_tests > "$OUT/engine_tests.log" 2>&1
+  timeout 180 ./build-dev/moebatch_gpu_engine_tests > "$OUT/engine_tests.log" 2>&1
   echo "engine tests rc=$?"
   grep -E "Failure|Expected|Which is|FAILED|^\[  PASSED|^\[==" "$OUT/engine_tests.log" | head -30
   exit 0
