@@ -87,15 +87,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   // expert's own (a partial last tile) only feed output columns that are never stored.
   const int chunk = threadIdx.x % R::kChunks, row_in_pass = threadIdx.x / R::kChunks;
   int a_src[R::kPasses];
+  if constexpr (!kTmaRows) {
 #pragma unroll
-  for (int i = 0; i < (kTmaRows ? 0 : R::kPasses); ++i) {
-    const int r = row_in_pass + R::kRowsPerPass * i, row = t.row0 + r;
-    a_src[i] = r < t.rows ? row : -1;
-    if (p.sorted_ids && r < t.rows) {
-      const int id = p.sorted_ids[row];
-      const bool real = id >= 0 && id < p.num_pairs;
-      a_src[i] = real ? id / p.in_row_div : -1;
-      if (real && p.row_of_pair && n_tile == 0 && chunk == 0) p.row_of_pair[id] = row;
+    for (int i = 0; i < R::kPasses; ++i) {
+      const int r = row_in_pass + R::kRowsPerPass * i, row = t.row0 + r;
+      a_src[i] = r < t.rows ? row : -1;
+      if (p.sorted_ids && r < t.rows) {
+        const int id = p.sorted_ids[row];
+        const bool real = id >= 0 && id < p.num_pairs;
+        a_src[i] = real ? id / p.in_row_div : -1;
+        if (real && p.row_of_pair && n_tile == 0 && chunk == 0) p.row_of_pair[id] = row;
+      }
     }
   }
   clock.mark(kWgmmaLookup);
