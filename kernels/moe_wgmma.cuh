@@ -37,16 +37,9 @@ struct MoeWgmmaParams {
   /// With sorted_ids, optional [num_pairs]: row_of_pair[id] = i for every real pair (the map
   /// moe_combine reads the expert outputs through), as moe_gather_sorted writes it.
   int32_t* row_of_pair = nullptr;
-  /// The k pipeline as 9 slots of 32-wide slices (64-byte swizzle) instead of 4 of 64-wide ones:
-  /// 192 instead of 144 KB of loads in flight per block, for when the slices' latency, not the
-  /// tensor cores, paces the loop (bench/RESULTS.md says which measured faster).
-  bool deep_ring = false;
-  /// Slices past the ring whose weight boxes are asked into L2 ahead of their load (TMA
-  /// prefetch; 0: none): the first row tile of an expert reads its weights from HBM, and this
-  /// starts that read earlier than the ring alone can.
-  int l2_prefetch = 0;
   /// Sorted rows (no sorted_ids) brought by TMA, one 128-row box per slice beside the weights'
-  /// boxes, instead of every thread's cp.async: no load instructions in the k loop.
+  /// boxes, instead of every thread's cp.async: no load instructions in the k loop (the engine's
+  /// down stage: 5–6% faster there, bench/RESULTS.md 2026-12-04).
   bool tma_rows = false;
 };
 

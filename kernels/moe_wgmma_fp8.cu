@@ -229,7 +229,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < 64; ++i) {
       const float g = acc[i];
       const bool real = n_tile * kHalf + 8 * (i / 4) + c0 + (i & 1) < half;
-      v[i] = real ? g / (1.f + expf(-g)) * acc[64 + i] : 0.f;
+      v[i] = real ? silu_fast(g) * acc[64 + i] : 0.f;
       if ((i & 2) == 0)
         amax0 = fmaxf(amax0, fabsf(v[i]));
       else

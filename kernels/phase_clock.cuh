@@ -18,18 +18,19 @@ namespace moebatch::kernels {
 
 /// Phases of one tile of moe_wgmma, in the order a warpgroup passes them.
 enum MoeWgmmaPhase : int {
-  kWgmmaLookup,     ///< the tile lookup and the gathered rows' ids
-  kWgmmaFill,       ///< barrier setup and the first slices' loads issued
+  kWgmmaLookup,     ///< the tile lookup, barriers, first weight slices issued, the gathered rows' ids
+  kWgmmaFill,       ///< the first slices' rows issued
   kWgmmaFullWait,   ///< waiting for a slice to land
   kWgmmaMmaIssue,   ///< fences and the MMAs issued
   kWgmmaMmaWait,    ///< waiting for the previous slice's MMAs
   kWgmmaEmptyWait,  ///< waiting for the other warpgroup to release the slot to refill
   kWgmmaRefill,     ///< a slice's loads issued
-  kWgmmaEpilogue,   ///< the last MMAs, the staging and the stores
+  kWgmmaDrain,      ///< the last MMAs and the block barrier before the staging
+  kWgmmaEpilogue,   ///< the staging (SiLU with gate+up) and the stores
   kWgmmaPhases
 };
 inline constexpr const char* kMoeWgmmaPhaseNames[kWgmmaPhases] = {
-    "lookup", "fill", "full_wait", "mma_issue", "mma_wait", "empty_wait", "refill", "epilogue"};
+    "lookup", "fill", "full_wait", "mma_issue", "mma_wait", "empty_wait", "refill", "drain", "epilogue"};
 
 /// Phases of one row block of the prefill attention on wgmma, per warpgroup.
 enum AttentionPhase : int {
@@ -46,7 +47,7 @@ inline constexpr const char* kAttentionPhaseNames[kAttnPhases] = {
     "prologue", "mma_wait", "refill", "softmax", "full_wait", "issue", "epilogue"};
 
 #if MOEBATCH_PHASE_CLOCKS
-/// One thread's running phase sums (32-bit: a block's phases sum to less than 2^32 cycles); thread
+/// One thread's running phase sums (32-bit: a block's phases sum to less than 2^32 cycles, ~2 s); thread
 /// 0 of each warpgroup adds them to the totals.
 template <int kPhases>
 struct PhaseClock {
@@ -59,11 +60,12 @@ struct PhaseClock {
     sum[phase] += t - last;
     last = t;
   }
-  /// totals [kPhases + 1]: the phase sums, then the number of warpgroup tiles summed.
-  __device__ __forceinline__ void flush(unsigned long long* totals) const {
+  /// totals [kPhases + 1]: the phase sums, then the number of warpgroup tiles summed (`tiles`
+  /// of this warpgroup: more than one in a persistent kernel).
+  __device__ __forceinline__ void flush(unsigned long long* totals, unsigned tiles = 1) const {
     if ((threadIdx.x & 127) != 0) return;
     for (int i = 0; i < kPhases; ++i) atomicAdd(&totals[i], static_cast<unsigned long long>(sum[i]));
-    atomicAdd(&totals[kPhases], 1ull);
+    atomicAdd(&totals[kPhases], static_cast<unsigned long long>(tiles));
   }
   // clock() exists only in the device pass
   __device__ __forceinline__ static unsigned now() {
@@ -91,7 +93,7 @@ std::vector<uint64_t> take_phase_totals(const unsigned long long (&totals)[N]) {
 template <int kPhases>
 struct PhaseClock {
   __device__ __forceinline__ void mark(int) {}
-  __device__ __forceinline__ void flush(unsigned long long*) const {}
+  __device__ __forceinline__ void flush(unsigned long long*, unsigned = 1) const {}
 };
 #endif
 

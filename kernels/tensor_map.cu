@@ -24,22 +24,20 @@ PFN_cuTensorMapEncodeTiled_v12000 encoder() {
 
 }  // namespace
 
-CUtensorMap tensor_map_2d(const void* base, TmaElement element, int64_t rows, int64_t cols, int box_rows,
-                          int box_row_bytes) {
+CUtensorMap tensor_map_2d(const void* base, TmaElement element, int64_t rows, int64_t cols, int box_rows) {
   const int bytes = element == TmaElement::U8 ? 1 : 2;
   MB_CHECK(rows > 0 && cols > 0 && cols * bytes % 16 == 0 && reinterpret_cast<uintptr_t>(base) % 16 == 0,
            "tensor_map_2d: rows must be 16-byte multiples at a 16-byte aligned base");
   MB_CHECK(box_rows > 0 && box_rows <= 256, "tensor_map_2d: a box holds 1..256 rows");
-  MB_CHECK(box_row_bytes == 128 || box_row_bytes == 64, "tensor_map_2d: boxes are 128 or 64 bytes wide");
   CUtensorMap map{};
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols * bytes)};  // bytes between rows
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_row_bytes / bytes), static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(128 / bytes), static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t element_strides[2] = {1, 1};
   const CUresult r = encoder()(&map, element == TmaElement::U8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
                                2, const_cast<void*>(base), dims, strides, box, element_strides,
                                CU_TENSOR_MAP_INTERLEAVE_NONE,
-                               box_row_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
+                               CU_TENSOR_MAP_SWIZZLE_128B,
                                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   MB_CHECK(r == CUDA_SUCCESS, "tensor_map_2d: cuTensorMapEncodeTiled failed (" + std::to_string(r) + ")");
   return map;

@@ -14,11 +14,10 @@ namespace moebatch::kernels {
 enum class TmaElement { U8, Bf16 };
 
 /// The map of `base` [rows, cols] (row stride cols elements; cols · element bytes a multiple of
-/// 16, base 16-byte aligned): boxes of box_row_bytes (128, or 64 in the 64-byte swizzle of
-/// kernels/wgmma.cuh's smem_desc_sw64) of a row × box_rows rows; what lies past rows or cols
-/// reads as zeros. Error when the driver refuses it.
-CUtensorMap tensor_map_2d(const void* base, TmaElement element, int64_t rows, int64_t cols, int box_rows,
-                          int box_row_bytes = 128);
+/// 16, base 16-byte aligned): boxes of 128 bytes of a row × box_rows rows, in the 128-byte
+/// swizzle (kernels/wgmma.cuh); what lies past rows or cols reads as zeros. Error when the
+/// driver refuses it.
+CUtensorMap tensor_map_2d(const void* base, TmaElement element, int64_t rows, int64_t cols, int box_rows);
 
 /// The map of bf16 `base` [outer, mid, 64 · inner_64] (strides: mid · inner, inner elements; base
 /// 16-byte aligned): boxes of 64 inner elements (128 bytes) × 1 mid × box_outer outer rows, in

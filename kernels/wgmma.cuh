@@ -42,35 +42,6 @@ __device__ __forceinline__ uint32_t sw128_offset(int row, int chunk) {
   return static_cast<uint32_t>(row * 128 + ((chunk ^ (row & 7)) << 4));
 }
 
-/// Descriptor of a K-major bf16 tile laid out with the 64-byte swizzle: rows of 32 elements (64
-/// bytes), 8-row atoms of 512 bytes one after another (stride byte offset 512), the 16-byte chunk
-/// c of row r stored at chunk c ^ ((r / 2) % 4) (address bits 4-5 XOR bits 7-8, as TMA's
-/// CU_TENSOR_MAP_SWIZZLE_64B writes it); the tile base 512-aligned. Advancing `smem_addr` by 32
-/// bytes selects the second 16-wide k slice of the rows. Layout 2 = 64B swizzle in bits 62-63.
-__device__ __forceinline__ uint64_t smem_desc_sw64(uint32_t smem_addr) {
-  return (static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4)) | (static_cast<uint64_t>(1) << 16) |
-         (static_cast<uint64_t>(512 >> 4) << 32) | (static_cast<uint64_t>(2) << 62);
-}
-
-/// Byte offset of 16-byte chunk `chunk` (0-3) of row `row` in a tile laid out as smem_desc_sw64's.
-__device__ __forceinline__ uint32_t sw64_offset(int row, int chunk) {
-  return static_cast<uint32_t>(row * 64 + ((chunk ^ ((row >> 1) & 3)) << 4));
-}
-
-/// The K-major descriptor and chunk offset for tiles whose rows are kRowBytes (128 or 64) wide.
-template <int kRowBytes>
-__device__ __forceinline__ uint64_t smem_desc_kmajor(uint32_t smem_addr) {
-  static_assert(kRowBytes == 128 || kRowBytes == 64, "128- or 64-byte swizzled rows");
-  if constexpr (kRowBytes == 128) return smem_desc_sw128(smem_addr);
-  else return smem_desc_sw64(smem_addr);
-}
-template <int kRowBytes>
-__device__ __forceinline__ uint32_t swizzled_offset(int row, int chunk) {
-  static_assert(kRowBytes == 128 || kRowBytes == 64, "128- or 64-byte swizzled rows");
-  if constexpr (kRowBytes == 128) return sw128_offset(row, chunk);
-  else return sw64_offset(row, chunk);
-}
-
 /// Orders this thread's earlier register and shared-memory accesses before the wgmma that follow.
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 /// Closes the group of wgmma issued since the last commit.
@@ -377,14 +348,6 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tmap, int 
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(tmap)), "r"(x), "r"(y), "r"(bar)
       : "memory");
-}
-
-/// TMA: asks for the box at (x = innermost coordinate, y) of the 2-D tensor map `tmap` to be
-/// brought into L2 (no shared memory, no barrier; a hint the hardware may drop). One thread.
-__device__ __forceinline__ void tma_prefetch_l2_2d(const void* tmap, int x, int y) {
-  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n" ::"l"(reinterpret_cast<uint64_t>(tmap)),
-               "r"(x), "r"(y)
-               : "memory");
 }
 
 /// TMA: the box at (x innermost, y, z) of the 3-D tensor map `tmap` into shared memory at

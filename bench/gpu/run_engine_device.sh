@@ -2,7 +2,7 @@
 # One device call for the CUDA engine: configure (engine-only), build the engine GPU tests, the
 # kernel tests and the engine benchmark; run the tests, then the HF peer (its own 61 GB, freed
 # when it exits), then the benchmark. Logs and JSON go to $OUT; summaries print last.
-# Usage: bench/gpu/run_engine_device.sh [tests|bench|all|base|quant|prefill|w8a8|linear|ring-tests|ring-bench|ring-phases] [peer batches, e.g. 1,64, or none]
+# Usage: bench/gpu/run_engine_device.sh [tests|bench|all|base|quant|prefill|w8a8|linear|experts|phases] [peer batches, e.g. 1,64, or none]
 # `quant`: the compressed-weight run: kernel and engine tests, the quant kernel rows, the engine
 # benchmark on the 30B shape with bf16 / fp8 / nvfp4 linear weights, and the seed-class shape in
 # NVFP4 on one GPU.
@@ -16,13 +16,10 @@
 # projection rows, the engine benchmark in bf16, fp8 and fp8 with the projections decoded.
 # `prefill`: kernel and engine tests, the prefill expert GEMM rows (wgmma and its cuBLAS peer),
 # the engine benchmark on the 30B shape with the wgmma experts and without them.
-# The bf16 wgmma expert GEMM's experiments (MoeWgmmaParams::deep_ring, l2_prefetch, tma_rows),
-# three calls of under 10 minutes, back to back so the machine stays warm:
-# `ring-tests`: every kernel op case and the engine tests;
-# `ring-bench`: the moe_wgmma rows and the 30B engine benchmark (prefill stage splits, batch 64)
-#   with each variant and combination;
-# `ring-phases`: a phase-clock build (build-pc, -DMOEBATCH_PHASE_CLOCKS=ON) and the moe_wgmma
-#   and prefill attention rows from it, with the cycles per tile in each phase.
+# `experts`: the bf16 wgmma expert GEMM in one call: its op cases (and the other MoE kernels'),
+#   the engine tests, the moe_wgmma rows and the 30B engine benchmark.
+# `phases`: a phase-clock build (build-pc, -DMOEBATCH_PHASE_CLOCKS=ON) and the moe_wgmma and
+#   prefill attention rows from it, with the cycles per tile in each phase.
 set -uo pipefail
 OUT=${OUT:-/tmp/moebatch-out}
 WHAT=${1:-all}
@@ -38,7 +35,7 @@ if [ "$WHAT" = base ]; then
   echo "base bench rc=$?"; tail -40 "$OUT/bench_base.log"
   exit 0
 fi
-if [ "$WHAT" = ring-phases ]; then
+if [ "$WHAT" = phases ]; then
   # a diagnostic build of its own (-DMOEBATCH_PHASE_CLOCKS=ON): cycles per tile in each phase
   cmake -S . -B build-pc -G Ninja -DMOEBATCH_ENGINE_ONLY=ON -DMOEBATCH_CUDA=ON -DMOEBATCH_BUILD_TESTS=OFF \
     -DMOEBATCH_PHASE_CLOCKS=ON > "$OUT/pc_configure.log" 2>&1 || { tail -20 "$OUT/pc_configure.log"; exit 1; }
@@ -133,26 +130,17 @@ if [ "$WHAT" = prefill ]; then
   done
   exit 0
 fi
-if [ "$WHAT" = ring-tests ]; then
+if [ "$WHAT" = experts ]; then
   echo "built at $(date +%T)"
-  timeout 150 ./build-dev/moebatch_gpu_tests > "$OUT/kernel_tests.log" 2>&1
+  timeout 200 ./build-dev/moebatch_gpu_tests --gtest_filter='*moe*:*Moe*:*expert*' > "$OUT/kernel_tests.log" 2>&1
   echo "kernel tests rc=$?"; grep -E "FAIL|^\[  PASSED|^\[==|SKIPPED" "$OUT/kernel_tests.log" | head -30
   timeout 180 ./build-dev/moebatch_gpu_engine_tests > "$OUT/engine_tests.log" 2>&1
   echo "engine tests rc=$?"
   grep -E "Failure|Expected|Which is|FAILED|^\[  PASSED|^\[==" "$OUT/engine_tests.log" | head -30
-  exit 0
-fi
-if [ "$WHAT" = ring-bench ]; then
   timeout 120 ./build-dev/moebatch_bench_kernels "/tmp/bench_kernels_wgmma.json" --filter "moe_wgmma " > "$OUT/bench_kernels_wgmma.log" 2>&1
   echo "kernels rc=$?"; grep -E "moe_" "$OUT/bench_kernels_wgmma.log"
-  for flags in "" "--wgmma-deep-ring" "--wgmma-l2-prefetch 4" "--wgmma-deep-ring --wgmma-l2-prefetch 4" \
-               "--wgmma-tma-rows" "--wgmma-tma-rows --wgmma-pregather" "--wgmma-deep-ring --wgmma-tma-rows --wgmma-pregather"; do
-    tag=$(echo "ring $flags" | tr ' -' '__')
-    echo "=== ${flags:-default}" >> "$OUT/bench_engine_rings.log"
-    MOEBATCH_BENCH_BATCHES=64 timeout 80 ./build-dev/moebatch_bench_engine_cuda $flags "/tmp/bench_engine_$tag.json" > "/tmp/bench_engine_$tag.log" 2>&1
-    echo "bench ${flags:-default} rc=$?"; cat "/tmp/bench_engine_$tag.log" >> "$OUT/bench_engine_rings.log"
-    grep -E "moe_gather|moe_gemm|prefill of|^ *64 \|" "/tmp/bench_engine_$tag.log" | head -14
-  done
+  timeout 120 ./build-dev/moebatch_bench_engine_cuda "$OUT/bench_engine_cuda.json" > "$OUT/bench_engine.log" 2>&1
+  echo "bench rc=$?"; grep -E "moe_gemm|prefill of|^ *[0-9]+ \|" "$OUT/bench_engine.log" | head -30
   exit 0
 fi
 if [ "$WHAT" != bench ]; then

@@ -171,10 +171,6 @@ void CudaBackend::init(const std::filesystem::path* model_dir, uint64_t seed) {
     ranks_[r]->stream_gemv = o.stream_gemv && kernels::gemv_stream_available(devices_[r]);
     ranks_[r]->tma_experts = o.tma_experts && kernels::moe_gemm_tma_available(devices_[r]);
     ranks_[r]->router_norm = o.router_norm;
-    ranks_[r]->wgmma_deep_ring = o.wgmma_deep_ring;
-    ranks_[r]->wgmma_l2_prefetch = o.wgmma_l2_prefetch;
-    ranks_[r]->wgmma_tma_rows = o.wgmma_tma_rows;
-    ranks_[r]->wgmma_pregather = o.wgmma_pregather;
     ranks_[r]->wgmma_attention = o.wgmma_attention;
     ranks_[r]->w8a8_linear = o.w8a8_linear && kernels::fp8_block_gemm_available(devices_[r]);
   }

@@ -81,18 +81,6 @@ struct CudaBackendOptions {
   /// That path's bf16 experts on the wgmma kernel (kernels/moe_wgmma.cuh) where the GPU is a
   /// Hopper and the build has its sm_90a code; false (or any other GPU): the cuBLAS grouped GEMM.
   bool wgmma_experts = true;
-  /// There, the wgmma kernel's k pipeline as 9 slots of 32-wide slices instead of 4 of 64-wide
-  /// ones (kernels::MoeWgmmaParams::deep_ring).
-  bool wgmma_deep_ring = false;
-  /// There, weight slices asked into L2 this many slices past the kernel's ring (0: none;
-  /// kernels::MoeWgmmaParams::l2_prefetch).
-  int wgmma_l2_prefetch = 0;
-  /// There, the down stage's sorted rows brought by TMA instead of every thread's cp.async
-  /// (kernels::MoeWgmmaParams::tma_rows).
-  bool wgmma_tma_rows = false;
-  /// There, gate+up on rows gathered into sorted order first (kernels::moe_gather_sorted, a pass
-  /// over the routed rows) and brought by TMA, instead of gathered inside the kernel's loads.
-  bool wgmma_pregather = false;
   /// There, FP8-block experts (groups of 128) run W8A8: the activations quantized per row and
   /// 128 columns, the products on FP8 tensor cores (kernels::moe_wgmma_fp8); so do the grouped
   /// GEMMs of steps with more than one token (kernels::moe_gemm's in_fp8). false: their weights

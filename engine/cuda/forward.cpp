@@ -349,28 +349,13 @@ std::optional<k::MoeCombineParams> moe(const Step& s, const DeviceLayerWeights& 
       k::MoeWgmmaParams gate_up{.out = B.act, .in = B.h, .expert_offsets = B.expert_offsets,
                                 .num_experts = experts, .n = 2 * s.gate_up.n, .k = s.H, .rows_cap = B.sorted_rows,
                                 .silu_gate_up = true, .sorted_ids = B.sorted_ids, .num_pairs = pairs,
-                                .in_row_div = s.gate_up.in_row_div, .row_of_pair = B.row_of_pair,
-                                .deep_ring = s.r.wgmma_deep_ring, .l2_prefetch = s.r.wgmma_l2_prefetch};
-      if (s.r.wgmma_pregather) {
-        // the rows in sorted order first (expert_out is free until the down stage writes it)
-        k::moe_gather_sorted({.out = B.expert_out, .row_of_pair = B.row_of_pair, .in = B.h,
-                              .sorted_ids = B.sorted_ids, .expert_offsets = B.expert_offsets,
-                              .num_experts = experts, .num_pairs = pairs, .in_row_div = s.gate_up.in_row_div,
-                              .hidden = s.H, .rows_cap = B.sorted_rows},
-                             s.st);
-        s.mark("moe_gather");
-        gate_up.in = B.expert_out;
-        gate_up.sorted_ids = nullptr;
-        gate_up.row_of_pair = nullptr;
-        gate_up.tma_rows = true;
-      }
+                                .in_row_div = s.gate_up.in_row_div, .row_of_pair = B.row_of_pair};
       expert_gemm_wgmma(s.gemm, gate_up, L.w_gate_up);
       s.mark("moe_gemm_gate_up_silu");
       expert_gemm_wgmma(s.gemm,
                         {.out = B.expert_out, .in = B.act, .expert_offsets = B.expert_offsets,
                          .num_experts = experts, .n = s.H, .k = s.gate_up.n, .rows_cap = B.sorted_rows,
-                         .deep_ring = s.r.wgmma_deep_ring, .l2_prefetch = s.r.wgmma_l2_prefetch,
-                         .tma_rows = s.r.wgmma_tma_rows},
+                         .tma_rows = true},  // the sorted rows as TMA boxes: 5–6% faster than cp.async
                         L.w_down);
       s.mark("moe_gemm_down");
     } else {

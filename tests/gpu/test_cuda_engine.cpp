@@ -311,46 +311,6 @@ TEST_P(CudaFixture, SortedExpertPathMatchesGroupedKernel) {
   }
 }
 
-// The wgmma expert GEMM's experiments (CudaBackendOptions::wgmma_deep_ring, wgmma_l2_prefetch,
-// wgmma_tma_rows, wgmma_pregather) change how a tile's operands reach shared memory, never the
-// products or their order (the same k16 MMAs into the same accumulators): every variant's logits
-// must be bit-equal to the default's. FP8 experts are decoded to bf16 for it (w8a8_experts off),
-// which also runs the variants over slices of the experts.
-TEST_P(CudaFixture, WgmmaExpertVariantsAreBitEqual) {
-  if (!kernels::moe_wgmma_available(0)) GTEST_SKIP() << "the wgmma expert GEMM needs a Hopper GPU";
-  std::mt19937 rng(std::random_device{}());
-  EngineOptions eo{.max_num_seqs = 8, .max_num_batched_tokens = 64};
-  CudaBackendOptions base = small_options();
-  base.moe_sorted_min_rows_per_expert = 1;
-  base.w8a8_experts = false;
-  Engine ref(std::make_unique<CudaBackend>(fixture_path(GetParam()), base), eo);
-  const int64_t V = ref.config().vocab_size;
-  std::vector<std::vector<int32_t>> prompts;
-  std::vector<std::vector<float>> want;
-  for (size_t len : {size_t{40}, size_t{150}}) {
-    prompts.push_back(random_prompt(rng, len, V));
-    want.push_back(ref.score(prompts.back()));
-  }
-  struct Variant {
-    const char* name;
-    bool deep_ring;
-    int l2_prefetch;
-    bool tma_rows, pregather;
-  };
-  for (const Variant v : {Variant{"deep ring", true, 0, false, false}, Variant{"L2 prefetch", false, 4, false, false},
-                          Variant{"TMA rows", false, 0, true, false}, Variant{"pregather", false, 0, true, true},
-                          Variant{"all", true, 4, true, true}}) {
-    CudaBackendOptions o = base;
-    o.wgmma_deep_ring = v.deep_ring;
-    o.wgmma_l2_prefetch = v.l2_prefetch;
-    o.wgmma_tma_rows = v.tma_rows;
-    o.wgmma_pregather = v.pregather;
-    Engine e(std::make_unique<CudaBackend>(fixture_path(GetParam()), o), eo);
-    for (size_t i = 0; i < prompts.size(); ++i)
-      EXPECT_TRUE(e.score(prompts[i]) == want[i]) << GetParam() << ": " << v.name << ", prompt of " << prompts[i].size();
-  }
-}
-
 // FP8-block projections of steps with more than 8 rows run W8A8 on cuBLASLt's block-scaled GEMM
 // where the GPU is a Hopper (CudaBackendOptions::w8a8_linear): against the same model with them
 // decoded to bf16, on prompts whose lengths leave a GEMV tail of 1 and 2 rows (37, 150); and not

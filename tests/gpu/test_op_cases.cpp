@@ -89,9 +89,9 @@ TEST(OpTable, TablesAreWellFormed) {
   }
 }
 
-// moe_wgmma's checks of its variants' parameters, which come before any launch (host checks
-// only: runs without a GPU; rows_cap 0 returns before touching the fake operands).
-TEST(MoeWgmmaParams, RefusesBadVariants) {
+// moe_wgmma's check of its TMA rows variant, which comes before any launch (host checks only:
+// runs without a GPU; rows_cap 0 returns before touching the fake operands).
+TEST(MoeWgmmaParams, RefusesTmaRowsWithAGather) {
   alignas(16) static kernels::bf16 operand[8];
   static const int32_t offsets[2] = {0, 0};
   static const int32_t sorted[1] = {0};
@@ -99,15 +99,8 @@ TEST(MoeWgmmaParams, RefusesBadVariants) {
                                    .num_experts = 1, .n = 16, .k = 16, .rows_cap = 0};
   EXPECT_NO_THROW(kernels::moe_wgmma(ok, nullptr));
   kernels::MoeWgmmaParams p = ok;
-  p.l2_prefetch = 64;
   p.tma_rows = true;
-  p.deep_ring = true;
   EXPECT_NO_THROW(kernels::moe_wgmma(p, nullptr));
-  p.l2_prefetch = -1;
-  EXPECT_THROW(kernels::moe_wgmma(p, nullptr), Error);
-  p.l2_prefetch = 65;
-  EXPECT_THROW(kernels::moe_wgmma(p, nullptr), Error);
-  p.l2_prefetch = 0;
   p.sorted_ids = sorted;  // TMA rows are rows in sorted order: no gather
   p.num_pairs = 1;
   EXPECT_THROW(kernels::moe_wgmma(p, nullptr), Error);

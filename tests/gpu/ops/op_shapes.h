@@ -190,10 +190,6 @@ struct SortedExpertGemmShape {
   bool fp8 = false;
   /// fp8 only: weights quantized in 128 × 128 blocks (weight_scale_rows 128, the cheaper promotion)
   bool block_scales = false;
-  /// bf16 wgmma only: the 9-slot ring of 32-wide k slices (MoeWgmmaParams::deep_ring)
-  bool deep_ring = false;
-  /// bf16 wgmma only: weight slices asked into L2 this far past the ring (l2_prefetch)
-  int l2_prefetch = 0;
   /// bf16 wgmma without gather only: the sorted rows brought by TMA (tma_rows)
   bool tma_rows = false;
 };

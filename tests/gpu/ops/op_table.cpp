@@ -336,12 +336,17 @@ std::vector<OpCaseDef> op_cases_test() {
   // The many-token path's expert GEMM on wgmma: experts spanning several 128-row tiles (a hot
   // one), empty experts, a partial last tile of output columns (I 72 of 128, H 136 of 256) and
   // of k (72, 136: a last slice of 8 of 64), more experts than one pass of the tile lookup
-  // takes (160 > 128); the cuBLAS fallback on the same shapes.
+  // takes (160 > 128); the cuBLAS fallback on the same shapes. The kernel is persistent (a block
+  // per SM walks the tiles, its k ring running on from one tile into the next): more tiles than
+  // an H200's 132 SMs with k of one slice (H 64, I 48: the next tile's slice loaded a whole tile
+  // ahead), of two (I 128: fewer than the ring's three slices ahead) and of 12 and 32 (the 30B
+  // shape).
   const SortedExpertGemmShape sorted_shapes[] = {
       {.tokens = 300, .experts = 16, .top_k = 4, .hidden = 256, .inter = 128, .hot = 3},
       {.tokens = 400, .experts = 160, .top_k = 4, .hidden = 256, .inter = 128, .hot = 150},
       {.tokens = 40, .experts = 64, .top_k = 2, .hidden = 136, .inter = 72, .hot = 9},
       {.tokens = 160, .experts = 128, .top_k = 8, .hidden = 2048, .inter = 768, .hot = 5},
+      {.tokens = 10000, .experts = 8, .top_k = 2, .hidden = 64, .inter = 48, .hot = 3},
   };
   for (SortedExpertGemmShape s : sorted_shapes)
     for (MoeGemmStage stage : {MoeGemmStage::gate_up_silu, MoeGemmStage::down})
@@ -354,19 +359,10 @@ std::vector<OpCaseDef> op_cases_test() {
           s.gather = true;  // the engine's gate+up: rows gathered in the kernel
           t.push_back(sorted_expert_gemm_case(s));
         }
-        if (!cublas) {  // the deep ring, as the engine would run it, then with the L2 prefetch
-          s.deep_ring = true;
-          t.push_back(sorted_expert_gemm_case(s));
-          s.l2_prefetch = 4;
-          t.push_back(sorted_expert_gemm_case(s));
-          s.deep_ring = false;
-          s.l2_prefetch = 0;
-          s.gather = false;  // sorted rows by TMA, with each ring (rows past a tile's own read too)
+        if (!cublas) {  // sorted rows by TMA (the engine's down stage; rows past a tile's own read too)
+          s.gather = false;
           s.tma_rows = true;
           t.push_back(sorted_expert_gemm_case(s));
-          s.deep_ring = true;
-          t.push_back(sorted_expert_gemm_case(s));
-          s.deep_ring = false;
           s.tma_rows = false;
         }
       }
@@ -637,17 +633,11 @@ std::vector<OpCaseDef> op_cases_bench() {
       add(8192, sorted_expert_gemm_case({.tokens = 8192, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
                                          .stage = stage, .cublas = cublas,
                                          .gather = !cublas && stage == MoeGemmStage::gate_up_silu}));
-  // ... and its experiments: the deep ring, the L2 prefetch of weight slices, both; the sorted
-  // rows by TMA (gate+up then reads rows gathered beforehand, as --wgmma-pregather runs it)
-  for (MoeGemmStage stage : {MoeGemmStage::gate_up_silu, MoeGemmStage::down}) {
-    for (auto [deep, prefetch] : {std::pair{true, 0}, {false, 4}, {true, 4}})
-      add(8192, sorted_expert_gemm_case({.tokens = 8192, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
-                                         .stage = stage, .gather = stage == MoeGemmStage::gate_up_silu,
-                                         .deep_ring = deep, .l2_prefetch = prefetch}));
-    for (bool deep : {false, true})
-      add(8192, sorted_expert_gemm_case({.tokens = 8192, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
-                                         .stage = stage, .deep_ring = deep, .tma_rows = true}));
-  }
+  // ... and with the sorted rows by TMA (the engine's down stage; gate+up on rows gathered
+  // beforehand, which measured slower than gathering in the kernel with the gather's pass added)
+  for (MoeGemmStage stage : {MoeGemmStage::gate_up_silu, MoeGemmStage::down})
+    add(8192, sorted_expert_gemm_case({.tokens = 8192, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
+                                       .stage = stage, .tma_rows = true}));
   for (MoeGemmStage stage : {MoeGemmStage::gate_up_silu, MoeGemmStage::down})
     for (bool block : {false, true})
       add(8192, sorted_expert_gemm_case({.tokens = 8192, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
