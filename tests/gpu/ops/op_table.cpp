@@ -336,11 +336,8 @@ std::vector<OpCaseDef> op_cases_test() {
   // The many-token path's expert GEMM on wgmma: experts spanning several 128-row tiles (a hot
   // one), empty experts, a partial last tile of output columns (I 72 of 128, H 136 of 256) and
   // of k (72, 136: a last slice of 8 of 64), more experts than one pass of the tile lookup
-  // takes (160 > 128); the cuBLAS fallback on the same shapes. The kernel is persistent (a block
-  // per SM walks the tiles, its k ring running on from one tile into the next): more tiles than
-  // an H200's 132 SMs with k of one slice (H 64, I 48: the next tile's slice loaded a whole tile
-  // ahead), of two (I 128: fewer than the ring's three slices ahead) and of 12 and 32 (the 30B
-  // shape).
+  // takes (160 > 128), k of a single slice (H 64, I 48) over more tiles than an H200 has SMs; the
+  // cuBLAS fallback on the same shapes.
   const SortedExpertGemmShape sorted_shapes[] = {
       {.tokens = 300, .experts = 16, .top_k = 4, .hidden = 256, .inter = 128, .hot = 3},
       {.tokens = 400, .experts = 160, .top_k = 4, .hidden = 256, .inter = 128, .hot = 150},
