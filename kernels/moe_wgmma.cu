@@ -85,8 +85,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // Pacing (as kernels/moe_wgmma_fp8.cu): full[s] completes when every thread's cp.async into
   // slot s has landed and the TMA bytes have come (TMA rows: thread 0's arrival and the bytes);
-  // empty[s] when both warpgroups' MMAs on slot s are done. No block-wide barrier in the loop: each warpgroup waits only for its data and for
-  // the slot it refills.
+  // empty[s] when both warpgroups' MMAs on slot s are done. No block-wide barrier in the loop:
+  // each warpgroup waits only for its data and for the slot it refills.
   __shared__ __align__(8) uint64_t bars[2 * kStages];  // full[0..kStages), empty[0..kStages)
   const uint32_t full0 = static_cast<uint32_t>(__cvta_generic_to_shared(&bars[0]));
   const uint32_t empty0 = full0 + kStages * 8;
