@@ -41,11 +41,6 @@ struct MoeWgmmaParams {
   /// boxes, instead of every thread's cp.async: no load instructions in the k loop (the engine's
   /// down stage: 5–6% faster there, bench/RESULTS.md 2026-12-04).
   bool tma_rows = false;
-  /// Device [2], zero before the first launch and left zero by each: the persistent form (one
-  /// block per SM taking tiles from this counter, the k ring running on from one tile into the
-  /// next, rows written by bulk copies under the next tile's MMAs; up to 1024 experts). Null:
-  /// one block per tile. Launches sharing a counter must not overlap.
-  int32_t* tile_counter = nullptr;
 };
 
 /// Inputs per scale group of the W8A8 expert GEMM: FP8 block-128 weights (the checkpoint layout

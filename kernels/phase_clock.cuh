@@ -60,12 +60,11 @@ struct PhaseClock {
     sum[phase] += t - last;
     last = t;
   }
-  /// totals [kPhases + 1]: the phase sums, then the number of warpgroup tiles summed (`tiles`
-  /// of this warpgroup: more than one in a persistent kernel).
-  __device__ __forceinline__ void flush(unsigned long long* totals, int tiles = 1) const {
+  /// totals [kPhases + 1]: the phase sums, then the number of warpgroup tiles summed.
+  __device__ __forceinline__ void flush(unsigned long long* totals) const {
     if ((threadIdx.x & 127) != 0) return;
     for (int i = 0; i < kPhases; ++i) atomicAdd(&totals[i], static_cast<unsigned long long>(sum[i]));
-    atomicAdd(&totals[kPhases], static_cast<unsigned long long>(tiles));
+    atomicAdd(&totals[kPhases], 1ull);
   }
   // clock() exists only in the device pass
   __device__ __forceinline__ static unsigned now() {
@@ -93,7 +92,7 @@ std::vector<uint64_t> take_phase_totals(const unsigned long long (&totals)[N]) {
 template <int kPhases>
 struct PhaseClock {
   __device__ __forceinline__ void mark(int) {}
-  __device__ __forceinline__ void flush(unsigned long long*, int = 1) const {}
+  __device__ __forceinline__ void flush(unsigned long long*) const {}
 };
 #endif
 

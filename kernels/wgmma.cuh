@@ -340,25 +340,6 @@ __device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uin
       : "memory");
 }
 
-/// 1-D bulk copy the other way: `bytes` contiguous bytes of shared `src` to global `dst`, in this
-/// thread's bulk group (bulk_commit closes it). Same alignment rules as bulk_copy_g2s. The
-/// shared bytes may be overwritten once bulk_wait_read says the group has read them.
-__device__ __forceinline__ void bulk_copy_s2g(void* dst, uint32_t src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(src), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-/// Until at most N of this thread's bulk groups are still reading their shared memory.
-template <int N>
-__device__ __forceinline__ void bulk_wait_read() {
-  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
-}
-/// Until at most N of this thread's bulk groups are unfinished (their writes done).
-template <int N>
-__device__ __forceinline__ void bulk_wait() {
-  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 /// TMA: the box at (x = innermost coordinate, y) of the 2-D tensor map `tmap` (a __grid_constant__
 /// kernel parameter) into shared memory at `dst`, in the map's swizzle; completion adds the box's
 /// bytes to the barrier at `bar`. One thread issues it.

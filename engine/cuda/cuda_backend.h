@@ -81,8 +81,6 @@ struct CudaBackendOptions {
   /// That path's bf16 experts on the wgmma kernel (kernels/moe_wgmma.cuh) where the GPU is a
   /// Hopper and the build has its sm_90a code; false (or any other GPU): the cuBLAS grouped GEMM.
   bool wgmma_experts = true;
-  /// There, the wgmma kernel's persistent form (kernels::MoeWgmmaParams::tile_counter).
-  bool wgmma_persistent = false;
   /// There, FP8-block experts (groups of 128) run W8A8: the activations quantized per row and
   /// 128 columns, the products on FP8 tensor cores (kernels::moe_wgmma_fp8); so do the grouped
   /// GEMMs of steps with more than one token (kernels::moe_gemm's in_fp8). false: their weights

@@ -560,10 +560,6 @@ class SortedExpertGemmCase final : public OpCase {
       row_of_pair_.poison();
     }
     if (!s_.cublas) kernels::moe_wgmma_prepare();
-    if (s_.persistent) {
-      counter_ = DevBuf<int32_t>(2);
-      CUDA_CHECK(cudaMemsetAsync(counter_.get(), 0, 2 * sizeof(int32_t), env.stream));
-    }
     if (s_.fp8) {
       if (s_.block_scales) {
         // bf16 weights quantized in 128 × 128 blocks, as FP8 checkpoints hold them
@@ -618,7 +614,7 @@ class SortedExpertGemmCase final : public OpCase {
       kernels::MoeWgmmaParams p{.out = out_.get(), .in = in_.get(), .weight = weight_.get(),
                                 .expert_offsets = routings_[0].offsets.get(), .num_experts = s_.experts,
                                 .n = n(), .k = k(), .rows_cap = cap(), .silu_gate_up = gate(),
-                                .tma_rows = s_.tma_rows, .tile_counter = s_.persistent ? counter_.get() : nullptr};
+                                .tma_rows = s_.tma_rows};
       set_gather(p);
       kernels::moe_wgmma(p, env.stream);
       return;
@@ -681,7 +677,6 @@ class SortedExpertGemmCase final : public OpCase {
         if (sorted[i] < pairs()) want[sorted[i]] = i;
       c.equal("row_of_pair", row_of_pair_.download<int32_t>(), want);
     }
-    if (s_.persistent) c.equal("tile counter after the launch", counter_.download<int32_t>(), std::vector<int32_t>{0, 0});
     return c;
   }
   // every expert hit reads its weights once, the rows in and out once (fp8: bytes, scales aside)
@@ -773,7 +768,6 @@ class SortedExpertGemmCase final : public OpCase {
   DevBuf<float> wb_s_;               //      blocks, and their scales
   DevBuf<bf16> out_, gate_up_;
   DevBuf<int32_t> row_of_pair_;
-  DevBuf<int32_t> counter_;  // the persistent form's tile counter
   DevBuf<const void*> ptr_dev_;
   const void** ptrs_host_ = nullptr;
 };
@@ -848,8 +842,7 @@ OpCaseDef sorted_expert_gemm_case(const SortedExpertGemmShape& s) {
   MB_CHECK(!(s.gather && s.cublas), "sorted expert GEMM case: the cuBLAS path gathers beforehand");
   MB_CHECK(!(s.fp8 && s.cublas), "sorted expert GEMM case: W8A8 is the wgmma kernel's");
   MB_CHECK(!s.block_scales || s.fp8, "sorted expert GEMM case: block scales are W8A8's");
-  MB_CHECK((!s.tma_rows && !s.persistent) || (!s.fp8 && !s.cublas),
-           "sorted expert GEMM case: TMA rows and the persistent form are the bf16 wgmma kernel's");
+  MB_CHECK(!s.tma_rows || (!s.fp8 && !s.cublas), "sorted expert GEMM case: TMA rows are the bf16 wgmma kernel's");
   MB_CHECK(!(s.tma_rows && s.gather), "sorted expert GEMM case: TMA rows are sorted rows, not gathered");
   const char* stage = s.stage == MoeGemmStage::down ? "down" : "gate_up+silu";
   // fp32 accumulation of bf16 products, one bf16 rounding of the result (SiLU·mul from fp32 on
@@ -857,8 +850,7 @@ OpCaseDef sorted_expert_gemm_case(const SortedExpertGemmShape& s) {
   // The cuBLAS peer is in the gemm family: the cases that get a cuBLAS handle.
   OpCaseDef d = op_case_def<SortedExpertGemmCase>(
       std::string(s.cublas ? "moe_sorted cuBLAS " : s.fp8 ? "moe_wgmma_fp8 " : "moe_wgmma ") + stage +
-          (s.gather ? " gather" : "") + (s.block_scales ? " block-scales" : "") + (s.tma_rows ? " tma-rows" : "") +
-          (s.persistent ? " persistent" : ""),
+          (s.gather ? " gather" : "") + (s.block_scales ? " block-scales" : "") + (s.tma_rows ? " tma-rows" : ""),
       experts(s.tokens, s.experts, s.top_k, s.hot) + " H" + to_string(s.hidden) + " I" + to_string(s.inter),
       s.cublas ? OpFamily::gemm : OpFamily::moe_gemm, 5e-3, s);
   if (!s.cublas) d.available = &kernels::moe_wgmma_available;

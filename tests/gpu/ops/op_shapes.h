@@ -192,9 +192,6 @@ struct SortedExpertGemmShape {
   bool block_scales = false;
   /// bf16 wgmma without gather only: the sorted rows brought by TMA (tma_rows)
   bool tma_rows = false;
-  /// bf16 wgmma only: the persistent form (MoeWgmmaParams::tile_counter), the counter checked
-  /// back at zero after the launch
-  bool persistent = false;
 };
 OpCaseDef sorted_expert_gemm_case(const SortedExpertGemmShape& s);
 

@@ -360,14 +360,7 @@ std::vector<OpCaseDef> op_cases_test() {
           s.gather = false;
           s.tma_rows = true;
           t.push_back(sorted_expert_gemm_case(s));
-          // the persistent form: as the engine runs each stage (gather / TMA rows), and without
-          s.persistent = true;
-          t.push_back(sorted_expert_gemm_case(s));
           s.tma_rows = false;
-          s.gather = stage == MoeGemmStage::gate_up_silu;
-          t.push_back(sorted_expert_gemm_case(s));
-          s.gather = false;
-          s.persistent = false;
         }
       }
   // W8A8 (FP8 tensor cores; k and output columns multiples of 16): H 144 and I 80 end in a
@@ -642,11 +635,6 @@ std::vector<OpCaseDef> op_cases_bench() {
   for (MoeGemmStage stage : {MoeGemmStage::gate_up_silu, MoeGemmStage::down})
     add(8192, sorted_expert_gemm_case({.tokens = 8192, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
                                        .stage = stage, .tma_rows = true}));
-  // ... and on the persistent form, each stage as the engine would run it
-  for (MoeGemmStage stage : {MoeGemmStage::gate_up_silu, MoeGemmStage::down})
-    add(8192, sorted_expert_gemm_case({.tokens = 8192, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
-                                       .stage = stage, .gather = stage == MoeGemmStage::gate_up_silu,
-                                       .tma_rows = stage == MoeGemmStage::down, .persistent = true}));
   for (MoeGemmStage stage : {MoeGemmStage::gate_up_silu, MoeGemmStage::down})
     for (bool block : {false, true})
       add(8192, sorted_expert_gemm_case({.tokens = 8192, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
