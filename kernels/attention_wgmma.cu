@@ -137,6 +137,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int wg = threadIdx.x >> 7;
   const bool loader = wg == 1;
   wgmma::init_ring_barriers(full0, empty0, kStages, kThreads / 2 + 1, kThreads);
+  clock.mark(kAttnBounds);
 
   // Row copies by cp.async, chunks first, first + kStep, ... of row `row` (16-byte chunk c of a
   // row lies in slab c / 8); ok false: zeros. With kStep 2 a thread pair covers a 32-byte sector
@@ -205,6 +206,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   __syncthreads();
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  clock.mark(kAttnQ);
 
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int wrow0 = row0 + 64 * wg;
@@ -259,7 +261,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wait_tile(0);
     issue_s(0);
   }
-  clock.mark(kAttnPrologue);
+  clock.mark(kAttnFirstTile);
   for (int kt = 0; kt < n_tiles; ++kt) {
     wgmma::wait<0>();  // S(kt) and P·V(kt − 1)
 #pragma unroll

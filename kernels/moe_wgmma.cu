@@ -108,6 +108,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s)
     if (s < kt_count) load_weights(s);
+  clock.mark(kWgmmaTile);
 
   // Each thread copies 16-byte chunk `chunk` of A's tile rows row_in_pass + kRowsPerPass·i;
   // a_src[i] is the row of `in` that A row i holds, -1 for zeros (past the segment, padding

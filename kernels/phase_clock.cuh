@@ -18,7 +18,8 @@ namespace moebatch::kernels {
 
 /// Phases of one tile of moe_wgmma, in the order a warpgroup passes them.
 enum MoeWgmmaPhase : int {
-  kWgmmaLookup,     ///< the tile lookup, barriers, first weight slices issued, the gathered rows' ids
+  kWgmmaTile,       ///< the tile found, barriers set up, the first weight slices issued
+  kWgmmaLookup,     ///< the gathered rows' ids
   kWgmmaFill,       ///< the first slices' rows issued
   kWgmmaFullWait,   ///< waiting for a slice to land
   kWgmmaMmaIssue,   ///< fences and the MMAs issued
@@ -30,21 +31,23 @@ enum MoeWgmmaPhase : int {
   kWgmmaPhases
 };
 inline constexpr const char* kMoeWgmmaPhaseNames[kWgmmaPhases] = {
-    "lookup", "fill", "full_wait", "mma_issue", "mma_wait", "empty_wait", "refill", "drain", "epilogue"};
+    "tile", "lookup", "fill", "full_wait", "mma_issue", "mma_wait", "empty_wait", "refill", "drain", "epilogue"};
 
 /// Phases of one row block of the prefill attention on wgmma, per warpgroup.
 enum AttentionPhase : int {
-  kAttnPrologue,  ///< the block's geometry, barriers, Q and the first K/V tiles
-  kAttnMmaWait,   ///< waiting for S(kt) and P·V(kt − 1)
-  kAttnRefill,    ///< releasing tile kt − 1's stage; the loader waits for it and refills it
-  kAttnSoftmax,   ///< mask, max, exp2, sums, P packed, O rescaled
-  kAttnFullWait,  ///< waiting for tile kt + 1 to land
-  kAttnIssue,     ///< P·V(kt) and S(kt + 1) issued
-  kAttnEpilogue,  ///< the last MMAs, normalization, staging and stores
+  kAttnBounds,     ///< the block's geometry (the sequence's bounds loaded) and its barriers
+  kAttnQ,          ///< Q copied in (and the first K/V tiles asked for, by the loaders)
+  kAttnFirstTile,  ///< waiting for the first K/V tile, S(0) issued
+  kAttnMmaWait,    ///< waiting for S(kt) and P·V(kt − 1)
+  kAttnRefill,     ///< releasing tile kt − 1's stage; the loader waits for it and refills it
+  kAttnSoftmax,    ///< mask, max, exp2, sums, P packed, O rescaled
+  kAttnFullWait,   ///< waiting for tile kt + 1 to land
+  kAttnIssue,      ///< P·V(kt) and S(kt + 1) issued
+  kAttnEpilogue,   ///< the last MMAs, normalization, staging and stores
   kAttnPhases
 };
 inline constexpr const char* kAttentionPhaseNames[kAttnPhases] = {
-    "prologue", "mma_wait", "refill", "softmax", "full_wait", "issue", "epilogue"};
+    "bounds", "q", "first_tile", "mma_wait", "refill", "softmax", "full_wait", "issue", "epilogue"};
 
 #if MOEBATCH_PHASE_CLOCKS
 /// One thread's running phase sums (32-bit: a block's phases sum to less than 2^32 cycles); thread
