@@ -15,7 +15,7 @@ struct MoeTile {
   int expert, row0, rows;
 };
 
-/// Every lane of one warp: the m-th row tile when every expert's rows are cut into ceil(rows / kBM) tiles in
+/// Warp 0 only: the m-th row tile when every expert's rows are cut into ceil(rows / kBM) tiles in
 /// expert order; false past the last one. 32 experts per step: tile counts, a warp scan, a
 /// ballot. The offsets of four steps are loaded before the first scan, not one step's after the
 /// other's: a block can load nothing before this, and one round trip instead of four took 1–4%
@@ -58,10 +58,10 @@ __device__ bool find_moe_tile(const int32_t* off, int experts, int m, MoeTile& t
       before += __shfl_sync(~0u, incl, 31);
     }
     if (hit != 0) {
-      const int src = __ffs(hit) - 1;
-      const int local = (m - __shfl_sync(~0u, hit_start, src)) * kBM;
-      tile = {__shfl_sync(~0u, hit_expert, src), __shfl_sync(~0u, hit_row0, src) + local,
-              min(kBM, __shfl_sync(~0u, hit_rows, src) - local)};
+      if (lane == __ffs(hit) - 1) {
+        const int local = (m - hit_start) * kBM;
+        tile = {hit_expert, hit_row0 + local, min(kBM, hit_rows - local)};
+      }
       return true;
     }
   }
@@ -75,12 +75,8 @@ __device__ bool block_moe_tile(const int32_t* off, int experts, int m, MoeTile& 
   __shared__ MoeTile tile;
   __shared__ int found;
   if (threadIdx.x < 32) {
-    MoeTile mine{};
-    const bool f = find_moe_tile<kBM>(off, experts, m, mine);
-    if (threadIdx.x == 0) {
-      found = f;
-      tile = mine;
-    }
+    const bool f = find_moe_tile<kBM>(off, experts, m, tile);
+    if (threadIdx.x == 0) found = f;
   }
   __syncthreads();
   t = tile;

@@ -10,8 +10,8 @@
 // the gate+up stage, fused).
 //
 // Measured and set aside (bench/RESULTS.md, 2026-12-04): a 9-slot ring of 32-wide slices, TMA
-// prefetch of weight slices into L2, and a persistent form (a block per SM walking the tiles,
-// the ring running on into the next tile: commit ff0a0d5) — each slower.
+// prefetch of weight slices into L2, and two persistent forms (a block per SM walking the tiles,
+// the ring running on into the next tile: commits ff0a0d5 and c3d1050) — each slower.
 //
 // Built for sm_90a only (MOEBATCH_WGMMA, set by kernels/CMakeLists.txt); without it the entry
 // points exist and moe_wgmma_available says false.
