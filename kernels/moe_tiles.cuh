@@ -83,13 +83,12 @@ __device__ bool block_moe_tile(const int32_t* off, int experts, int m, MoeTile& 
   return found != 0;
 }
 
-/// Accumulators of a 64 × 2N wgmma slab (kernels/wgmma.cuh layout; this thread's rows r and
+/// Accumulators of a 64 × 256 wgmma slab (kernels/wgmma.cuh layout; this thread's rows r and
 /// r + 8, columns 8j + c and 8j + c + 1) rounded to bf16 into a shared-memory tile of `pitch`
 /// elements per row.
-template <int N>
-__device__ __forceinline__ void stage_bf16_slab(const float (&acc)[N], bf16* tile, int pitch, int r, int c) {
+__device__ __forceinline__ void stage_bf16_slab(const float (&acc)[128], bf16* tile, int pitch, int r, int c) {
 #pragma unroll
-  for (int j = 0; j < N / 4; ++j) {
+  for (int j = 0; j < 32; ++j) {
     *reinterpret_cast<__nv_bfloat162*>(&tile[r * pitch + 8 * j + c]) = __floats2bfloat162_rn(acc[4 * j], acc[4 * j + 1]);
     *reinterpret_cast<__nv_bfloat162*>(&tile[(r + 8) * pitch + 8 * j + c]) =
         __floats2bfloat162_rn(acc[4 * j + 2], acc[4 * j + 3]);

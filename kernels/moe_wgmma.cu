@@ -9,9 +9,11 @@
 // 16-byte stores. With sorted_ids the A rows come straight from the tokens' rows (the gather of
 // the gate+up stage, fused).
 //
-// Measured and set aside (bench/RESULTS.md, 2026-12-04): a 9-slot ring of 32-wide slices, TMA
-// prefetch of weight slices into L2, and two persistent forms (a block per SM walking the tiles,
-// the ring running on into the next tile: commits ff0a0d5 and c3d1050) — each slower.
+// Measured and set aside (bench/RESULTS.md, 2026-12-04 and 12-05): a 9-slot ring of 32-wide
+// slices, TMA prefetch of weight slices into L2, two persistent forms (a block per SM walking the
+// tiles, the ring running on into the next tile: commits ff0a0d5 and c3d1050), and 128-column
+// tiles with two blocks per SM so that one block's edges run under the other's k loop (commit
+// 5e4031c) — each slower.
 //
 // Built for sm_90a only (MOEBATCH_WGMMA, set by kernels/CMakeLists.txt); without it the entry
 // points exist and moe_wgmma_available says false.
@@ -32,36 +34,24 @@ namespace moebatch::kernels {
 namespace {
 
 constexpr int kBM = 128;  // rows per block: one 64-row slab per warpgroup
+constexpr int kBN = 256;  // weight rows per block (gate+up: 128 gate rows and the same 128 up rows)
 constexpr int kThreads = 256;
 
-// The k ring: 64-wide slices (one 128-byte swizzled row per tile row).
-constexpr int kBK = 64;
+// The k ring: 64-wide slices (one 128-byte swizzled row per tile row) in 4 slots — one computing,
+// one whose MMAs are retiring, the rest landing.
+constexpr int kBK = 64, kStages = 4;
 constexpr int kRowBytes = kBK * 2;
 constexpr int kChunks = kRowBytes / 16;            // 16-byte chunks per tile row
 constexpr int kRowsPerPass = kThreads / kChunks;   // A rows one cp.async per thread covers
 constexpr int kPasses = kBM / kRowsPerPass;
 constexpr int kATile = kBM * kRowBytes;            // bytes; multiples of 1024 keep every tile aligned
-
-// The two tile widths (MoeWgmmaParams::narrow_tiles). kBN weight rows per block (gate+up: the
-// gate rows and the same columns' up rows, half each). 256: one block per SM, 128 accumulators a
-// thread, 4 slots of 48 KB — one computing, one whose MMAs are retiring, the rest landing.
-// 128: two blocks per SM (64 accumulators, ≤ 128 registers; 3 slots of 32 KB each), so one
-// block's tile edges — the lookup, the ring's fill, the drain and the epilogue — run under the
-// other's k loop, for twice the operand bytes per FLOP.
-template <int BN>
-struct Tile {
-  static constexpr int kBN = BN;
-  static constexpr int kStages = BN == 256 ? 4 : 3;
-  static constexpr int kBlocksPerSm = BN == 256 ? 1 : 2;
-  static constexpr int kBTile = kBN * kRowBytes;
-  static constexpr int kStageBytes = kATile + kBTile;
-  static constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + slack to align the base to 1024
-  static constexpr int kOutPitch = kBN + 8;  // epilogue staging row (elements): 16 bytes of padding
-  static_assert(BN == 256 || BN == 128, "the tile widths built");
-  static_assert(kBM * kOutPitch * 2 <= kStages * kStageBytes, "the output tile reuses the stages");
-  static_assert(kATile % 1024 == 0 && kBTile % 1024 == 0, "tiles stay aligned to the swizzle atoms");
-  static_assert(kBlocksPerSm * (kSmemBytes + 1024) <= 228 * 1024, "the blocks' shared memory");
-};
+constexpr int kBTile = kBN * kRowBytes;
+constexpr int kStageBytes = kATile + kBTile;       // 48 KB
+constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + slack to align the base to 1024
+constexpr int kOutPitch = kBN + 8;                 // epilogue staging row (elements): 16 bytes of padding
+static_assert(kBM * kOutPitch * 2 <= kStages * kStageBytes, "the output tile reuses the stages");
+static_assert(kATile % 1024 == 0 && kBTile % 1024 == 0, "tiles stay aligned to the swizzle atoms");
+static_assert(kSmemBytes <= 227 * 1024, "one block's shared memory");
 
 #if MOEBATCH_WGMMA
 
@@ -74,13 +64,10 @@ __device__ unsigned long long g_phase_totals[kWgmmaPhases + 1];
 // kTmaRows (MoeWgmmaParams::tma_rows): A's 128 rows come as one TMA box like the weights, rows
 // past the tile's own (the next expert's, or zeros past rows_cap) only feeding output rows that
 // are never stored; no thread copies anything.
-template <bool kSilu, bool kTmaRows, int BN>
-__global__ void __launch_bounds__(kThreads, Tile<BN>::kBlocksPerSm)
+template <bool kSilu, bool kTmaRows>
+__global__ void __launch_bounds__(kThreads, 1)
     moe_wgmma_kernel(MoeWgmmaParams p, int n_tiles, const __grid_constant__ CUtensorMap weight_map,
                      const __grid_constant__ CUtensorMap rows_map) {
-  using T = Tile<BN>;
-  constexpr int kBN = T::kBN, kStages = T::kStages, kBTile = T::kBTile, kStageBytes = T::kStageBytes;
-  constexpr int kOutPitch = T::kOutPitch, kAcc = kBN / 2;
   extern __shared__ uint8_t smem_raw[];
   PhaseClock<kWgmmaPhases> clock;
   const int m = static_cast<int>(blockIdx.x / n_tiles), n_tile = static_cast<int>(blockIdx.x % n_tiles);
@@ -91,8 +78,8 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kBlocksPerSm)
   const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   const int wg = threadIdx.x >> 7;  // warpgroup: rows [64·wg, 64·wg + 64) of the tile
   const int half = p.n / 2;         // kSilu: gate rows [0, half), up rows [half, n)
-  // Thread 0 brings the weight tile by TMA: two boxes of kBN / 2 rows (the gate and the up rows
-  // with SiLU).
+  // Thread 0 brings the weight tile by TMA: two boxes of 128 rows (the gate and the up rows with
+  // SiLU).
   const int chunk = threadIdx.x % kChunks, row_in_pass = threadIdx.x / kChunks;
   const int expert_row0 = t.expert * p.n;  // the expert's first row in the weight map
   const int box_row[2] = {expert_row0 + (kSilu ? n_tile * (kBN / 2) : n_tile * kBN),
@@ -166,9 +153,9 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kBlocksPerSm)
     }
   };
 
-  float acc[kAcc];
+  float acc[128];
 #pragma unroll
-  for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
+  for (int i = 0; i < 128; ++i) acc[i] = 0.f;
 
   // Slices kStages - 1 ahead. Iteration kt issues slice kt's MMAs, waits for slice kt - 1's
   // (wait<1>: kt's may still run), releases that slot, then refills it with slice
@@ -186,20 +173,15 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kBlocksPerSm)
     const uint32_t a_addr = smem_addr + slot * kStageBytes + wg * (kATile / 2);
     const uint32_t b_addr = smem_addr + slot * kStageBytes + kATile;
 #pragma unroll
-    for (int i = 0; i < kAcc; ++i) wgmma::fence_operand(acc[i]);
+    for (int i = 0; i < 128; ++i) wgmma::fence_operand(acc[i]);
     wgmma::fence();
 #pragma unroll
-    for (int kk = 0; kk < kBK / 16; ++kk) {
-      const uint64_t a = wgmma::smem_desc_sw128(a_addr + kk * 32), b = wgmma::smem_desc_sw128(b_addr + kk * 32);
-      if constexpr (kBN == 256)
-        wgmma::mma_m64n256k16(acc, a, b, 1);
-      else
-        wgmma::mma_m64n128k16(acc, a, b, 1);
-    }
+    for (int kk = 0; kk < kBK / 16; ++kk)
+      wgmma::mma_m64n256k16(acc, wgmma::smem_desc_sw128(a_addr + kk * 32), wgmma::smem_desc_sw128(b_addr + kk * 32), 1);
     wgmma::commit();
     clock.mark(kWgmmaMmaIssue);
 #pragma unroll
-    for (int i = 0; i < kAcc; ++i) wgmma::fence_operand(acc[i]);
+    for (int i = 0; i < 128; ++i) wgmma::fence_operand(acc[i]);
     wgmma::wait<1>();
     clock.mark(kWgmmaMmaWait);
     if (kt > 0) wgmma::mbarrier_arrive(empty0 + ((kt - 1) % kStages) * 8);
@@ -214,7 +196,7 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kBlocksPerSm)
   }
   wgmma::wait<0>();
 #pragma unroll
-  for (int i = 0; i < kAcc; ++i) wgmma::fence_operand(acc[i]);
+  for (int i = 0; i < 128; ++i) wgmma::fence_operand(acc[i]);
   __syncthreads();  // every warpgroup is done with the stages (all copies landed): they hold the output tile now
   clock.mark(kWgmmaDrain);
 
@@ -246,7 +228,7 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kBlocksPerSm)
 #endif
 }
 
-template <bool kSilu, bool kTmaRows, int kBN>
+template <bool kSilu, bool kTmaRows>
 void launch(const MoeWgmmaParams& p, cudaStream_t stream) {
   const int out_cols = kSilu ? p.n / 2 : p.n, tile_cols = kSilu ? kBN / 2 : kBN;
   const int n_tiles = (out_cols + tile_cols - 1) / tile_cols;
@@ -257,25 +239,15 @@ void launch(const MoeWgmmaParams& p, cudaStream_t stream) {
       tensor_map_2d(p.weight, TmaElement::Bf16, static_cast<int64_t>(p.num_experts) * p.n, p.k, kBN / 2);
   // without TMA rows the kernel never reads its rows map: the weights' stands in
   const CUtensorMap rows = kTmaRows ? tensor_map_2d(p.in, TmaElement::Bf16, p.rows_cap, p.k, kBM) : map;
-  moe_wgmma_kernel<kSilu, kTmaRows, kBN>
-      <<<static_cast<unsigned>(blocks), kThreads, Tile<kBN>::kSmemBytes, stream>>>(p, n_tiles, map, rows);
+  moe_wgmma_kernel<kSilu, kTmaRows><<<static_cast<unsigned>(blocks), kThreads, kSmemBytes, stream>>>(p, n_tiles, map,
+                                                                                                      rows);
   CUDA_CHECK_LAST();
 }
 
-template <int kBN>
 void raise_smem_limits() {
-  for (const auto kernel : {moe_wgmma_kernel<true, false, kBN>, moe_wgmma_kernel<false, false, kBN>,
-                            moe_wgmma_kernel<true, true, kBN>, moe_wgmma_kernel<false, true, kBN>}) {
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile<kBN>::kSmemBytes));
-    // all of the SM's unified L1 / shared memory as shared: the narrow tiles' two blocks need it
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                    cudaSharedmemCarveoutMaxShared));
-  }
-}
-
-template <bool kSilu, bool kTmaRows>
-void launch(const MoeWgmmaParams& p, cudaStream_t stream) {
-  p.narrow_tiles ? launch<kSilu, kTmaRows, 128>(p, stream) : launch<kSilu, kTmaRows, 256>(p, stream);
+  for (const auto kernel : {moe_wgmma_kernel<true, false>, moe_wgmma_kernel<false, false>,
+                            moe_wgmma_kernel<true, true>, moe_wgmma_kernel<false, true>})
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
 }
 
 #endif  // MOEBATCH_WGMMA
@@ -286,8 +258,7 @@ bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 =
 
 void moe_wgmma_prepare() {
 #if MOEBATCH_WGMMA
-  raise_smem_limits<256>();
-  raise_smem_limits<128>();
+  raise_smem_limits();
   detail::moe_wgmma_fp8_prepare();
   detail::moe_gemm_tma_prepare();
 #endif

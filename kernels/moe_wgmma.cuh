@@ -41,10 +41,6 @@ struct MoeWgmmaParams {
   /// boxes, instead of every thread's cp.async: no load instructions in the k loop (the engine's
   /// down stage: 5–6% faster there, bench/RESULTS.md 2026-12-04).
   bool tma_rows = false;
-  /// Tiles of 128 weight rows, two blocks per SM, instead of 256 and one: one block's tile edges
-  /// (lookup, fill, drain, epilogue) overlap the other's k loop, for twice the operand traffic
-  /// per FLOP (kernels/moe_wgmma.cu).
-  bool narrow_tiles = false;
 };
 
 /// Inputs per scale group of the W8A8 expert GEMM: FP8 block-128 weights (the checkpoint layout

@@ -18,8 +18,6 @@
 // lm_head stay bf16); the rooflines count the bytes each format holds.
 // --moe-sorted-min-rows N sets when prefill experts take the sorted path (0: never);
 // --disable-wgmma-experts runs that path's experts on cuBLAS instead of the wgmma kernel;
-// --narrow-expert-tiles gate_up|down|both|none runs those bf16 stages there in 128-column tiles,
-// two blocks per SM (default none: 256-column tiles);
 // --disable-w8a8-experts decodes FP8 experts to bf16 for it instead of running them W8A8;
 // --disable-stream-gemv keeps one-row bf16 projections on the register-fed GEMV;
 // --disable-router-norm keeps the one-token MLP norm in a launch of its own;
@@ -27,7 +25,7 @@
 // the CUDA-core kernel); --disable-w8a8-linear decodes FP8 projections to bf16 for cuBLAS
 // instead of running them W8A8 on cuBLASLt.
 // Usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--disable-custom-all-reduce]
-//                                   [--disable-wgmma-experts] [--narrow-expert-tiles STAGES]
+//                                   [--disable-wgmma-experts]
 //                                   [--disable-w8a8-experts]
 //                                   [--disable-stream-gemv] [--disable-tma-experts] [--disable-router-norm]
 //                                   [--disable-wgmma-attention] [--disable-w8a8-linear]
@@ -197,8 +195,6 @@ struct Args {
   bool ep = false;
   bool custom_all_reduce = true;
   bool wgmma_experts = true;             ///< --disable-wgmma-experts: prefill experts on cuBLAS
-  bool narrow_gate_up = false;           ///< --narrow-expert-tiles gate_up|both
-  bool narrow_down = false;              ///< --narrow-expert-tiles down|both
   bool w8a8_experts = true;              ///< --disable-w8a8-experts: FP8 experts decoded to bf16
   bool stream_gemv = true;               ///< --disable-stream-gemv: one-row bf16 GEMV from registers
   bool tma_experts = true;               ///< --disable-tma-experts: decode experts on moe_gemm
@@ -221,10 +217,6 @@ Args parse_args(int argc, char** argv) {
       a.custom_all_reduce = false;
     } else if (arg == "--disable-wgmma-experts") {
       a.wgmma_experts = false;
-    } else if (arg == "--narrow-expert-tiles" && i + 1 < argc) {
-      const std::string v = argv[++i];
-      a.narrow_gate_up = v == "gate_up" || v == "both";
-      a.narrow_down = v == "down" || v == "both";
     } else if (arg == "--disable-w8a8-experts") {
       a.w8a8_experts = false;
     } else if (arg == "--disable-stream-gemv") {
@@ -244,7 +236,7 @@ Args parse_args(int argc, char** argv) {
     } else if (arg == "--quantization" && i + 1 < argc) {
       a.quant = parse_quantization(argv[++i]);
     } else if (arg.rfind("--", 0) == 0) {
-      std::fprintf(stderr, "usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--disable-custom-all-reduce] [--disable-wgmma-experts] [--narrow-expert-tiles gate_up|down|both] [--disable-w8a8-experts] [--disable-stream-gemv] [--disable-router-norm] [--disable-wgmma-attention] [--disable-w8a8-linear] [--quantization Q] [--moe-sorted-min-rows N] [out.json] [peer.json]\n");
+      std::fprintf(stderr, "usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--disable-custom-all-reduce] [--disable-wgmma-experts] [--disable-w8a8-experts] [--disable-stream-gemv] [--disable-router-norm] [--disable-wgmma-attention] [--disable-w8a8-linear] [--quantization Q] [--moe-sorted-min-rows N] [out.json] [peer.json]\n");
       std::exit(2);
     } else if (positional++ == 0) {
       a.out_path = arg;
@@ -288,8 +280,6 @@ int main(int argc, char** argv) {
   o.quantization = args.quant;
   if (args.sorted_min_rows >= 0) o.moe_sorted_min_rows_per_expert = args.sorted_min_rows;
   o.wgmma_experts = args.wgmma_experts;
-  o.narrow_gate_up_tiles = args.narrow_gate_up;
-  o.narrow_down_tiles = args.narrow_down;
   o.w8a8_experts = args.w8a8_experts;
   o.stream_gemv = args.stream_gemv;
   o.wgmma_attention = args.wgmma_attention;
@@ -321,8 +311,6 @@ int main(int argc, char** argv) {
   J["quantization"] = quantization_name(args.quant);
   J["moe_sorted_min_rows_per_expert"] = o.moe_sorted_min_rows_per_expert;
   J["wgmma_experts"] = o.wgmma_experts;
-  J["narrow_gate_up_tiles"] = o.narrow_gate_up_tiles;
-  J["narrow_down_tiles"] = o.narrow_down_tiles;
   J["w8a8_experts"] = o.w8a8_experts;
   J["stream_gemv"] = o.stream_gemv;
   J["wgmma_attention"] = o.wgmma_attention;

@@ -2,7 +2,7 @@
 # One device call for the CUDA engine: configure (engine-only), build the engine GPU tests, the
 # kernel tests and the engine benchmark; run the tests, then the HF peer (its own 61 GB, freed
 # when it exits), then the benchmark. Logs and JSON go to $OUT; summaries print last.
-# Usage: bench/gpu/run_engine_device.sh [tests|bench|all|base|quant|prefill|w8a8|linear|experts|phases|tiles] [peer batches, e.g. 1,64, or none]
+# Usage: bench/gpu/run_engine_device.sh [tests|bench|all|base|quant|prefill|w8a8|linear|experts|phases] [peer batches, e.g. 1,64, or none]
 # `quant`: the compressed-weight run: kernel and engine tests, the quant kernel rows, the engine
 # benchmark on the 30B shape with bf16 / fp8 / nvfp4 linear weights, and the seed-class shape in
 # NVFP4 on one GPU.
@@ -18,7 +18,6 @@
 # the engine benchmark on the 30B shape with the wgmma experts and without them.
 # `experts`: the bf16 wgmma expert GEMM in one call: its op cases (and the other MoE kernels'),
 #   the engine tests, the moe_wgmma rows and the 30B engine benchmark.
-# `tiles`: the bf16 wgmma expert GEMM's two tile widths (op cases, rows, engine benchmark each).
 # `phases`: a phase-clock build (build-pc, -DMOEBATCH_PHASE_CLOCKS=ON) and the moe_wgmma and
 #   prefill attention rows from it, with the cycles per tile in each phase.
 set -uo pipefail
@@ -142,29 +141,6 @@ if [ "$WHAT" = experts ]; then
   echo "kernels rc=$?"; grep -E "moe_" "$OUT/bench_kernels_wgmma.log"
   timeout 120 ./build-dev/moebatch_bench_engine_cuda "$OUT/bench_engine_cuda.json" > "$OUT/bench_engine.log" 2>&1
   echo "bench rc=$?"; grep -E "moe_gemm|prefill of|^ *[0-9]+ \|" "$OUT/bench_engine.log" | head -30
-  exit 0
-fi
-if [ "$WHAT" = tiles ]; then
-  # the bf16 wgmma expert GEMM in both tile widths (MoeWgmmaParams::narrow_tiles) and the combine:
-  # their op cases, the sorted-path engine test, the moe_wgmma rows, the 30B engine benchmark
-  # with the narrow tiles on both stages (decode batch 64) and off (1, 64, 256); the per-stage
-  # times say which stage gained
-  echo "built at $(date +%T)"
-  timeout 150 ./build-dev/moebatch_gpu_tests --gtest_filter='*moe_wgmma*:*combine*' > "$OUT/kernel_tests.log" 2>&1
-  echo "kernel tests rc=$?"; grep -E "FAIL|^\[  PASSED|^\[==|SKIPPED" "$OUT/kernel_tests.log" | head -30
-  timeout 90 ./build-dev/moebatch_bench_kernels "/tmp/bench_kernels_wgmma.json" --filter "moe_wgmma " > "$OUT/bench_kernels_wgmma.log" 2>&1
-  echo "kernels rc=$?"; grep -E "moe_" "$OUT/bench_kernels_wgmma.log"
-  timeout 120 ./build-dev/moebatch_gpu_engine_tests --gtest_filter='*SortedExpert*' > "$OUT/engine_tests.log" 2>&1
-  echo "engine tests rc=$?"
-  grep -E "Failure|Expected|Which is|FAILED|^\[  PASSED|^\[==" "$OUT/engine_tests.log" | head -30
-  for v in both none; do
-    echo "=== narrow $v" >> "$OUT/bench_engine_tiles.log"
-    batches=64; [ $v = none ] && batches=1,64,256
-    MOEBATCH_BENCH_BATCHES=$batches timeout 130 ./build-dev/moebatch_bench_engine_cuda --narrow-expert-tiles $v \
-      "/tmp/bench_engine_$v.json" > /tmp/bench_engine_$v.log 2>&1
-    echo "bench narrow $v rc=$?"; cat /tmp/bench_engine_$v.log >> "$OUT/bench_engine_tiles.log"
-    grep -E "moe_gemm|prefill of|^ *[0-9]+ \|" /tmp/bench_engine_$v.log | head -12
-  done
   exit 0
 fi
 if [ "$WHAT" != bench ]; then

@@ -168,8 +168,6 @@ void CudaBackend::init(const std::filesystem::path* model_dir, uint64_t seed) {
   for (int r = 0; r < world; ++r) {
     ranks_[r]->wgmma_experts = o.wgmma_experts && kernels::moe_wgmma_available(devices_[r]);
     ranks_[r]->w8a8_experts = ranks_[r]->wgmma_experts && o.w8a8_experts;
-    ranks_[r]->narrow_gate_up_tiles = o.narrow_gate_up_tiles;
-    ranks_[r]->narrow_down_tiles = o.narrow_down_tiles;
     ranks_[r]->stream_gemv = o.stream_gemv && kernels::gemv_stream_available(devices_[r]);
     ranks_[r]->tma_experts = o.tma_experts && kernels::moe_gemm_tma_available(devices_[r]);
     ranks_[r]->router_norm = o.router_norm;

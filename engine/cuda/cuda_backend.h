@@ -81,11 +81,6 @@ struct CudaBackendOptions {
   /// That path's bf16 experts on the wgmma kernel (kernels/moe_wgmma.cuh) where the GPU is a
   /// Hopper and the build has its sm_90a code; false (or any other GPU): the cuBLAS grouped GEMM.
   bool wgmma_experts = true;
-  /// There, the bf16 gate+up / down stage in 128-column tiles, two blocks per SM, so that one
-  /// block's tile edges overlap the other's k loop (kernels::MoeWgmmaParams::narrow_tiles);
-  /// false: 256-column tiles, one block per SM.
-  bool narrow_gate_up_tiles = false;
-  bool narrow_down_tiles = false;
   /// There, FP8-block experts (groups of 128) run W8A8: the activations quantized per row and
   /// 128 columns, the products on FP8 tensor cores (kernels::moe_wgmma_fp8); so do the grouped
   /// GEMMs of steps with more than one token (kernels::moe_gemm's in_fp8). false: their weights

@@ -89,8 +89,6 @@ class CudaRank {
   int32_t* host_offsets = nullptr;  ///< pinned [E + 1]: expert offsets of a many-token step
   int64_t sorted_moe_min_rows = 64;  ///< moe_sorted_min_rows_per_expert (×4 for compressed experts)
   bool wgmma_experts = false;        ///< that path's bf16 experts on kernels::moe_wgmma
-  bool narrow_gate_up_tiles = false;  ///< CudaBackendOptions::narrow_gate_up_tiles
-  bool narrow_down_tiles = false;     ///< CudaBackendOptions::narrow_down_tiles
   bool w8a8_experts = false;         ///< FP8-block experts on moe_wgmma_fp8 (implies wgmma_experts)
   bool stream_gemv = false;          ///< one-row bf16 projections on kernels::gemv_stream
   bool tma_experts = false;          ///< decode steps' bf16 / W8A8 experts on kernels::moe_gemm_tma

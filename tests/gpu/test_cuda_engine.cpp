@@ -265,17 +265,15 @@ TEST_P(CudaFixture, MatchesCpuEngineOnRandomPrompts) {
 // map) against the grouped decode GEMM on the same prompts: equal within bf16 tolerance (only
 // the GEMMs' summation order and, on cuBLAS, a rounding before SiLU·mul differ). FP8 experts on
 // wgmma also run W8A8 (activations quantized to e4m3 per 1 × 128): that variant against the
-// float64 oracle as well, within kW8a8Tol. The bf16 wgmma path also in its 128-column tiles
-// (CudaBackendOptions::narrow_*_tiles).
+// float64 oracle as well, within kW8a8Tol.
 TEST_P(CudaFixture, SortedExpertPathMatchesGroupedKernel) {
   std::mt19937 rng(std::random_device{}());
   EngineOptions eo{.max_num_seqs = 8, .max_num_batched_tokens = 64};
   const bool fp8 = GetParam() == "qwen3_moe_tiny_fp8";
   struct Variant {
-    bool wgmma, w8a8, narrow;
+    bool wgmma, w8a8;
   };
-  for (Variant v : {Variant{true, false, false}, Variant{true, false, true}, Variant{false, false, false},
-                    Variant{true, true, false}}) {
+  for (Variant v : {Variant{true, false}, Variant{false, false}, Variant{true, true}}) {
     if (v.w8a8 && !fp8) continue;
     // the grouped GEMM with the same activations (W8A8 or bf16) as the sorted path
     // The W8A8 projections go with the W8A8 experts: e4m3 rounding of the activations turns the
@@ -291,7 +289,6 @@ TEST_P(CudaFixture, SortedExpertPathMatchesGroupedKernel) {
     sorted.wgmma_experts = v.wgmma;
     sorted.w8a8_experts = v.w8a8;
     sorted.w8a8_linear = v.w8a8;
-    sorted.narrow_gate_up_tiles = sorted.narrow_down_tiles = v.narrow;
     Engine a(std::make_unique<CudaBackend>(fixture_path(GetParam()), sorted), eo);
     std::vector<double> errs;
     for (size_t len : {size_t{40}, size_t{150}}) {
@@ -299,7 +296,7 @@ TEST_P(CudaFixture, SortedExpertPathMatchesGroupedKernel) {
       const auto e = row_errors(a.score(prompt), b.score(prompt), V);
       errs.insert(errs.end(), e.begin(), e.end());
     }
-    const std::string name = v.w8a8 ? "wgmma W8A8" : v.narrow ? "wgmma narrow" : v.wgmma ? "wgmma" : "cuBLAS";
+    const std::string name = v.w8a8 ? "wgmma W8A8" : v.wgmma ? "wgmma" : "cuBLAS";
     expect_rows_close(errs, GetParam() == "qwen3_dense_tiny", GetParam() + " sorted (" + name + ") vs grouped",
                       v.w8a8 ? kW8a8Tol : kRelTol);
     if (v.w8a8) {

@@ -614,7 +614,7 @@ class SortedExpertGemmCase final : public OpCase {
       kernels::MoeWgmmaParams p{.out = out_.get(), .in = in_.get(), .weight = weight_.get(),
                                 .expert_offsets = routings_[0].offsets.get(), .num_experts = s_.experts,
                                 .n = n(), .k = k(), .rows_cap = cap(), .silu_gate_up = gate(),
-                                .tma_rows = s_.tma_rows, .narrow_tiles = s_.narrow_tiles};
+                                .tma_rows = s_.tma_rows};
       set_gather(p);
       kernels::moe_wgmma(p, env.stream);
       return;
@@ -844,14 +844,13 @@ OpCaseDef sorted_expert_gemm_case(const SortedExpertGemmShape& s) {
   MB_CHECK(!s.block_scales || s.fp8, "sorted expert GEMM case: block scales are W8A8's");
   MB_CHECK(!s.tma_rows || (!s.fp8 && !s.cublas), "sorted expert GEMM case: TMA rows are the bf16 wgmma kernel's");
   MB_CHECK(!(s.tma_rows && s.gather), "sorted expert GEMM case: TMA rows are sorted rows, not gathered");
-  MB_CHECK(!s.narrow_tiles || (!s.fp8 && !s.cublas), "sorted expert GEMM case: narrow tiles are the bf16 wgmma kernel's");
   const char* stage = s.stage == MoeGemmStage::down ? "down" : "gate_up+silu";
   // fp32 accumulation of bf16 products, one bf16 rounding of the result (SiLU·mul from fp32 on
   // the wgmma path; cuBLAS rounds gate and up to bf16 first, a second rounding): 5e-3.
   // The cuBLAS peer is in the gemm family: the cases that get a cuBLAS handle.
   OpCaseDef d = op_case_def<SortedExpertGemmCase>(
       std::string(s.cublas ? "moe_sorted cuBLAS " : s.fp8 ? "moe_wgmma_fp8 " : "moe_wgmma ") + stage +
-          (s.gather ? " gather" : "") + (s.block_scales ? " block-scales" : "") + (s.tma_rows ? " tma-rows" : "") + (s.narrow_tiles ? " narrow" : ""),
+          (s.gather ? " gather" : "") + (s.block_scales ? " block-scales" : "") + (s.tma_rows ? " tma-rows" : ""),
       experts(s.tokens, s.experts, s.top_k, s.hot) + " H" + to_string(s.hidden) + " I" + to_string(s.inter),
       s.cublas ? OpFamily::gemm : OpFamily::moe_gemm, 5e-3, s);
   if (!s.cublas) d.available = &kernels::moe_wgmma_available;

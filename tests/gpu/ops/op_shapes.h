@@ -192,8 +192,6 @@ struct SortedExpertGemmShape {
   bool block_scales = false;
   /// bf16 wgmma without gather only: the sorted rows brought by TMA (tma_rows)
   bool tma_rows = false;
-  /// bf16 wgmma only: 128-column tiles, two blocks per SM (narrow_tiles)
-  bool narrow_tiles = false;
 };
 OpCaseDef sorted_expert_gemm_case(const SortedExpertGemmShape& s);
 

@@ -345,28 +345,24 @@ std::vector<OpCaseDef> op_cases_test() {
       {.tokens = 160, .experts = 128, .top_k = 8, .hidden = 2048, .inter = 768, .hot = 5},
       {.tokens = 10000, .experts = 8, .top_k = 2, .hidden = 64, .inter = 48, .hot = 3},
   };
-  // The wgmma forms each in both tile widths (256 columns, and 128 with two blocks per SM).
   for (SortedExpertGemmShape s : sorted_shapes)
     for (MoeGemmStage stage : {MoeGemmStage::gate_up_silu, MoeGemmStage::down})
-      for (bool cublas : {false, true})
-        for (bool narrow : {false, true}) {
-          if (cublas && narrow) continue;
-          s.stage = stage;
-          s.cublas = cublas;
-          s.narrow_tiles = narrow;
-          s.gather = false;
+      for (bool cublas : {false, true}) {
+        s.stage = stage;
+        s.cublas = cublas;
+        s.gather = false;
+        t.push_back(sorted_expert_gemm_case(s));
+        if (!cublas && stage == MoeGemmStage::gate_up_silu) {
+          s.gather = true;  // the engine's gate+up: rows gathered in the kernel
           t.push_back(sorted_expert_gemm_case(s));
-          if (!cublas && stage == MoeGemmStage::gate_up_silu) {
-            s.gather = true;  // the engine's gate+up: rows gathered in the kernel
-            t.push_back(sorted_expert_gemm_case(s));
-          }
-          if (!cublas) {  // sorted rows by TMA (the engine's down stage; rows past a tile's own read too)
-            s.gather = false;
-            s.tma_rows = true;
-            t.push_back(sorted_expert_gemm_case(s));
-            s.tma_rows = false;
-          }
         }
+        if (!cublas) {  // sorted rows by TMA (the engine's down stage; rows past a tile's own read too)
+          s.gather = false;
+          s.tma_rows = true;
+          t.push_back(sorted_expert_gemm_case(s));
+          s.tma_rows = false;
+        }
+      }
   // W8A8 (FP8 tensor cores; k and output columns multiples of 16): H 144 and I 80 end in a
   // partial 128-group of k and a partial last tile of columns (and of the activations' scale
   // group); a hot expert over several row tiles; the 30B shape.
@@ -639,12 +635,6 @@ std::vector<OpCaseDef> op_cases_bench() {
   for (MoeGemmStage stage : {MoeGemmStage::gate_up_silu, MoeGemmStage::down})
     add(8192, sorted_expert_gemm_case({.tokens = 8192, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
                                        .stage = stage, .tma_rows = true}));
-  // ... and in 128-column tiles, two blocks per SM (the engine's forms: gate+up gathered, down by
-  // TMA rows)
-  add(8192, sorted_expert_gemm_case({.tokens = 8192, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
-                                     .stage = MoeGemmStage::gate_up_silu, .gather = true, .narrow_tiles = true}));
-  add(8192, sorted_expert_gemm_case({.tokens = 8192, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
-                                     .stage = MoeGemmStage::down, .tma_rows = true, .narrow_tiles = true}));
   for (MoeGemmStage stage : {MoeGemmStage::gate_up_silu, MoeGemmStage::down})
     for (bool block : {false, true})
       add(8192, sorted_expert_gemm_case({.tokens = 8192, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
