@@ -58,6 +58,17 @@ std::vector<OpCaseDef> op_cases_test() {
     t.push_back(moe_combine_case({.tokens = 21, .top_k = 8, .hidden = 2048, .add_rmsnorm = true, .weight_offset = offset}));
   t.push_back(moe_combine_case({.tokens = 9, .top_k = 4, .hidden = 136, .weighted = true, .experts = 16, .expert0 = 4,
                                 .local_experts = 8, .add_rmsnorm = true}));
+  // more pairs than one load batch (Qwen3-Next's top 10), and rows wider than the fused kernel's
+  // two vectors a thread held in registers (5120: a third, re-read)
+  t.push_back(moe_combine_case({.tokens = 5, .top_k = 10, .hidden = 2048, .weighted = true}));
+  t.push_back(moe_combine_case({.tokens = 7, .top_k = 10, .hidden = 5120, .weighted = true, .add_rmsnorm = true}));
+  t.push_back(moe_combine_case({.tokens = 7, .top_k = 8, .hidden = 4096, .weighted = true, .add_rmsnorm = true,
+                                .weight_offset = 1.f}));
+  // more tokens than the batched loads take (kCombineBatchMaxTokens 1024): the per-pair form
+  t.push_back(moe_combine_case({.tokens = 1100, .top_k = 8, .hidden = 256, .weighted = true}));
+  t.push_back(moe_combine_case({.tokens = 1100, .top_k = 8, .hidden = 256, .weighted = true, .add_rmsnorm = true}));
+  t.push_back(moe_combine_case({.tokens = 1100, .top_k = 4, .hidden = 136, .weighted = true, .experts = 16,
+                                .expert0 = 4, .local_experts = 8, .add_rmsnorm = true}));
   // Expert parallel: only this rank's pairs; the others' rows are NaN and must not be read.
   t.push_back(moe_combine_case({.tokens = 21, .top_k = 8, .hidden = 2048, .weighted = true, .experts = 128,
                                 .expert0 = 64, .local_experts = 64}));
