@@ -2,7 +2,7 @@
 # One device call for the CUDA engine: configure (engine-only), build the engine GPU tests, the
 # kernel tests and the engine benchmark; run the tests, then the HF peer (its own 61 GB, freed
 # when it exits), then the benchmark. Logs and JSON go to $OUT; summaries print last.
-# Usage: bench/gpu/run_engine_device.sh [tests|bench|all|base|quant|prefill|w8a8|linear|experts|phases] [peer batches, e.g. 1,64, or none]
+# Usage: bench/gpu/run_engine_device.sh [tests|bench|all|base|quant|prefill|w8a8|linear|experts|phases|attention] [peer batches, e.g. 1,64, or none]
 # `quant`: the compressed-weight run: kernel and engine tests, the quant kernel rows, the engine
 # benchmark on the 30B shape with bf16 / fp8 / nvfp4 linear weights, and the seed-class shape in
 # NVFP4 on one GPU.
@@ -18,6 +18,8 @@
 # the engine benchmark on the 30B shape with the wgmma experts and without them.
 # `experts`: the bf16 wgmma expert GEMM in one call: its op cases (and the other MoE kernels'),
 #   the engine tests, the moe_wgmma rows and the 30B engine benchmark.
+# `attention`: the prefill attention's 64-row form against the 128-row one (op cases, rows, the
+#   engine benchmark each; the combine's op cases and batch-1 / 256 numbers beside them).
 # `phases`: a phase-clock build (build-pc, -DMOEBATCH_PHASE_CLOCKS=ON) and the moe_wgmma and
 #   prefill attention rows from it, with the cycles per tile in each phase.
 set -uo pipefail
@@ -141,6 +143,26 @@ if [ "$WHAT" = experts ]; then
   echo "kernels rc=$?"; grep -E "moe_" "$OUT/bench_kernels_wgmma.log"
   timeout 120 ./build-dev/moebatch_bench_engine_cuda "$OUT/bench_engine_cuda.json" > "$OUT/bench_engine.log" 2>&1
   echo "bench rc=$?"; grep -E "moe_gemm|prefill of|^ *[0-9]+ \|" "$OUT/bench_engine.log" | head -30
+  exit 0
+fi
+if [ "$WHAT" = attention ]; then
+  # the prefill attention's 64-row form (AttentionPrefillKernel::wgmma_narrow) against the
+  # 128-row one: the attention op cases (and the combine's), the attn_prefill rows of every form,
+  # the 30B engine benchmark without and with --narrow-wgmma-attention (decode batches 1 and 256
+  # without: the combine's numbers; the 8 × 1024 prefill both times)
+  echo "built at $(date +%T)"
+  timeout 200 ./build-dev/moebatch_gpu_tests --gtest_filter='*attn*:*combine*' > "$OUT/kernel_tests.log" 2>&1
+  echo "kernel tests rc=$?"; grep -E "FAIL|^\[  PASSED|^\[==|SKIPPED" "$OUT/kernel_tests.log" | head -30
+  timeout 120 ./build-dev/moebatch_bench_kernels "/tmp/bench_kernels_attn.json" --filter "attn_prefill" > "$OUT/bench_kernels_attn.log" 2>&1
+  echo "kernels rc=$?"; grep -E "attn_" "$OUT/bench_kernels_attn.log"
+  for v in default narrow; do
+    flag=""; batches=1,256
+    [ $v = narrow ] && flag=--narrow-wgmma-attention && batches=64
+    MOEBATCH_BENCH_BATCHES=$batches timeout 130 ./build-dev/moebatch_bench_engine_cuda $flag "/tmp/bench_engine_$v.json" \
+      > /tmp/bench_engine_$v.log 2>&1
+    echo "bench $v rc=$?"; cat /tmp/bench_engine_$v.log >> "$OUT/bench_engine_attention.log"
+    grep -E "attention|moe_combine|prefill of|^ *[0-9]+ \|" /tmp/bench_engine_$v.log | head -16
+  done
   exit 0
 fi
 if [ "$WHAT" != bench ]; then

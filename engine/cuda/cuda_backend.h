@@ -101,6 +101,10 @@ struct CudaBackendOptions {
   /// (kernels/attention_wgmma.cu) where the GPU is a Hopper and the build has its sm_90a code;
   /// false: the mma.sync kernel (head_dim 256: the CUDA-core kernel).
   bool wgmma_attention = true;
+  /// There, head_dim 128 in the kernel's 64-row form: a warpgroup a block, two blocks per SM, so
+  /// one block's prologue and epilogue overlap the other's loop
+  /// (kernels::AttentionPrefillKernel::wgmma_narrow; an experiment, off until measured faster).
+  bool narrow_wgmma_attention = false;
   /// Projections on FP8-block weights (128 × 128 scale blocks) of steps with more than 8 rows as
   /// W8A8 on cuBLASLt's block-scaled FP8 GEMM (kernels/gemm_fp8.cuh), the rows quantized per
   /// 1 × 128 as vLLM does for block-FP8 checkpoints, where the GPU is a Hopper and the shape is

@@ -102,6 +102,7 @@ struct AttentionShape {
   int block_size = 16;  ///< cache block (the decode kernels step 16 keys in one block
                         ///< when it divides by 16, else look up every key)
   bool mma_sync = false;  ///< prefill off the wgmma kernel (AttentionPrefillKernel::mma_sync)
+  bool narrow = false;    ///< the wgmma kernel's 64-row form (AttentionPrefillKernel::wgmma_narrow)
 };
 OpCaseDef attention_case(const AttentionShape& s);
 
