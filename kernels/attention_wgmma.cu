@@ -434,12 +434,14 @@ void launch(const AttentionParams& p, cudaStream_t stream) {
   constexpr int64_t kSlotExtent = (int64_t{1} << 31) - 1;
   const CUtensorMap k_map = tensor_map_3d_bf16(p.k_cache, kSlotExtent, p.n_kv_heads, D, p.block_size);
   const CUtensorMap v_map = tensor_map_3d_bf16(p.v_cache, kSlotExtent, p.n_kv_heads, D, p.block_size);
-  // Above the 48 KB default; set per launch, as attributes are per device. All of the unified
-  // L1 / shared memory as shared: the narrow form's two blocks need it.
+  // Above the 48 KB default; set per launch, as attributes are per device.
   const auto kernel = attention_prefill_wgmma_kernel<D, WG>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                  cudaSharedmemCarveoutMaxShared));
+  // The narrow form's two blocks need all of the unified L1 / shared memory as shared (one block
+  // of the 128-row form takes it anyway).
+  if constexpr (T::kBlocksPerSm > 1)
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                    cudaSharedmemCarveoutMaxShared));
   launch_dependent(kernel, dim3(p.n_kv_heads, static_cast<unsigned>(row_tiles), p.num_seqs), T::kThreads,
                    T::kSmemBytes, stream, p, k_map, v_map);
   CUDA_CHECK_LAST();
