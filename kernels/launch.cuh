@@ -21,6 +21,7 @@
 #include <utility>
 
 #include "kernels/cuda_check.cuh"
+#include "kernels/step_trace.cuh"
 
 namespace moebatch::kernels {
 
@@ -32,6 +33,25 @@ __device__ __forceinline__ void pdl_sync() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
+
+#if MOEBATCH_STEP_TRACE && defined(__CUDACC__)
+namespace {
+/// pdl_sync with the wait's ends recorded (kernels/step_trace.cuh); the macro below sends every
+/// pdl_sync() call here in a traced build.
+__device__ __forceinline__ void pdl_sync_traced(unsigned line) {
+  const bool first = step_trace_first_thread();
+  const unsigned long long before = first ? step_trace_ns() : 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+  if (first) step_trace_record(before, line);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+}  // namespace
+#define pdl_sync() ::moebatch::kernels::pdl_sync_traced(__LINE__)
+#endif
 
 /// kernel<<<grid, block, smem, stream>>>(args...) as a programmatic dependent launch (see the
 /// contract above). Captured into a CUDA graph, the dependency becomes a programmatic edge.

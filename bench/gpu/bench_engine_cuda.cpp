@@ -25,6 +25,9 @@
 // the CUDA-core kernel); --narrow-wgmma-attention runs head_dim 128 there in the kernel's 64-row
 // form (a warpgroup a block, two blocks per SM); --disable-w8a8-linear decodes FP8 projections to bf16 for cuBLAS
 // instead of running them W8A8 on cuBLASLt.
+// A build with -DMOEBATCH_STEP_TRACE=ON also prints, per decode batch, where one graph-replayed
+// step's time goes kernel by kernel (kernels/step_trace.cuh): per call site, the time each kernel
+// adds to the step's critical path, and one layer's kernels in order.
 // Usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--disable-custom-all-reduce]
 //                                   [--disable-wgmma-experts]
 //                                   [--disable-w8a8-experts]
@@ -52,6 +55,7 @@
 #include "engine/cuda/cuda_backend.h"
 #include "engine/model_shapes.h"
 #include "kernels/cuda_check.cuh"
+#include "kernels/step_trace.cuh"
 
 namespace {
 
@@ -265,6 +269,44 @@ double stage_ms(const std::vector<std::pair<std::string, double>>& stages, const
 
 }  // namespace
 
+// A traced step (kernels/step_trace.cuh), printed: per call site (file:line, grid size) the
+// kernels' count, the time each adds to the critical path (the next kernel's pdl_sync return
+// minus its own) and how long each waited in pdl_sync (its preamble ran under the kernel
+// before); then the kernels of the layer in the middle of the step, in order.
+void print_step_trace(const std::vector<kernels::StepTraceSample>& t, int num_layers) {
+  if (t.size() < 2) return;
+  struct Site {
+    int count = 0;
+    double crit_us = 0, wait_us = 0;
+  };
+  auto name = [](const kernels::StepTraceSample& s) {
+    const size_t slash = s.file.rfind('/');
+    return (slash == std::string::npos ? s.file : s.file.substr(slash + 1)) + ":" + std::to_string(s.line) + " [" +
+           std::to_string(s.blocks) + "]";
+  };
+  std::vector<std::pair<std::string, Site>> sites;
+  for (size_t i = 0; i + 1 < t.size(); ++i) {
+    const std::string key = name(t[i]);
+    auto it = std::find_if(sites.begin(), sites.end(), [&](const auto& e) { return e.first == key; });
+    if (it == sites.end()) it = sites.insert(sites.end(), {key, Site{}});
+    it->second.count++;
+    it->second.crit_us += (t[i + 1].after - t[i].after) * 1e-3;
+    it->second.wait_us += (t[i].after - t[i].before) * 1e-3;
+  }
+  std::sort(sites.begin(), sites.end(), [](const auto& a, const auto& b) { return a.second.crit_us > b.second.crit_us; });
+  std::printf("  step trace: %zu kernels, first to last pdl_sync %.1f us\n", t.size(), (t.back().after - t.front().after) * 1e-3);
+  std::printf("  %-40s %6s %12s %12s %12s\n", "call site [blocks]", "count", "crit us", "crit us/call", "wait us/call");
+  for (const auto& [key, s] : sites)
+    std::printf("  %-40s %6d %12.1f %12.2f %12.2f\n", key.c_str(), s.count, s.crit_us, s.crit_us / s.count,
+                s.wait_us / s.count);
+  const size_t per_layer = t.size() / static_cast<size_t>(std::max(num_layers, 1));
+  const size_t first = per_layer * static_cast<size_t>(num_layers / 2);
+  std::printf("  one layer (kernels %zu..%zu of the step), in order:\n", first, first + per_layer - 1);
+  for (size_t i = first; i < first + per_layer && i + 1 < t.size(); ++i)
+    std::printf("    %-40s crit %6.2f us  wait %6.2f us\n", name(t[i]).c_str(), (t[i + 1].after - t[i].after) * 1e-3,
+                (t[i].after - t[i].before) * 1e-3);
+}
+
 int main(int argc, char** argv) {
   const Args args = parse_args(argc, argv);
   nlohmann::json peer;
@@ -392,9 +434,11 @@ int main(int argc, char** argv) {
     }
     // One more graph-replayed step inside a profiler range (ncu --profile-from-start off sees
     // only it; without a profiler the range is a no-op).
+    (void)kernels::take_step_trace();  // (diagnostic builds) only this step's kernels below
     CUDA_CHECK(cudaProfilerStart());
     be.forward_sample(decode_step(s, next, pos++), greedy, next, nullptr);
     CUDA_CHECK(cudaProfilerStop());
+    print_step_trace(kernels::take_step_trace(), static_cast<int>(cfg.num_layers));
     std::sort(ms.begin(), ms.end());
     const double step_ms = ms[ms.size() / 2];
     const int ctx = pos - kTimedSteps / 2;

@@ -20,8 +20,10 @@
 #   the engine tests, the moe_wgmma rows and the 30B engine benchmark.
 # `attention`: the prefill attention's 64-row form against the 128-row one (op cases, rows, the
 #   engine benchmark each; the combine's op cases and batch-1 / 256 numbers beside them).
-# `phases`: a phase-clock build (build-pc, -DMOEBATCH_PHASE_CLOCKS=ON) and the moe_wgmma and
-#   prefill attention rows from it, with the cycles per tile in each phase.
+# `phases`: a diagnostic build (build-pc, -DMOEBATCH_PHASE_CLOCKS=ON -DMOEBATCH_STEP_TRACE=ON): the
+#   moe_wgmma and prefill attention rows with the cycles per tile in each phase, then the engine
+#   benchmark (TRACE_BATCHES, default 1,256; TRACE_QUANT, default none, e.g. "none fp8") with
+#   each decode step's critical path kernel by kernel (kernels/step_trace.cuh).
 set -uo pipefail
 OUT=${OUT:-/tmp/moebatch-out}
 WHAT=${1:-all}
@@ -38,16 +40,25 @@ if [ "$WHAT" = base ]; then
   exit 0
 fi
 if [ "$WHAT" = phases ]; then
-  # a diagnostic build of its own (-DMOEBATCH_PHASE_CLOCKS=ON): cycles per tile in each phase
+  # a diagnostic build of its own (build-pc: -DMOEBATCH_PHASE_CLOCKS=ON -DMOEBATCH_STEP_TRACE=ON):
+  # cycles per tile in each phase of the wgmma kernels, and the decode steps' kernel-by-kernel
+  # critical path at batches 1 and 256
   cmake -S . -B build-pc -G Ninja -DMOEBATCH_ENGINE_ONLY=ON -DMOEBATCH_CUDA=ON -DMOEBATCH_BUILD_TESTS=OFF \
-    -DMOEBATCH_PHASE_CLOCKS=ON > "$OUT/pc_configure.log" 2>&1 || { tail -20 "$OUT/pc_configure.log"; exit 1; }
-  cmake --build build-pc -j16 --target moebatch_bench_kernels > "$OUT/pc_build.log" 2>&1 ||
+    -DMOEBATCH_PHASE_CLOCKS=ON -DMOEBATCH_STEP_TRACE=ON > "$OUT/pc_configure.log" 2>&1 || { tail -20 "$OUT/pc_configure.log"; exit 1; }
+  cmake --build build-pc -j16 --target moebatch_bench_kernels moebatch_bench_engine_cuda > "$OUT/pc_build.log" 2>&1 ||
     { grep -E "error" -A3 "$OUT/pc_build.log" | head -40; exit 1; }
+  echo "built at $(date +%T)"
   for f in "moe_wgmma " "attn_prefill"; do
     timeout 150 ./build-pc/moebatch_bench_kernels "/tmp/bench_kernels_pc.json" --filter "$f" >> "$OUT/bench_kernels_phases.log" 2>&1
     echo "phase clocks $f rc=$?"
   done
   grep -E "moe_|attn_|phases" "$OUT/bench_kernels_phases.log"
+  for q in ${TRACE_QUANT:-none}; do
+    MOEBATCH_BENCH_BATCHES=${TRACE_BATCHES:-1,256} timeout 150 ./build-pc/moebatch_bench_engine_cuda --quantization $q \
+      "/tmp/bench_engine_trace_$q.json" > /tmp/trace_$q.log 2>&1
+    echo "traced engine ($q) rc=$?"; cat /tmp/trace_$q.log >> "$OUT/bench_engine_trace.log"
+    grep -E "step trace|call site|^  [a-z_]+\.cu|one layer|^    " /tmp/trace_$q.log | head -${TRACE_LINES:-70}
+  done
   exit 0
 fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw,memory.used --format=csv > "$OUT/gpu.txt" 2>&1
