@@ -637,6 +637,7 @@ void attention_prefill(const AttentionParams& p, cudaStream_t stream) {
 
 void attention_decode(const AttentionParams& p, cudaStream_t stream) {
   check(p);
+  MB_CHECK(!p.fused_rope || attention_decode_fuses_rope(p), "attention_decode: fused_rope with operands it cannot fuse");
   if (p.num_seqs == 0 || p.num_tokens == 0 || p.max_q_len == 0) return;
   if (decode_on_warps(p)) return attention_decode_warps(p, stream);
   if (decode_on_split_warps(p)) return attention_decode_split_warps(p, stream);

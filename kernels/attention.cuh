@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/rope.cuh"
 #include "kernels/types.cuh"
 
 namespace moebatch::kernels {
@@ -43,6 +44,13 @@ struct AttentionParams {
   int num_splits = 1;                 ///< split-K (flash-decoding) partitions of the key range
   float* workspace = nullptr;         ///< attention_workspace_floats(...) floats when num_splits > 1
   AttentionPrefillKernel prefill_kernel = AttentionPrefillKernel::best;
+  /// Decode only, where attention_decode_fuses_rope says so: q (and `rope.k`, `rope.v`) are the
+  /// raw qkv rows, and the decode kernel itself does what qk_norm_rope would do before it — q's
+  /// and the new k's per-head norm and rotation, the new k and v written to their cache slot —
+  /// so that a decode layer has one launch less. `rope` then describes the same rows as q (its
+  /// q, q_stride and caches equal this struct's) with the forward's rotation table.
+  bool fused_rope = false;
+  QkNormRopeParams rope = {};
 };
 
 /// Ticket counters at the head of a split-K workspace: one per (sequence, kv head) of the
@@ -88,5 +96,10 @@ std::vector<uint64_t> attention_prefill_take_phase_clocks();
 /// 16-byte aligned rows; other shapes take the CUDA-core kernel (tiles of 8 rows, one token's GQA
 /// group, and a combine launch after split-K) or, without split-K, the prefill kernel.
 void attention_decode(const AttentionParams& p, cudaStream_t stream);
+
+/// Whether attention_decode can take `p` with fused_rope set: the tensor-core decode kernels
+/// apply (head_dim 64 / 128, see above), every dim rotates, `rope` matches q and the caches, has
+/// the rotation table and slot mapping, and its rows and norm weights are 16-byte aligned.
+bool attention_decode_fuses_rope(const AttentionParams& p);
 
 }  // namespace moebatch::kernels

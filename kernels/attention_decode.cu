@@ -43,6 +43,9 @@ __device__ __forceinline__ unsigned pack2(float lo, float hi) {
   const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const unsigned*>(&h);
 }
+__device__ __forceinline__ float2 unpack2(unsigned w) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
+}
 
 // Word w (compile-time after unrolling) of a register array of 16-byte vectors, by component:
 // indexing a reinterpreted pointer instead would put the array in local memory.
@@ -76,9 +79,47 @@ struct DecodeWarp {
   float o[VD][4];  // unnormalized, relative to 2^m
 };
 
-// Q's A fragments of heads head0 + g and head0 + g + 8 (rows at or past `group` stay 0: their
-// scores are 0 and never stored), and an empty softmax state.
+// Normalises (w: the head's norm weights, nullptr for none) and rotates (NEOX, every dim) one
+// head held by a quad of lanes: lane t has dims [KD·t, KD·t + KD) in x, and the rotation partner
+// of each (dim ± D/2) sits at the same place in lane t ^ 2. cs: the token's row of the forward's
+// (cos, sin) table. qk_norm_rope's arithmetic: the fp32 norm, weights as (offset + w), then the
+// rotation of the normalised values. Every lane of the warp calls it (shuffles).
 template <int D>
+__device__ __forceinline__ void quad_norm_rope(float (&x)[D / 4], const bf16* w, const float2* cs,
+                                               float offset, float eps, int t) {
+  constexpr int KD = D / 4;
+  if (w != nullptr) {
+    float ss = 0.f;
+#pragma unroll
+    for (int e = 0; e < KD; ++e) ss += x[e] * x[e];
+    ss += __shfl_xor_sync(kFullMask, ss, 1);
+    ss += __shfl_xor_sync(kFullMask, ss, 2);
+    const float rstd = rsqrtf(ss / D + eps);
+#pragma unroll
+    for (int e = 0; e < KD; e += 8) {
+      float wf[8];
+      load8(w + KD * t + e, wf);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) x[e + j] = x[e + j] * rstd * (offset + wf[j]);
+    }
+  }
+  // lanes t < 2 hold the first half (a·cos − b·sin), t ≥ 2 the second (b·cos + a·sin); both
+  // halves' dim i pairs with rotation pair KD·(t & 1) + i
+  const float sign = t < 2 ? -1.f : 1.f;
+  const float4* pairs = reinterpret_cast<const float4*>(cs + KD * (t & 1));
+#pragma unroll
+  for (int e = 0; e < KD; e += 2) {
+    const float4 c = __ldg(pairs + e / 2);  // (cos, sin) of pairs e and e + 1
+    const float p0 = __shfl_xor_sync(kFullMask, x[e], 2), p1 = __shfl_xor_sync(kFullMask, x[e + 1], 2);
+    x[e] = fmaf(sign * p0, c.y, x[e] * c.x);
+    x[e + 1] = fmaf(sign * p1, c.w, x[e + 1] * c.z);
+  }
+}
+
+// Q's A fragments of heads head0 + g and head0 + g + 8 (rows at or past `group` stay 0: their
+// scores are 0 and never stored), and an empty softmax state. kRope: q is the raw qkv row,
+// normalised and rotated here (AttentionParams::fused_rope).
+template <int D, bool kRope>
 __device__ __forceinline__ void decode_begin(DecodeWarp<D>& w, const AttentionParams& p, int token,
                                              int head0, int group) {
   constexpr int KS = DecodeWarp<D>::KS, KD = DecodeWarp<D>::KD, VD = DecodeWarp<D>::VD;
@@ -99,16 +140,72 @@ __device__ __forceinline__ void decode_begin(DecodeWarp<D>& w, const AttentionPa
     w.qf[kk][1] = b.x;
     w.qf[kk][3] = b.y;
   }
+  if constexpr (kRope) {
+    const float2* cs = p.rope.rotation + static_cast<size_t>(token) * (D / 2);
+    // row r's words: qf[kk][r] = dims 4kk + 0..1, qf[kk][2 + r] = dims 4kk + 2..3
+    for (int r = 0; r < (group > 8 ? 2 : 1); ++r) {
+      float x[KD];
+#pragma unroll
+      for (int kk = 0; kk < KS; ++kk) {
+        const float2 lo = unpack2(r == 0 ? w.qf[kk][0] : w.qf[kk][1]);
+        const float2 hi = unpack2(r == 0 ? w.qf[kk][2] : w.qf[kk][3]);
+        x[4 * kk] = lo.x;
+        x[4 * kk + 1] = lo.y;
+        x[4 * kk + 2] = hi.x;
+        x[4 * kk + 3] = hi.y;
+      }
+      quad_norm_rope<D>(x, p.rope.q_norm, cs, p.rope.norm_offset, p.rope.eps, w.t);
+      const bool real = r == 0 ? row_a : row_b;  // rows past the group stay 0
+#pragma unroll
+      for (int kk = 0; kk < KS; ++kk) {
+        const unsigned lo = real ? pack2(x[4 * kk], x[4 * kk + 1]) : 0u;
+        const unsigned hi = real ? pack2(x[4 * kk + 2], x[4 * kk + 3]) : 0u;
+        if (r == 0) {
+          w.qf[kk][0] = lo;
+          w.qf[kk][2] = hi;
+        } else {
+          w.qf[kk][1] = lo;
+          w.qf[kk][3] = hi;
+        }
+      }
+    }
+  }
   w.m_a = w.m_b = -INFINITY;
   w.l_a = w.l_b = 0.f;
 #pragma unroll
   for (int n = 0; n < VD; ++n) w.o[n][0] = w.o[n][1] = w.o[n][2] = w.o[n][3] = 0.f;
 }
 
+// AttentionParams::fused_rope: the new token's k of kv head kvh, normalised and rotated, and its
+// v into the token's cache slot (none when the slot is negative), by one whole warp: every quad
+// computes k alike, quad 0 stores it; lanes below D / 8 copy v.
+template <int D>
+__device__ __forceinline__ void decode_write_new_kv(const QkNormRopeParams& r, int token, int kvh) {
+  constexpr int KD = D / 4;
+  const int lane = threadIdx.x & 31, t = lane & 3;
+  const int slot = r.slot_mapping[token];
+  if (slot < 0) return;  // warp-uniform
+  const bf16* k = r.k + static_cast<size_t>(token) * r.k_stride + static_cast<size_t>(kvh) * D + KD * t;
+  float x[KD];
+#pragma unroll
+  for (int e = 0; e < KD; e += 8) load8(k + e, x + e);
+  quad_norm_rope<D>(x, r.k_norm, r.rotation + static_cast<size_t>(token) * (D / 2), r.norm_offset, r.eps, t);
+  // size_t: slot * n_kv_heads * D overflows int for large pools
+  const size_t at = (static_cast<size_t>(slot) * r.n_kv_heads + kvh) * D;
+  if (lane < 4) {
+#pragma unroll
+    for (int e = 0; e < KD; e += 8) store8(r.k_cache + at + KD * t + e, x + e);
+  }
+  if (lane < D / 8)
+    reinterpret_cast<uint4*>(r.v_cache + at)[lane] = __ldg(
+        reinterpret_cast<const uint4*>(r.v + static_cast<size_t>(token) * r.v_stride + static_cast<size_t>(kvh) * D) +
+        lane);
+}
+
 // One 16-key step over keys key0 + 0..15 (key0 < k_end; keys at or past k_end masked): K of keys
 // g, g + 8 and V of keys 2t, 2t+1, 2t+8, 2t+9 loaded together, S = Q·Kᵀ, online softmax,
 // O += P·V. row(cache, key) is a key's cache row of the warp's kv head.
-template <int D, typename RowPtr>
+template <int D, bool kCoherent, typename RowPtr>
 __device__ __forceinline__ void decode_step(DecodeWarp<D>& w, const RowPtr& row,
                                             const bf16* k_cache, const bf16* v_cache, int key0,
                                             int k_end, float log2_scale) {
@@ -124,7 +221,7 @@ __device__ __forceinline__ void decode_step(DecodeWarp<D>& w, const RowPtr& row,
     if (key < k_end) {
       const uint4* src = reinterpret_cast<const uint4*>(row(k_cache, key) + KD * t);
 #pragma unroll
-      for (int i = 0; i < KD / 8; ++i) kr[j][i] = __ldg(src + i);
+      for (int i = 0; i < KD / 8; ++i) kr[j][i] = kCoherent ? __ldcg(src + i) : __ldg(src + i);
     }
   }
 #pragma unroll
@@ -135,7 +232,7 @@ __device__ __forceinline__ void decode_step(DecodeWarp<D>& w, const RowPtr& row,
     if (key < k_end) {
       const uint4* src = reinterpret_cast<const uint4*>(row(v_cache, key) + VD * g);
 #pragma unroll
-      for (int i = 0; i < VD / 8; ++i) vr[j][i] = __ldg(src + i);
+      for (int i = 0; i < VD / 8; ++i) vr[j][i] = kCoherent ? __ldcg(src + i) : __ldg(src + i);
     }
   }
 
@@ -195,7 +292,7 @@ __device__ __forceinline__ void decode_step(DecodeWarp<D>& w, const RowPtr& row,
 
 // Steps at keys k0, k0 + stride, ... below k_end (k0 and stride multiples of 16) of sequence
 // seq's cache rows of kv head kvh; warp-uniform.
-template <int D>
+template <int D, bool kCoherent>
 __device__ __forceinline__ void decode_keys(DecodeWarp<D>& w, const AttentionParams& p, int seq,
                                             int kvh, int k0, int k_end, int stride) {
   const int32_t* table = p.block_tables + static_cast<size_t>(seq) * p.max_blocks_per_seq;
@@ -218,7 +315,7 @@ __device__ __forceinline__ void decode_keys(DecodeWarp<D>& w, const AttentionPar
     slot_base = next_base * p.block_size;
     if (one_block && key0 + stride < k_end)
       next_base = __ldg(table + (key0 + stride) / p.block_size);
-    decode_step(w, row, p.k_cache, p.v_cache, key0, k_end, log2_scale);
+    decode_step<D, kCoherent>(w, row, p.k_cache, p.v_cache, key0, k_end, log2_scale);
   }
 }
 
@@ -240,7 +337,9 @@ __device__ __forceinline__ float decode_out(const DecodeWarp<D>& w, int r, int e
   return e < VD ? w.o[e][2 * r] : w.o[e - VD][2 * r + 1];
 }
 
-template <int D>
+// kRope (AttentionParams::fused_rope): the warp first writes its sequence's new k and v to the
+// cache (qk_norm_rope's work), then reads its keys through L2 (__ldcg), where those writes are.
+template <int D, bool kRope>
 __global__ void __launch_bounds__(kWarps * 32) attention_decode_warp_kernel(AttentionParams p) {
   pdl_sync();
   constexpr int VD = DecodeWarp<D>::VD;
@@ -251,8 +350,12 @@ __global__ void __launch_bounds__(kWarps * 32) attention_decode_warp_kernel(Atte
   const int kv_len = p.kv_lens[seq];
   const int group = p.n_q_heads / p.n_kv_heads;
   DecodeWarp<D> w;
-  decode_begin(w, p, token, kvh * group, group);
-  decode_keys(w, p, seq, kvh, 0, kv_len, 16);  // keys [0, kv_len)
+  if constexpr (kRope) {
+    if (kv_len > 0) decode_write_new_kv<D>(p.rope, token, kvh);
+    __syncwarp();
+  }
+  decode_begin<D, kRope>(w, p, token, kvh * group, group);
+  decode_keys<D, kRope>(w, p, seq, kvh, 0, kv_len, 16);  // keys [0, kv_len)
   decode_sum_rows(w);
   const int d0 = 2 * VD * w.t;
 #pragma unroll
@@ -295,7 +398,10 @@ __device__ __forceinline__ void fma4(float4& acc, float c, float4 x) {
 // sequence's end) yields the neutral partial m = -inf, l = 0, o = 0.
 // Workspace (num_splits > 1): after the counters, o[token, kv head, split, group row, D], then
 // (m, l)[token, kv head, split, group row] — o relative to 2^m, m in base-2 logits.
-template <int D>
+// kRope (AttentionParams::fused_rope): the block whose keys end with the sequence's new token
+// first writes its k and v to the cache (warp 0; qk_norm_rope's work), and every block reads its
+// keys through L2 (__ldcg), where those writes are.
+template <int D, bool kRope>
 __global__ void __launch_bounds__(kSplitWarps * 32)
     attention_decode_split_kernel(AttentionParams p) {
   constexpr int kLaneDims = 2 * DecodeWarp<D>::VD;  // a lane's dims of a row
@@ -318,8 +424,14 @@ __global__ void __launch_bounds__(kSplitWarps * 32)
   const int k_end = min(kv_len, k_begin + split_len);
 
   DecodeWarp<D> w;
-  decode_begin(w, p, token, kvh * group, group);
-  decode_keys(w, p, seq, kvh, k_begin + 16 * warp, k_end, 16 * kSplitWarps);
+  if constexpr (kRope) {
+    if (k_begin < kv_len && k_end == kv_len) {  // block-uniform: the split holding the new token
+      if (warp == 0) decode_write_new_kv<D>(p.rope, token, kvh);
+      __syncthreads();
+    }
+  }
+  decode_begin<D, kRope>(w, p, token, kvh * group, group);
+  decode_keys<D, kRope>(w, p, seq, kvh, k_begin + 16 * warp, k_end, 16 * kSplitWarps);
   decode_sum_rows(w);
 
   // Each warp's (m, l) of its rows and the lane's dims of rows g, g + 8 to shared memory.
@@ -426,14 +538,16 @@ __global__ void __launch_bounds__(kSplitWarps * 32)
 template <int D>
 void launch(const AttentionParams& p, cudaStream_t stream) {
   const dim3 grid(p.n_kv_heads, CEIL_DIV(p.num_seqs, kWarps));
-  launch_dependent(attention_decode_warp_kernel<D>, grid, kWarps * 32, 0, stream, p);
+  launch_dependent(p.fused_rope ? attention_decode_warp_kernel<D, true> : attention_decode_warp_kernel<D, false>, grid,
+                   kWarps * 32, 0, stream, p);
   CUDA_CHECK_LAST();
 }
 
 template <int D>
 void launch_split(const AttentionParams& p, cudaStream_t stream) {
   const dim3 grid(p.num_splits, p.n_kv_heads, p.num_seqs);
-  launch_dependent(attention_decode_split_kernel<D>, grid, kSplitWarps * 32, 0, stream, p);
+  launch_dependent(p.fused_rope ? attention_decode_split_kernel<D, true> : attention_decode_split_kernel<D, false>,
+                   grid, kSplitWarps * 32, 0, stream, p);
   CUDA_CHECK_LAST();
 }
 
@@ -470,6 +584,18 @@ void attention_decode_warps(const AttentionParams& p, cudaStream_t stream) {
 bool decode_on_split_warps(const AttentionParams& p) {
   return on_decode_warps(p) && p.num_splits >= 1 && decode_units(p) < kWarpDecodeMinUnits &&
          (p.num_splits == 1 || aligned16(p.workspace));
+}
+
+bool attention_decode_fuses_rope(const AttentionParams& p) {
+  const QkNormRopeParams& r = p.rope;
+  const auto rows16 = [](const void* base, int64_t stride) { return aligned16(base) && stride % 8 == 0; };
+  return (decode_on_warps(p) || decode_on_split_warps(p)) && r.q == p.q && r.q_stride == p.q_stride &&
+         r.k_cache == p.k_cache && r.v_cache == p.v_cache && r.k_cache != nullptr && r.v_cache != nullptr &&
+         r.rotation != nullptr && r.slot_mapping != nullptr && r.tokens == p.num_tokens &&
+         r.n_q_heads == p.n_q_heads && r.n_kv_heads == p.n_kv_heads && r.head_dim == p.head_dim &&
+         rope_rotated_dims(r.rotary_dim, r.head_dim) == r.head_dim && rows16(r.k, r.k_stride) &&
+         rows16(r.v, r.v_stride) && aligned16(r.rotation) && (r.q_norm == nullptr || aligned16(r.q_norm)) &&
+         (r.k_norm == nullptr || aligned16(r.k_norm));
 }
 
 void attention_decode_split_warps(const AttentionParams& p, cudaStream_t stream) {

@@ -24,7 +24,8 @@
 // --disable-wgmma-attention keeps prefill attention off the wgmma kernel (mma.sync; head_dim 256:
 // the CUDA-core kernel); --narrow-wgmma-attention runs head_dim 128 there in the kernel's 64-row
 // form (a warpgroup a block, two blocks per SM); --disable-w8a8-linear decodes FP8 projections to bf16 for cuBLAS
-// instead of running them W8A8 on cuBLASLt.
+// instead of running them W8A8 on cuBLASLt; --disable-fused-rope runs decode steps' q/k norm +
+// rope + cache write as a launch of its own instead of inside the decode attention kernel.
 // A build with -DMOEBATCH_STEP_TRACE=ON also prints, per decode batch, where one graph-replayed
 // step's time goes kernel by kernel (kernels/step_trace.cuh): per call site, the time each kernel
 // adds to the step's critical path, and one layer's kernels in order.
@@ -33,6 +34,7 @@
 //                                   [--disable-w8a8-experts]
 //                                   [--disable-stream-gemv] [--disable-tma-experts] [--disable-router-norm]
 //                                   [--disable-wgmma-attention] [--narrow-wgmma-attention]
+//                                   [--disable-fused-rope]
 //                                   [--disable-w8a8-linear]
 //                                   [--quantization Q]
 //                                   [--moe-sorted-min-rows N] [out.json]
@@ -207,6 +209,7 @@ struct Args {
   bool router_norm = true;               ///< --disable-router-norm: the MLP norm in its own launch
   bool wgmma_attention = true;           ///< --disable-wgmma-attention: prefill off the wgmma kernel
   bool narrow_wgmma_attention = false;   ///< --narrow-wgmma-attention: its 64-row form
+  bool fused_rope = true;                ///< --disable-fused-rope: decode's rope in its own launch
   bool w8a8_linear = true;               ///< --disable-w8a8-linear: FP8 projections decoded to bf16
   Quantization quant = Quantization::None;
 };
@@ -234,6 +237,8 @@ Args parse_args(int argc, char** argv) {
       a.wgmma_attention = false;
     } else if (arg == "--narrow-wgmma-attention") {
       a.narrow_wgmma_attention = true;
+    } else if (arg == "--disable-fused-rope") {
+      a.fused_rope = false;
     } else if (arg == "--disable-w8a8-linear") {
       a.w8a8_linear = false;
     } else if (arg == "--disable-router-norm") {
@@ -331,6 +336,7 @@ int main(int argc, char** argv) {
   o.stream_gemv = args.stream_gemv;
   o.wgmma_attention = args.wgmma_attention;
   o.narrow_wgmma_attention = args.narrow_wgmma_attention;
+  o.fused_rope_attention = args.fused_rope;
   o.w8a8_linear = args.w8a8_linear;
   o.tma_experts = args.tma_experts;
   o.router_norm = args.router_norm;
@@ -363,6 +369,7 @@ int main(int argc, char** argv) {
   J["stream_gemv"] = o.stream_gemv;
   J["wgmma_attention"] = o.wgmma_attention;
   J["narrow_wgmma_attention"] = o.narrow_wgmma_attention;
+  J["fused_rope_attention"] = o.fused_rope_attention;
   J["w8a8_linear"] = o.w8a8_linear;
   J["tma_experts"] = o.tma_experts;
   J["router_norm"] = o.router_norm;

@@ -19,7 +19,9 @@
 # `experts`: the bf16 wgmma expert GEMM in one call: its op cases (and the other MoE kernels'),
 #   the engine tests, the moe_wgmma rows and the 30B engine benchmark.
 # `attention`: the prefill attention's 64-row form against the 128-row one (op cases, rows, the
-#   engine benchmark each; the combine's op cases and batch-1 / 256 numbers beside them).
+#   engine benchmark each; the combine's op cases and batch-1 / 256 numbers beside them), and
+#   decode with the rope fused into the attention kernel against without (--disable-fused-rope);
+#   the engine tests.
 # `phases`: a diagnostic build (build-pc, -DMOEBATCH_PHASE_CLOCKS=ON -DMOEBATCH_STEP_TRACE=ON): the
 #   moe_wgmma and prefill attention rows with the cycles per tile in each phase, then the engine
 #   benchmark (TRACE_BATCHES, default 1,256; TRACE_QUANT, default none, e.g. "none fp8") with
@@ -39,14 +41,18 @@ if [ "$WHAT" = base ]; then
   echo "base bench rc=$?"; tail -40 "$OUT/bench_base.log"
   exit 0
 fi
+# The diagnostic build (build-pc: -DMOEBATCH_PHASE_CLOCKS=ON -DMOEBATCH_STEP_TRACE=ON) that
+# `phases` runs; DIAG_BUILD_TOO=1 makes another mode start it in the background once its own
+# build is done, so that a `phases` call right after (the machine still warm) finds it built.
+build_diag() {
+  cmake -S . -B build-pc -G Ninja -DMOEBATCH_ENGINE_ONLY=ON -DMOEBATCH_CUDA=ON -DMOEBATCH_BUILD_TESTS=OFF \
+    -DMOEBATCH_PHASE_CLOCKS=ON -DMOEBATCH_STEP_TRACE=ON > "$OUT/pc_configure.log" 2>&1 || return 1
+  cmake --build build-pc -j${1:-16} --target moebatch_bench_kernels moebatch_bench_engine_cuda > "$OUT/pc_build.log" 2>&1
+}
 if [ "$WHAT" = phases ]; then
-  # a diagnostic build of its own (build-pc: -DMOEBATCH_PHASE_CLOCKS=ON -DMOEBATCH_STEP_TRACE=ON):
   # cycles per tile in each phase of the wgmma kernels, and the decode steps' kernel-by-kernel
   # critical path at batches 1 and 256
-  cmake -S . -B build-pc -G Ninja -DMOEBATCH_ENGINE_ONLY=ON -DMOEBATCH_CUDA=ON -DMOEBATCH_BUILD_TESTS=OFF \
-    -DMOEBATCH_PHASE_CLOCKS=ON -DMOEBATCH_STEP_TRACE=ON > "$OUT/pc_configure.log" 2>&1 || { tail -20 "$OUT/pc_configure.log"; exit 1; }
-  cmake --build build-pc -j16 --target moebatch_bench_kernels moebatch_bench_engine_cuda > "$OUT/pc_build.log" 2>&1 ||
-    { grep -E "error" -A3 "$OUT/pc_build.log" | head -40; exit 1; }
+  build_diag || { tail -20 "$OUT/pc_configure.log"; grep -E "error" -A3 "$OUT/pc_build.log" | head -40; exit 1; }
   echo "built at $(date +%T)"
   for f in "moe_wgmma " "attn_prefill"; do
     timeout 150 ./build-pc/moebatch_bench_kernels "/tmp/bench_kernels_pc.json" --filter "$f" >> "$OUT/bench_kernels_phases.log" 2>&1
@@ -67,6 +73,10 @@ if ! cmake -S . -B build-dev -G Ninja -DMOEBATCH_ENGINE_ONLY=ON -DMOEBATCH_CUDA=
 fi
 if ! cmake --build build-dev -j16 --target moebatch_gpu_engine_tests moebatch_gpu_tests moebatch_bench_engine_cuda moebatch_bench_kernels > "$OUT/build.log" 2>&1; then
   grep -E "error" -A3 "$OUT/build.log" | head -60; exit 1
+fi
+if [ "${DIAG_BUILD_TOO:-0}" = 1 ]; then
+  build_diag 8 &
+  trap 'wait' EXIT  # the diagnostic build finishes before the call returns
 fi
 if [ "$WHAT" = quant ]; then
   echo "built at $(date +%T)"
@@ -162,12 +172,16 @@ if [ "$WHAT" = attention ]; then
   # the 30B engine benchmark without and with --narrow-wgmma-attention (decode batches 1 and 256
   # without: the combine's numbers; the 8 × 1024 prefill both times)
   echo "built at $(date +%T)"
-  timeout 200 ./build-dev/moebatch_gpu_tests --gtest_filter='*attn*:*combine*' > "$OUT/kernel_tests.log" 2>&1
+  timeout 200 ./build-dev/moebatch_gpu_tests --gtest_filter='*attn*:*combine*:*rope*' > "$OUT/kernel_tests.log" 2>&1
   echo "kernel tests rc=$?"; grep -E "FAIL|^\[  PASSED|^\[==|SKIPPED" "$OUT/kernel_tests.log" | head -30
+  timeout 150 ./build-dev/moebatch_gpu_engine_tests > "$OUT/engine_tests.log" 2>&1
+  echo "engine tests rc=$?"
+  grep -E "Failure|Expected|Which is|FAILED|^\[  PASSED|^\[==" "$OUT/engine_tests.log" | head -30
   timeout 120 ./build-dev/moebatch_bench_kernels "/tmp/bench_kernels_attn.json" --filter "attn_prefill" > "$OUT/bench_kernels_attn.log" 2>&1
   echo "kernels rc=$?"; grep -E "attn_" "$OUT/bench_kernels_attn.log"
-  for v in default narrow; do
+  for v in default unfused narrow; do
     flag=""; batches=1,256
+    [ $v = unfused ] && flag=--disable-fused-rope
     [ $v = narrow ] && flag=--narrow-wgmma-attention && batches=64
     MOEBATCH_BENCH_BATCHES=$batches timeout 130 ./build-dev/moebatch_bench_engine_cuda $flag "/tmp/bench_engine_$v.json" \
       > /tmp/bench_engine_$v.log 2>&1

@@ -201,20 +201,27 @@ void attention(const Step& s, const DeviceLayerWeights& L, const DeviceKvCache& 
   s.mark("qkv_proj");
 
   // q/k per-head RMSNorm (Qwen3) + NEOX rope, in place inside the qkv rows, and the kv write
-  // in the same launch
+  // in the same launch — or, in decode steps, inside the decode attention kernel (one launch
+  // less per layer)
   k::QkNormRopeParams rp = s.rope;
   rp.q_norm = L.q_norm.optional_bf16();
   rp.k_norm = L.k_norm.optional_bf16();
   rp.k_cache = kv.k(kv_layer);
   rp.v_cache = kv.v(kv_layer);
-  k::qk_norm_rope(rp, s.st);
-  s.mark("qk_norm_rope_kv_write");
-
-  // attention over the paged cache: decode kernel (split-K) for one token per sequence,
-  // prefill kernel for chunks and mixed steps
   k::AttentionParams at = s.attn;
   at.k_cache = kv.k(kv_layer);
   at.v_cache = kv.v(kv_layer);
+  if (s.decode && s.r.fused_rope_attention) {
+    at.rope = rp;
+    at.fused_rope = k::attention_decode_fuses_rope(at);
+  }
+  if (!at.fused_rope) {
+    k::qk_norm_rope(rp, s.st);
+    s.mark("qk_norm_rope_kv_write");
+  }
+
+  // attention over the paged cache: decode kernel (split-K) for one token per sequence,
+  // prefill kernel for chunks and mixed steps
   if (s.decode) {
     k::attention_decode(at, s.st);
   } else {

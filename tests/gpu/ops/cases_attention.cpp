@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "kernels/attention.cuh"
+#include "kernels/rope.cuh"
 #include "tests/gpu/ops/op_shapes.h"
 
 namespace moebatch::ops {
@@ -41,7 +42,7 @@ class AttentionCase final : public OpCase {
     tables_.assign(static_cast<size_t>(num_seqs) * max_blocks_, 0);
     for (int s = 0, next = 0; s < num_seqs; ++s)
       for (int b = 0; b < max_blocks_; ++b) tables_[s * max_blocks_ + b] = perm[next++];
-    q_stride_ = static_cast<int64_t>(nq) * hd + s_.q_pad;
+    q_stride_ = static_cast<int64_t>(s_.fused_rope ? nq + 2 * nkv : nq) * hd + s_.q_pad;
     q_ = RandomBf16(static_cast<size_t>(tokens) * q_stride_, 1.5f, rng, env.stream);
     kc_ = RandomBf16(static_cast<size_t>(num_blocks) * bs * nkv * hd, 1.5f, rng, env.stream);
     vc_ = RandomBf16(kc_.size(), 1.f, rng, env.stream);
@@ -80,6 +81,7 @@ class AttentionCase final : public OpCase {
     p_.workspace = ws_.get();
     if (s_.mma_sync) p_.prefill_kernel = kernels::AttentionPrefillKernel::mma_sync;
     if (s_.narrow) p_.prefill_kernel = kernels::AttentionPrefillKernel::wgmma_narrow;
+    if (s_.fused_rope) setup_rope(env, rng);
   }
 
   void run(const OpEnv& env, int) override {
@@ -89,6 +91,15 @@ class AttentionCase final : public OpCase {
   OpCheck check(const OpEnv& env, double tol) override {
     const int hd = s_.head_dim, nq = s_.n_q_heads, nkv = s_.n_kv_heads, group = nq / nkv;
     const auto q = q_.original(env.stream), kc = kc_.original(env.stream), vc = vc_.original(env.stream);
+    // With the fused rope: every (token, head) q row and new k row normalised and rotated in fp64
+    // (new_k), the new v raw; they replace q and the cache rows at each sequence's last position.
+    const int rows_per_token = s_.fused_rope ? nq + nkv : 0;
+    std::vector<double> roped(static_cast<size_t>(p_.num_tokens) * rows_per_token * hd);
+    if (s_.fused_rope) rope_ref(q, roped, env.stream);
+    auto q_at = [&](int tok, int h, int d) {
+      return s_.fused_rope ? roped[(static_cast<size_t>(tok) * rows_per_token + h) * hd + d]
+                           : static_cast<double>(bf2f(q[tok * q_stride_ + h * hd + d]));
+    };
     std::vector<double> ref(out_.size());
     // (token, head) rows: each writes its own head_dim outputs.
     std::vector<std::pair<int, int>> rows;  // (sequence, query index)
@@ -107,12 +118,21 @@ class AttentionCase final : public OpCase {
       auto slot = [&](int j) {
         return static_cast<size_t>(tables_[s * max_blocks_ + j / bs]) * bs + j % bs;
       };
+      // the key and value rows of position j (the new token's own when the kernel writes them)
+      const bool fresh = s_.fused_rope && slots_[tok] >= 0;
+      auto key = [&](int j, int d) {
+        return fresh && j == pos ? roped[(static_cast<size_t>(tok) * rows_per_token + nq + kvh) * hd + d]
+                                 : static_cast<double>(bf2f(kc[(slot(j) * nkv + kvh) * hd + d]));
+      };
+      auto value = [&](int j, int d) {
+        return static_cast<double>(bf2f(fresh && j == pos ? q[tok * q_stride_ + (nq + nkv + kvh) * hd + d]
+                                                          : vc[(slot(j) * nkv + kvh) * hd + d]));
+      };
       std::vector<double> sc(pos + 1);
       double mx = -1e300;
       for (int j = 0; j <= pos; ++j) {
         double dot = 0;
-        for (int d = 0; d < hd; ++d)
-          dot += static_cast<double>(bf2f(q[tok * q_stride_ + h * hd + d])) * bf2f(kc[(slot(j) * nkv + kvh) * hd + d]);
+        for (int d = 0; d < hd; ++d) dot += q_at(tok, h, d) * key(j, d);
         sc[j] = dot * p_.scale;
         mx = std::max(mx, sc[j]);
       }
@@ -120,7 +140,7 @@ class AttentionCase final : public OpCase {
       for (auto& v : sc) den += (v = std::exp(v - mx));
       for (int d = 0; d < hd; ++d) {
         double o = 0;
-        for (int j = 0; j <= pos; ++j) o += sc[j] * bf2f(vc[(slot(j) * nkv + kvh) * hd + d]);
+        for (int j = 0; j <= pos; ++j) o += sc[j] * value(j, d);
         out_row[d] = o / den;
       }
     });
@@ -129,6 +149,7 @@ class AttentionCase final : public OpCase {
     const std::vector<uint16_t> out = out_.download<uint16_t>();
     const std::vector<float> outf = to_float(out);
     c.rel_l2("out", outf, ref, tol);
+    if (s_.fused_rope) check_cache(kc, vc, q, roped, tol, c);
     if (std::count(kv_lens_.begin(), kv_lens_.end(), 0) > 0) {
       bool zero = true;
       for (int s = 0; s < p_.num_seqs; ++s)
@@ -175,6 +196,100 @@ class AttentionCase final : public OpCase {
   std::string note() const override { return s_.decode ? "splits " + std::to_string(splits_) : ""; }
 
  private:
+  static constexpr float kTheta = 1e6f, kEps = 1e-6f;
+
+  // The fused rope's operands as the engine passes them: positions kv_len - 1, the forward's
+  // rotation table, each new token's slot (that of its position in the block table; none for
+  // an empty context), random norm weights.
+  void setup_rope(const OpEnv& env, std::mt19937& rng) {
+    const int hd = s_.head_dim, nq = s_.n_q_heads, nkv = s_.n_kv_heads, tokens = p_.num_tokens;
+    std::vector<int32_t> pos(tokens, 0);
+    slots_.assign(tokens, -1);
+    for (int s = 0; s < p_.num_seqs; ++s) {
+      const int tok = q_start_[s], last = kv_lens_[s] - 1;
+      if (last < 0) continue;
+      pos[tok] = last;
+      slots_[tok] = tables_[s * max_blocks_ + last / s_.block_size] * s_.block_size + last % s_.block_size;
+    }
+    positions_ = pos;
+    d_pos_ = DevBuf<int32_t>(pos);
+    d_slots_ = DevBuf<int32_t>(slots_);
+    rotation_ = DevBuf<float2>(static_cast<size_t>(tokens) * (hd / 2));
+    kernels::rope_rotation_table(d_pos_.get(), tokens, hd, kTheta, rotation_.get(), env.stream);
+    if (s_.rope_norm) {
+      qn_ = RandomBf16(hd, 1.5f, rng, env.stream);
+      kn_ = RandomBf16(hd, 1.5f, rng, env.stream);
+    }
+    kernels::QkNormRopeParams& r = p_.rope;
+    r = {};
+    r.q = q_.get();
+    r.k = q_.get() + static_cast<size_t>(nq) * hd;
+    r.q_stride = r.k_stride = r.v_stride = q_stride_;
+    r.q_norm = s_.rope_norm ? qn_.get() : nullptr;
+    r.k_norm = s_.rope_norm ? kn_.get() : nullptr;
+    r.positions = d_pos_.get();
+    r.rotation = rotation_.get();
+    r.tokens = tokens;
+    r.n_q_heads = nq;
+    r.n_kv_heads = nkv;
+    r.head_dim = hd;
+    r.theta = kTheta;
+    r.eps = kEps;
+    r.k_cache = kc_.get();
+    r.v_cache = vc_.get();
+    r.v = q_.get() + static_cast<size_t>(nq + nkv) * hd;
+    r.slot_mapping = d_slots_.get();
+    p_.fused_rope = true;
+    MB_CHECK(kernels::attention_decode_fuses_rope(p_), "attention case: the decode kernels cannot fuse this rope");
+  }
+
+  // roped[(token · (nq + nkv) + row) · hd + d]: q heads then k heads, normalised and rotated in
+  // fp64 from the raw rows (qk_norm_rope's reference).
+  void rope_ref(const std::vector<uint16_t>& q, std::vector<double>& roped, cudaStream_t stream) const {
+    const int hd = s_.head_dim, nq = s_.n_q_heads, nkv = s_.n_kv_heads, half = hd / 2;
+    const std::vector<uint16_t> qn = s_.rope_norm ? qn_.original(stream) : std::vector<uint16_t>{};
+    const std::vector<uint16_t> kn = s_.rope_norm ? kn_.original(stream) : std::vector<uint16_t>{};
+    for (int tok = 0; tok < p_.num_tokens; ++tok)
+      for (int row = 0; row < nq + nkv; ++row) {
+        const uint16_t* x = &q[tok * q_stride_ + static_cast<int64_t>(row) * hd];
+        const std::vector<uint16_t>& w = row < nq ? qn : kn;
+        double ss = 0;
+        for (int d = 0; d < hd; ++d) ss += std::pow(static_cast<double>(bf2f(x[d])), 2);
+        const double rstd = s_.rope_norm ? 1.0 / std::sqrt(ss / hd + kEps) : 1.0;
+        auto normed = [&](int d) { return bf2f(x[d]) * rstd * (s_.rope_norm ? bf2f(w[d]) : 1.0); };
+        double* out = &roped[(static_cast<size_t>(tok) * (nq + nkv) + row) * hd];
+        for (int i = 0; i < half; ++i) {
+          const double a = normed(i), b = normed(i + half);
+          const double ang = positions_[tok] * std::pow(static_cast<double>(kTheta), -2.0 * i / hd);
+          out[i] = a * std::cos(ang) - b * std::sin(ang);
+          out[i + half] = b * std::cos(ang) + a * std::sin(ang);
+        }
+      }
+  }
+
+  // The new tokens' cache slots: k as rotated (fp64, within tol), v bit-exact; every other slot
+  // untouched.
+  void check_cache(const std::vector<uint16_t>& kc, const std::vector<uint16_t>& vc,
+                   const std::vector<uint16_t>& q, const std::vector<double>& roped, double tol, OpCheck& c) const {
+    const int hd = s_.head_dim, nq = s_.n_q_heads, nkv = s_.n_kv_heads, width = nkv * hd;
+    std::vector<uint16_t> k_now = kc_.current(), v_now = vc_.current(), k_want = kc, v_want = vc;
+    std::vector<float> k_got;
+    std::vector<double> k_ref;
+    for (int tok = 0; tok < p_.num_tokens; ++tok) {
+      if (slots_[tok] < 0) continue;
+      const size_t at = static_cast<size_t>(slots_[tok]) * width;
+      for (int i = 0; i < width; ++i) {
+        k_got.push_back(bf2f(k_now[at + i]));
+        k_ref.push_back(roped[(static_cast<size_t>(tok) * (nq + nkv) + nq) * hd + i]);
+        k_want[at + i] = k_now[at + i];  // compared above
+        v_want[at + i] = q[tok * q_stride_ + static_cast<int64_t>(nq + nkv) * hd + i];
+      }
+    }
+    c.rel_l2("new k in the cache", k_got, k_ref, tol);
+    c.equal("k cache elsewhere", k_now, k_want);
+    c.equal("v cache", v_now, v_want);
+  }
+
   // The workspace's ticket counters start at zero (the engine zeroes them once at allocation).
   void zero_counters() {
     if (splits_ > 1)
@@ -186,9 +301,11 @@ class AttentionCase final : public OpCase {
   std::vector<int32_t> q_start_, tables_;
   int max_blocks_ = 0, splits_ = 1;
   int64_t q_stride_ = 0;
-  RandomBf16 q_, kc_, vc_;
+  RandomBf16 q_, kc_, vc_, qn_, kn_;
   DevBuf<bf16> out_;
-  DevBuf<int32_t> d_tables_, d_q_start_, d_kv_lens_;
+  DevBuf<int32_t> d_tables_, d_q_start_, d_kv_lens_, d_pos_, d_slots_;
+  std::vector<int32_t> positions_, slots_;
+  DevBuf<float2> rotation_;
   DevBuf<float> ws_;
   kernels::AttentionParams p_;
 };
@@ -220,13 +337,15 @@ OpCaseDef attention_case(const AttentionShape& s) {
              "decode token)");
   }
   MB_CHECK(s.block_size > 0 && s.kv_bound >= 0, "attention case: bad block size or kv bound");
+  MB_CHECK(!s.fused_rope || (s.decode && s.q_pad % 8 == 0), "attention case: the fused rope is a decode case with 16-byte rows");
   const std::string shape =
       "d" + std::to_string(s.head_dim) + " q" + std::to_string(s.n_q_heads) + "/kv" +
       std::to_string(s.n_kv_heads) + " seqs" + std::to_string(s.q_lens.size()) + " qlen " +
       lens(s.q_lens, 0) + " kvlen " + lens(s.kv_lens, s.random_kv_max) + " splits " +
       (s.splits == kSplitsAuto ? std::string("auto") : std::to_string(s.splits)) +
       (s.kv_bound > 0 ? " bound " + std::to_string(s.kv_bound) : "") +
-      (s.block_size != 16 ? " block " + std::to_string(s.block_size) : "") + (s.mma_sync ? " mma_sync" : "") + (s.narrow ? " narrow" : "");
+      (s.block_size != 16 ? " block " + std::to_string(s.block_size) : "") + (s.mma_sync ? " mma_sync" : "") + (s.narrow ? " narrow" : "") +
+      (s.fused_rope ? (s.rope_norm ? " fused_rope" : " fused_rope no_norm") : "");
   return op_case_def<AttentionCase>(s.decode ? "attn_decode" : "attn_prefill", shape, OpFamily::attention, 5e-3, s);
 }
 

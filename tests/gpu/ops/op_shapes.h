@@ -103,6 +103,11 @@ struct AttentionShape {
                         ///< when it divides by 16, else look up every key)
   bool mma_sync = false;  ///< prefill off the wgmma kernel (AttentionPrefillKernel::mma_sync)
   bool narrow = false;    ///< the wgmma kernel's 64-row form (AttentionPrefillKernel::wgmma_narrow)
+  /// Decode with AttentionParams::fused_rope: q and the new tokens' k / v come raw in fused qkv
+  /// rows (q_pad after them), normalised (with rope_norm) and rotated by the kernel, which also
+  /// writes the new k / v to their cache slots; checked with the cache against fp64.
+  bool fused_rope = false;
+  bool rope_norm = true;
 };
 OpCaseDef attention_case(const AttentionShape& s);
 

@@ -187,6 +187,25 @@ std::vector<OpCaseDef> op_cases_test() {
                               .decode = true,
                               .splits = kSplitsAuto,
                               .kv_bound = 256}));
+  // Decode with the q/k norm + rope + cache write fused (AttentionParams::fused_rope): batch 1
+  // as the engine runs it (split kernel, bucketed bound), three sequences with an empty context
+  // (split kernel), 16 and 4 q heads per kv head, no norm (Qwen2-MoE), and the warp kernel at
+  // 130 sequences and at one q head per kv head.
+  for (int ctx : {1, 17, 150, 1500})
+    t.push_back(attention_case({.head_dim = 128, .n_q_heads = 32, .n_kv_heads = 4, .q_lens = {1}, .kv_lens = {ctx},
+                                .decode = true, .splits = kSplitsAuto, .kv_bound = bucket(ctx), .fused_rope = true}));
+  t.push_back(attention_case({.head_dim = 128, .n_q_heads = 32, .n_kv_heads = 4, .q_lens = q3, .kv_lens = kv3,
+                              .decode = true, .splits = 5, .fused_rope = true}));
+  t.push_back(attention_case({.head_dim = 128, .n_q_heads = 64, .n_kv_heads = 4, .q_lens = {1, 1},
+                              .kv_lens = {150, 1500}, .decode = true, .splits = 5, .fused_rope = true}));
+  t.push_back(attention_case({.head_dim = 64, .n_q_heads = 16, .n_kv_heads = 4, .q_lens = q3,
+                              .kv_lens = {16, kEmptyContext, 1500}, .decode = true, .splits = 5,
+                              .fused_rope = true, .rope_norm = false}));
+  for (auto [head_dim, nq, nkv, seqs] : {std::tuple{128, 32, 4, 130}, {128, 8, 8, 70}})
+    t.push_back(attention_case({.head_dim = head_dim, .n_q_heads = nq, .n_kv_heads = nkv,
+                                .q_lens = std::vector<int>(seqs, 1),
+                                .kv_lens = std::vector<int>(kv130.begin(), kv130.begin() + seqs),
+                                .random_kv_max = 700, .decode = true, .fused_rope = true}));
   // head_dim 64 (4 q heads per kv head), and 16 q heads per kv head (both m16 halves) at 128
   // and 64.
   t.push_back(attention_case({.head_dim = 64,
