@@ -503,6 +503,7 @@ void check_moe_gemm_params(const MoeGemmParams& p, const char* op) {
 
 void moe_gemm(const MoeGemmParams& p, cudaStream_t stream) {
   check_moe_gemm_params(p, "moe_gemm");
+  MB_CHECK(!p.direct_topk, "moe_gemm: direct_topk is moe_gemv's (one token)");
   const int col_multiple = p.silu_gate_up ? 8 : 16;
   const QuantMatrix& w = p.weight;
   if (p.num_pairs == 0) return;

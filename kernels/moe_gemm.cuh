@@ -44,6 +44,11 @@ struct MoeGemmParams {
   /// (Beside silu_gate_up, in its padding: the struct's layout, which the register-bound
   /// moe_gemm kernels receive, stays as it was.)
   bool routing_settled = false;
+  /// moe_gemv of one token (tokens 1, no expert parallelism): `sorted_ids` is then that token's
+  /// topk_ids, and block y takes pair y's expert from it directly — one dependent load where the
+  /// align's active list, offsets and segment take three before the first weight load (the
+  /// gate+up GEMV waits for the router; bench/RESULTS.md, session 19). Also in the padding.
+  bool direct_topk = false;
   /// W8A8 (FP8-block weights only, group a multiple of 64, k % 128 == 0; sm_89 and later): the
   /// rows of `in` as e4m3 [num_pairs / in_row_div, k] with f32 scales per 128 inputs
   /// [rows, k / 128] (kernels::quantize_fp8_rows, group 128); the products then run on FP8

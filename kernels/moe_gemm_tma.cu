@@ -377,6 +377,7 @@ bool moe_gemm_tma_takes(const MoeGemmParams& p) {
 
 void moe_gemm_tma(const MoeGemmParams& p, cudaStream_t stream) {
   check_moe_gemm_params(p, "moe_gemm_tma");
+  MB_CHECK(!p.direct_topk, "moe_gemm_tma: direct_topk is moe_gemv's (one token)");
   MB_CHECK(moe_gemm_tma_takes(p),
            "moe_gemm_tma: bf16 weights and activations, or FP8 weights in groups of 128 with e4m3 activations");
   if (p.num_pairs == 0) return;

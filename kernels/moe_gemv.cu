@@ -21,8 +21,9 @@ __global__ void __launch_bounds__(kWarps * 32) moe_gemv_kernel(MoeGemmParams p) 
   // let it launch), but it is read from L2 (__ldcg): this SM's L1 may hold older lines of it.
   if (!p.routing_settled) pdl_sync();
   constexpr int kOut = kSilu ? R / 2 : R;  // outputs per warp
-  if (static_cast<int>(blockIdx.y) >= __ldcg(p.active_experts)) return;
-  const int e = __ldcg(p.active_experts + 1 + blockIdx.y);
+  const bool direct = M == 1 && p.direct_topk;  // block y: pair y of the one token
+  if (static_cast<int>(blockIdx.y) >= (direct ? p.num_pairs : __ldcg(p.active_experts))) return;
+  const int e = __ldcg((direct ? p.sorted_ids : p.active_experts + 1) + blockIdx.y);
   const int lane = threadIdx.x & 31;
   const int out0 = (blockIdx.x * kWarps + (threadIdx.x >> 5)) * kOut;
   if (out0 >= p.n) return;  // whole warps only: the shuffles below need all 32 lanes
@@ -36,12 +37,12 @@ __global__ void __launch_bounds__(kWarps * 32) moe_gemv_kernel(MoeGemmParams p) 
   }
   // The expert's pairs: the head of its segment (real pairs first, then the sentinel
   // num_pairs); a sentinel reads the first pair's row and is not stored.
-  const int* seg = p.sorted_ids + __ldcg(p.expert_offsets + e);
+  const int* seg = direct ? nullptr : p.sorted_ids + __ldcg(p.expert_offsets + e);
   int pair[M], count = 0;
   const bf16* xrows[M];
 #pragma unroll
   for (int i = 0; i < M; ++i) {
-    pair[i] = __ldcg(seg + i);
+    pair[i] = direct ? static_cast<int>(blockIdx.y) : __ldcg(seg + i);
     count += pair[i] < p.num_pairs;
     const int src = pair[i] < p.num_pairs ? pair[i] : pair[0];
     xrows[i] = p.in + static_cast<size_t>(src / p.in_row_div) * p.k;
@@ -127,6 +128,8 @@ void moe_gemv(const MoeGemmParams& p, int tokens, cudaStream_t stream) {
   MB_CHECK(tokens >= 1 && tokens <= kMoeGemvMaxTokens,
            "moe_gemv: tokens must be in [1, kMoeGemvMaxTokens]");
   MB_CHECK(p.active_experts != nullptr, "moe_gemv: needs moe_align's active expert list");
+  MB_CHECK(!p.direct_topk || (tokens == 1 && p.num_pairs <= p.num_experts),
+           "moe_gemv: direct_topk is for one token's pairs");
   if (p.num_pairs == 0) return;
   switch (p.weight.codec) {  // the codec picks a kernel here and in moe_gemm only
     case WeightCodec::Bf16:

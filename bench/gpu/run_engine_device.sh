@@ -2,7 +2,7 @@
 # One device call for the CUDA engine: configure (engine-only), build the engine GPU tests, the
 # kernel tests and the engine benchmark; run the tests, then the HF peer (its own 61 GB, freed
 # when it exits), then the benchmark. Logs and JSON go to $OUT; summaries print last.
-# Usage: bench/gpu/run_engine_device.sh [tests|bench|all|base|quant|prefill|w8a8|linear|experts|phases|attention] [peer batches, e.g. 1,64, or none]
+# Usage: bench/gpu/run_engine_device.sh [tests|bench|all|base|quant|prefill|w8a8|linear|experts|phases|attention|decode] [peer batches, e.g. 1,64, or none]
 # `quant`: the compressed-weight run: kernel and engine tests, the quant kernel rows, the engine
 # benchmark on the 30B shape with bf16 / fp8 / nvfp4 linear weights, and the seed-class shape in
 # NVFP4 on one GPU.
@@ -22,6 +22,8 @@
 #   engine benchmark each; the combine's op cases and batch-1 / 256 numbers beside them), and
 #   decode with the rope fused into the attention kernel against without (--disable-fused-rope);
 #   the engine tests.
+# `decode`: the decode step's op cases (moe_gemv, decode attention, router, rope), the engine
+#   tests, batch 1 / 256 with and without the fused rope, and the step trace at batch 1.
 # `phases`: a diagnostic build (build-pc, -DMOEBATCH_PHASE_CLOCKS=ON -DMOEBATCH_STEP_TRACE=ON): the
 #   moe_wgmma and prefill attention rows with the cycles per tile in each phase, then the engine
 #   benchmark (TRACE_BATCHES, default 1,256; TRACE_QUANT, default none, e.g. "none fp8") with
@@ -164,6 +166,29 @@ if [ "$WHAT" = experts ]; then
   echo "kernels rc=$?"; grep -E "moe_" "$OUT/bench_kernels_wgmma.log"
   timeout 120 ./build-dev/moebatch_bench_engine_cuda "$OUT/bench_engine_cuda.json" > "$OUT/bench_engine.log" 2>&1
   echo "bench rc=$?"; grep -E "moe_gemm|prefill of|^ *[0-9]+ \|" "$OUT/bench_engine.log" | head -30
+  exit 0
+fi
+if [ "$WHAT" = decode ]; then
+  # the decode step's kernels: the moe_gemv / decode attention / router op cases, the engine
+  # tests, the 30B benchmark at batches 1 and 256 with and without the fused rope, then the
+  # diagnostic build's step trace at batch 1
+  echo "built at $(date +%T)"
+  timeout 150 ./build-dev/moebatch_gpu_tests --gtest_filter='*moe_gemv*:*attn_decode*:*route*:*rope*' > "$OUT/kernel_tests.log" 2>&1
+  echo "kernel tests rc=$?"; grep -E "FAIL|^\[  PASSED|^\[==|SKIPPED" "$OUT/kernel_tests.log" | head -30
+  timeout 150 ./build-dev/moebatch_gpu_engine_tests > "$OUT/engine_tests.log" 2>&1
+  echo "engine tests rc=$?"
+  grep -E "Failure|Expected|Which is|FAILED|^\[  PASSED|^\[==" "$OUT/engine_tests.log" | head -30
+  for v in default unfused default; do
+    flag=""; [ $v = unfused ] && flag=--disable-fused-rope
+    MOEBATCH_BENCH_BATCHES=1,256 timeout 130 ./build-dev/moebatch_bench_engine_cuda $flag "/tmp/bench_engine_$v.json" \
+      > /tmp/bench_engine_$v.log 2>&1
+    echo "bench $v rc=$?"; cat /tmp/bench_engine_$v.log >> "$OUT/bench_engine_decode.log"
+    grep -E "^ *[0-9]+ \|" /tmp/bench_engine_$v.log | head -4
+  done
+  build_diag || { grep -E "error" -A3 "$OUT/pc_build.log" | head -20; exit 1; }
+  MOEBATCH_BENCH_BATCHES=1 timeout 100 ./build-pc/moebatch_bench_engine_cuda /tmp/trace.json > /tmp/trace.log 2>&1
+  echo "traced rc=$?"; cat /tmp/trace.log >> "$OUT/bench_engine_decode.log"
+  grep -E "step trace|call site|^  [a-z_]+\.cu|one layer|^    " /tmp/trace.log | head -40
   exit 0
 fi
 if [ "$WHAT" = attention ]; then

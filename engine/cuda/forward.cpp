@@ -133,6 +133,13 @@ struct Step {
     // The routing is two launches back when down runs (gate+up in between): the decode GEMV
     // starts its weight loads while gate+up finishes.
     down.routing_settled = true;
+    // One token (its grouped GEMV): gate+up takes the experts straight from topk_ids, one load
+    // where the align's lists take three before the first weight load; down keeps the lists
+    // (settled, it reads them before the wait).
+    if (n == 1 && El == E) {
+      gate_up.sorted_ids = B.topk_ids;
+      gate_up.direct_topk = true;
+    }
 
     // combine in j order; with EP only this rank's pairs (the others' rows were never written)
     combine = {.out = B.o, .expert_out = B.expert_out, .weights = B.topk_weights, .tokens = n,

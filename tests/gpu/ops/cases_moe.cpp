@@ -454,6 +454,10 @@ class MoeGemmCase final : public OpCase {
       p.in_fp8 = in_q_.get();
       p.in_scales = in_s_.get();
     }
+    if (s_.direct) {
+      p.sorted_ids = r.ids.get();
+      p.direct_topk = true;
+    }
     if (s_.gemv)
       kernels::moe_gemv(p, s_.tokens, env.stream);
     else if (s_.tma)
@@ -825,9 +829,11 @@ OpCaseDef moe_gemm_case(const MoeGemmShape& s) {
            "moe_gemm case: moe_gemv needs the active list and few tokens");
   MB_CHECK(!s.tma || ((s.format == WeightFormat::bf16 || s.w8a8) && !s.gemv),
            "moe_gemm case: moe_gemm_tma is the tiled GEMM of bf16 and of W8A8");
+  MB_CHECK(!s.direct || (s.gemv && s.tokens == 1), "moe_gemm case: direct_topk is moe_gemv's, one token");
   std::string name = std::string(s.gemv ? "moe_gemv" : s.tma ? "moe_gemm_tma" : s.kernel_name) + " " + stage;
   if (s.format != WeightFormat::bf16) name += std::string(" ") + weight_format_name(s.format);
   if (s.w8a8) name += " w8a8";
+  if (s.direct) name += " direct";
   OpCaseDef d = op_case_def<MoeGemmCase>(name,
                                          experts(s.tokens, s.experts, s.top_k, s.hot) + " H" + to_string(s.hidden) +
                                              " I" + to_string(s.inter) + (s.active_experts ? " active" : ""),

@@ -177,6 +177,8 @@ struct MoeGemmShape {
   bool w8a8 = false;
   /// bf16 or W8A8: kernels::moe_gemm_tma (Hopper) instead of `kernel`
   bool tma = false;
+  /// moe_gemv of one token with MoeGemmParams::direct_topk (the experts from topk_ids)
+  bool direct = false;
 };
 OpCaseDef moe_gemm_case(const MoeGemmShape& s);
 

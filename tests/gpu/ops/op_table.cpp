@@ -334,6 +334,12 @@ std::vector<OpCaseDef> op_cases_test() {
         if (s.tokens <= kernels::kMoeGemvMaxTokens) {
           s.active_experts = s.gemv = true;
           t.push_back(moe_gemm_case(s));
+          // one token: the experts straight from topk_ids, as the engine's gate+up takes them
+          if (s.tokens == 1) {
+            s.direct = true;
+            t.push_back(moe_gemm_case(s));
+            s.direct = false;
+          }
         }
       }
   // The bf16 tiled GEMM on TMA + wgmma (Hopper) on the same shapes: partial 64-row boxes (I 64
