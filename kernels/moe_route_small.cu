@@ -17,13 +17,10 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kUnroll = 8;  // 16-byte weight loads per lane in flight
 
-constexpr int kNormHeld = 2;  // norm weight vectors a thread loads before the wait (all at hidden ≤ 2048)
-
 // The fused norm's first half, every block: hs[t] = rmsnorm(bf16(residual[t] + branch[t])) ·
 // (offset + w) for every token, in shared memory (the whole block meets; add_rmsnorm's math,
-// summed in another order). wpre: the thread's first kNormHeld vectors of norm weights (8 · i
-// for i = threadIdx.x + j · blockDim.x), loaded before the wait for the kernel before.
-__device__ void add_norm_rows(const RouteSmallNorm& n, int T, int H, bf16* hs, const float (&wpre)[kNormHeld][8]) {
+// summed in another order).
+__device__ void add_norm_rows(const RouteSmallNorm& n, int T, int H, bf16* hs) {
   __shared__ float partial[kWarps][kRouteSmallMaxTokens];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nvec = H / 8;
   for (int t = 0; t < T; ++t) {
@@ -49,16 +46,11 @@ __device__ void add_norm_rows(const RouteSmallNorm& n, int T, int H, bf16* hs, c
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) ss += partial[w][t];
     const float rstd = rsqrtf(ss / H + n.eps);
-    for (int i = threadIdx.x, h = 0; i < nvec; i += blockDim.x, ++h) {  // the elements this thread summed
+    for (int i = threadIdx.x; i < nvec; i += blockDim.x) {  // the elements this thread summed
       const size_t o = static_cast<size_t>(t) * H + 8 * i;
       float r[8], w[8];
       load8(hs + o, r);
-      if (h < kNormHeld) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) w[j] = h == 0 ? wpre[0][j] : wpre[1][j];  // no local-memory indexing
-      } else {
-        load8(n.weight + 8 * i, w);
-      }
+      load8(n.weight + 8 * i, w);
 #pragma unroll
       for (int j = 0; j < 8; ++j) r[j] = r[j] * rstd * (n.weight_offset + w[j]);
       store8(hs + o, r);
@@ -103,16 +95,10 @@ __global__ void __launch_bounds__(kWarps * 32) route_small_kernel(RouteSmallPara
     }
   };
   if (e < E) load_weights(0);
-  float norm_w[kNormHeld][8];  // constants too
-#pragma unroll
-  for (int h = 0; h < kNormHeld; ++h) {
-    const int i = threadIdx.x + h * blockDim.x;
-    if (fused && i < H / 8) load8(p.norm.weight + 8 * i, norm_w[h]);
-  }
   pdl_sync();
   const bf16* x = p.x;
   if (fused) {
-    add_norm_rows(p.norm, T, H, normed, norm_w);
+    add_norm_rows(p.norm, T, H, normed);
     x = normed;
   }
   if (e < E) {
@@ -148,22 +134,9 @@ __global__ void __launch_bounds__(kWarps * 32) route_small_kernel(RouteSmallPara
   if (!last) return;
   __threadfence();
   if (threadIdx.x == 0) *p.counter = 0;  // ready for the next launch (stream order)
-  // Every block's logits, loaded into registers first so that they are in flight together with
-  // the fused norm's residual loads (__ldcg: L2, never a line this SM's L1 may hold from an
-  // earlier block).
-  constexpr int kLogitsPerThread = kRouteSmallMaxTokens * kRouterMaxExperts / (kWarps * 32);
-  float lg[kLogitsPerThread];
-#pragma unroll
-  for (int j = 0; j < kLogitsPerThread; ++j) {
-    const int i = threadIdx.x + j * kWarps * 32;
-    if (i < T * E) lg[j] = __ldcg(p.logits + i);
-  }
   if (fused) store_norm_rows(p.norm, T, H, normed);
-#pragma unroll
-  for (int j = 0; j < kLogitsPerThread; ++j) {
-    const int i = threadIdx.x + j * kWarps * 32;
-    if (i < T * E) logits[i] = lg[j];
-  }
+  // __ldcg: L2, never a line this SM's L1 may hold from an earlier block
+  for (int i = threadIdx.x; i < T * E; i += blockDim.x) logits[i] = __ldcg(p.logits + i);
   __syncthreads();
   for (int t = warp; t < T; t += kWarps) {
     const float* row = logits + t * E;
