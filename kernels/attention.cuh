@@ -102,4 +102,11 @@ void attention_decode(const AttentionParams& p, cudaStream_t stream);
 /// the rotation table and slot mapping, and its rows and norm weights are 16-byte aligned.
 bool attention_decode_fuses_rope(const AttentionParams& p);
 
+/// Where the engine fuses (attention_decode_fuses_rope and measured faster): on the warp kernel
+/// of large decode batches only. On the small-batch split kernel the block that writes the new
+/// k / v reads its keys only after that write, one round trip more on the step's critical path
+/// than the separate qk_norm_rope launch costs (H100, 30B shape, one machine: batch 1 3.55 /
+/// 3.56 ms fused, 3.51 not; batch 256 24.95 vs 25.27 ms; bench/RESULTS.md, session 19).
+bool attention_decode_prefers_fused_rope(const AttentionParams& p);
+
 }  // namespace moebatch::kernels

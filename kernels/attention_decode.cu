@@ -598,6 +598,10 @@ bool attention_decode_fuses_rope(const AttentionParams& p) {
          (r.k_norm == nullptr || aligned16(r.k_norm));
 }
 
+bool attention_decode_prefers_fused_rope(const AttentionParams& p) {
+  return attention_decode_fuses_rope(p) && decode_on_warps(p);
+}
+
 void attention_decode_split_warps(const AttentionParams& p, cudaStream_t stream) {
   if (p.head_dim == 64)
     launch_split<64>(p, stream);

@@ -178,7 +178,7 @@ if [ "$WHAT" = decode ]; then
   timeout 150 ./build-dev/moebatch_gpu_engine_tests > "$OUT/engine_tests.log" 2>&1
   echo "engine tests rc=$?"
   grep -E "Failure|Expected|Which is|FAILED|^\[  PASSED|^\[==" "$OUT/engine_tests.log" | head -30
-  for v in default unfused default; do
+  for v in ${DECODE_VARIANTS:-default unfused default}; do
     flag=""; [ $v = unfused ] && flag=--disable-fused-rope
     MOEBATCH_BENCH_BATCHES=1,256 timeout 130 ./build-dev/moebatch_bench_engine_cuda $flag "/tmp/bench_engine_$v.json" \
       > /tmp/bench_engine_$v.log 2>&1

@@ -106,8 +106,8 @@ struct CudaBackendOptions {
   /// (kernels::AttentionPrefillKernel::wgmma_narrow; an experiment, off until measured faster).
   bool narrow_wgmma_attention = false;
   /// Decode steps' q/k norm, rotation and cache write inside the decode attention kernel
-  /// (kernels::AttentionParams::fused_rope, where attention_decode_fuses_rope allows) instead of
-  /// a qk_norm_rope launch before it.
+  /// (kernels::AttentionParams::fused_rope, where attention_decode_prefers_fused_rope says it
+  /// pays: large batches) instead of a qk_norm_rope launch before it.
   bool fused_rope_attention = true;
   /// Projections on FP8-block weights (128 × 128 scale blocks) of steps with more than 8 rows as
   /// W8A8 on cuBLASLt's block-scaled FP8 GEMM (kernels/gemm_fp8.cuh), the rows quantized per
