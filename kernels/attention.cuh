@@ -16,10 +16,8 @@ namespace moebatch::kernels {
 /// Which kernel attention_prefill runs where several take the shape: `best` picks (on Hopper the
 /// wgmma kernel at head_dim 128 and 256); `mma_sync` keeps prefill off the wgmma kernel (on
 /// mma.sync, or the CUDA-core kernel at head_dim 256), so that tests and benchmarks reach those
-/// on Hopper too; `wgmma_narrow` takes the wgmma kernel's steps at head_dim 128 in its 64-row
-/// form (one warpgroup a block, 64-key tiles, two blocks per SM: kernels/attention_wgmma.cu),
-/// an experiment against `best`.
-enum class AttentionPrefillKernel { best, mma_sync, wgmma_narrow };
+/// on Hopper too.
+enum class AttentionPrefillKernel { best, mma_sync };
 
 /// Operands of attention_prefill / attention_decode.
 struct AttentionParams {

@@ -20,14 +20,6 @@
 // 128-byte swizzle (kernels/wgmma.cuh): Q, K and V tiles are head_dim / 64 slabs each, in the
 // one layout that TMA, cp.async and both operand descriptors share.
 //
-// The narrow form (AttentionPrefillKernel::wgmma_narrow, head_dim 128; an experiment against
-// the above): a block of one warpgroup owns 64 rows and also brings its own tiles, 64 keys each
-// through two stages (81 KB, 186 registers), so two blocks share an SM and one block's prologue
-// (bounds, Q, first tile: ~25% of a 128-row block at 8 × 1024) and epilogue (~14%) can run
-// under the other's loop. Unlike narrower expert GEMM tiles (which lost, bench/RESULTS.md
-// 2026-12-05) this costs no shared-memory operand traffic per FLOP — each warpgroup reads its K
-// and V tiles from shared memory either way — only twice the K/V bytes from L2.
-//
 // Built for sm_90a only (MOEBATCH_WGMMA, kernels/CMakeLists.txt); without it prefill_on_wgmma
 // says false.
 #include <cfloat>
@@ -50,24 +42,18 @@
 namespace moebatch::kernels {
 namespace {
 
-constexpr int kLoaders = 128;  // the block's last warpgroup brings the K/V tiles
+constexpr int kRows = 128;     // rows per block: 64 per warpgroup
+constexpr int kThreads = 256;  // two warpgroups
 
-// The tile shape of a head_dim and a block's warpgroups: keys per K/V tile and stages such that
-// the shared memory fits and the accumulators (S: keys / 2, O: D / 2 fp32 registers a thread)
-// fit beside each other. Two warpgroups (128 rows, one block per SM): D 128 128-key tiles, three
-// stages (225 KB); D 256 64-key tiles, two stages (193 KB). One warpgroup (64 rows, D 128 only:
-// AttentionPrefillKernel::wgmma_narrow): 64-key tiles, two stages (81 KB), two blocks per SM, so
-// that one block's prologue (bounds, Q, first tile) and epilogue run under the other's loop; the
-// K/V tiles then cross L2 once per 64 rows instead of 128.
-template <int D, int WG>
+// The tile shape of a head_dim: keys per K/V tile and stages such that the shared memory fits
+// 227 KB and the accumulators (S: keys / 2, O: D / 2 fp32 registers a thread) fit beside each
+// other. D 128: 128-key tiles, three stages (225 KB); D 256: 64-key tiles, two stages (193 KB).
+template <int D>
 struct Tiles {
-  static constexpr int kRows = 64 * WG;       // rows per block: 64 per warpgroup
-  static constexpr int kThreads = 128 * WG;
-  static constexpr int kBlocksPerSm = WG == 1 ? 2 : 1;
-  static constexpr int kKeys = D == 256 || WG == 1 ? 64 : 128;
-  static constexpr int kStages = D == 256 || WG == 1 ? 2 : 3;  // K/V tiles: multiplied, (landing,) being fetched
-  static constexpr int kSlabs = D / 64;       // 128-byte rows of 64 dims
-  static constexpr int kQSlab = kRows * 128;  // bytes of one slab of the Q tile
+  static constexpr int kKeys = D == 256 ? 64 : 128;
+  static constexpr int kStages = D == 256 ? 2 : 3;  // K/V tiles: multiplied, (landing,) being fetched
+  static constexpr int kSlabs = D / 64;             // 128-byte rows of 64 dims
+  static constexpr int kQSlab = kRows * 128;        // bytes of one slab of the Q tile
   static constexpr int kKvSlab = kKeys * 128;       // of a K or V tile
   static constexpr int kQBytes = kSlabs * kQSlab;
   static constexpr int kTileBytes = kSlabs * kKvSlab;
@@ -75,9 +61,8 @@ struct Tiles {
   static constexpr int kSmemBytes = kQBytes + kStages * kStageBytes + 1024;  // + slack to align the base to 1024
   static constexpr int kOutPitch = D + 8;  // epilogue staging row (elements): 16 bytes of padding
   static_assert(kRows * kOutPitch * 2 <= kStages * kStageBytes, "the output tile reuses the stages");
-  static_assert(kBlocksPerSm * (kSmemBytes + 64 + 1024) <= 228 * 1024, "the blocks' shared memory");
-  static_assert(kLoaders % kKeys == 0, "the loaders split a tile's rows evenly");
-  static_assert(WG == 2 || (WG == 1 && D == 128), "the shapes built");
+  static_assert(kSmemBytes + 64 <= 227 * 1024, "one block's shared memory");
+  static_assert((kThreads / 2) % kKeys == 0, "the loaders split a tile's rows evenly");
 };
 
 #if MOEBATCH_WGMMA
@@ -116,12 +101,11 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 // key 0 is valid for every row and a warpgroup's first tile leaves each row max finite. Rows past
 // the sequence take the last row's bound and zero q, and are not stored. A warpgroup stops
 // multiplying after the last tile its own rows reach (wg_tiles) but keeps releasing the stages.
-template <int D, int WG>
-__global__ void __launch_bounds__(Tiles<D, WG>::kThreads, Tiles<D, WG>::kBlocksPerSm)
+template <int D>
+__global__ void __launch_bounds__(kThreads, 1)
     attention_prefill_wgmma_kernel(AttentionParams p, const __grid_constant__ CUtensorMap k_map,
                                    const __grid_constant__ CUtensorMap v_map) {
-  using T = Tiles<D, WG>;
-  constexpr int kRows = T::kRows, kThreads = T::kThreads;
+  using T = Tiles<D>;
   constexpr int kKeys = T::kKeys, kStages = T::kStages, kSlabs = T::kSlabs, kQSlab = T::kQSlab;
   constexpr int kKvSlab = T::kKvSlab, kQBytes = T::kQBytes, kTileBytes = T::kTileBytes;
   constexpr int kStageBytes = T::kStageBytes, kOutPitch = T::kOutPitch;
@@ -147,12 +131,12 @@ __global__ void __launch_bounds__(Tiles<D, WG>::kThreads, Tiles<D, WG>::kBlocksP
   const uint32_t stage_addr0 = q_addr + kQBytes;
   const uint32_t full0 = static_cast<uint32_t>(__cvta_generic_to_shared(&bars[0]));
   const uint32_t empty0 = full0 + kStages * 8;
-  // The last warpgroup brings the K/V tiles (of two, the second: it runs behind the first, so its
-  // wait for a free stage is short). full[s]: its threads' cp.async arrivals plus its lane 0's TMA
-  // byte count; empty[s]: every thread.
+  // The second warpgroup brings the K/V tiles (it runs behind the first, so its wait for a free
+  // stage is short). full[s]: its threads' cp.async arrivals plus its lane 0's TMA byte count;
+  // empty[s]: every thread.
   const int wg = threadIdx.x >> 7;
-  const bool loader = wg == WG - 1;
-  wgmma::init_ring_barriers(full0, empty0, kStages, kLoaders + 1, kThreads);
+  const bool loader = wg == 1;
+  wgmma::init_ring_barriers(full0, empty0, kStages, kThreads / 2 + 1, kThreads);
   clock.mark(kAttnBounds);
 
   // Row copies by cp.async, chunks first, first + kStep, ... of row `row` (16-byte chunk c of a
@@ -178,10 +162,10 @@ __global__ void __launch_bounds__(Tiles<D, WG>::kThreads, Tiles<D, WG>::kBlocksP
   // dims per slab, for K and for V; lane 0 first announces their bytes). Keys from full_end on —
   // the partial last block, and the tile's rest, zero-filled: their p is 0, but stale shared
   // memory or unused cache slots may hold NaN, and 0·NaN = NaN — by the loaders' cp.async,
-  // kLoaders / kKeys threads a row.
+  // kThreads / 2 / kKeys threads a row.
   const int32_t* table = p.block_tables + static_cast<size_t>(seq) * p.max_blocks_per_seq;
   const int full_end = block_limit / p.block_size * p.block_size;
-  constexpr int kRowThreads = kLoaders / kKeys;  // loader threads per row of a tile
+  constexpr int kRowThreads = kThreads / 2 / kKeys;  // loader threads per row of a tile
   const int lt = threadIdx.x & 127;  // the loader thread, its lane in the first warp
   const auto load_tile = [&](int kt) {
     const int stage = kt % kStages, k0 = kt * kKeys;
@@ -401,16 +385,14 @@ __global__ void __launch_bounds__(Tiles<D, WG>::kThreads, Tiles<D, WG>::kBlocksP
 // overlap nothing; with one key tile per block (no context longer than 128 keys) that costs more
 // than the faster MMAs save — 64 prompts of 128 tokens 127.8 µs against mma.sync's 110.3,
 // 8 × 512 101.2 against 129.9 (bench/RESULTS.md, 2026-12-03) — so such steps stay on mma.sync.
-// head_dim 256: the alternative is the CUDA-core kernel, so every prefill. The narrow form
-// (AttentionPrefillKernel::wgmma_narrow, head_dim 128) takes the same steps.
+// head_dim 256: the alternative is the CUDA-core kernel, so every prefill.
 bool prefill_on_wgmma(const AttentionParams& p) {
   if (p.prefill_kernel == AttentionPrefillKernel::mma_sync) return false;
-  const bool narrow = p.prefill_kernel == AttentionPrefillKernel::wgmma_narrow;
   int keys = 0;  // per K/V tile
-  if (p.head_dim == 128 && p.max_kv_len > Tiles<128, 2>::kKeys)
-    keys = narrow ? Tiles<128, 1>::kKeys : Tiles<128, 2>::kKeys;
+  if (p.head_dim == 128 && p.max_kv_len > Tiles<128>::kKeys)
+    keys = Tiles<128>::kKeys;
   else if (p.head_dim == 256)
-    keys = Tiles<256, 2>::kKeys;
+    keys = Tiles<256>::kKeys;
   // A tile's cache blocks go to the lanes of the loaders' first warp, one each.
   if (keys == 0 || p.block_size < keys / 32 || keys % p.block_size != 0) return false;
   // The sm_90a code and a device that runs it: the same condition as every wgmma kernel's.
@@ -422,11 +404,10 @@ bool prefill_on_wgmma(const AttentionParams& p) {
 #if MOEBATCH_WGMMA
 namespace {
 
-template <int D, int WG>
+template <int D>
 void launch(const AttentionParams& p, cudaStream_t stream) {
-  using T = Tiles<D, WG>;
   const int group = p.n_q_heads / p.n_kv_heads;
-  const int64_t row_tiles = CEIL_DIV(static_cast<int64_t>(p.max_q_len) * group, T::kRows);
+  const int64_t row_tiles = CEIL_DIV(static_cast<int64_t>(p.max_q_len) * group, kRows);
   MB_CHECK(row_tiles <= 65535, "attention: too many query rows for one launch");
   // The cache as [slots, kv heads, head_dim] for TMA. Its slot count is not passed: the extent is
   // TMA's coordinate range, and the block table is trusted for which slots are read, as by every
@@ -435,15 +416,10 @@ void launch(const AttentionParams& p, cudaStream_t stream) {
   const CUtensorMap k_map = tensor_map_3d_bf16(p.k_cache, kSlotExtent, p.n_kv_heads, D, p.block_size);
   const CUtensorMap v_map = tensor_map_3d_bf16(p.v_cache, kSlotExtent, p.n_kv_heads, D, p.block_size);
   // Above the 48 KB default; set per launch, as attributes are per device.
-  const auto kernel = attention_prefill_wgmma_kernel<D, WG>;
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
-  // The narrow form's two blocks need all of the unified L1 / shared memory as shared (one block
-  // of the 128-row form takes it anyway).
-  if constexpr (T::kBlocksPerSm > 1)
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                    cudaSharedmemCarveoutMaxShared));
-  launch_dependent(kernel, dim3(p.n_kv_heads, static_cast<unsigned>(row_tiles), p.num_seqs), T::kThreads,
-                   T::kSmemBytes, stream, p, k_map, v_map);
+  const auto kernel = attention_prefill_wgmma_kernel<D>;
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tiles<D>::kSmemBytes));
+  launch_dependent(kernel, dim3(p.n_kv_heads, static_cast<unsigned>(row_tiles), p.num_seqs), kThreads,
+                   Tiles<D>::kSmemBytes, stream, p, k_map, v_map);
   CUDA_CHECK_LAST();
 }
 
@@ -461,11 +437,9 @@ std::vector<uint64_t> attention_prefill_take_phase_clocks() {
 void attention_prefill_wgmma(const AttentionParams& p, cudaStream_t stream) {
 #if MOEBATCH_WGMMA
   if (p.head_dim == 256)
-    launch<256, 2>(p, stream);
-  else if (p.prefill_kernel == AttentionPrefillKernel::wgmma_narrow)
-    launch<128, 1>(p, stream);
+    launch<256>(p, stream);
   else
-    launch<128, 2>(p, stream);
+    launch<128>(p, stream);
 #else
   (void)p;
   (void)stream;

@@ -22,8 +22,7 @@
 // --disable-stream-gemv keeps one-row bf16 projections on the register-fed GEMV;
 // --disable-router-norm keeps the one-token MLP norm in a launch of its own;
 // --disable-wgmma-attention keeps prefill attention off the wgmma kernel (mma.sync; head_dim 256:
-// the CUDA-core kernel); --narrow-wgmma-attention runs head_dim 128 there in the kernel's 64-row
-// form (a warpgroup a block, two blocks per SM); --disable-w8a8-linear decodes FP8 projections to bf16 for cuBLAS
+// the CUDA-core kernel); --disable-w8a8-linear decodes FP8 projections to bf16 for cuBLAS
 // instead of running them W8A8 on cuBLASLt; --disable-fused-rope runs decode steps' q/k norm +
 // rope + cache write as a launch of its own instead of inside the decode attention kernel.
 // A build with -DMOEBATCH_STEP_TRACE=ON also prints, per decode batch, where one graph-replayed
@@ -33,7 +32,7 @@
 //                                   [--disable-wgmma-experts]
 //                                   [--disable-w8a8-experts]
 //                                   [--disable-stream-gemv] [--disable-tma-experts] [--disable-router-norm]
-//                                   [--disable-wgmma-attention] [--narrow-wgmma-attention]
+//                                   [--disable-wgmma-attention]
 //                                   [--disable-fused-rope]
 //                                   [--disable-w8a8-linear]
 //                                   [--quantization Q]
@@ -208,7 +207,6 @@ struct Args {
   bool tma_experts = true;               ///< --disable-tma-experts: decode experts on moe_gemm
   bool router_norm = true;               ///< --disable-router-norm: the MLP norm in its own launch
   bool wgmma_attention = true;           ///< --disable-wgmma-attention: prefill off the wgmma kernel
-  bool narrow_wgmma_attention = false;   ///< --narrow-wgmma-attention: its 64-row form
   bool fused_rope = true;                ///< --disable-fused-rope: decode's rope in its own launch
   bool w8a8_linear = true;               ///< --disable-w8a8-linear: FP8 projections decoded to bf16
   Quantization quant = Quantization::None;
@@ -235,8 +233,6 @@ Args parse_args(int argc, char** argv) {
       a.tma_experts = false;
     } else if (arg == "--disable-wgmma-attention") {
       a.wgmma_attention = false;
-    } else if (arg == "--narrow-wgmma-attention") {
-      a.narrow_wgmma_attention = true;
     } else if (arg == "--disable-fused-rope") {
       a.fused_rope = false;
     } else if (arg == "--disable-w8a8-linear") {
@@ -250,7 +246,7 @@ Args parse_args(int argc, char** argv) {
     } else if (arg == "--quantization" && i + 1 < argc) {
       a.quant = parse_quantization(argv[++i]);
     } else if (arg.rfind("--", 0) == 0) {
-      std::fprintf(stderr, "usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--disable-custom-all-reduce] [--disable-wgmma-experts] [--disable-w8a8-experts] [--disable-stream-gemv] [--disable-router-norm] [--disable-wgmma-attention] [--narrow-wgmma-attention] [--disable-w8a8-linear] [--quantization Q] [--moe-sorted-min-rows N] [out.json] [peer.json]\n");
+      std::fprintf(stderr, "usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--disable-custom-all-reduce] [--disable-wgmma-experts] [--disable-w8a8-experts] [--disable-stream-gemv] [--disable-router-norm] [--disable-wgmma-attention] [--disable-w8a8-linear] [--quantization Q] [--moe-sorted-min-rows N] [out.json] [peer.json]\n");
       std::exit(2);
     } else if (positional++ == 0) {
       a.out_path = arg;
@@ -335,7 +331,6 @@ int main(int argc, char** argv) {
   o.w8a8_experts = args.w8a8_experts;
   o.stream_gemv = args.stream_gemv;
   o.wgmma_attention = args.wgmma_attention;
-  o.narrow_wgmma_attention = args.narrow_wgmma_attention;
   o.fused_rope_attention = args.fused_rope;
   o.w8a8_linear = args.w8a8_linear;
   o.tma_experts = args.tma_experts;
@@ -368,7 +363,6 @@ int main(int argc, char** argv) {
   J["w8a8_experts"] = o.w8a8_experts;
   J["stream_gemv"] = o.stream_gemv;
   J["wgmma_attention"] = o.wgmma_attention;
-  J["narrow_wgmma_attention"] = o.narrow_wgmma_attention;
   J["fused_rope_attention"] = o.fused_rope_attention;
   J["w8a8_linear"] = o.w8a8_linear;
   J["tma_experts"] = o.tma_experts;

@@ -2,7 +2,7 @@
 # One device call for the CUDA engine: configure (engine-only), build the engine GPU tests, the
 # kernel tests and the engine benchmark; run the tests, then the HF peer (its own 61 GB, freed
 # when it exits), then the benchmark. Logs and JSON go to $OUT; summaries print last.
-# Usage: bench/gpu/run_engine_device.sh [tests|bench|all|base|quant|prefill|w8a8|linear|experts|phases|attention|decode] [peer batches, e.g. 1,64, or none]
+# Usage: bench/gpu/run_engine_device.sh [tests|bench|all|base|quant|prefill|w8a8|linear|experts|phases|decode] [peer batches, e.g. 1,64, or none]
 # `quant`: the compressed-weight run: kernel and engine tests, the quant kernel rows, the engine
 # benchmark on the 30B shape with bf16 / fp8 / nvfp4 linear weights, and the seed-class shape in
 # NVFP4 on one GPU.
@@ -18,10 +18,6 @@
 # the engine benchmark on the 30B shape with the wgmma experts and without them.
 # `experts`: the bf16 wgmma expert GEMM in one call: its op cases (and the other MoE kernels'),
 #   the engine tests, the moe_wgmma rows and the 30B engine benchmark.
-# `attention`: the prefill attention's 64-row form against the 128-row one (op cases, rows, the
-#   engine benchmark each; the combine's op cases and batch-1 / 256 numbers beside them), and
-#   decode with the rope fused into the attention kernel against without (--disable-fused-rope);
-#   the engine tests.
 # `decode`: the decode step's op cases (moe_gemv, decode attention, router, rope), the engine
 #   tests, batch 1 / 256 with and without the fused rope, and the step trace at batch 1.
 # `phases`: a diagnostic build (build-pc, -DMOEBATCH_PHASE_CLOCKS=ON -DMOEBATCH_STEP_TRACE=ON): the
@@ -189,30 +185,6 @@ if [ "$WHAT" = decode ]; then
   MOEBATCH_BENCH_BATCHES=1 timeout 100 ./build-pc/moebatch_bench_engine_cuda /tmp/trace.json > /tmp/trace.log 2>&1
   echo "traced rc=$?"; cat /tmp/trace.log >> "$OUT/bench_engine_decode.log"
   grep -E "step trace|call site|^  [a-z_]+\.cu|one layer|^    " /tmp/trace.log | head -40
-  exit 0
-fi
-if [ "$WHAT" = attention ]; then
-  # the prefill attention's 64-row form (AttentionPrefillKernel::wgmma_narrow) against the
-  # 128-row one: the attention op cases (and the combine's), the attn_prefill rows of every form,
-  # the 30B engine benchmark without and with --narrow-wgmma-attention (decode batches 1 and 256
-  # without: the combine's numbers; the 8 × 1024 prefill both times)
-  echo "built at $(date +%T)"
-  timeout 200 ./build-dev/moebatch_gpu_tests --gtest_filter='*attn*:*combine*:*rope*' > "$OUT/kernel_tests.log" 2>&1
-  echo "kernel tests rc=$?"; grep -E "FAIL|^\[  PASSED|^\[==|SKIPPED" "$OUT/kernel_tests.log" | head -30
-  timeout 150 ./build-dev/moebatch_gpu_engine_tests > "$OUT/engine_tests.log" 2>&1
-  echo "engine tests rc=$?"
-  grep -E "Failure|Expected|Which is|FAILED|^\[  PASSED|^\[==" "$OUT/engine_tests.log" | head -30
-  timeout 120 ./build-dev/moebatch_bench_kernels "/tmp/bench_kernels_attn.json" --filter "attn_prefill" > "$OUT/bench_kernels_attn.log" 2>&1
-  echo "kernels rc=$?"; grep -E "attn_" "$OUT/bench_kernels_attn.log"
-  for v in default unfused narrow; do
-    flag=""; batches=1,256
-    [ $v = unfused ] && flag=--disable-fused-rope
-    [ $v = narrow ] && flag=--narrow-wgmma-attention && batches=64
-    MOEBATCH_BENCH_BATCHES=$batches timeout 130 ./build-dev/moebatch_bench_engine_cuda $flag "/tmp/bench_engine_$v.json" \
-      > /tmp/bench_engine_$v.log 2>&1
-    echo "bench $v rc=$?"; cat /tmp/bench_engine_$v.log >> "$OUT/bench_engine_attention.log"
-    grep -E "attention|moe_combine|prefill of|^ *[0-9]+ \|" /tmp/bench_engine_$v.log | head -16
-  done
   exit 0
 fi
 if [ "$WHAT" != bench ]; then

@@ -172,7 +172,6 @@ void CudaBackend::init(const std::filesystem::path* model_dir, uint64_t seed) {
     ranks_[r]->tma_experts = o.tma_experts && kernels::moe_gemm_tma_available(devices_[r]);
     ranks_[r]->router_norm = o.router_norm;
     ranks_[r]->wgmma_attention = o.wgmma_attention;
-    ranks_[r]->narrow_wgmma_attention = o.narrow_wgmma_attention;
     ranks_[r]->fused_rope_attention = o.fused_rope_attention;
     ranks_[r]->w8a8_linear = o.w8a8_linear && kernels::fp8_block_gemm_available(devices_[r]);
   }

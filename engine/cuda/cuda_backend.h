@@ -101,10 +101,6 @@ struct CudaBackendOptions {
   /// (kernels/attention_wgmma.cu) where the GPU is a Hopper and the build has its sm_90a code;
   /// false: the mma.sync kernel (head_dim 256: the CUDA-core kernel).
   bool wgmma_attention = true;
-  /// There, head_dim 128 in the kernel's 64-row form: a warpgroup a block, two blocks per SM, so
-  /// one block's prologue and epilogue overlap the other's loop
-  /// (kernels::AttentionPrefillKernel::wgmma_narrow; an experiment, off until measured faster).
-  bool narrow_wgmma_attention = false;
   /// Decode steps' q/k norm, rotation and cache write inside the decode attention kernel
   /// (kernels::AttentionParams::fused_rope, where attention_decode_prefers_fused_rope says it
   /// pays: large batches) instead of a qk_norm_rope launch before it.

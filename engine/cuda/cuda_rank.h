@@ -94,7 +94,6 @@ class CudaRank {
   bool tma_experts = false;          ///< decode steps' bf16 / W8A8 experts on kernels::moe_gemm_tma
   bool router_norm = true;           ///< CudaBackendOptions::router_norm
   bool wgmma_attention = true;       ///< CudaBackendOptions::wgmma_attention
-  bool narrow_wgmma_attention = false;  ///< CudaBackendOptions::narrow_wgmma_attention
   bool fused_rope_attention = true;     ///< CudaBackendOptions::fused_rope_attention
   bool w8a8_linear = false;          ///< FP8-block projections on kernels::Fp8BlockGemm (Hopper)
   cublasHandle_t cublas = nullptr;  ///< bound to `stream`, fixed workspace

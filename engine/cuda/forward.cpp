@@ -83,9 +83,7 @@ struct Step {
             .max_blocks_per_seq = s.table_width, .block_size = static_cast<int>(r.kv.block_size),
             .n_q_heads = nh, .n_kv_heads = nkv, .head_dim = hd,
             .scale = 1.0f / std::sqrt(static_cast<float>(hd)),
-            .prefill_kernel = !r.wgmma_attention     ? k::AttentionPrefillKernel::mma_sync
-                              : r.narrow_wgmma_attention ? k::AttentionPrefillKernel::wgmma_narrow
-                                                         : k::AttentionPrefillKernel::best};
+            .prefill_kernel = r.wgmma_attention ? k::AttentionPrefillKernel::best : k::AttentionPrefillKernel::mma_sync};
     if (decode) {  // split-K over the key range, partials in the workspace
       attn.num_splits = s.attn_splits;
       attn.workspace = B.attn_ws;

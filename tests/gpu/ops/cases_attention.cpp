@@ -80,7 +80,6 @@ class AttentionCase final : public OpCase {
     p_.num_splits = splits_;
     p_.workspace = ws_.get();
     if (s_.mma_sync) p_.prefill_kernel = kernels::AttentionPrefillKernel::mma_sync;
-    if (s_.narrow) p_.prefill_kernel = kernels::AttentionPrefillKernel::wgmma_narrow;
     if (s_.fused_rope) setup_rope(env, rng);
   }
 
@@ -344,7 +343,7 @@ OpCaseDef attention_case(const AttentionShape& s) {
       lens(s.q_lens, 0) + " kvlen " + lens(s.kv_lens, s.random_kv_max) + " splits " +
       (s.splits == kSplitsAuto ? std::string("auto") : std::to_string(s.splits)) +
       (s.kv_bound > 0 ? " bound " + std::to_string(s.kv_bound) : "") +
-      (s.block_size != 16 ? " block " + std::to_string(s.block_size) : "") + (s.mma_sync ? " mma_sync" : "") + (s.narrow ? " narrow" : "") +
+      (s.block_size != 16 ? " block " + std::to_string(s.block_size) : "") + (s.mma_sync ? " mma_sync" : "") +
       (s.fused_rope ? (s.rope_norm ? " fused_rope" : " fused_rope no_norm") : "");
   return op_case_def<AttentionCase>(s.decode ? "attn_decode" : "attn_prefill", shape, OpFamily::attention, 5e-3, s);
 }

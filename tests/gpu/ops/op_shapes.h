@@ -102,7 +102,6 @@ struct AttentionShape {
   int block_size = 16;  ///< cache block (the decode kernels step 16 keys in one block
                         ///< when it divides by 16, else look up every key)
   bool mma_sync = false;  ///< prefill off the wgmma kernel (AttentionPrefillKernel::mma_sync)
-  bool narrow = false;    ///< the wgmma kernel's 64-row form (AttentionPrefillKernel::wgmma_narrow)
   /// Decode with AttentionParams::fused_rope: q and the new tokens' k / v come raw in fused qkv
   /// rows (q_pad after them), normalised (with rope_norm) and rotated by the kernel, which also
   /// writes the new k / v to their cache slots; checked with the cache against fp64.

@@ -85,8 +85,6 @@ std::vector<OpCaseDef> op_cases_test() {
   for (bool mma_sync : {false, true})
     t.push_back(attention_case({.head_dim = 128, .n_q_heads = 32, .n_kv_heads = 4, .q_lens = {37, 64, 20, 1},
                                 .kv_lens = {37, 64, 85, 130}, .mma_sync = mma_sync}));
-  t.push_back(attention_case({.head_dim = 128, .n_q_heads = 32, .n_kv_heads = 4, .q_lens = {37, 64, 20, 1},
-                              .kv_lens = {37, 64, 85, 130}, .narrow = true}));
   // Prompt lengths around the tiles (64 rows = 8 tokens of 8 heads, or 64 tokens of 1 head; 64
   // keys): a decode token, whole prompts and chunks on a cached prefix that ends mid-tile.
   t.push_back(attention_case({.head_dim = 128, .n_q_heads = 32, .n_kv_heads = 4, .q_lens = {1, 63, 64, 65, 200},
@@ -98,16 +96,14 @@ std::vector<OpCaseDef> op_cases_test() {
   // Long prompts and chunks across several 128-key tiles (the wgmma kernel's three stages wrap
   // around; the first warpgroup of a block stops a tile before the second), a block of 64 rows
   // only (16 tokens of a 4-head group in a 128-row tile: the second warpgroup has no rows),
-  // 1 head per kv head, cache blocks of 8 and 32; and the same on the mma.sync kernel and in the
-  // wgmma kernel's 64-row form (one warpgroup, 64-key tiles, two stages).
-  for (int form = 0; form < 3; ++form) {
-    const bool mma_sync = form == 1, narrow = form == 2;
+  // 1 head per kv head, cache blocks of 8 and 32; and the same on the mma.sync kernel.
+  for (bool mma_sync : {false, true}) {
     t.push_back(attention_case({.head_dim = 128, .n_q_heads = 32, .n_kv_heads = 4, .q_lens = {700, 129, 1, 300},
-                                .kv_lens = {700, 1000, 40, 333}, .mma_sync = mma_sync, .narrow = narrow}));
+                                .kv_lens = {700, 1000, 40, 333}, .mma_sync = mma_sync}));
     t.push_back(attention_case({.head_dim = 128, .n_q_heads = 16, .n_kv_heads = 4, .q_lens = {144, 16},
-                                .kv_lens = {400, 16}, .block_size = 8, .mma_sync = mma_sync, .narrow = narrow}));
+                                .kv_lens = {400, 16}, .block_size = 8, .mma_sync = mma_sync}));
     t.push_back(attention_case({.head_dim = 128, .n_q_heads = 8, .n_kv_heads = 8, .q_lens = {513, 64},
-                                .kv_lens = {600, 900}, .block_size = 32, .mma_sync = mma_sync, .narrow = narrow}));
+                                .kv_lens = {600, 900}, .block_size = 32, .mma_sync = mma_sync}));
   }
   t.push_back(attention_case({.head_dim = 64, .n_q_heads = 16, .n_kv_heads = 4, .q_lens = {130, 7}, .kv_lens = {130, 71}}));
   t.push_back(attention_case({.head_dim = 32, .n_q_heads = 8, .n_kv_heads = 4, .q_lens = {50, 3}, .kv_lens = {50, 40}}));
@@ -681,15 +677,15 @@ std::vector<OpCaseDef> op_cases_bench() {
                                          .stage = stage, .gather = stage == MoeGemmStage::gate_up_silu,
                                          .fp8 = true, .block_scales = block}));
   // Prefill attention: whole prompts, causal (batch column: the tokens), on the kernel the
-  // engine takes, on the mma.sync one and in the wgmma kernel's 64-row form.
+  // engine takes and on the mma.sync one.
   for (auto [prompts, len] : {std::pair{64, 128}, {32, 256}, {8, 512}, {8, 1024}, {1, 2048}})
-    for (int form = 0; form < 3; ++form)
+    for (bool mma_sync : {false, true})
       add(prompts * len, named(attention_case({.head_dim = kD, .n_q_heads = kNq, .n_kv_heads = kNkv,
                                                .q_lens = std::vector<int>(prompts, len),
                                                .kv_lens = std::vector<int>(prompts, len), .q_pad = 0,
-                                               .mma_sync = form == 1, .narrow = form == 2}),
+                                               .mma_sync = mma_sync}),
                                "attn_prefill " + std::to_string(prompts) + "x" + std::to_string(len) + " causal" +
-                                   (form == 1 ? " mma_sync" : form == 2 ? " narrow" : "")));
+                                   (mma_sync ? " mma_sync" : "")));
   // Qwen3-Next-80B's full-attention layers (16 q / 2 kv heads of 256): the wgmma kernel against
   // the CUDA-core one it replaces there.
   for (auto [prompts, len] : {std::pair{64, 128}, {8, 1024}})
