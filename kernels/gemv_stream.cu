@@ -38,6 +38,7 @@
 #include "kernels/device_common.cuh"
 #include "kernels/gemv_device.cuh"
 #include "kernels/launch.cuh"
+#include "kernels/moe_combine_device.cuh"
 #include "kernels/wgmma.cuh"
 #endif
 
@@ -115,7 +116,73 @@ struct GemvStreamArgs {
   const bf16* w = nullptr;  // [n, k]
   int n = 0, k = 0;
   int stage_rows = 0;  // rows per ring slot
+  // gemv_stream_combine_norm only: x formed from these instead of read
+  MoeCombineParams combine = {};
+  RmsNormParams norm = {};
+  unsigned* counter = nullptr;
 };
+
+// Consumers of gemv_stream_combine_norm: xs = rmsnorm(residual + bf16(combine)) of the one token,
+// as moe_combine_add_rmsnorm_kernel computes it (its held-vector form: a thread's ≤ kHeld
+// vectors stay in registers between the passes), then the residual write-back by the last CTA.
+// Ends with the consumers met on named barrier 1, xs complete.
+__device__ __forceinline__ void stream_combine_norm_x(const GemvStreamArgs& a, bf16* xs, int granules) {
+  constexpr int kHeld = kGemvCombineNormMaxK / 8 / kConsumerThreads;
+  __shared__ float partial[kConsumerWarps];
+  __shared__ bool last;
+  const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5;
+  float r[kHeld][8];
+  float ss = 0.f;
+#pragma unroll
+  for (int h = 0; h < kHeld; ++h) {
+    const int v = tid + h * kConsumerThreads;
+    if (v >= granules) continue;
+    float acc[8], res[8];
+    combine8<false, kCombineBatch>(a.combine, 0, 8 * v, acc);
+    load8(a.norm.residual + 8 * v, res);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float o = __bfloat162float(__float2bfloat16(acc[j]));
+      r[h][j] = __bfloat162float(__float2bfloat16(res[j] + o));
+      ss += r[h][j] * r[h][j];
+    }
+  }
+  ss = warp_sum(ss);
+  if ((tid & 31) == 0) partial[warp] = ss;
+  asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumerThreads) : "memory");
+  float total = 0.f;
+#pragma unroll
+  for (int i = 0; i < kConsumerWarps; ++i) total += partial[i];
+  const float rstd = rsqrtf(total / a.k + a.norm.eps);
+#pragma unroll
+  for (int h = 0; h < kHeld; ++h) {
+    const int v = tid + h * kConsumerThreads;
+    if (v >= granules) continue;
+    float w[8], x[8];
+    load8(a.norm.weight + 8 * v, w);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) x[j] = r[h][j] * rstd * (a.norm.weight_offset + w[j]);
+    store8(xs + 8 * v, x);
+  }
+  // Every consumer has read its residual vectors (their sums are in r): this CTA's ticket. The
+  // last CTA to take one writes the residual back; no CTA reads it after its ticket.
+  if (tid == 0) {
+    __threadfence();
+    last = atomicAdd(a.counter, 1u) == gridDim.x - 1;
+    if (last) {
+      *a.counter = 0;  // every CTA has its ticket: zero again for the next launch
+      __threadfence();
+    }
+  }
+  asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumerThreads) : "memory");
+  if (last) {
+#pragma unroll
+    for (int h = 0; h < kHeld; ++h) {
+      const int v = tid + h * kConsumerThreads;
+      if (v < granules) store8(a.norm.residual + 8 * v, r[h]);
+    }
+  }
+}
 
 // Weight rows a warp multiplies at once for M activation rows.
 __host__ __device__ constexpr int stream_rows_per_warp(int m) {
@@ -158,7 +225,9 @@ __device__ __forceinline__ void stream_rows(const uint4* const (&w)[R], const ui
   }
 }
 
-template <int M>
+// kCombineNorm (M = 1): x formed by stream_combine_norm_x instead of read
+// (gemv_stream_combine_norm).
+template <int M, bool kCombineNorm = false>
 __global__ void __launch_bounds__(kThreads, 1) gemv_stream_kernel(GemvStreamArgs a) {
   constexpr int R = stream_rows_per_warp(M);
   extern __shared__ __align__(128) uint8_t gemv_stream_smem[];
@@ -190,7 +259,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_stream_kernel(GemvStreamArgs
 
   // Consumers. x is the kernel before's output: only now wait for it.
   pdl_sync();
-  stream_load_x(xs, a.x, M * granules);
+  if constexpr (kCombineNorm)
+    stream_combine_norm_x(a, reinterpret_cast<bf16*>(xs), granules);
+  else
+    stream_load_x(xs, a.x, M * granules);
 
   const int groups_per_stage = CEIL_DIV(a.stage_rows, R);
   for (int q = 0; q < stages; ++q) {
@@ -235,6 +307,7 @@ constexpr GemvStreamKernel kKernels[kGemvMaxRows] = {
     gemv_stream_kernel<5>, gemv_stream_kernel<6>, gemv_stream_kernel<7>, gemv_stream_kernel<8>};
 static_assert(stream_rows_per_warp(kGemvMaxRows) * kGemvMaxRows <= 32,
               "one lane stores each (row, activation row) sum");
+static_assert(kGemvCombineNormMaxK % (8 * kConsumerThreads) == 0, "whole vectors per consumer thread");
 
 int smem_optin(int device) {
   int bytes = 0;
@@ -269,13 +342,14 @@ int stream_grid(void (*kernel)(Args), int device, size_t smem, int64_t cap, cons
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-void gemv_stream_impl(void* out, bool out_f32, const bf16* x, const bf16* w, int m, int n, int k,
-                      cudaStream_t stream) {
+// a.x, a.combine, a.norm and a.counter as the caller set them; the rest here.
+void gemv_stream_impl(GemvStreamArgs a, bool combine_norm, void* out, bool out_f32, const bf16* w, int m, int n,
+                      int k, cudaStream_t stream) {
   MB_CHECK(m >= 0 && m <= kGemvMaxRows && n > 0 && k > 0,
            "gemv_stream: bad shape (m <= kGemvMaxRows)");
   MB_CHECK(k % 8 == 0, "gemv_stream: k must be a multiple of 8 (rows of 16-byte granules)");
-  MB_CHECK(out && x && w, "gemv_stream: null operand");
-  MB_CHECK(aligned16(x) && aligned16(w), "gemv_stream: x and W must be 16-byte aligned");
+  MB_CHECK(out && (a.x || combine_norm) && w, "gemv_stream: null operand");
+  MB_CHECK((combine_norm || aligned16(a.x)) && aligned16(w), "gemv_stream: x and W must be 16-byte aligned");
   if (m == 0) return;
 #if MOEBATCH_WGMMA
   int device = 0;
@@ -285,12 +359,10 @@ void gemv_stream_impl(void* out, bool out_f32, const bf16* x, const bf16* w, int
   const int64_t stage_rows = stream_slot_units(device, row_bytes, m * row_bytes, &smem);
   MB_CHECK(stage_rows >= 1,
            "gemv_stream: m * k too large (x and four stages of one row must fit in shared memory)");
-  const GemvStreamKernel kernel = kKernels[m - 1];
+  const GemvStreamKernel kernel = combine_norm ? gemv_stream_kernel<1, true> : kKernels[m - 1];
   const int grid = stream_grid(kernel, device, smem, n, "gemv_stream");
-  GemvStreamArgs a;
   a.out = out;
   a.out_f32 = out_f32;
-  a.x = x;
   a.w = w;
   a.n = n;
   a.k = k;
@@ -298,6 +370,8 @@ void gemv_stream_impl(void* out, bool out_f32, const bf16* x, const bf16* w, int
   launch_dependent(kernel, grid, kThreads, smem, stream, a);
   CUDA_CHECK_LAST();
 #else
+  (void)a;
+  (void)combine_norm;
   (void)out_f32;
   (void)stream;
   MB_CHECK(false, "gemv_stream: this build has no sm_90a code (see gemv_stream_available)");
@@ -331,17 +405,39 @@ void gemv_stream_prepare() {
   const int bytes = smem_optin(device);
   for (GemvStreamKernel kernel : kKernels)
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  CUDA_CHECK(cudaFuncSetAttribute(gemv_stream_kernel<1, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
 #endif
 }
 
 void gemv_stream(bf16* out, const bf16* x, const bf16* w, int m, int n, int k,
                  cudaStream_t stream) {
-  gemv_stream_impl(out, false, x, w, m, n, k, stream);
+  GemvStreamArgs a;
+  a.x = x;
+  gemv_stream_impl(a, false, out, false, w, m, n, k, stream);
 }
 
 void gemv_stream(float* out, const bf16* x, const bf16* w, int m, int n, int k,
                  cudaStream_t stream) {
-  gemv_stream_impl(out, true, x, w, m, n, k, stream);
+  GemvStreamArgs a;
+  a.x = x;
+  gemv_stream_impl(a, false, out, true, w, m, n, k, stream);
+}
+
+bool gemv_stream_combine_norm_fits(int k) {
+  return k <= kGemvCombineNormMaxK && gemv_stream_fits(1, k);
+}
+
+void gemv_stream_combine_norm(bf16* out, const MoeCombineParams& c, const RmsNormParams& norm,
+                              unsigned* counter, const bf16* w, int n, int k, cudaStream_t stream) {
+  MB_CHECK(k > 0 && k <= kGemvCombineNormMaxK && c.tokens == 1 && c.hidden == k && norm.cols == k &&
+               c.top_k > 0 && c.topk_ids == nullptr,
+           "gemv_stream_combine_norm: one token of hidden k <= kGemvCombineNormMaxK, no expert mask");
+  MB_CHECK(c.expert_out && norm.residual && norm.weight && counter, "gemv_stream_combine_norm: null operand");
+  GemvStreamArgs a;
+  a.combine = c;
+  a.norm = norm;
+  a.counter = counter;
+  gemv_stream_impl(a, true, out, false, w, 1, n, k, stream);
 }
 
 }  // namespace moebatch::kernels

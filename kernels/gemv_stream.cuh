@@ -9,6 +9,8 @@
 // says which.
 #pragma once
 
+#include "kernels/moe_ops.cuh"
+#include "kernels/rmsnorm.cuh"
 #include "kernels/types.cuh"
 
 namespace moebatch::kernels {
@@ -37,5 +39,21 @@ void gemv_stream(bf16* out, const bf16* x, const bf16* w, int m, int n, int k, c
 /// Same with fp32 output.
 void gemv_stream(float* out, const bf16* x, const bf16* w, int m, int n, int k,
                  cudaStream_t stream);
+
+/// Whether gemv_stream_combine_norm takes hidden size k on the current device (k % 8 == 0,
+/// k ≤ kGemvCombineNormMaxK, and the ring fits beside x).
+constexpr int kGemvCombineNormMaxK = 4096;
+bool gemv_stream_combine_norm_fits(int k);
+
+/// gemv_stream of one token whose x is the pending MoE combine added into the residual and
+/// normalised, formed inside the GEMV instead of by moe_combine_add_rmsnorm's one-block launch
+/// before it: every CTA computes x = rmsnorm(residual + bf16(Σ_j w_j · y_j)) · (weight_offset +
+/// weight) itself (the same arithmetic, the sum of squares in another order), and the CTA that
+/// is last to take a ticket on `counter` (zero before, left zero) — when every CTA has read the
+/// residual — writes residual += the combine back in place. c.tokens == 1, c.hidden == norm.cols
+/// == k, no expert-parallel mask (c.topk_ids null); norm.out is not written. The decode layer's
+/// first norm at batch 1, one launch less on its critical path (docs/design.md, session 19).
+void gemv_stream_combine_norm(bf16* out, const MoeCombineParams& c, const RmsNormParams& norm,
+                              unsigned* counter, const bf16* w, int n, int k, cudaStream_t stream);
 
 }  // namespace moebatch::kernels

@@ -24,7 +24,9 @@
 // --disable-wgmma-attention keeps prefill attention off the wgmma kernel (mma.sync; head_dim 256:
 // the CUDA-core kernel); --disable-w8a8-linear decodes FP8 projections to bf16 for cuBLAS
 // instead of running them W8A8 on cuBLASLt; --disable-fused-rope runs decode steps' q/k norm +
-// rope + cache write as a launch of its own instead of inside the decode attention kernel.
+// rope + cache write as a launch of its own instead of inside the decode attention kernel;
+// --combine-norm-in-qkv forms one token's pending MoE combine + add + norm inside the qkv GEMV
+// (kernels::gemv_stream_combine_norm) instead of a one-block launch before it.
 // A build with -DMOEBATCH_STEP_TRACE=ON also prints, per decode batch, where one graph-replayed
 // step's time goes kernel by kernel (kernels/step_trace.cuh): per call site, the time each kernel
 // adds to the step's critical path, and one layer's kernels in order.
@@ -33,7 +35,7 @@
 //                                   [--disable-w8a8-experts]
 //                                   [--disable-stream-gemv] [--disable-tma-experts] [--disable-router-norm]
 //                                   [--disable-wgmma-attention]
-//                                   [--disable-fused-rope]
+//                                   [--disable-fused-rope] [--combine-norm-in-qkv]
 //                                   [--disable-w8a8-linear]
 //                                   [--quantization Q]
 //                                   [--moe-sorted-min-rows N] [out.json]
@@ -208,6 +210,7 @@ struct Args {
   bool router_norm = true;               ///< --disable-router-norm: the MLP norm in its own launch
   bool wgmma_attention = true;           ///< --disable-wgmma-attention: prefill off the wgmma kernel
   bool fused_rope = true;                ///< --disable-fused-rope: decode's rope in its own launch
+  bool combine_norm_in_qkv = false;      ///< --combine-norm-in-qkv: one token's layer norm in the qkv GEMV
   bool w8a8_linear = true;               ///< --disable-w8a8-linear: FP8 projections decoded to bf16
   Quantization quant = Quantization::None;
 };
@@ -235,6 +238,8 @@ Args parse_args(int argc, char** argv) {
       a.wgmma_attention = false;
     } else if (arg == "--disable-fused-rope") {
       a.fused_rope = false;
+    } else if (arg == "--combine-norm-in-qkv") {
+      a.combine_norm_in_qkv = true;
     } else if (arg == "--disable-w8a8-linear") {
       a.w8a8_linear = false;
     } else if (arg == "--disable-router-norm") {
@@ -332,6 +337,7 @@ int main(int argc, char** argv) {
   o.stream_gemv = args.stream_gemv;
   o.wgmma_attention = args.wgmma_attention;
   o.fused_rope_attention = args.fused_rope;
+  o.combine_norm_in_qkv = args.combine_norm_in_qkv;
   o.w8a8_linear = args.w8a8_linear;
   o.tma_experts = args.tma_experts;
   o.router_norm = args.router_norm;
@@ -364,6 +370,7 @@ int main(int argc, char** argv) {
   J["stream_gemv"] = o.stream_gemv;
   J["wgmma_attention"] = o.wgmma_attention;
   J["fused_rope_attention"] = o.fused_rope_attention;
+  J["combine_norm_in_qkv"] = o.combine_norm_in_qkv;
   J["w8a8_linear"] = o.w8a8_linear;
   J["tma_experts"] = o.tma_experts;
   J["router_norm"] = o.router_norm;

@@ -18,8 +18,10 @@
 # the engine benchmark on the 30B shape with the wgmma experts and without them.
 # `experts`: the bf16 wgmma expert GEMM in one call: its op cases (and the other MoE kernels'),
 #   the engine tests, the moe_wgmma rows and the 30B engine benchmark.
-# `decode`: the decode step's op cases (moe_gemv, decode attention, router, rope), the engine
-#   tests, batch 1 / 256 with and without the fused rope, and the step trace at batch 1.
+# `decode`: the decode step's op cases (moe_gemv, decode attention, router, rope, combine), the
+#   engine tests, batch 1 / 256 for each of DECODE_VARIANTS (default: default combine default
+#   combine; also unfused = --disable-fused-rope, combine = --combine-norm-in-qkv), and the step
+#   trace at batch 1 (with TRACE_FLAGS).
 # `phases`: a diagnostic build (build-pc, -DMOEBATCH_PHASE_CLOCKS=ON -DMOEBATCH_STEP_TRACE=ON): the
 #   moe_wgmma and prefill attention rows with the cycles per tile in each phase, then the engine
 #   benchmark (TRACE_BATCHES, default 1,256; TRACE_QUANT, default none, e.g. "none fp8") with
@@ -169,20 +171,20 @@ if [ "$WHAT" = decode ]; then
   # tests, the 30B benchmark at batches 1 and 256 with and without the fused rope, then the
   # diagnostic build's step trace at batch 1
   echo "built at $(date +%T)"
-  timeout 150 ./build-dev/moebatch_gpu_tests --gtest_filter='*moe_gemv*:*attn_decode*:*route*:*rope*' > "$OUT/kernel_tests.log" 2>&1
+  timeout 150 ./build-dev/moebatch_gpu_tests --gtest_filter='*moe_gemv*:*attn_decode*:*route*:*rope*:*combine*' > "$OUT/kernel_tests.log" 2>&1
   echo "kernel tests rc=$?"; grep -E "FAIL|^\[  PASSED|^\[==|SKIPPED" "$OUT/kernel_tests.log" | head -30
   timeout 150 ./build-dev/moebatch_gpu_engine_tests > "$OUT/engine_tests.log" 2>&1
   echo "engine tests rc=$?"
   grep -E "Failure|Expected|Which is|FAILED|^\[  PASSED|^\[==" "$OUT/engine_tests.log" | head -30
-  for v in ${DECODE_VARIANTS:-default unfused default}; do
-    flag=""; [ $v = unfused ] && flag=--disable-fused-rope
+  for v in ${DECODE_VARIANTS:-default combine default combine}; do
+    flag=""; [ $v = unfused ] && flag=--disable-fused-rope; [ $v = combine ] && flag=--combine-norm-in-qkv
     MOEBATCH_BENCH_BATCHES=1,256 timeout 130 ./build-dev/moebatch_bench_engine_cuda $flag "/tmp/bench_engine_$v.json" \
       > /tmp/bench_engine_$v.log 2>&1
     echo "bench $v rc=$?"; cat /tmp/bench_engine_$v.log >> "$OUT/bench_engine_decode.log"
     grep -E "^ *[0-9]+ \|" /tmp/bench_engine_$v.log | head -4
   done
   build_diag || { grep -E "error" -A3 "$OUT/pc_build.log" | head -20; exit 1; }
-  MOEBATCH_BENCH_BATCHES=1 timeout 100 ./build-pc/moebatch_bench_engine_cuda /tmp/trace.json > /tmp/trace.log 2>&1
+  MOEBATCH_BENCH_BATCHES=1 timeout 100 ./build-pc/moebatch_bench_engine_cuda ${TRACE_FLAGS:-} /tmp/trace.json > /tmp/trace.log 2>&1
   echo "traced rc=$?"; cat /tmp/trace.log >> "$OUT/bench_engine_decode.log"
   grep -E "step trace|call site|^  [a-z_]+\.cu|one layer|^    " /tmp/trace.log | head -40
   exit 0

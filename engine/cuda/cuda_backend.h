@@ -105,6 +105,10 @@ struct CudaBackendOptions {
   /// (kernels::AttentionParams::fused_rope, where attention_decode_prefers_fused_rope says it
   /// pays: large batches) instead of a qk_norm_rope launch before it.
   bool fused_rope_attention = true;
+  /// One-token steps of one rank form the pending MoE combine + residual add + attention norm
+  /// inside the qkv GEMV (kernels::gemv_stream_combine_norm) instead of a one-block launch before
+  /// it. An experiment (session 19, written without a GPU run), off until measured faster.
+  bool combine_norm_in_qkv = false;
   /// Projections on FP8-block weights (128 × 128 scale blocks) of steps with more than 8 rows as
   /// W8A8 on cuBLASLt's block-scaled FP8 GEMM (kernels/gemm_fp8.cuh), the rows quantized per
   /// 1 × 128 as vLLM does for block-FP8 checkpoints, where the GPU is a Hopper and the shape is

@@ -138,6 +138,7 @@ struct StepBuffers {
   int32_t* active_experts = nullptr;// [E + 1]: count, then the experts with pairs
   int32_t* align_ws = nullptr;      // [moe_align_workspace_ints(E)]: a prefill align's block counts
   int32_t* route_counter = nullptr; // [1] moe_route_small's block counter (zeroed at start)
+  uint32_t* norm_counter = nullptr; // [1] gemv_stream_combine_norm's ticket counter (zeroed at start)
   bf16* gate_up = nullptr;          // [max(S 2Ie, T 2I, T 2Is)]
   bf16* act = nullptr;              // half of gate_up
   size_t gate_up_elems = 0;         // elements of gate_up (act holds half as many)

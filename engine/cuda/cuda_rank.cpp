@@ -100,6 +100,7 @@ void CudaRank::build(const ModelConfig& cfg, const ModelPlan& wplan, const Memor
   CUDA_CHECK(cudaMalloc(&buf_mem_, plan.activations - dequant_elems_ * sizeof(bf16) - a8_bytes_));
   buf = carve_step_buffers(buf_mem_, cfg, dims, cap);
   CUDA_CHECK(cudaMemsetAsync(buf.route_counter, 0, sizeof(int32_t), stream));
+  CUDA_CHECK(cudaMemsetAsync(buf.norm_counter, 0, sizeof(uint32_t), stream));
   CUDA_CHECK(cudaStreamSynchronize(stream));
   const size_t T = cap.tokens;
   pinned_bytes_ = sampling_staging_bytes() + (T * (7 + cap.table_width) + 1) * sizeof(int32_t);

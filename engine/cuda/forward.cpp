@@ -20,6 +20,7 @@
 #include "kernels/cuda_check.cuh"
 #include "kernels/embedding.cuh"
 #include "kernels/gemm.cuh"
+#include "kernels/gemv_stream.cuh"
 #include "kernels/linear_attention.cuh"
 #include "kernels/moe_sorted.cuh"
 #include "kernels/moe_wgmma.cuh"
@@ -194,13 +195,23 @@ void norm(const Step& s, bf16* branch, const DeviceTensor& w,
 }
 
 // Full attention of this rank's heads: B.o = o_proj(attention(qkv(B.h))), a partial sum over
-// heads when world > 1. Every token's k/v go to its paged slot before anyone attends.
-void attention(const Step& s, const DeviceLayerWeights& L, const DeviceKvCache& kv,
-               int64_t kv_layer) {
+// heads when world > 1. Every token's k/v go to its paged slot before anyone attends. With
+// `combine_norm` the layer's norm was left to the qkv GEMV: it forms B.h's one row itself from
+// that pending combine, the residual B.x and L.input_norm (combine_norm_in_qkv).
+void attention(const Step& s, const DeviceLayerWeights& L, const DeviceKvCache& kv, int64_t kv_layer,
+               const k::MoeCombineParams* combine_norm = nullptr) {
   const StepBuffers& B = s.B;
   // qkv projection: one GEMM over the fused [(nh + 2 nkv) hd, H] weight yields rows
   // [q | k | v]; + bias for Qwen2-MoE
-  linear(s.gemm, B.qkv, B.h, L.wqkv, s.n);
+  if (combine_norm != nullptr) {
+    k::RmsNormParams n = s.norm;
+    n.residual = B.x;
+    n.weight = L.input_norm.as_bf16();
+    k::gemv_stream_combine_norm(B.qkv, *combine_norm, n, B.norm_counter, L.wqkv.as_bf16(),
+                                static_cast<int>(L.wqkv.shape[0]), s.H, s.st);
+  } else {
+    linear(s.gemm, B.qkv, B.h, L.wqkv, s.n);
+  }
   if (!L.bqkv.empty())
     k::add_bias(B.qkv, L.bqkv.as_bf16(), s.n, static_cast<int>(L.bqkv.shape[0]), s.st);
   s.mark("qkv_proj");
@@ -468,13 +479,17 @@ void cuda_forward(const ModelConfig& cfg, CudaRank& r, const StepShape& shape, S
     const DeviceLayerWeights& L = W.layers[static_cast<size_t>(l)];
 
     // mixer norm; from layer 1 on fused with the all-reduce and residual add of the previous
-    // MLP output
-    norm(s, l == 0 ? nullptr : B.o, L.input_norm, pending);
+    // MLP output — or, for one token's pending combine, formed inside the qkv GEMV
+    const bool norm_in_qkv = pending && r.combine_norm_in_qkv && kind.mixer == MixerKind::FullAttention &&
+                             s.n == 1 && L.wqkv.format == WeightFormat::Bf16 &&
+                             k::gemv_stream_combine_norm_fits(s.H);
+    if (!norm_in_qkv) norm(s, l == 0 ? nullptr : B.o, L.input_norm, pending);
 
     // token mixer → B.o (this rank's partial when world > 1)
     switch (kind.mixer) {
       case MixerKind::FullAttention:
-        attention(s, L, r.kv, kv_layer++);
+        attention(s, L, r.kv, kv_layer++, norm_in_qkv ? &*pending : nullptr);
+        if (norm_in_qkv) pending.reset();  // formed by the qkv GEMV
         break;
       case MixerKind::LinearAttention:
         linear_attention(s, L, r.lin_state, lin_layer++);

@@ -30,6 +30,7 @@
 #include "engine/model_files.h"
 #include "kernels/gemm.cuh"
 #include "kernels/gemm_fp8.cuh"
+#include "kernels/gemv_stream.cuh"
 #include "kernels/moe_wgmma.cuh"
 #include "tests/common/prompts.h"
 #include "tests/engine/reference.h"
@@ -338,6 +339,37 @@ TEST_P(CudaFixture, W8a8ProjectionsMatchDecodedWeights) {
   }
   expect_rows_close(errs, false, GetParam() + " W8A8 projections vs decoded", 1.5 * kW8a8Tol);
   EXPECT_GT(*std::max_element(errs.begin(), errs.end()), 0.0) << "W8A8 projections did not run";
+}
+
+// One-token decode steps with the pending MoE combine + add + norm formed inside the qkv GEMV
+// (CudaBackendOptions::combine_norm_in_qkv) against the same model with its one-block launch:
+// the decode logits of two sequences run one after the other (batch 1), within bf16 tolerance
+// (the norm's sum of squares is taken in another order), by the 3-in-4 rule (router near-ties).
+TEST_P(CudaFixture, CombineNormInQkvMatchesSeparateLaunch) {
+  if (!kernels::gemv_stream_available(0)) GTEST_SKIP() << "gemv_stream needs a Hopper GPU and sm_90a code";
+  std::mt19937 rng(std::random_device{}());
+  EngineOptions eo{.max_num_seqs = 8, .max_num_batched_tokens = 64};
+  CudaBackendOptions fused = small_options();
+  fused.combine_norm_in_qkv = true;
+  Engine a(std::make_unique<CudaBackend>(fixture_path(GetParam()), fused), eo);
+  Engine b(std::make_unique<CudaBackend>(fixture_path(GetParam()), small_options()), eo);
+  const int64_t V = a.config().vocab_size;
+  std::vector<double> errs;
+  for (uint64_t id : {1, 2}) {
+    const auto prompt = random_prompt(rng, 20, V);
+    a.add(request(id, prompt, 10, true));
+    b.add(request(id, prompt, 10, true));
+    const auto fa = run_to_completion(a), fb = run_to_completion(b);
+    ASSERT_EQ(fa.size(), 1u);
+    ASSERT_EQ(fb.size(), 1u);
+    const size_t rows = std::min(fa[0].logits.size(), fb[0].logits.size());
+    const std::vector<float> la(fa[0].logits.begin(), fa[0].logits.begin() + rows),
+        lb(fb[0].logits.begin(), fb[0].logits.begin() + rows);
+    const auto e = row_errors(la, lb, V);
+    errs.insert(errs.end(), e.begin(), e.end());
+  }
+  expect_rows_close(errs, GetParam() == "qwen3_dense_tiny", GetParam() + " combine + norm in qkv vs launch",
+                    w8a8_tol(GetParam()));
 }
 
 // Logits of each decode step (paged cache, decode kernel, graphs) against a full recompute of

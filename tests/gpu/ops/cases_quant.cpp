@@ -426,6 +426,114 @@ class QuantizeCase final : public OpCase {
 // scale · Σ code·x); the dequantize path also rounds every weight to bf16 once (~1e-3 relative
 // on a dot product); cuBLAS on bf16 weights as linear_case. gemv_stream as the GEMV: fp32 sums
 // of exact bf16 products, one rounding.
+// The pending combine + add + norm formed inside gemv_stream (kernels::gemv_stream_combine_norm)
+// against the launches it replaces: the residual bit for bit as moe_combine_add_rmsnorm leaves
+// it, out within tol of the fp64 chain (the combine, bf16 roundings of it and of the residual
+// sum as the kernels make them, the norm rounded to bf16 as x, the GEMV), and the ticket counter
+// back at zero.
+class GemvCombineNormCase final : public OpCase {
+ public:
+  explicit GemvCombineNormCase(const GemvCombineNormShape& s) : s_(s) {}
+  void setup(const OpEnv& env, uint32_t seed) override {
+    std::mt19937 rng(seed);
+    y_ = RandomBf16(static_cast<size_t>(s_.top_k) * s_.hidden, 2.f, rng, env.stream);
+    res_ = RandomBf16(s_.hidden, 2.f, rng, env.stream);
+    nw_ = RandomBf16(s_.hidden, 1.5f, rng, env.stream);
+    w_ = RandomBf16(static_cast<size_t>(s_.n) * s_.hidden, 0.05f, rng, env.stream);
+    cw_.resize(s_.top_k);
+    for (auto& v : cw_) v = std::uniform_real_distribution<float>(0.f, 1.f)(rng);
+    d_cw_ = DevBuf<float>(cw_);
+    counter_ = DevBuf<uint32_t>(std::vector<uint32_t>{0});
+    res_init_ = DevBuf<bf16>(s_.hidden);
+    CUDA_CHECK(cudaMemcpyAsync(res_init_.get(), res_.get(), s_.hidden * sizeof(bf16), cudaMemcpyDeviceToDevice, env.stream));
+    out_ = DevBuf<bf16>(s_.n);
+    out_.poison();
+    kernels::gemv_stream_prepare();
+  }
+  void run(const OpEnv& env, int) override {
+    // the residual as set up: each launch adds the combine into it once
+    CUDA_CHECK(cudaMemcpyAsync(res_.get(), res_init_.get(), s_.hidden * sizeof(bf16), cudaMemcpyDeviceToDevice,
+                               env.stream));
+    kernels::gemv_stream_combine_norm(out_.get(), combine(), norm(res_.get()), counter_.get(), w_.get(), s_.n,
+                                      s_.hidden, env.stream);
+  }
+  OpCheck check(const OpEnv& env, double tol) override {
+    const int H = s_.hidden, K = s_.top_k;
+    OpCheck c;
+    // the residual: bit for bit as moe_combine_add_rmsnorm leaves it
+    const std::vector<uint16_t> res0 = res_.original(env.stream);
+    DevBuf<bf16> res(res0.size()), h(static_cast<size_t>(H));
+    CUDA_CHECK(cudaMemcpy(res.get(), res0.data(), res0.size() * 2, cudaMemcpyHostToDevice));
+    kernels::RmsNormParams n = norm(res.get());
+    n.out = h.get();
+    kernels::moe_combine_add_rmsnorm(combine(), n, env.stream);
+    CUDA_CHECK(cudaStreamSynchronize(env.stream));
+    c.equal("residual vs moe_combine_add_rmsnorm", res_.current(), res.download<uint16_t>());
+    c.expect(counter_.download<uint32_t>()[0] == 0, "ticket counter back at zero");
+    // out vs the fp64 chain
+    const auto y = y_.original(env.stream), nw = nw_.original(env.stream);
+    const auto w = w_.original_f(env.stream);
+    std::vector<double> x(H);
+    double ss = 0;
+    for (int i = 0; i < H; ++i) {
+      double o = 0;
+      for (int j = 0; j < K; ++j) o += cw_[j] * bf2f(y[static_cast<size_t>(j) * H + i]);
+      x[i] = round_bf(bf2f(res0[i]) + round_bf(static_cast<float>(o)));
+      ss += x[i] * x[i];
+    }
+    const double rstd = 1.0 / std::sqrt(ss / H + kEps);
+    for (int i = 0; i < H; ++i) x[i] = round_bf(static_cast<float>(x[i] * rstd * (s_.weight_offset + bf2f(nw[i]))));
+    std::vector<double> ref(s_.n);
+    parallel_for(s_.n, [&](size_t r) {
+      double acc = 0;
+      for (int i = 0; i < H; ++i) acc += w[r * H + i] * x[i];
+      ref[r] = acc;
+    });
+    c.rel_l2("out", to_float(out_.download<uint16_t>()), ref, tol);
+    return c;
+  }
+  double bytes() const override { return 2.0 * s_.n * s_.hidden + 2.0 * (s_.top_k + 3) * s_.hidden; }
+  double flops() const override { return 2.0 * s_.n * s_.hidden; }
+
+ private:
+  static constexpr float kEps = 1e-6f;
+  kernels::MoeCombineParams combine() const {
+    kernels::MoeCombineParams p;
+    p.expert_out = y_.get();
+    p.weights = d_cw_.get();
+    p.tokens = 1;
+    p.top_k = s_.top_k;
+    p.hidden = s_.hidden;
+    return p;
+  }
+  kernels::RmsNormParams norm(bf16* residual) const {
+    kernels::RmsNormParams n;
+    n.residual = residual;
+    n.weight = nw_.get();
+    n.rows = 1;
+    n.cols = s_.hidden;
+    n.eps = kEps;
+    n.weight_offset = s_.weight_offset;
+    return n;
+  }
+  GemvCombineNormShape s_;
+  RandomBf16 y_, res_, nw_, w_;
+  std::vector<float> cw_;
+  DevBuf<float> d_cw_;
+  DevBuf<uint32_t> counter_;
+  DevBuf<bf16> out_, res_init_;
+};
+
+OpCaseDef gemv_combine_norm_case(const GemvCombineNormShape& s) {
+  MB_CHECK(s.top_k > 0 && s.hidden > 0 && s.hidden % 8 == 0 && s.hidden <= kernels::kGemvCombineNormMaxK && s.n > 0,
+           "gemv_combine_norm case: hidden a multiple of 8 up to kGemvCombineNormMaxK");
+  OpCaseDef d = op_case_def<GemvCombineNormCase>(
+      s.weight_offset != 0.f ? "gemv_stream_combine_norm 1+w" : "gemv_stream_combine_norm",
+      "k" + to_string(s.top_k) + " H" + to_string(s.hidden) + " n" + to_string(s.n), OpFamily::quant, 5e-3, s);
+  d.available = &kernels::gemv_stream_available;
+  return d;
+}
+
 OpCaseDef quant_linear_case(const QuantLinearShape& s) {
   MB_CHECK(!s.stream || (s.format == WeightFormat::bf16 && s.m <= kernels::kGemvMaxRows),
            "quant_linear case: gemv_stream takes bf16 weights and m <= kGemvMaxRows");

@@ -265,6 +265,15 @@ struct QuantLinearShape {
   bool stream = false;
 };
 OpCaseDef quant_linear_case(const QuantLinearShape& s);
+
+/// kernels::gemv_stream_combine_norm: one token's pending MoE combine (top_k weighted rows) added
+/// into the residual and normalised inside the GEMV (weight as weight_offset + w), times bf16
+/// W [n, hidden].
+struct GemvCombineNormShape {
+  int top_k, hidden, n;
+  float weight_offset = 0.f;
+};
+OpCaseDef gemv_combine_norm_case(const GemvCombineNormShape& s);
 /// The path quant_linear takes for s ("gemv", "dequant+cuBLAS", "cuBLAS"), or "gemv_stream":
 /// benchmark row names.
 const char* quant_linear_path_name(const QuantLinearShape& s);

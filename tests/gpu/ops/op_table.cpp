@@ -470,6 +470,12 @@ std::vector<OpCaseDef> op_cases_test() {
                                    .fp32_out = true,
                                    .format = WeightFormat::bf16,
                                    .stream = true}));
+  // The one-token combine + add + norm formed inside it (gemv_stream_combine_norm): the 30B
+  // layer's qkv (top-8, hidden 2048), the seed class's (hidden 4096: two vectors a thread), top-10
+  // with 1 + w, and hidden 520 (fewer vectors than threads; 37 rows).
+  for (GemvCombineNormShape c : {GemvCombineNormShape{8, 2048, 5120}, {8, 4096, 5120}, {10, 2048, 1000, 1.f},
+                                 {4, 520, 37}})
+    t.push_back(gemv_combine_norm_case(c));
   for (auto [f, cols] : {std::pair{WeightFormat::fp8_block, 1040}, {WeightFormat::fp8_block, 2048},
                          {WeightFormat::nvfp4, 1056}, {WeightFormat::nvfp4, 2048}, {WeightFormat::bf16, 272},
                          {WeightFormat::int8, 1056}, {WeightFormat::int8, 2048}, {WeightFormat::int4, 1056},
