@@ -302,8 +302,10 @@ TEST(ServiceProcess, DemoSubmitsThroughSqlAndZeroMqAndFinishesEveryJob) {
   test::demo_model();  // generated into the test cache, which the demo reads through the env
   setenv("MOEBATCH_CACHE", MOEBATCH_TEST_CACHE, 1);
   const auto db = dir.path() / "demo.db";
-  auto demo = test::run_cli(
-      {"demo", "--jobs", "24", "--max-tokens", "4", "--threads", "2", "--db", db.string()});
+  // A deadline for work to finish (under TSan the demo's engine warms up and generates several
+  // times slower); ctest's 300 s per-test limit stays above the scaled bound.
+  auto demo = test::run_cli({"demo", "--jobs", "24", "--max-tokens", "4", "--threads", "2", "--db", db.string()},
+                            test::kThreadSanitizer ? std::chrono::milliseconds(240'000) : std::chrono::milliseconds(60'000));
   ASSERT_EQ(demo.exit_code, 0) << demo.out << demo.err;
   const std::string& out = demo.out;
   EXPECT_NE(out.find("12 by SQL INSERT"), std::string::npos) << out;
