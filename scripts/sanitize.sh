@@ -7,7 +7,7 @@
 #              with scripts/tsan.supp (library false positives only, each one explained); CI's
 #              third stage since 2026-12-03. Eight service tests that check work done within a
 #              time budget, or cannot fit ctest's 300 s at TSan's pace, skip themselves there
-#              (MB_SKIP_UNDER_TSAN), four give their work a longer deadline (under_tsan; both in
+#              (MB_SKIP_UNDER_TSAN), five give their work a longer deadline (under_tsan or kThreadSanitizer; in
 #              tests/service/test_util.h);
 #   tsan-ci:   TSan over the queue and ingress binaries only, which need no `moebatch` executable
 #              (TSAN_CI_TESTS): a quick local check, about 70 s from a clean build-tsan
