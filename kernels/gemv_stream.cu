@@ -137,15 +137,7 @@ __device__ __forceinline__ void stream_combine_norm_x(const GemvStreamArgs& a, b
   for (int h = 0; h < kHeld; ++h) {
     const int v = tid + h * kConsumerThreads;
     if (v >= granules) continue;
-    float acc[8], res[8];
-    combine8<false, kCombineBatch>(a.combine, 0, 8 * v, acc);
-    load8(a.norm.residual + 8 * v, res);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float o = __bfloat162float(__float2bfloat16(acc[j]));
-      r[h][j] = __bfloat162float(__float2bfloat16(res[j] + o));
-      ss += r[h][j] * r[h][j];
-    }
+    combine_add8<false, kCombineBatch>(a.combine, 0, 8 * v, a.norm.residual + 8 * v, r[h], ss);
   }
   ss = warp_sum(ss);
   if ((tid & 31) == 0) partial[warp] = ss;
@@ -342,9 +334,11 @@ int stream_grid(void (*kernel)(Args), int device, size_t smem, int64_t cap, cons
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// a.x, a.combine, a.norm and a.counter as the caller set them; the rest here.
-void gemv_stream_impl(GemvStreamArgs a, bool combine_norm, void* out, bool out_f32, const bf16* w, int m, int n,
-                      int k, cudaStream_t stream) {
+// a.x — or, for gemv_stream_combine_norm, a.combine, a.norm and a.counter — as the caller set
+// them; the rest here.
+void gemv_stream_impl(GemvStreamArgs a, void* out, bool out_f32, const bf16* w, int m, int n, int k,
+                      cudaStream_t stream) {
+  const bool combine_norm = a.counter != nullptr;
   MB_CHECK(m >= 0 && m <= kGemvMaxRows && n > 0 && k > 0,
            "gemv_stream: bad shape (m <= kGemvMaxRows)");
   MB_CHECK(k % 8 == 0, "gemv_stream: k must be a multiple of 8 (rows of 16-byte granules)");
@@ -371,7 +365,6 @@ void gemv_stream_impl(GemvStreamArgs a, bool combine_norm, void* out, bool out_f
   CUDA_CHECK_LAST();
 #else
   (void)a;
-  (void)combine_norm;
   (void)out_f32;
   (void)stream;
   MB_CHECK(false, "gemv_stream: this build has no sm_90a code (see gemv_stream_available)");
@@ -413,14 +406,14 @@ void gemv_stream(bf16* out, const bf16* x, const bf16* w, int m, int n, int k,
                  cudaStream_t stream) {
   GemvStreamArgs a;
   a.x = x;
-  gemv_stream_impl(a, false, out, false, w, m, n, k, stream);
+  gemv_stream_impl(a, out, false, w, m, n, k, stream);
 }
 
 void gemv_stream(float* out, const bf16* x, const bf16* w, int m, int n, int k,
                  cudaStream_t stream) {
   GemvStreamArgs a;
   a.x = x;
-  gemv_stream_impl(a, false, out, true, w, m, n, k, stream);
+  gemv_stream_impl(a, out, true, w, m, n, k, stream);
 }
 
 bool gemv_stream_combine_norm_fits(int k) {
@@ -437,7 +430,7 @@ void gemv_stream_combine_norm(bf16* out, const MoeCombineParams& c, const RmsNor
   a.combine = c;
   a.norm = norm;
   a.counter = counter;
-  gemv_stream_impl(a, true, out, false, w, 1, n, k, stream);
+  gemv_stream_impl(a, out, false, w, 1, n, k, stream);
 }
 
 }  // namespace moebatch::kernels

@@ -57,4 +57,23 @@ __device__ __forceinline__ void combine8(const MoeCombineParams& p, size_t t, in
   }
 }
 
+// r = bf16(residual + bf16(Σ_j w · y)) over columns c .. c + 7 of token t — the combine rounded
+// as moe_combine stores it, the add rounded as the residual stream is stored — read from
+// `residual` (those 8 columns), with ss += r² column by column as add_rmsnorm sums. The one
+// definition of the combine + add for the kernels that also normalise (moe_ops.cu's
+// moe_combine_add_rmsnorm, gemv_stream's one-token prologue), which must agree bit for bit.
+template <bool kMasked, int kBatch>
+__device__ __forceinline__ void combine_add8(const MoeCombineParams& p, size_t t, int c, const bf16* residual,
+                                             float r[8], float& ss) {
+  load8(residual, r);
+  float acc[8];
+  combine8<kMasked, kBatch>(p, t, c, acc);
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const float o = __bfloat162float(__float2bfloat16(acc[k]));
+    r[k] = __bfloat162float(__float2bfloat16(r[k] + o));
+    ss += r[k] * r[k];
+  }
+}
+
 }  // namespace moebatch::kernels

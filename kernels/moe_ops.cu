@@ -83,15 +83,7 @@ __global__ void __launch_bounds__(kThreads) moe_combine_add_rmsnorm_kernel(MoeCo
   bf16* res = n.residual + t * c.hidden;
   float ss = 0.f;
   const auto add = [&](int i, float r[8]) {  // r = bf16(residual + bf16(combined)), stored back
-    load8(res + 8 * i, r);
-    float acc[8];
-    combine8<kMasked, kBatch>(c, t, 8 * i, acc);
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const float o = __bfloat162float(__float2bfloat16(acc[k]));
-      r[k] = __bfloat162float(__float2bfloat16(r[k] + o));
-      ss += r[k] * r[k];
-    }
+    combine_add8<kMasked, kBatch>(c, t, 8 * i, res + 8 * i, r, ss);
     store8(res + 8 * i, r);
   };
   float held[kHeld + 1][8];

@@ -481,8 +481,7 @@ void cuda_forward(const ModelConfig& cfg, CudaRank& r, const StepShape& shape, S
     // mixer norm; from layer 1 on fused with the all-reduce and residual add of the previous
     // MLP output — or, for one token's pending combine, formed inside the qkv GEMV
     const bool norm_in_qkv = pending && r.combine_norm_in_qkv && kind.mixer == MixerKind::FullAttention &&
-                             s.n == 1 && L.wqkv.format == WeightFormat::Bf16 &&
-                             k::gemv_stream_combine_norm_fits(s.H);
+                             linear_on_gemv_stream(s.gemm, L.wqkv, s.n) && k::gemv_stream_combine_norm_fits(s.H);
     if (!norm_in_qkv) norm(s, l == 0 ? nullptr : B.o, L.input_norm, pending);
 
     // token mixer → B.o (this rank's partial when world > 1)

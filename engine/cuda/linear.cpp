@@ -51,8 +51,7 @@ void linear_any(const GemmContext& g, Out* out, const bf16* in, const DeviceTens
   if (w.format == WeightFormat::F32) no_kernel("linear", w.format);
   if constexpr (std::is_same_v<Out, bf16>)
     if (w.format == WeightFormat::Fp8Block && linear_w8a8(g, out, in, w, rows)) return;
-  if (g.stream_gemv && w.format == WeightFormat::Bf16 && rows == 1 &&
-      kernels::gemv_stream_fits(rows, k)) {
+  if (linear_on_gemv_stream(g, w, rows)) {
     kernels::gemv_stream(out, in, w.as_bf16(), rows, n, k, g.stream);
     return;
   }
@@ -67,6 +66,11 @@ void linear_any(const GemmContext& g, Out* out, const bf16* in, const DeviceTens
 constexpr int64_t kDequantExperts = 32;
 
 }  // namespace
+
+bool linear_on_gemv_stream(const GemmContext& g, const DeviceTensor& w, int rows) {
+  return g.stream_gemv && w.format == WeightFormat::Bf16 && w.shape.size() == 2 && rows == 1 &&
+         kernels::gemv_stream_fits(rows, static_cast<int>(w.shape[1]));
+}
 
 void linear(const GemmContext& g, bf16* out, const bf16* in, const DeviceTensor& w, int rows) {
   linear_any(g, out, in, w, rows);

@@ -50,6 +50,9 @@ constexpr int kGroupedStages = 2;
 void linear(const GemmContext& g, bf16* out, const bf16* in, const DeviceTensor& w, int rows);
 /// Same with fp32 output (router logits, lm_head logits).
 void linear(const GemmContext& g, float* out, const bf16* in, const DeviceTensor& w, int rows);
+/// Whether linear runs `rows` rows times `w` on kernels::gemv_stream (one-row bf16 projections
+/// where the rank has it), so that a caller may take that kernel's fused variants instead.
+bool linear_on_gemv_stream(const GemmContext& g, const DeviceTensor& w, int rows);
 
 /// Grouped expert GEMM with the routing operands of `p` (out, in, sorted ids, offsets, sizes)
 /// and the stacked expert weights `w` ([E, n, k], or [E, 2n, k] with p.silu_gate_up), on g's
