@@ -54,6 +54,12 @@ constexpr int kConsumerThreads = kConsumerWarps * 32;
 constexpr int kThreads = kConsumerThreads + 32;  // + the producer warp
 constexpr int kBarrierBytes = 128;               // full[kStages], empty[kStages]; ring 128-aligned
 static_assert(16 * kStages <= kBarrierBytes, "the barriers fit before the ring");
+// The combine-norm prologue's scratch (kConsumerWarps partial sums and the last-CTA flag) sits
+// after the barriers, in the dynamic block: static __shared__ would add to the opt-in maximum
+// that gemv_stream_prepare sets for the dynamic block, and the launch would fail.
+constexpr int kScratchOffset = 16 * kStages;
+static_assert(kScratchOffset + 4 * (kConsumerWarps + 1) <= kBarrierBytes,
+              "the combine-norm scratch fits between the barriers and the ring");
 
 // The ring in shared memory: full[kStages] barriers at bar0, empty[kStages] after them, the
 // slots from bar0 + kBarrierBytes. Stage q (counted from 0 over the CTA's life) uses slot
@@ -125,11 +131,13 @@ struct GemvStreamArgs {
 // Consumers of gemv_stream_combine_norm: xs = rmsnorm(residual + bf16(combine)) of the one token,
 // as moe_combine_add_rmsnorm_kernel computes it (its held-vector form: a thread's ≤ kHeld
 // vectors stay in registers between the passes), then the residual write-back by the last CTA.
-// Ends with the consumers met on named barrier 1, xs complete.
-__device__ __forceinline__ void stream_combine_norm_x(const GemvStreamArgs& a, bf16* xs, int granules) {
+// `scratch`: kConsumerWarps + 1 words of shared memory. Ends with the consumers met on named
+// barrier 1, xs complete.
+__device__ __forceinline__ void stream_combine_norm_x(const GemvStreamArgs& a, bf16* xs, int granules,
+                                                      float* scratch) {
   constexpr int kHeld = kGemvCombineNormMaxK / 8 / kConsumerThreads;
-  __shared__ float partial[kConsumerWarps];
-  __shared__ bool last;
+  float* partial = scratch;                                                  // [kConsumerWarps]
+  unsigned& last = *reinterpret_cast<unsigned*>(scratch + kConsumerWarps);  // this CTA took the last ticket
   const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5;
   float r[kHeld][8];
   float ss = 0.f;
@@ -160,7 +168,7 @@ __device__ __forceinline__ void stream_combine_norm_x(const GemvStreamArgs& a, b
   // last CTA to take one writes the residual back; no CTA reads it after its ticket.
   if (tid == 0) {
     __threadfence();
-    last = atomicAdd(a.counter, 1u) == gridDim.x - 1;
+    last = atomicAdd(a.counter, 1u) == gridDim.x - 1 ? 1u : 0u;
     if (last) {
       *a.counter = 0;  // every CTA has its ticket: zero again for the next launch
       __threadfence();
@@ -252,7 +260,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_stream_kernel(GemvStreamArgs
   // Consumers. x is the kernel before's output: only now wait for it.
   pdl_sync();
   if constexpr (kCombineNorm)
-    stream_combine_norm_x(a, reinterpret_cast<bf16*>(xs), granules);
+    stream_combine_norm_x(a, reinterpret_cast<bf16*>(xs), granules,
+                          reinterpret_cast<float*>(gemv_stream_smem + kScratchOffset));
   else
     stream_load_x(xs, a.x, M * granules);
 
