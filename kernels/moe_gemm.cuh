@@ -49,6 +49,10 @@ struct MoeGemmParams {
   /// align's active list, offsets and segment take three before the first weight load (the
   /// gate+up GEMV waits for the router; bench/RESULTS.md, session 19). Also in the padding.
   bool direct_topk = false;
+  /// moe_gemv with 4-bit weights: the CUDA-core walk (kernels/gemv_device.cuh) instead of the
+  /// tensor-core one (kernels/gemv_mma_device.cuh), for A/B measurement and its op cases. Also
+  /// in the padding.
+  bool gemv_cuda_cores = false;
   /// W8A8 (FP8-block weights only, group a multiple of 64, k % 128 == 0; sm_89 and later): the
   /// rows of `in` as e4m3 [num_pairs / in_row_div, k] with f32 scales per 128 inputs
   /// [rows, k / 128] (kernels::quantize_fp8_rows, group 128); the products then run on FP8

@@ -7,6 +7,7 @@
 
 #include "kernels/cuda_check.cuh"
 #include "kernels/gemv_device.cuh"
+#include "kernels/gemv_mma_device.cuh"
 #include "kernels/launch.cuh"
 #include "kernels/moe_gemm.cuh"
 
@@ -70,6 +71,75 @@ __global__ void __launch_bounds__(kWarps * 32) moe_gemv_kernel(MoeGemmParams p) 
   }
 }
 
+// The tensor-core form (kernels/gemv_mma_device.cuh) for the 4-bit codecs: a block is one
+// 16-row tile of expert y — with SwiGLU gate rows j0.. (tile rows 0-7) and their up rows (8-15),
+// so a lane ends with both sums of its outputs — its four warps taking every fourth granule quad
+// of k; their fragments meet in shared memory, summed in warp order (deterministic), and warp 0
+// stores. The tile's 8 B columns are the expert's ≤ M pairs.
+template <WeightCodec C, int M, bool kSilu>
+__global__ void __launch_bounds__(kWarps * 32, 5) moe_gemv_mma_kernel(MoeGemmParams p) {
+  if (!p.routing_settled) pdl_sync();
+  const bool direct = M == 1 && p.direct_topk;  // block y: pair y of the one token
+  if (static_cast<int>(blockIdx.y) >= (direct ? p.num_pairs : __ldcg(p.active_experts))) return;
+  const int e = __ldcg((direct ? p.sorted_ids : p.active_experts + 1) + blockIdx.y);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, q = lane >> 2, t = lane & 3;
+  constexpr int kTileOut = kSilu ? 8 : 16;  // outputs per block
+  const int j0 = blockIdx.x * kTileOut;
+  const int rows_per_expert = kSilu ? 2 * p.n : p.n;
+  const int rows[2] = {e * rows_per_expert + j0 + q, e * rows_per_expert + (kSilu ? p.n : 8) + j0 + q};
+  // The expert's pairs (real ones first, then the sentinel num_pairs); B column q takes pair q's
+  // input row, columns past the real pairs the first pair's.
+  const int* seg = direct ? nullptr : p.sorted_ids + __ldcg(p.expert_offsets + e);
+  int pair[M], count = 0;
+#pragma unroll
+  for (int i = 0; i < M; ++i) {
+    pair[i] = direct ? static_cast<int>(blockIdx.y) : __ldcg(seg + i);
+    count += pair[i] < p.num_pairs;
+  }
+  int xpair = pair[0];
+#pragma unroll
+  for (int i = 1; i < M; ++i)
+    if (i == q && i < count) xpair = pair[i];
+  const bf16* xrow = p.in + static_cast<size_t>(xpair / p.in_row_div) * p.k;
+  float c[4] = {0.f, 0.f, 0.f, 0.f};
+  gemv_tile_mma<C>(p.weight, p.k, rows, xrow, warp, kWarps, c);
+
+  __shared__ float partial[kWarps - 1][32][4];
+  if (warp > 0) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) partial[warp - 1][lane][i] = c[i];
+  }
+  __syncthreads();
+  if (warp > 0) return;
+#pragma unroll
+  for (int w = 0; w < kWarps - 1; ++w)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) c[i] += partial[w][lane][i];
+  float row_scale[2] = {1.f, 1.f};
+  if constexpr (C == WeightCodec::Nvfp4) {
+    row_scale[0] = __ldg(p.weight.row_scales + rows[0]);
+    row_scale[1] = __ldg(p.weight.row_scales + rows[1]);
+  }
+  // columns 2t and 2t + 1: pairs 2t, 2t + 1
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int i = 2 * t + h;
+    if (i >= count) break;
+    int pr = pair[0];
+#pragma unroll
+    for (int m = 1; m < M; ++m)
+      if (m == i) pr = pair[m];
+    const float lo = c[h] * row_scale[0], hi = c[2 + h] * row_scale[1];
+    bf16* out = p.out + static_cast<size_t>(pr) * p.n + j0 + q;
+    if constexpr (kSilu) {
+      out[0] = __float2bfloat16_rn(lo / (1.f + expf(-lo)) * hi);
+    } else {
+      out[0] = __float2bfloat16_rn(lo);
+      out[8] = __float2bfloat16_rn(hi);
+    }
+  }
+}
+
 template <int R, bool kSilu>
 dim3 gemv_grid(const MoeGemmParams& p) {
   constexpr int kOut = kSilu ? R / 2 : R;
@@ -112,8 +182,27 @@ void launch_m(const MoeGemmParams& p, cudaStream_t stream) {
 
 // M: the pairs an expert can have, rounded up to 1, 2, 4 or 8 (fewer kernels; the sentinel
 // pairs of an expert's segment are skipped by a warp-uniform branch).
+template <WeightCodec C, int M, bool kSilu>
+void launch_mma(const MoeGemmParams& p, cudaStream_t stream) {
+  const dim3 grid(p.n / (kSilu ? 8 : 16), std::min(p.num_experts, p.num_pairs));
+  launch_dependent(moe_gemv_mma_kernel<C, M, kSilu>, grid, kWarps * 32, 0, stream, p);
+}
+
+template <WeightCodec C, int M>
+void launch_mma_m(const MoeGemmParams& p, cudaStream_t stream) {
+  p.silu_gate_up ? launch_mma<C, M, true>(p, stream) : launch_mma<C, M, false>(p, stream);
+}
+
 template <WeightCodec C>
 void launch_codec(const MoeGemmParams& p, int tokens, cudaStream_t stream) {
+  if constexpr (gemv_mma_codec(C)) {
+    if (!p.gemv_cuda_cores) {  // any tokens ≤ 8: they are the B columns
+      if (tokens <= 1) return launch_mma_m<C, 1>(p, stream);
+      if (tokens <= 2) return launch_mma_m<C, 2>(p, stream);
+      if (tokens <= 4) return launch_mma_m<C, 4>(p, stream);
+      return launch_mma_m<C, 8>(p, stream);
+    }
+  }
   const bool silu = p.silu_gate_up;
   if (tokens <= 1) return silu ? launch_m<C, 1, true>(p, stream) : launch_m<C, 1, false>(p, stream);
   if (tokens <= 2) return silu ? launch_m<C, 2, true>(p, stream) : launch_m<C, 2, false>(p, stream);

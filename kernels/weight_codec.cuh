@@ -108,10 +108,13 @@ __device__ __forceinline__ uint4 decode_fp8x8(uint2 raw, float scale) {
 /// Eight E2M1 codes (nibble i of `w` is value i) as 8 bf16 of code · `scale2` (scale2: the
 /// E4M3 group scale as a bf16 pair, both halves equal; the product is exact).
 /// Bytes of the bf16 magnitudes come from two 8-entry tables through byte permutes (the
-/// selector's low three bits index the table; a nibble's sign bit is set separately).
+/// selector's low three bits index the table; __byte_perm ignores the fourth, the code's sign).
+/// The signs of values 2j and 2j + 1 are bits 8j + 3 and 8j + 7 of `w`: one more permute puts
+/// byte j of w << 4 and of w at bytes 1 and 3, so they land on bits 15 and 31 of pair j.
 __device__ __forceinline__ uint4 decode_fp4x8(unsigned w, __nv_bfloat162 scale2) {
   constexpr unsigned kHi0 = 0x3F3F3F00u, kHi1 = 0x40404040u;  // high bytes of 0 .5 1 1.5 | 2 3 4 6
   constexpr unsigned kLo0 = 0xC0800000u, kLo1 = 0xC0804000u;  // low bytes of the same
+  const unsigned w4 = w << 4;
   unsigned out[4];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -120,13 +123,14 @@ __device__ __forceinline__ uint4 decode_fp4x8(unsigned w, __nv_bfloat162 scale2)
     const unsigned lo = __byte_perm(kLo0, kLo1, sel);
 #pragma unroll
     for (int p = 0; p < 2; ++p) {
-      // bf16 pair of values 2p, 2p + 1 of this half: bytes lo(2p) hi(2p) lo(2p+1) hi(2p+1)
-      unsigned v = __byte_perm(lo, hi, p == 0 ? 0x5140u : 0x7362u);
-      const unsigned s = sel >> (8 * p);  // sign bits at 3 and 7
-      v |= ((s << 12) & 0x8000u) | ((s << 24) & 0x80000000u);
-      __nv_bfloat162 b = *reinterpret_cast<__nv_bfloat162*>(&v);
+      const int j = 2 * half + p;  // the pair: values 2j, 2j + 1
+      // bf16 pair of values 2j, 2j + 1: bytes lo(2p) hi(2p) lo(2p+1) hi(2p+1) of this half
+      const unsigned v = __byte_perm(lo, hi, p == 0 ? 0x5140u : 0x7362u);
+      const unsigned sign = __byte_perm(w4, w, static_cast<unsigned>((j << 4) | ((4 + j) << 12)));
+      const unsigned bits = v | (sign & 0x80008000u);
+      __nv_bfloat162 b = *reinterpret_cast<const __nv_bfloat162*>(&bits);
       b = __hmul2(b, scale2);
-      out[2 * half + p] = *reinterpret_cast<unsigned*>(&b);
+      out[j] = *reinterpret_cast<unsigned*>(&b);
     }
   }
   return make_uint4(out[0], out[1], out[2], out[3]);

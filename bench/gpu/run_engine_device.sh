@@ -2,7 +2,7 @@
 # One device call for the CUDA engine: configure (engine-only), build the engine GPU tests, the
 # kernel tests and the engine benchmark; run the tests, then the HF peer (its own 61 GB, freed
 # when it exits), then the benchmark. Logs and JSON go to $OUT; summaries print last.
-# Usage: bench/gpu/run_engine_device.sh [tests|bench|all|base|quant|prefill|w8a8|linear|experts|phases|decode] [peer batches, e.g. 1,64, or none]
+# Usage: bench/gpu/run_engine_device.sh [tests|bench|all|base|quant|prefill|w8a8|linear|experts|phases|decode|gemv4] [peer batches, e.g. 1,64, or none]
 # `quant`: the compressed-weight run: kernel and engine tests, the quant kernel rows, the engine
 # benchmark on the 30B shape with bf16 / fp8 / nvfp4 linear weights, and the seed-class shape in
 # NVFP4 on one GPU.
@@ -22,6 +22,9 @@
 #   engine tests, batch 1 / 256 for each of DECODE_VARIANTS (default: default combine default
 #   combine; also unfused = --disable-fused-rope, combine = --combine-norm-in-qkv), and the step
 #   trace at batch 1 (with TRACE_FLAGS).
+# `gemv4`: the 4-bit expert GEMVs on tensor cores against their CUDA-core walk: op cases, engine
+#   tests, the moe_gemv kernel rows (batch 1), the 30B step at batches 1 and 8 (GEMV4_BATCHES) for each of
+#   GEMV4_VARIANTS (default: none nvfp4 nvfp4:cc int4 int4:cc; ":cc" = --disable-mma-gemv).
 # `phases`: a diagnostic build (build-pc, -DMOEBATCH_PHASE_CLOCKS=ON -DMOEBATCH_STEP_TRACE=ON): the
 #   moe_wgmma and prefill attention rows with the cycles per tile in each phase, then the engine
 #   benchmark (TRACE_BATCHES, default 1,256; TRACE_QUANT, default none, e.g. "none fp8") with
@@ -164,6 +167,26 @@ if [ "$WHAT" = experts ]; then
   echo "kernels rc=$?"; grep -E "moe_" "$OUT/bench_kernels_wgmma.log"
   timeout 120 ./build-dev/moebatch_bench_engine_cuda "$OUT/bench_engine_cuda.json" > "$OUT/bench_engine.log" 2>&1
   echo "bench rc=$?"; grep -E "moe_gemm|prefill of|^ *[0-9]+ \|" "$OUT/bench_engine.log" | head -30
+  exit 0
+fi
+if [ "$WHAT" = gemv4 ]; then
+  # the 4-bit expert GEMVs on tensor cores: the moe_gemv op cases (both walks), the engine tests,
+  # the kernel rows, and the 30B step in bf16 / nvfp4 / int4 with each walk
+  echo "built at $(date +%T)"
+  timeout 150 ./build-dev/moebatch_gpu_tests --gtest_filter='*moe_gemv*:*moe_gemm*:*dequant*:*nvfp4*:*int4*' > "$OUT/kernel_tests.log" 2>&1
+  echo "kernel tests rc=$?"; grep -E "FAIL|^\[  PASSED|^\[==|SKIPPED" "$OUT/kernel_tests.log" | head -30
+  timeout 150 ./build-dev/moebatch_gpu_engine_tests > "$OUT/engine_tests.log" 2>&1
+  echo "engine tests rc=$?"
+  grep -E "Failure|Expected|Which is|FAILED|^\[  PASSED|^\[==" "$OUT/engine_tests.log" | head -30
+  timeout 100 ./build-dev/moebatch_bench_kernels "/tmp/bench_kernels_gemv.json" --filter "moe_gemv" > "$OUT/bench_kernels_gemv.log" 2>&1
+  echo "kernels rc=$?"; grep -E "moe_gemv" "$OUT/bench_kernels_gemv.log" | head -60
+  for v in ${GEMV4_VARIANTS:-none nvfp4 nvfp4:cc int4 int4:cc}; do
+    q=${v%%:*}; flag=""; [ "${v#*:}" = cc ] && flag=--disable-mma-gemv
+    MOEBATCH_BENCH_BATCHES=${GEMV4_BATCHES:-1,8} timeout 100 ./build-dev/moebatch_bench_engine_cuda --quantization $q $flag \
+      "/tmp/bench_engine_$v.json" > /tmp/bench_engine.log 2>&1
+    echo "bench $v rc=$?"; cat /tmp/bench_engine.log >> "$OUT/bench_engine_gemv4.log"
+    grep -E "^ *[0-9]+ \|" /tmp/bench_engine.log | head -4
+  done
   exit 0
 fi
 if [ "$WHAT" = decode ]; then

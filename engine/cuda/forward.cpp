@@ -132,6 +132,7 @@ struct Step {
     // The routing is two launches back when down runs (gate+up in between): the decode GEMV
     // starts its weight loads while gate+up finishes.
     down.routing_settled = true;
+    gate_up.gemv_cuda_cores = down.gemv_cuda_cores = !r.mma_expert_gemv;
     // One token (its grouped GEMV): gate+up takes the experts straight from topk_ids, one load
     // where the align's lists take three before the first weight load; down keeps the lists
     // (settled, it reads them before the wait).

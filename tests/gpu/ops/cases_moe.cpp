@@ -458,6 +458,7 @@ class MoeGemmCase final : public OpCase {
       p.sorted_ids = r.ids.get();
       p.direct_topk = true;
     }
+    p.gemv_cuda_cores = s_.cuda_cores;
     if (s_.gemv)
       kernels::moe_gemv(p, s_.tokens, env.stream);
     else if (s_.tma)
@@ -830,10 +831,13 @@ OpCaseDef moe_gemm_case(const MoeGemmShape& s) {
   MB_CHECK(!s.tma || ((s.format == WeightFormat::bf16 || s.w8a8) && !s.gemv),
            "moe_gemm case: moe_gemm_tma is the tiled GEMM of bf16 and of W8A8");
   MB_CHECK(!s.direct || (s.gemv && s.tokens == 1), "moe_gemm case: direct_topk is moe_gemv's, one token");
+  MB_CHECK(!s.cuda_cores || (s.gemv && (s.format == WeightFormat::nvfp4 || s.format == WeightFormat::int4)),
+           "moe_gemm case: the CUDA-core walk is the 4-bit moe_gemv's alternative");
   std::string name = std::string(s.gemv ? "moe_gemv" : s.tma ? "moe_gemm_tma" : s.kernel_name) + " " + stage;
   if (s.format != WeightFormat::bf16) name += std::string(" ") + weight_format_name(s.format);
   if (s.w8a8) name += " w8a8";
   if (s.direct) name += " direct";
+  if (s.cuda_cores) name += " cuda-cores";
   OpCaseDef d = op_case_def<MoeGemmCase>(name,
                                          experts(s.tokens, s.experts, s.top_k, s.hot) + " H" + to_string(s.hidden) +
                                              " I" + to_string(s.inter) + (s.active_experts ? " active" : ""),

@@ -178,6 +178,9 @@ struct MoeGemmShape {
   bool tma = false;
   /// moe_gemv of one token with MoeGemmParams::direct_topk (the experts from topk_ids)
   bool direct = false;
+  /// moe_gemv on 4-bit weights with MoeGemmParams::gemv_cuda_cores (their CUDA-core walk
+  /// instead of the tensor-core one)
+  bool cuda_cores = false;
 };
 OpCaseDef moe_gemm_case(const MoeGemmShape& s);
 

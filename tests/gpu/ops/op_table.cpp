@@ -336,6 +336,12 @@ std::vector<OpCaseDef> op_cases_test() {
             t.push_back(moe_gemm_case(s));
             s.direct = false;
           }
+          // 4-bit weights: the tensor-core walk above, the CUDA-core one here
+          if (format == WeightFormat::nvfp4 || format == WeightFormat::int4) {
+            s.cuda_cores = true;
+            t.push_back(moe_gemm_case(s));
+            s.cuda_cores = false;
+          }
         }
       }
   // The bf16 tiled GEMM on TMA + wgmma (Hopper) on the same shapes: partial 64-row boxes (I 64
@@ -418,11 +424,14 @@ std::vector<OpCaseDef> op_cases_test() {
           s.block_scales = block;  // I 80 / H 144: not 128-aligned, so the kernel keeps per-row scales
           t.push_back(sorted_expert_gemm_case(s));
         }
-  // moe_gemv at every pair count it rounds to (1, 2, 4, 8) with a hot expert holding all tokens
-  for (int tokens : {2, 5, 8})
-    for (MoeGemmStage stage : {MoeGemmStage::gate_up_silu, MoeGemmStage::down})
-      t.push_back(moe_gemm_case({.tokens = tokens, .experts = 16, .top_k = 4, .hidden = 256, .inter = 128,
-                                 .hot = 3, .stage = stage, .active_experts = true, .gemv = true}));
+  // moe_gemv at every pair count it rounds to (1, 2, 4, 8) with a hot expert holding all tokens;
+  // on 4-bit weights those pairs are the tensor-core walk's B columns (sentinels past them)
+  for (WeightFormat format : {WeightFormat::bf16, WeightFormat::nvfp4, WeightFormat::int4})
+    for (int tokens : {2, 5, 8})
+      for (MoeGemmStage stage : {MoeGemmStage::gate_up_silu, MoeGemmStage::down})
+        t.push_back(moe_gemm_case({.tokens = tokens, .experts = 16, .top_k = 4, .hidden = 256, .inter = 128,
+                                   .hot = 3, .stage = stage, .active_experts = true, .format = format,
+                                   .gemv = true}));
 
   // Dense GEMM and sampling.
   t.push_back(linear_case({.m = 5, .n = 1000, .k = 256, .fp32_out = false}));
@@ -601,12 +610,17 @@ std::vector<OpCaseDef> op_cases_bench() {
     add(B, align_case({.tokens = B, .experts = kE, .top_k = kK, .routings = kRoutings}));
     // In each weight format: the compressed rows are "moe_gemm <stage> fp8" / "... nvfp4".
     // Batches of ≤ 8 tokens also as the decode GEMV ("moe_gemv <stage>", the engine's path there).
-    for (WeightFormat format : {WeightFormat::bf16, WeightFormat::fp8_block, WeightFormat::nvfp4})
+    for (WeightFormat format : {WeightFormat::bf16, WeightFormat::fp8_block, WeightFormat::nvfp4, WeightFormat::int4})
       for (MoeGemmStage stage : {MoeGemmStage::gate_up, MoeGemmStage::down, MoeGemmStage::gate_up_silu})
         for (bool gemv : {false, true}) {
           if (gemv && B > kernels::kMoeGemvMaxTokens) continue;
           add(B, moe_gemm_case({.tokens = B, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI, .stage = stage,
                                 .active_experts = true, .routings = kRoutings, .format = format, .gemv = gemv}));
+          // 4-bit decode GEMVs also on CUDA cores ("... cuda-cores"), beside the tensor-core walk
+          if (gemv && (format == WeightFormat::nvfp4 || format == WeightFormat::int4))
+            add(B, moe_gemm_case({.tokens = B, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
+                                  .stage = stage, .active_experts = true, .routings = kRoutings,
+                                  .format = format, .gemv = true, .cuda_cores = true}));
         }
     // "moe_gemm_tma <stage>" and "... fp8 w8a8": the engine's bf16 and W8A8 paths there on Hopper
     if (B > kernels::kMoeGemvMaxTokens)
