@@ -76,15 +76,11 @@ __global__ void __launch_bounds__(kWarps * 32) moe_gemv_kernel(MoeGemmParams p) 
 // so a lane ends with both sums of its outputs — its four warps taking every fourth granule quad
 // of k; their fragments meet in shared memory, summed in warp order (deterministic), and warp 0
 // stores. The tile's 8 B columns are the expert's ≤ M pairs.
-// Blocks per SM the tensor-core kernel's registers are capped for (ptxas: 96 registers at 5,
-// 0-16 bytes of spills). A build may set MOEBATCH_GEMV_MMA_MIN_BLOCKS to measure another (6: 80
-// registers, one wave for the 30B gate+up's 768 blocks, 20-90 bytes of spills).
-#ifndef MOEBATCH_GEMV_MMA_MIN_BLOCKS
-#define MOEBATCH_GEMV_MMA_MIN_BLOCKS 5
-#endif
-
+// Registers capped for 5 blocks per SM (ptxas: 96, 0-16 bytes of spills; uncapped 128-156).
+// Capped for 6 (80 registers: one wave for the 30B gate+up's 768 blocks, 20-90 bytes of spills)
+// the nvfp4 / int4 steps measured 1-2% slower (bench/RESULTS.md, session 20).
 template <WeightCodec C, int M, bool kSilu>
-__global__ void __launch_bounds__(kWarps * 32, MOEBATCH_GEMV_MMA_MIN_BLOCKS) moe_gemv_mma_kernel(MoeGemmParams p) {
+__global__ void __launch_bounds__(kWarps * 32, 5) moe_gemv_mma_kernel(MoeGemmParams p) {
   if (!p.routing_settled) pdl_sync();
   const bool direct = M == 1 && p.direct_topk;  // block y: pair y of the one token
   if (static_cast<int>(blockIdx.y) >= (direct ? p.num_pairs : __ldcg(p.active_experts))) return;

@@ -17,10 +17,10 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kUnroll = 8;  // 16-byte weight loads per lane in flight
 
-// The fused norm's first half, every block: hs[t] = rmsnorm(bf16(residual[t] + branch[t])) ·
-// (offset + w) for every token, in shared memory (the whole block meets; add_rmsnorm's math,
-// summed in another order).
-__device__ void add_norm_rows(const RouteSmallNorm& n, int T, int H, bf16* hs) {
+// The fused norm's first half, every block: sums[t] = bf16(residual[t] + branch[t]) and hs[t] =
+// rmsnorm(sums[t]) · (offset + w) for every token, in shared memory (the whole block meets;
+// add_rmsnorm's math, summed in another order).
+__device__ void add_norm_rows(const RouteSmallNorm& n, int T, int H, bf16* sums, bf16* hs) {
   __shared__ float partial[kWarps][kRouteSmallMaxTokens];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nvec = H / 8;
   for (int t = 0; t < T; ++t) {
@@ -35,7 +35,7 @@ __device__ void add_norm_rows(const RouteSmallNorm& n, int T, int H, bf16* hs) {
         r[j] = __bfloat162float(__float2bfloat16(r[j] + b[j]));
         ss += r[j] * r[j];
       }
-      store8(hs + o, r);  // exact: the sums are bf16 values
+      store8(sums + o, r);  // exact: the sums are bf16 values
     }
     ss = warp_sum(ss);
     if (lane == 0) partial[warp][t] = ss;
@@ -49,7 +49,7 @@ __device__ void add_norm_rows(const RouteSmallNorm& n, int T, int H, bf16* hs) {
     for (int i = threadIdx.x; i < nvec; i += blockDim.x) {  // the elements this thread summed
       const size_t o = static_cast<size_t>(t) * H + 8 * i;
       float r[8], w[8];
-      load8(hs + o, r);
+      load8(sums + o, r);
       load8(n.weight + 8 * i, w);
 #pragma unroll
       for (int j = 0; j < 8; ++j) r[j] = r[j] * rstd * (n.weight_offset + w[j]);
@@ -60,16 +60,11 @@ __device__ void add_norm_rows(const RouteSmallNorm& n, int T, int H, bf16* hs) {
 }
 
 // The fused norm's second half, the last block only (every other block has read the residual):
-// residual = bf16(residual + branch) and out = hs.
-__device__ void store_norm_rows(const RouteSmallNorm& n, int T, int H, const bf16* hs) {
+// residual = sums and out = hs, from this block's shared memory (no second read of them).
+__device__ void store_norm_rows(const RouteSmallNorm& n, int T, int H, const bf16* sums, const bf16* hs) {
   for (int i = threadIdx.x; i < T * H / 8; i += blockDim.x) {
     const size_t o = 8 * static_cast<size_t>(i);
-    float r[8], b[8];
-    load8(n.residual + o, r);
-    load8(n.branch + o, b);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) r[j] += b[j];
-    store8(n.residual + o, r);  // rounds each sum once, as add_norm_rows did
+    *reinterpret_cast<uint4*>(n.residual + o) = *reinterpret_cast<const uint4*>(sums + o);
     *reinterpret_cast<uint4*>(n.out + o) = *reinterpret_cast<const uint4*>(hs + o);
   }
 }
@@ -77,7 +72,7 @@ __device__ void store_norm_rows(const RouteSmallNorm& n, int T, int H, const bf1
 __global__ void __launch_bounds__(kWarps * 32) route_small_kernel(RouteSmallParams p) {
   __shared__ float logits[kRouteSmallMaxTokens * kRouterMaxExperts];
   __shared__ bool last;
-  extern __shared__ __align__(16) bf16 normed[];  // [T, H] with the fused norm
+  extern __shared__ __align__(16) bf16 normed[];  // [2, T, H] with the fused norm: sums, normed
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int T = p.router.tokens, E = p.router.num_experts, H = p.hidden;
   const bool fused = p.norm.branch != nullptr;
@@ -98,8 +93,8 @@ __global__ void __launch_bounds__(kWarps * 32) route_small_kernel(RouteSmallPara
   pdl_sync();
   const bf16* x = p.x;
   if (fused) {
-    add_norm_rows(p.norm, T, H, normed);
-    x = normed;
+    add_norm_rows(p.norm, T, H, normed, normed + T * H);
+    x = normed + T * H;
   }
   if (e < E) {
     float acc[kRouteSmallMaxTokens] = {};
@@ -134,7 +129,7 @@ __global__ void __launch_bounds__(kWarps * 32) route_small_kernel(RouteSmallPara
   if (!last) return;
   __threadfence();
   if (threadIdx.x == 0) *p.counter = 0;  // ready for the next launch (stream order)
-  if (fused) store_norm_rows(p.norm, T, H, normed);
+  if (fused) store_norm_rows(p.norm, T, H, normed, normed + T * H);
   // __ldcg: L2, never a line this SM's L1 may hold from an earlier block
   for (int i = threadIdx.x; i < T * E; i += blockDim.x) logits[i] = __ldcg(p.logits + i);
   __syncthreads();
@@ -142,6 +137,7 @@ __global__ void __launch_bounds__(kWarps * 32) route_small_kernel(RouteSmallPara
     const float* row = logits + t * E;
     route_token(p.router, t, [row](int x) { return row[x]; });
   }
+  if (p.skip_align) return;
   __syncthreads();  // topk_ids (global, written by this block) are visible to the whole block
   align_block(p.align);
 }
@@ -155,11 +151,12 @@ void moe_route_small(const RouteSmallParams& p, cudaStream_t stream) {
   MB_CHECK(r.num_experts > 0 && r.num_experts <= kRouterMaxExperts, "moe_route_small: too many experts");
   MB_CHECK(r.top_k > 0 && r.top_k <= kRouterMaxTopK && r.top_k <= r.num_experts, "moe_route_small: bad top_k");
   MB_CHECK(p.hidden > 0 && p.hidden % 8 == 0, "moe_route_small: hidden must be a positive multiple of 8");
-  MB_CHECK(a.expert0 >= 0 && a.num_experts > 0 && a.expert0 + a.num_experts <= r.num_experts &&
-               a.num_pairs == r.tokens * r.top_k && a.topk_ids == r.topk_ids && a.block_m > 0,
+  MB_CHECK(p.skip_align ||
+               (a.expert0 >= 0 && a.num_experts > 0 && a.expert0 + a.num_experts <= r.num_experts &&
+                a.num_pairs == r.tokens * r.top_k && a.topk_ids == r.topk_ids && a.block_m > 0 &&
+                a.sorted_ids && a.expert_offsets),
            "moe_route_small: align operands must match the router's");
-  MB_CHECK(p.x && p.weight && p.logits && p.counter && r.topk_ids && r.topk_weights &&
-               a.sorted_ids && a.expert_offsets,
+  MB_CHECK(p.x && p.weight && p.logits && p.counter && r.topk_ids && r.topk_weights,
            "moe_route_small: null operand");
   const RouteSmallNorm& n = p.norm;
   const bool fused = n.branch != nullptr;
@@ -167,7 +164,7 @@ void moe_route_small(const RouteSmallParams& p, cudaStream_t stream) {
            "moe_route_small: the fused norm needs residual, weight and out, and rows that fit "
            "kRouteSmallNormBytes");
   if (r.tokens == 0) return;
-  const size_t smem = fused ? static_cast<size_t>(r.tokens) * p.hidden * sizeof(bf16) : 0;
+  const size_t smem = fused ? 2 * static_cast<size_t>(r.tokens) * p.hidden * sizeof(bf16) : 0;
   launch_dependent(route_small_kernel, CEIL_DIV(r.num_experts, kWarps), kWarps * 32, smem, stream, p);
   CUDA_CHECK_LAST();
 }

@@ -82,15 +82,16 @@ struct RouteSmallNorm {
   float weight_offset = 0.f;     ///< 1 for zero-centred norms (Qwen3-Next)
 };
 
-/// Bytes of shared memory the fused norm holds its rows in; moe_route_small_fuses_norm says
-/// whether a step's rows fit.
+/// Bytes of shared memory the fused norm holds its rows in (each row twice: the sum it writes
+/// back to the residual and the normed row); moe_route_small_fuses_norm says whether a step's
+/// rows fit.
 constexpr int kRouteSmallNormBytes = 16 << 10;
 
-/// Whether moe_route_small can take the norm for `tokens` rows of `hidden` (they fit in
-/// kRouteSmallNormBytes; at hidden 2048, up to 4 tokens).
+/// Whether moe_route_small can take the norm for `tokens` rows of `hidden` (two bf16 copies fit
+/// in kRouteSmallNormBytes; at hidden 2048, up to 2 tokens, at 4096 one).
 constexpr bool moe_route_small_fuses_norm(int tokens, int hidden) {
   return tokens >= 1 && tokens <= kRouteSmallMaxTokens && hidden > 0 && hidden % 8 == 0 &&
-         static_cast<int64_t>(tokens) * hidden * 2 <= kRouteSmallNormBytes;
+         static_cast<int64_t>(tokens) * hidden * 4 <= kRouteSmallNormBytes;
 }
 
 /// Operands of moe_route_small: router GEMM + softmax + top-k + align in one launch.
@@ -105,6 +106,10 @@ struct RouteSmallParams {
   /// One int that is 0 before the launch; the kernel leaves it 0 (graph replays reuse it).
   int32_t* counter = nullptr;
   RouteSmallNorm norm;          ///< the add + RMSNorm in front, or none (norm.branch null)
+  /// No align after the top-k (`align` unused): for one token whose expert GEMVs take their
+  /// experts straight from topk_ids (MoeGemmParams::direct_topk), where nothing reads the
+  /// grouping and it was ~a third of the last block's serial tail.
+  bool skip_align = false;
 };
 
 /// Small-batch routing in one kernel: a warp per expert computes its fp32 logits for every token

@@ -24,9 +24,7 @@
 #   trace at batch 1 (with TRACE_FLAGS).
 # `gemv4`: the 4-bit expert GEMVs on tensor cores against their CUDA-core walk: op cases, engine
 #   tests, the moe_gemv kernel rows (batch 1), the 30B step at batches 1 and 8 (GEMV4_BATCHES) for each of
-#   GEMV4_VARIANTS (default: none nvfp4 nvfp4:cc int4 int4:cc; ":cc" = --disable-mma-gemv);
-#   GEMV4_MIN_BLOCKS=N also builds the tensor-core kernel register-capped for N blocks per SM
-#   (build-mb) and alternates its nvfp4 / int4 steps with the default build's.
+#   GEMV4_VARIANTS (default: none nvfp4 nvfp4:cc int4 int4:cc; ":cc" = --disable-mma-gemv).
 # `phases`: a diagnostic build (build-pc, -DMOEBATCH_PHASE_CLOCKS=ON -DMOEBATCH_STEP_TRACE=ON): the
 #   moe_wgmma and prefill attention rows with the cycles per tile in each phase, then the engine
 #   benchmark (TRACE_BATCHES, default 1,256; TRACE_QUANT, default none, e.g. "none fp8") with
@@ -189,21 +187,6 @@ if [ "$WHAT" = gemv4 ]; then
     echo "bench $v rc=$?"; cat /tmp/bench_engine.log >> "$OUT/bench_engine_gemv4.log"
     grep -E "^ *[0-9]+ \|" /tmp/bench_engine.log | head -4
   done
-  if [ -n "${GEMV4_MIN_BLOCKS:-}" ]; then  # the tensor-core kernel capped for another occupancy
-    cmake -S . -B build-mb -G Ninja -DMOEBATCH_ENGINE_ONLY=ON -DMOEBATCH_CUDA=ON -DMOEBATCH_BUILD_TESTS=OFF \
-      -DCMAKE_CUDA_FLAGS="-DMOEBATCH_GEMV_MMA_MIN_BLOCKS=$GEMV4_MIN_BLOCKS" > "$OUT/mb_configure.log" 2>&1 &&
-      cmake --build build-mb -j16 --target moebatch_bench_engine_cuda > "$OUT/mb_build.log" 2>&1 ||
-      { grep -E "error" -A3 "$OUT/mb_build.log" | head -20; exit 1; }
-    for q in nvfp4 int4 nvfp4; do
-      MOEBATCH_BENCH_BATCHES=1,8 timeout 100 ./build-mb/moebatch_bench_engine_cuda --quantization $q \
-        "/tmp/bench_engine_mb.json" > /tmp/bench_engine.log 2>&1
-      echo "bench $q min-blocks $GEMV4_MIN_BLOCKS rc=$?"; cat /tmp/bench_engine.log >> "$OUT/bench_engine_gemv4.log"
-      grep -E "^ *[0-9]+ \|" /tmp/bench_engine.log | head -4
-      MOEBATCH_BENCH_BATCHES=1,8 timeout 100 ./build-dev/moebatch_bench_engine_cuda --quantization $q \
-        "/tmp/bench_engine_mb.json" > /tmp/bench_engine.log 2>&1
-      echo "bench $q default rc=$?"; grep -E "^ *[0-9]+ \|" /tmp/bench_engine.log | head -4
-    done
-  fi
   exit 0
 fi
 if [ "$WHAT" = decode ]; then

@@ -133,12 +133,13 @@ struct Step {
     // starts its weight loads while gate+up finishes.
     down.routing_settled = true;
     gate_up.gemv_cuda_cores = down.gemv_cuda_cores = !r.mma_expert_gemv;
-    // One token (its grouped GEMV): gate+up takes the experts straight from topk_ids, one load
-    // where the align's lists take three before the first weight load; down keeps the lists
-    // (settled, it reads them before the wait).
+    // One token (its grouped GEMV): both expert GEMVs take the experts straight from topk_ids,
+    // one load where the align's lists take three before the first weight load, and then
+    // nothing reads the lists: the router stops after its top-k.
     if (n == 1 && El == E) {
-      gate_up.sorted_ids = B.topk_ids;
-      gate_up.direct_topk = true;
+      gate_up.sorted_ids = down.sorted_ids = B.topk_ids;
+      gate_up.direct_topk = down.direct_topk = true;
+      route.skip_align = true;
     }
 
     // combine in j order; with EP only this rank's pairs (the others' rows were never written)

@@ -148,6 +148,9 @@ struct RouteSmallShape {
   /// The MLP norm fused in front (RouteSmallNorm): x is the attention output added to a random
   /// residual, then normed; the case checks the residual, the normed rows and the routing of them.
   bool norm = false;
+  /// RouteSmallParams::skip_align: the align's outputs are left as they were (poisoned) and not
+  /// checked.
+  bool skip_align = false;
 };
 OpCaseDef route_small_case(const RouteSmallShape& s);
 

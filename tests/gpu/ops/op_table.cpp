@@ -291,11 +291,16 @@ std::vector<OpCaseDef> op_cases_test() {
       for (bool renorm : {true, false})
         t.push_back(route_small_case({.tokens = tokens, .experts = E, .top_k = E >= 64 ? 8 : 4,
                                       .hidden = E == 60 ? 1000 : 2048, .renormalize = renorm}));
-  // the MLP's add + RMSNorm fused in front: 1 and 4 tokens (the most that fit at hidden 2048),
-  // hidden 1000 (a partial weight chunk), 512 experts
-  for (auto [tokens, E, H] : {std::tuple{1, 128, 2048}, {4, 128, 2048}, {3, 60, 1000}, {1, 512, 2048}})
+  // the MLP's add + RMSNorm fused in front: 1 and 2 tokens (the most that fit at hidden 2048),
+  // hidden 1000 (a partial weight chunk), 4096 (one token fits), 512 experts
+  for (auto [tokens, E, H] :
+       {std::tuple{1, 128, 2048}, {2, 128, 2048}, {3, 60, 1000}, {1, 512, 2048}, {1, 128, 4096}})
     t.push_back(route_small_case({.tokens = tokens, .experts = E, .top_k = E >= 64 ? 8 : 4, .hidden = H,
                                   .norm = true}));
+  // one token without the align (the engine's one-token step), with and without the norm
+  for (bool norm : {false, true})
+    t.push_back(route_small_case({.tokens = 1, .experts = 128, .top_k = 8, .hidden = 2048, .norm = norm,
+                                  .skip_align = true}));
   // Qwen3-Next: 512 experts, top-10
   for (int tokens : {1, 8})
     t.push_back(route_small_case({.tokens = tokens, .experts = 512, .top_k = 10, .hidden = 2048}));
