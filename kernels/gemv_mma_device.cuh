@@ -1,9 +1,10 @@
 // The decode GEMV's weight walk on tensor cores, device code only: one warp multiplies a tile of
 // 16 weight rows with ≤ 8 activation rows on mma.m16n8k16 (bf16 operands, fp32 accumulators).
-// The 4-bit codecs need it: on CUDA cores (kernels/gemv_device.cuh) decoding a code, converting
-// it and its activation to fp32 and one FMA take ~8 instructions a weight, so their one-token
-// GEMVs were bound by issue, not bytes (bench/RESULTS.md, session 20); here the FMAs and
+// For the 4-bit codecs: on CUDA cores (kernels/gemv_device.cuh) decoding a code, converting it
+// and its activation to fp32 and one FMA take ~8 instructions a weight; here the FMAs and
 // conversions become one mma per 8 weights a lane, and what is left is the decode into bf16.
+// Measured (bench/RESULTS.md, session 20): Int4 steps −5% at batch 1, NVFP4 unchanged (its
+// one-token GEMVs are bound by their round trips, not by issue).
 //
 // Operands: the weight rows are A (tile row r = matrix row rows[r]), the activation rows the 8
 // columns of B (column i = activation row i; columns past the rows a caller has are filled with

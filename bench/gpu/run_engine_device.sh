@@ -7,7 +7,8 @@
 # benchmark on the 30B shape with bf16 / fp8 / nvfp4 linear weights, and the seed-class shape in
 # NVFP4 on one GPU.
 # `base`: build and run only the engine benchmark of an earlier tree, BASE_SRC (a tarball of it
-# with a top-level src/, e.g. `git archive <commit> --prefix=src/ ... | gzip`), for a before/after
+# with a top-level src/: `git archive <commit> --prefix=src/ CMakeLists.txt cmake common engine
+# kernels bench tests/gpu/ops | gzip`, as an untracked file of the tree), for a before/after
 # comparison on the same machine; its JSON is bench_engine_cuda_base.json.
 # `w8a8`: the W8A8 expert GEMM: its kernel cases, engine tests (ENGINE_FILTER), the wgmma
 # kernel rows, the engine benchmark on the 30B shape in bf16, fp8 W8A8 and fp8 decoded to bf16,

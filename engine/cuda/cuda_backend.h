@@ -110,8 +110,8 @@ struct CudaBackendOptions {
   /// it. An experiment (session 19, written without a GPU run), off until measured faster.
   bool combine_norm_in_qkv = false;
   /// Decode steps' expert GEMVs on 4-bit weights (NVFP4, GGUF's Q4_K as Int4) on tensor cores
-  /// (kernels/gemv_mma_device.cuh) instead of decoded into CUDA-core FMAs, which bound them by
-  /// instruction issue (bench/RESULTS.md, session 20).
+  /// (kernels/gemv_mma_device.cuh) instead of decoded into CUDA-core FMAs (Int4 steps −5% at
+  /// batch 1, NVFP4 the same; bench/RESULTS.md, session 20).
   bool mma_expert_gemv = true;
   /// Projections on FP8-block weights (128 × 128 scale blocks) of steps with more than 8 rows as
   /// W8A8 on cuBLASLt's block-scaled FP8 GEMM (kernels/gemm_fp8.cuh), the rows quantized per
