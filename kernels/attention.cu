@@ -616,10 +616,12 @@ bool on_wgmma(const AttentionParams& p) {
 // Rounded down: the split kernel of kernels/attention_decode.cu holds two blocks per SM at
 // head_dim 128 (198 registers a thread), so 2 · num_sms (sequence, kv head, split) blocks are one
 // wave, and rounding up put as many as units − 1 blocks into a second wave that doubled the time.
-int attention_decode_splits(int num_seqs, int n_kv_heads, int max_kv_len, int num_sms, int max_splits) {
+int attention_decode_splits(int num_seqs, int n_kv_heads, int max_kv_len, int num_sms, int max_splits,
+                            int min_split_keys) {
   const int units = num_seqs * n_kv_heads;  // (sequence, kv head) pairs
   if (units <= 0 || units >= num_sms) return 1;
-  const int splits = std::min({2 * num_sms / units, CEIL_DIV(max_kv_len, kTileKeys), max_splits});
+  const int split_keys = std::max(kTileKeys, min_split_keys);
+  const int splits = std::min({2 * num_sms / units, CEIL_DIV(max_kv_len, split_keys), max_splits});
   return std::max(splits, 1);
 }
 

@@ -67,8 +67,9 @@ inline size_t attention_workspace_floats(int num_tokens, int n_q_heads, int head
 
 /// Split count for decode: 1 when the (sequence, kv head) pairs alone cover every SM; else as
 /// many as keep the (sequence, kv head, split) blocks within twice the SMs (one wave of the split
-/// kernel), each split at least one 32-key tile, at most max_splits.
-int attention_decode_splits(int num_seqs, int n_kv_heads, int max_kv_len, int num_sms, int max_splits);
+/// kernel), each split at least max(32, min_split_keys) keys, at most max_splits.
+int attention_decode_splits(int num_seqs, int n_kv_heads, int max_kv_len, int num_sms, int max_splits,
+                            int min_split_keys = 32);
 
 /// Causal attention for many query tokens per sequence: tiles of (token, head) rows of one kv
 /// group share each staged K/V tile, on bf16 tensor cores (fp32 scores, softmax and

@@ -416,6 +416,7 @@ void CudaBackend::run(const StepBatch& b, OnRows&& on_rows) {
   lim.table_cap = static_cast<int>((max_model_len_ + opts_.block_size - 1) / opts_.block_size);
   lim.num_kv_heads = static_cast<int>(first.dims.num_kv_heads);
   lim.num_sms = first.num_sms;
+  lim.min_split_keys = static_cast<int>(std::clamp<int64_t>(opts_.decode_attention_min_split_keys, 1, 1 << 20));
   const std::vector<StepChunk> chunks = prepare_chunks(b, lim);
   const bool graphs = opts_.cuda_graphs && !timer_;
   const int R = static_cast<int>(first.buf.cap.logits_rows);

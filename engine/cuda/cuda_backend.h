@@ -113,6 +113,9 @@ struct CudaBackendOptions {
   /// (kernels/gemv_mma_device.cuh) instead of decoded into CUDA-core FMAs (Int4 steps −5% at
   /// batch 1, NVFP4 the same; bench/RESULTS.md, session 20).
   bool mma_expert_gemv = true;
+  /// Keys each split of a decode step's split-K attention takes at least (the split count is
+  /// bounded by the context bucket over this): more keys a split, fewer partials to merge.
+  int64_t decode_attention_min_split_keys = 32;
   /// Projections on FP8-block weights (128 × 128 scale blocks) of steps with more than 8 rows as
   /// W8A8 on cuBLASLt's block-scaled FP8 GEMM (kernels/gemm_fp8.cuh), the rows quantized per
   /// 1 × 128 as vLLM does for block-FP8 checkpoints, where the GPU is a Hopper and the shape is

@@ -70,7 +70,7 @@ StepChunk prepare(const StepBatch& b, int t0, int t1, const ChunkLimits& lim) {
     }
     width = (kv_bucket + bs - 1) / bs;
     const int splits = kernels::attention_decode_splits(bucket, lim.num_kv_heads, kv_bucket,
-                                                        lim.num_sms, kMaxAttnSplits);
+                                                        lim.num_sms, kMaxAttnSplits, lim.min_split_keys);
     s.tokens = s.seqs = bucket;
     s.max_kv_len = kv_bucket;
     s.attn_splits = splits;

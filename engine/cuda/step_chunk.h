@@ -25,6 +25,7 @@ struct ChunkLimits {
   int table_cap = 0;      ///< blocks of one max_model_len sequence
   int num_kv_heads = 0;   ///< local kv heads (the same on every rank)
   int num_sms = 0;        ///< SMs of the device (sets the decode split count)
+  int min_split_keys = 32;  ///< CudaBackendOptions::decode_attention_min_split_keys
 };
 
 /// One forward call's host-side inputs and shape.

@@ -600,6 +600,13 @@ std::vector<OpCaseDef> op_cases_bench() {
                                    .q_pad = 2 * kNkv * kD,
                                    .kv_bound = 256}),
                    "attn_decode ctx150 bound256"));
+    // the same with fewer splits (each a ticket and a partial fewer to merge)
+    if (B == 1)
+      for (int splits : {1, 2, 4})
+        add(B, named(attention_case({.head_dim = kD, .n_q_heads = kNq, .n_kv_heads = kNkv, .q_lens = {1},
+                                     .kv_lens = {150}, .decode = true, .splits = splits,
+                                     .q_pad = 2 * kNkv * kD, .kv_bound = 256}),
+                     "attn_decode ctx150 bound256 splits" + std::to_string(splits)));
     add(B, named(linear_case({.m = B, .n = kE, .k = kH, .fp32_out = true, .w_scale = 0.02f}), "router_gemm (cuBLAS)"));
     add(B, router_case({.tokens = B, .experts = kE, .top_k = kK}));
     if (B <= kernels::kRouteSmallMaxTokens) {
