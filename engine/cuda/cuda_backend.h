@@ -114,7 +114,8 @@ struct CudaBackendOptions {
   /// batch 1, NVFP4 the same; bench/RESULTS.md, session 20).
   bool mma_expert_gemv = true;
   /// Keys each split of a decode step's split-K attention takes at least (the split count is
-  /// bounded by the context bucket over this): more keys a split, fewer partials to merge.
+  /// bounded by the context bucket over this): more keys a split, fewer partials to merge. At
+  /// batch 1 (context bucket 256) 64–256 measured slower than 32 (bench/RESULTS.md, session 20).
   int64_t decode_attention_min_split_keys = 32;
   /// Projections on FP8-block weights (128 × 128 scale blocks) of steps with more than 8 rows as
   /// W8A8 on cuBLASLt's block-scaled FP8 GEMM (kernels/gemm_fp8.cuh), the rows quantized per
