@@ -82,6 +82,14 @@ if [ "${DIAG_BUILD_TOO:-0}" = 1 ]; then
   build_diag 8 &
   trap 'wait' EXIT  # the diagnostic build finishes before the call returns
 fi
+# The kernel op cases matching gtest filter $1 and every engine test, with their summaries.
+run_gpu_tests() {
+  timeout 200 ./build-dev/moebatch_gpu_tests --gtest_filter="$1" > "$OUT/kernel_tests.log" 2>&1
+  echo "kernel tests rc=$?"; grep -E "FAIL|^\[  PASSED|^\[==|SKIPPED" "$OUT/kernel_tests.log" | head -30
+  timeout 180 ./build-dev/moebatch_gpu_engine_tests > "$OUT/engine_tests.log" 2>&1
+  echo "engine tests rc=$?"
+  grep -E "Failure|Expected|Which is|FAILED|^\[  PASSED|^\[==" "$OUT/engine_tests.log" | head -30
+}
 if [ "$WHAT" = quant ]; then
   echo "built at $(date +%T)"
   timeout 150 ./build-dev/moebatch_gpu_tests > "$OUT/kernel_tests.log" 2>&1
@@ -159,11 +167,7 @@ if [ "$WHAT" = prefill ]; then
 fi
 if [ "$WHAT" = experts ]; then
   echo "built at $(date +%T)"
-  timeout 200 ./build-dev/moebatch_gpu_tests --gtest_filter='*moe*:*Moe*:*expert*' > "$OUT/kernel_tests.log" 2>&1
-  echo "kernel tests rc=$?"; grep -E "FAIL|^\[  PASSED|^\[==|SKIPPED" "$OUT/kernel_tests.log" | head -30
-  timeout 180 ./build-dev/moebatch_gpu_engine_tests > "$OUT/engine_tests.log" 2>&1
-  echo "engine tests rc=$?"
-  grep -E "Failure|Expected|Which is|FAILED|^\[  PASSED|^\[==" "$OUT/engine_tests.log" | head -30
+  run_gpu_tests '*moe*:*Moe*:*expert*'
   timeout 120 ./build-dev/moebatch_bench_kernels "/tmp/bench_kernels_wgmma.json" --filter "moe_wgmma " > "$OUT/bench_kernels_wgmma.log" 2>&1
   echo "kernels rc=$?"; grep -E "moe_" "$OUT/bench_kernels_wgmma.log"
   timeout 120 ./build-dev/moebatch_bench_engine_cuda "$OUT/bench_engine_cuda.json" > "$OUT/bench_engine.log" 2>&1
@@ -174,11 +178,7 @@ if [ "$WHAT" = gemv4 ]; then
   # the 4-bit expert GEMVs on tensor cores: the moe_gemv op cases (both walks), the engine tests,
   # the kernel rows, and the 30B step in bf16 / nvfp4 / int4 with each walk
   echo "built at $(date +%T)"
-  timeout 150 ./build-dev/moebatch_gpu_tests --gtest_filter='*moe_gemv*:*moe_gemm*:*dequant*:*nvfp4*:*int4*' > "$OUT/kernel_tests.log" 2>&1
-  echo "kernel tests rc=$?"; grep -E "FAIL|^\[  PASSED|^\[==|SKIPPED" "$OUT/kernel_tests.log" | head -30
-  timeout 150 ./build-dev/moebatch_gpu_engine_tests > "$OUT/engine_tests.log" 2>&1
-  echo "engine tests rc=$?"
-  grep -E "Failure|Expected|Which is|FAILED|^\[  PASSED|^\[==" "$OUT/engine_tests.log" | head -30
+  run_gpu_tests '*moe_gemv*:*moe_gemm*:*dequant*:*nvfp4*:*int4*'
   timeout 100 ./build-dev/moebatch_bench_kernels "/tmp/bench_kernels_gemv.json" --filter "moe_gemv" > "$OUT/bench_kernels_gemv.log" 2>&1
   echo "kernels rc=$?"; grep -E "moe_gemv" "$OUT/bench_kernels_gemv.log" | head -60
   for v in ${GEMV4_VARIANTS:-none nvfp4 nvfp4:cc int4 int4:cc}; do
@@ -195,11 +195,7 @@ if [ "$WHAT" = decode ]; then
   # tests, the 30B benchmark at batches 1 and 256 with and without the fused rope, then the
   # diagnostic build's step trace at batch 1
   echo "built at $(date +%T)"
-  timeout 150 ./build-dev/moebatch_gpu_tests --gtest_filter='*moe_gemv*:*attn_decode*:*route*:*rope*:*combine*' > "$OUT/kernel_tests.log" 2>&1
-  echo "kernel tests rc=$?"; grep -E "FAIL|^\[  PASSED|^\[==|SKIPPED" "$OUT/kernel_tests.log" | head -30
-  timeout 150 ./build-dev/moebatch_gpu_engine_tests > "$OUT/engine_tests.log" 2>&1
-  echo "engine tests rc=$?"
-  grep -E "Failure|Expected|Which is|FAILED|^\[  PASSED|^\[==" "$OUT/engine_tests.log" | head -30
+  run_gpu_tests '*moe_gemv*:*attn_decode*:*route*:*rope*:*combine*'
   for v in ${DECODE_VARIANTS:-default combine default combine}; do
     flag=""; [ $v = unfused ] && flag=--disable-fused-rope; [ $v = combine ] && flag=--combine-norm-in-qkv
     MOEBATCH_BENCH_BATCHES=1,256 timeout 130 ./build-dev/moebatch_bench_engine_cuda $flag "/tmp/bench_engine_$v.json" \
