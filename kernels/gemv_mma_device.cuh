@@ -60,6 +60,58 @@ __device__ __forceinline__ __nv_bfloat162 bf16x2_of(unsigned u) {
   return *reinterpret_cast<const __nv_bfloat162*>(&u);
 }
 
+/// The scales of one granule of a lane's two rows: Nvfp4 the two E4M3 group scales (bytes of a
+/// u16), Int4 the f32 scale and min of its one group.
+struct MmaGranuleScales {
+  unsigned gscale[2] = {0, 0};
+  float scale[2] = {0.f, 0.f}, minv[2] = {0.f, 0.f};
+};
+
+/// c += this lane's granule of rows q (w[0]) and q + 8 (w[1]) times the 32 activations at `xg`
+/// (nullptr: a granule past k, zeros) on 8 (Int4: 16) mmas. Every lane of the warp calls it.
+template <WeightCodec C>
+__device__ __forceinline__ void mma_granule(float (&c)[4], const uint4 (&w)[2], const MmaGranuleScales& sc,
+                                            const bf16* xg) {
+  constexpr int V = codec_granule(C);
+  // Int4: w = s·(q − 8) + (8·s − min); the bf16 scale of each row and the bf16 constant term
+  // (small where the min centres the codes, as Q4_K's do)
+  __nv_bfloat162 s2[2];
+  unsigned cterm[2];
+  if constexpr (C == WeightCodec::Int4) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      s2[r] = __float2bfloat162_rn(sc.scale[r]);
+      cterm[r] = bf16x2_bits(__float2bfloat162_rn(8.f * sc.scale[r] - sc.minv[r]));
+    }
+  }
+  const __nv_bfloat162 k136 = __float2bfloat162_rn(136.f);
+#pragma unroll
+  for (int p = 0; p < V / 8; ++p) {  // 8-value pieces: word p of the granule
+    const uint4 xv = xg ? __ldg(reinterpret_cast<const uint4*>(xg + 8 * p)) : make_uint4(0, 0, 0, 0);
+    unsigned a[2][4];  // the piece's four bf16 pairs of each row
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const unsigned code = word_of(w[r], p);
+      if constexpr (C == WeightCodec::Nvfp4) {
+        const uint4 d = decode_fp4x8(code, fp4_group_scale(static_cast<unsigned char>(sc.gscale[r] >> (8 * (p / 2)))));
+        a[r][0] = d.x, a[r][1] = d.y, a[r][2] = d.z, a[r][3] = d.w;
+      } else {
+        const unsigned even = code & 0x0f0f0f0fu, odd = (code >> 4) & 0x0f0f0f0fu;
+#pragma unroll
+        for (int q = 0; q < 4; ++q)  // (128 + q) − 136 = q − 8 exactly, times s rounded once
+          a[r][q] = bf16x2_bits(__hmul2(__hsub2(bf16x2_of(u4_pair_plus128(even, odd, q)), k136), s2[r]));
+      }
+    }
+    // pairs 0, 1 then 2, 3: A row q / q + 8 at k slots 2t.. and 2t + 8.., B the same values
+    mma_bf16_16816(c, a[0][0], a[1][0], a[0][1], a[1][1], xv.x, xv.y);
+    mma_bf16_16816(c, a[0][2], a[1][2], a[0][3], a[1][3], xv.z, xv.w);
+    if constexpr (C == WeightCodec::Int4) {  // + (8·s − min) · Σ x over the same slots
+      mma_bf16_16816(c, cterm[0], cterm[1], cterm[0], cterm[1], xv.x, xv.y);
+      mma_bf16_16816(c, cterm[0], cterm[1], cterm[0], cterm[1], xv.z, xv.w);
+    }
+  }
+}
+
 /// c (this lane's C fragment, accumulated into) += the warp's share of rows rows[0] (tile row q)
 /// and rows[1] (tile row q + 8) times activation row x (B column q) over granule quads quad0,
 /// quad0 + quad_step, ... of k. Every lane of the warp must call it with the same quad0 and
@@ -81,12 +133,10 @@ __device__ __forceinline__ void gemv_tile_mma(const QuantMatrix& w, int k, const
     wrow[r] = static_cast<const unsigned char*>(w.data) + static_cast<size_t>(rows[r]) * row_bytes;
     srow[r] = static_cast<size_t>(rows[r]) * granules;
   }
-  const __nv_bfloat162 k136 = __float2bfloat162_rn(136.f);
   bool waited = false;
   for (int j0 = quad0; j0 < quads; j0 += kGemvMmaQuadsInFlight * quad_step) {  // warp-uniform
     uint4 wv[kGemvMmaQuadsInFlight][2];
-    unsigned gscale[kGemvMmaQuadsInFlight][2];  // Nvfp4: the granule's two E4M3 group scales
-    float scale[kGemvMmaQuadsInFlight][2], minv[kGemvMmaQuadsInFlight][2];  // Int4
+    MmaGranuleScales sc[kGemvMmaQuadsInFlight];
 #pragma unroll
     for (int u = 0; u < kGemvMmaQuadsInFlight; ++u) {
       const int g = 4 * (j0 + u * quad_step) + t;
@@ -94,15 +144,13 @@ __device__ __forceinline__ void gemv_tile_mma(const QuantMatrix& w, int k, const
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         wv[u][r] = make_uint4(0, 0, 0, 0);
-        gscale[u][r] = 0;
-        scale[u][r] = minv[u][r] = 0.f;
         if (live) {
           wv[u][r] = __ldcs(reinterpret_cast<const uint4*>(wrow[r] + static_cast<size_t>(g) * 16));
           if constexpr (C == WeightCodec::Nvfp4) {
-            gscale[u][r] = __ldg(static_cast<const unsigned short*>(w.scales) + srow[r] + g);
+            sc[u].gscale[r] = __ldg(static_cast<const unsigned short*>(w.scales) + srow[r] + g);
           } else {
-            scale[u][r] = __ldg(static_cast<const float*>(w.scales) + srow[r] + g);
-            if (w.mins) minv[u][r] = __ldg(w.mins + srow[r] + g);
+            sc[u].scale[r] = __ldg(static_cast<const float*>(w.scales) + srow[r] + g);
+            if (w.mins) sc[u].minv[r] = __ldg(w.mins + srow[r] + g);
           }
         }
       }
@@ -115,45 +163,7 @@ __device__ __forceinline__ void gemv_tile_mma(const QuantMatrix& w, int k, const
     for (int u = 0; u < kGemvMmaQuadsInFlight; ++u) {
       if (j0 + u * quad_step >= quads) break;  // warp-uniform
       const int g = 4 * (j0 + u * quad_step) + t;
-      const bool live = g < granules;
-      // Int4: w = s·(q − 8) + (8·s − min); the bf16 scale of each row and the bf16 constant
-      // term (small where the min centres the codes, as Q4_K's do)
-      __nv_bfloat162 s2[2];
-      unsigned cterm[2];
-      if constexpr (C == WeightCodec::Int4) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          s2[r] = __float2bfloat162_rn(scale[u][r]);
-          cterm[r] = bf16x2_bits(__float2bfloat162_rn(8.f * scale[u][r] - minv[u][r]));
-        }
-      }
-#pragma unroll
-      for (int p = 0; p < V / 8; ++p) {  // 8-value pieces: word p of the granule
-        const uint4 xv = live ? __ldg(reinterpret_cast<const uint4*>(x + static_cast<size_t>(g) * V + 8 * p))
-                              : make_uint4(0, 0, 0, 0);
-        unsigned a[2][4];  // the piece's four bf16 pairs of each row
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const unsigned code = word_of(wv[u][r], p);
-          if constexpr (C == WeightCodec::Nvfp4) {
-            const uint4 d =
-                decode_fp4x8(code, fp4_group_scale(static_cast<unsigned char>(gscale[u][r] >> (8 * (p / 2)))));
-            a[r][0] = d.x, a[r][1] = d.y, a[r][2] = d.z, a[r][3] = d.w;
-          } else {
-            const unsigned even = code & 0x0f0f0f0fu, odd = (code >> 4) & 0x0f0f0f0fu;
-#pragma unroll
-            for (int q = 0; q < 4; ++q)  // (128 + q) − 136 = q − 8 exactly, times s rounded once
-              a[r][q] = bf16x2_bits(__hmul2(__hsub2(bf16x2_of(u4_pair_plus128(even, odd, q)), k136), s2[r]));
-          }
-        }
-        // pairs 0, 1 then 2, 3: A row q / q + 8 at k slots 2t.. and 2t + 8.., B the same values
-        mma_bf16_16816(c, a[0][0], a[1][0], a[0][1], a[1][1], xv.x, xv.y);
-        mma_bf16_16816(c, a[0][2], a[1][2], a[0][3], a[1][3], xv.z, xv.w);
-        if constexpr (C == WeightCodec::Int4) {  // + (8·s − min) · Σ x over the same slots
-          mma_bf16_16816(c, cterm[0], cterm[1], cterm[0], cterm[1], xv.x, xv.y);
-          mma_bf16_16816(c, cterm[0], cterm[1], cterm[0], cterm[1], xv.z, xv.w);
-        }
-      }
+      mma_granule<C>(c, wv[u], sc[u], g < granules ? x + static_cast<size_t>(g) * V : nullptr);
     }
   }
   if (!waited) pdl_sync();  // a warp without quads still orders its caller's stores

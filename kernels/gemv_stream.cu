@@ -39,6 +39,7 @@
 #include "kernels/gemv_device.cuh"
 #include "kernels/launch.cuh"
 #include "kernels/moe_combine_device.cuh"
+#include "kernels/stream_ring.cuh"
 #include "kernels/wgmma.cuh"
 #endif
 
@@ -52,8 +53,7 @@ constexpr int kStageBytes = 32 << 10;  // at most, when a row is shorter
 constexpr int kConsumerWarps = 8;
 constexpr int kConsumerThreads = kConsumerWarps * 32;
 constexpr int kThreads = kConsumerThreads + 32;  // + the producer warp
-constexpr int kBarrierBytes = 128;               // full[kStages], empty[kStages]; ring 128-aligned
-static_assert(16 * kStages <= kBarrierBytes, "the barriers fit before the ring");
+constexpr int kBarrierBytes = kStreamRingBarrierBytes;  // full[kStages], empty[kStages]
 // The combine-norm prologue's scratch (kConsumerWarps partial sums and the last-CTA flag) sits
 // after the barriers, in the dynamic block: static __shared__ would add to the opt-in maximum
 // that gemv_stream_prepare sets for the dynamic block, and the launch would fail.
@@ -61,42 +61,7 @@ constexpr int kScratchOffset = 16 * kStages;
 static_assert(kScratchOffset + 4 * (kConsumerWarps + 1) <= kBarrierBytes,
               "the combine-norm scratch fits between the barriers and the ring");
 
-// The ring in shared memory: full[kStages] barriers at bar0, empty[kStages] after them, the
-// slots from bar0 + kBarrierBytes. Stage q (counted from 0 over the CTA's life) uses slot
-// q % kStages in phase q / kStages. full[s]: one producer arrival plus the stage's bytes; empty[s]:
-// one arrival per consumer thread.
-struct StreamRing {
-  uint32_t bar0 = 0;        // shared address of full[0]
-  uint32_t slot_bytes = 0;  // a multiple of 16
-
-  __device__ uint32_t full(int q) const { return bar0 + 8 * (q % kStages); }
-  __device__ uint32_t empty(int q) const { return bar0 + 8 * kStages + 8 * (q % kStages); }
-  __device__ uint32_t slot(int q) const {
-    return bar0 + kBarrierBytes + (q % kStages) * slot_bytes;
-  }
-  // Producer: until stage q's slot is free (the stage kStages back consumed: phase
-  // q / kStages - 1 of its empty barrier).
-  __device__ void acquire(int q) const {
-    if (q >= kStages) wgmma::mbarrier_wait(empty(q), ((q / kStages) - 1) & 1);
-  }
-  // Producer: announces `bytes` for stage q and copies them from `src` to `dst` (shared).
-  __device__ void copy(int q, uint32_t dst, const void* src, uint32_t bytes) const {
-    wgmma::bulk_copy_g2s(dst, src, bytes, full(q));
-  }
-  // Consumers: until stage q's bytes have landed.
-  __device__ void wait_full(int q) const { wgmma::mbarrier_wait(full(q), (q / kStages) & 1); }
-  // Consumers: this thread is done reading stage q's slot.
-  __device__ void release(int q) const { wgmma::mbarrier_arrive(empty(q)); }
-};
-
-// Sets the ring's barriers at the start of dynamic shared memory `smem` (the whole block meets).
-__device__ __forceinline__ StreamRing stream_ring_init(const uint8_t* smem, uint32_t slot_bytes) {
-  StreamRing r;
-  r.bar0 = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  r.slot_bytes = slot_bytes;
-  wgmma::init_ring_barriers(r.full(0), r.empty(0), kStages, 1, kConsumerThreads);
-  return r;
-}
+using Ring = StreamRing<kStages, kConsumerThreads>;  // kernels/stream_ring.cuh
 
 // Consumers: copy `granules` 16-byte granules of global `src` to shared `dst` (cp.async), then
 // meet on named barrier 1 (consumers only; the producer never joins).
@@ -240,7 +205,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_stream_kernel(GemvStreamArgs
   const int row0 = static_cast<int>(static_cast<int64_t>(blockIdx.x) * a.n / gridDim.x);
   const int rows = static_cast<int>(static_cast<int64_t>(blockIdx.x + 1) * a.n / gridDim.x) - row0;
   const int stages = CEIL_DIV(rows, a.stage_rows);  // ≥ 1: the host keeps G ≤ n
-  const StreamRing rg = stream_ring_init(gemv_stream_smem, stage_bytes);
+  const Ring rg = Ring::init(gemv_stream_smem, stage_bytes);
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (warp == kConsumerWarps) {  // producer

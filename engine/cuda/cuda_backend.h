@@ -113,6 +113,11 @@ struct CudaBackendOptions {
   /// (kernels/gemv_mma_device.cuh) instead of decoded into CUDA-core FMAs (Int4 steps −5% at
   /// batch 1, NVFP4 the same; bench/RESULTS.md, session 20).
   bool mma_expert_gemv = true;
+  /// One-token steps' expert GEMVs on 4-bit weights as a persistent stream
+  /// (kernels/moe_gemv_stream.cuh: weights through a shared-memory ring, tensor cores) where the
+  /// GPU is a Hopper and the build has its sm_90a code. Written in session 20 without a GPU run:
+  /// off until its op cases pass and it measures faster.
+  bool stream_expert_gemv = false;
   /// Keys each split of a decode step's split-K attention takes at least (the split count is
   /// bounded by the context bucket over this): more keys a split, fewer partials to merge. At
   /// batch 1 (context bucket 256) 64–256 measured slower than 32 (bench/RESULTS.md, session 20).

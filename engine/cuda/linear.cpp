@@ -8,6 +8,7 @@
 #include "common/error.h"
 #include "kernels/gemm.cuh"
 #include "kernels/gemv_stream.cuh"
+#include "kernels/moe_gemv_stream.cuh"
 #include "kernels/quant.cuh"
 
 namespace moebatch {
@@ -97,7 +98,9 @@ void expert_gemm(const GemmContext& g, kernels::MoeGemmParams p, const DeviceTen
     case WeightFormat::Int8:
     case WeightFormat::Int4:
       p.weight = w.matrix();  // both kernels decode each codec in registers
-      if (tokens <= kExpertGemvMaxTokens && p.active_experts != nullptr)
+      if (tokens == 1 && g.stream_experts && kernels::moe_gemv_stream_takes(p))
+        kernels::moe_gemv_stream(p, g.stream);
+      else if (tokens <= kExpertGemvMaxTokens && p.active_experts != nullptr)
         kernels::moe_gemv(p, tokens, g.stream);
       else if (g.tma_experts && kernels::moe_gemm_tma_takes(p))
         kernels::moe_gemm_tma(p, g.stream);

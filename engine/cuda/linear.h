@@ -33,6 +33,9 @@ struct GemmContext {
   /// Expert GEMMs of decode steps that kernels::moe_gemm_tma takes (bf16, W8A8) on it (the
   /// rank's Hopper GPU has it and moe_wgmma_prepare ran there) instead of moe_gemm.
   bool tma_experts = false;
+  /// One-token expert GEMVs that kernels::moe_gemv_stream takes (4-bit weights) on it (prepared
+  /// there) instead of moe_gemv.
+  bool stream_experts = false;
   /// Projections on FP8-block weights with block_scales and more than kernels::kGemvMaxRows
   /// rows run W8A8 here (the rows quantized per 1 × 128 into `a8`) but for prefill-sized calls
   /// with inputs wider than 2048 (linear.cpp: measured slower there); null, or those: decoded

@@ -184,6 +184,8 @@ struct MoeGemmShape {
   /// moe_gemv on 4-bit weights with MoeGemmParams::gemv_cuda_cores (their CUDA-core walk
   /// instead of the tensor-core one)
   bool cuda_cores = false;
+  /// one token (direct), 4-bit weights: kernels::moe_gemv_stream (Hopper) instead of moe_gemv
+  bool stream = false;
 };
 OpCaseDef moe_gemm_case(const MoeGemmShape& s);
 

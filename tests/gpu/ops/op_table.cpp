@@ -319,6 +319,7 @@ std::vector<OpCaseDef> op_cases_test() {
       {.tokens = 50, .experts = 16, .top_k = 4, .hidden = 128, .inter = 128, .hot = 2},  // a 50-row expert: two passes
       {.tokens = 3, .experts = 8, .top_k = 2, .hidden = 96, .inter = 64},                // k not a multiple of the 256 chunk
       {.tokens = 40, .experts = 8, .top_k = 2, .hidden = 608, .inter = 96, .hot = 1},    // 3 chunks, last partial; 2 passes
+      {.tokens = 1, .experts = 16, .top_k = 4, .hidden = 256, .inter = 128},             // one tile a CTA streamed
       {.tokens = 1, .experts = 64, .top_k = 8, .hidden = 2048, .inter = 768},            // Qwen3 shapes
       {.tokens = 12, .experts = 32, .top_k = 8, .hidden = 2048, .inter = 768, .hot = 7},
   };
@@ -346,6 +347,12 @@ std::vector<OpCaseDef> op_cases_test() {
             s.cuda_cores = true;
             t.push_back(moe_gemm_case(s));
             s.cuda_cores = false;
+            // one token streamed (k a multiple of 128: both stages of the Qwen3 shape)
+            if (s.tokens == 1 && s.hidden % 128 == 0 && s.inter % 128 == 0) {
+              s.direct = s.stream = true;
+              t.push_back(moe_gemm_case(s));
+              s.direct = s.stream = false;
+            }
           }
         }
       }
@@ -628,11 +635,17 @@ std::vector<OpCaseDef> op_cases_bench() {
           if (gemv && B > kernels::kMoeGemvMaxTokens) continue;
           add(B, moe_gemm_case({.tokens = B, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI, .stage = stage,
                                 .active_experts = true, .routings = kRoutings, .format = format, .gemv = gemv}));
-          // 4-bit decode GEMVs also on CUDA cores ("... cuda-cores"), beside the tensor-core walk
-          if (gemv && (format == WeightFormat::nvfp4 || format == WeightFormat::int4))
+          // 4-bit decode GEMVs also on CUDA cores ("... cuda-cores"), beside the tensor-core walk,
+          // and one token streamed ("moe_gemv_stream ...")
+          if (gemv && (format == WeightFormat::nvfp4 || format == WeightFormat::int4)) {
             add(B, moe_gemm_case({.tokens = B, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
                                   .stage = stage, .active_experts = true, .routings = kRoutings,
                                   .format = format, .gemv = true, .cuda_cores = true}));
+            if (B == 1)
+              add(B, moe_gemm_case({.tokens = B, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
+                                    .stage = stage, .active_experts = true, .routings = kRoutings,
+                                    .format = format, .gemv = true, .direct = true, .stream = true}));
+          }
         }
     // "moe_gemm_tma <stage>" and "... fp8 w8a8": the engine's bf16 and W8A8 paths there on Hopper
     if (B > kernels::kMoeGemvMaxTokens)

@@ -1,0 +1,256 @@
+// The one-token expert GEMV as a persistent stream (kernels/moe_gemv_stream.cuh).
+//
+// Work: the token's num_pairs experts × n outputs as 16-row tiles (SwiGLU: gate rows j0 .. j0 + 7
+// and their up rows n + j0 ..; else rows j0 .. j0 + 15), pair-major; CTA c of G takes tiles
+// [c·T/G, (c+1)·T/G). A tile is one stage of the ring (kernels/stream_ring.cuh): two 8-row halves,
+// each half's codes then its scales (and Int4 mins) — 4 or 6 bulk copies, every one contiguous in
+// the stacked tensor. The producer (lane 0 of the last warp) reads each tile's expert from
+// topk_ids — after pdl_sync unless the routing is settled (down: written two launches back) — and
+// keeps kStages tiles in flight. Every consumer warp takes every eighth granule quad of each tile
+// (mma_granule, kernels/gemv_mma_device.cuh, its words read from the slot), the warps' column-0
+// sums meet in shared memory (double-buffered: one named barrier a tile, summed in warp order),
+// and 8 or 16 threads store the tile's outputs (SwiGLU, the Nvfp4 row scale) while the others go
+// on to the next tile.
+//
+// Built for sm_90a only (MOEBATCH_WGMMA); without it moe_gemv_stream_takes says false.
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/cuda_check.cuh"
+#include "kernels/moe_gemv_stream.cuh"
+#include "kernels/moe_wgmma.cuh"
+#if MOEBATCH_WGMMA
+#include "kernels/gemv_mma_device.cuh"
+#include "kernels/launch.cuh"
+#include "kernels/stream_ring.cuh"
+#endif
+
+namespace moebatch::kernels {
+namespace {
+
+#if MOEBATCH_WGMMA
+
+constexpr int kStages = 4;
+constexpr int kConsumerWarps = 8;
+constexpr int kConsumerThreads = kConsumerWarps * 32;
+constexpr int kThreads = kConsumerThreads + 32;  // + the producer warp
+using Ring = StreamRing<kStages, kConsumerThreads>;
+// The warps' column-0 sums of a tile, [2 buffers][warp][tile row q][half]: after the ring, in the
+// dynamic block (static __shared__ would add to the opt-in maximum moe_gemv_stream_prepare sets).
+constexpr int kReduceBytes = 2 * kConsumerWarps * 8 * 2 * 4;
+
+// One stage: 16 weight rows as two 8-row halves, each half's codes, then both halves' scales,
+// then (Int4) both halves' mins. Byte counts are multiples of 16 for k % 128 == 0.
+struct TileLayout {
+  uint32_t half_bytes = 0;   // codes of 8 rows: 8 · k / 2
+  uint32_t scale_bytes = 0;  // scales of 8 rows: Nvfp4 8 · k / 16 (E4M3), Int4 8 · k / 32 (f32)
+  uint32_t mins_bytes = 0;   // Int4: as scale_bytes; Nvfp4: none
+  __host__ __device__ uint32_t codes(int h) const { return h * half_bytes; }
+  __host__ __device__ uint32_t scales(int h) const { return 2 * half_bytes + h * scale_bytes; }
+  __host__ __device__ uint32_t mins(int h) const { return 2 * (half_bytes + scale_bytes) + h * mins_bytes; }
+  __host__ __device__ uint32_t bytes() const { return 2 * (half_bytes + scale_bytes + mins_bytes); }
+};
+
+TileLayout tile_layout(WeightCodec c, int k) {
+  TileLayout l;
+  l.half_bytes = static_cast<uint32_t>(4 * k);
+  l.scale_bytes = static_cast<uint32_t>(c == WeightCodec::Nvfp4 ? k / 2 : k);
+  l.mins_bytes = c == WeightCodec::Int4 ? l.scale_bytes : 0;
+  return l;
+}
+
+size_t stream_smem(const TileLayout& l) {
+  return kStreamRingBarrierBytes + static_cast<size_t>(kStages) * l.bytes() + kReduceBytes;
+}
+
+struct StreamArgs {
+  MoeGemmParams p;
+  TileLayout lay;
+  int tiles_per_pair = 0;  // n / 8 (SwiGLU) or n / 16
+  int tiles = 0;           // num_pairs · tiles_per_pair
+};
+
+template <WeightCodec C, bool kSilu>
+__global__ void __launch_bounds__(kThreads, 1) moe_gemv_stream_kernel(StreamArgs a) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  const MoeGemmParams& p = a.p;
+  const TileLayout& lay = a.lay;
+  const int t0 = static_cast<int>(static_cast<int64_t>(blockIdx.x) * a.tiles / gridDim.x);
+  const int t1 = static_cast<int>(static_cast<int64_t>(blockIdx.x + 1) * a.tiles / gridDim.x);
+  const int n = p.n, k = p.k;
+  const int rows_per_expert = kSilu ? 2 * n : n;
+  constexpr int kTileOut = kSilu ? 8 : 16;
+  const Ring rg = Ring::init(smem, lay.bytes());
+  // the first matrix row of half h of tile `tile` (expert e)
+  const auto half_row = [&](int e, int tile, int h) {
+    const int j0 = (tile % a.tiles_per_pair) * kTileOut;
+    return static_cast<size_t>(e) * rows_per_expert + (kSilu ? h * n + j0 : j0 + 8 * h);
+  };
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (warp == kConsumerWarps) {  // producer
+    if (lane == 0) {
+      if (!p.routing_settled) pdl_sync();  // the expert ids are the kernel before's output
+      const size_t row_bytes = static_cast<size_t>(k) / 2;
+      const size_t scale_row_bytes = lay.scale_bytes / 8;
+      for (int q = 0; q < t1 - t0; ++q) {
+        const int tile = t0 + q;
+        const int e = __ldcg(p.sorted_ids + tile / a.tiles_per_pair);
+        rg.acquire(q);
+        wgmma::mbarrier_arrive_expect_tx(rg.full(q), lay.bytes());
+        const uint32_t dst = rg.slot(q);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const size_t row = half_row(e, tile, h);
+          rg.copy(q, dst + lay.codes(h), static_cast<const uint8_t*>(p.weight.data) + row * row_bytes,
+                  lay.half_bytes);
+          rg.copy(q, dst + lay.scales(h), static_cast<const uint8_t*>(p.weight.scales) + row * scale_row_bytes,
+                  lay.scale_bytes);
+          if constexpr (C == WeightCodec::Int4)
+            rg.copy(q, dst + lay.mins(h), reinterpret_cast<const uint8_t*>(p.weight.mins) + row * scale_row_bytes,
+                    lay.mins_bytes);
+        }
+      }
+    }
+    return;
+  }
+
+  // Consumers: the activation rows and the outputs are the kernels before's.
+  pdl_sync();
+  const int qr = lane >> 2, t = lane & 3;  // tile rows qr (half 0) and qr (half 1); granules 4j + t
+  const int quads = k / 128;
+  uint8_t* ring = smem + kStreamRingBarrierBytes;
+  float(*reduce)[kConsumerWarps][8][2] =
+      reinterpret_cast<float(*)[kConsumerWarps][8][2]>(ring + static_cast<size_t>(kStages) * lay.bytes());
+  for (int q = 0; q < t1 - t0; ++q) {
+    const int tile = t0 + q, pair = tile / a.tiles_per_pair;
+    const bf16* x = p.in + static_cast<size_t>(pair / p.in_row_div) * k;
+    rg.wait_full(q);
+    const uint8_t* slot = ring + static_cast<size_t>(q % kStages) * lay.bytes();
+    float c[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int j = warp; j < quads; j += kConsumerWarps) {  // warp-uniform
+      const int g = 4 * j + t;
+      uint4 w[2];
+      MmaGranuleScales sc;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        w[h] = *reinterpret_cast<const uint4*>(slot + lay.codes(h) + static_cast<size_t>(qr) * (k / 2) + 16 * g);
+        if constexpr (C == WeightCodec::Nvfp4) {
+          sc.gscale[h] = *reinterpret_cast<const unsigned short*>(slot + lay.scales(h) + qr * (k / 16) + 2 * g);
+        } else {
+          const size_t at = (static_cast<size_t>(qr) * (k / 32) + g) * 4;
+          sc.scale[h] = *reinterpret_cast<const float*>(slot + lay.scales(h) + at);
+          sc.minv[h] = *reinterpret_cast<const float*>(slot + lay.mins(h) + at);
+        }
+      }
+      mma_granule<C>(c, w, sc, x + static_cast<size_t>(g) * 32);
+    }
+    rg.release(q);  // this thread has read the slot (its words are in registers)
+    // Column 0 of the C fragment (every column holds the one token): lanes t == 0, c[0] of half
+    // 0's row qr, c[2] of half 1's.
+    float(*red)[8][2] = reduce[q & 1];
+    if (t == 0) {
+      red[warp][qr][0] = c[0];
+      red[warp][qr][1] = c[2];
+    }
+    asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumerThreads) : "memory");
+    // Double-buffered: the buffer is written again two tiles on, after every thread has passed
+    // the next tile's barrier, so after these reads.
+    const int tid = threadIdx.x;
+    if (tid < kTileOut) {
+      const int e = __ldcg(p.sorted_ids + pair);
+      const int j0 = (tile % a.tiles_per_pair) * kTileOut;
+      const int h = kSilu ? 0 : tid / 8, r = kSilu ? tid : tid % 8;
+      float v0 = 0.f, v1 = 0.f;
+#pragma unroll
+      for (int w = 0; w < kConsumerWarps; ++w) {
+        v0 += red[w][r][h];
+        if constexpr (kSilu) v1 += red[w][r][1];
+      }
+      if constexpr (C == WeightCodec::Nvfp4) {
+        v0 *= __ldg(p.weight.row_scales + half_row(e, tile, h) + r);
+        if constexpr (kSilu) v1 *= __ldg(p.weight.row_scales + half_row(e, tile, 1) + r);
+      }
+      const float out = kSilu ? v0 / (1.f + expf(-v0)) * v1 : v0;
+      p.out[static_cast<size_t>(pair) * n + j0 + tid] = __float2bfloat16_rn(out);
+    }
+  }
+}
+
+template <WeightCodec C, bool kSilu>
+void launch_stream(const StreamArgs& a, cudaStream_t stream) {
+  int device = 0, sms = 0, per_sm = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const size_t smem = stream_smem(a.lay);
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_gemv_stream_kernel<C, kSilu>, kThreads, smem));
+  MB_CHECK(per_sm >= 1, "moe_gemv_stream: no CTA fits (call moe_gemv_stream_prepare on this device first)");
+  const int grid = static_cast<int>(std::min<int64_t>(a.tiles, static_cast<int64_t>(sms) * per_sm));
+  launch_dependent(moe_gemv_stream_kernel<C, kSilu>, grid, kThreads, smem, stream, a);
+}
+
+int smem_optin(int device) {
+  int bytes = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  return bytes;
+}
+
+#endif  // MOEBATCH_WGMMA
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+bool moe_gemv_stream_takes(const MoeGemmParams& p) {
+#if MOEBATCH_WGMMA
+  const QuantMatrix& w = p.weight;
+  const bool codec = w.codec == WeightCodec::Nvfp4 || (w.codec == WeightCodec::Int4 && w.group == 32 && w.mins);
+  if (!codec || !p.direct_topk || p.in_fp8 || p.k <= 0 || p.k % 128 != 0 || p.n <= 0 ||
+      p.n % (p.silu_gate_up ? 8 : 16) != 0 || !aligned16(w.data) || !aligned16(w.scales) ||
+      (w.mins && !aligned16(w.mins)))
+    return false;
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  return moe_wgmma_available(device) &&
+         stream_smem(tile_layout(w.codec, p.k)) <= static_cast<size_t>(smem_optin(device));
+#else
+  (void)p;
+  (void)aligned16;
+  return false;
+#endif
+}
+
+void moe_gemv_stream_prepare() {
+#if MOEBATCH_WGMMA
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  const int bytes = smem_optin(device);
+  for (auto kernel : {moe_gemv_stream_kernel<WeightCodec::Nvfp4, true>, moe_gemv_stream_kernel<WeightCodec::Nvfp4, false>,
+                      moe_gemv_stream_kernel<WeightCodec::Int4, true>, moe_gemv_stream_kernel<WeightCodec::Int4, false>})
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+#endif
+}
+
+void moe_gemv_stream(const MoeGemmParams& p, cudaStream_t stream) {
+  check_moe_gemm_params(p, "moe_gemv_stream");
+  MB_CHECK(moe_gemv_stream_takes(p),
+           "moe_gemv_stream: needs one token's pairs (direct_topk), Nvfp4 or Int4 weights, k % 128 == 0 "
+           "and a Hopper GPU with this build's sm_90a code (see moe_gemv_stream_takes)");
+#if MOEBATCH_WGMMA
+  if (p.num_pairs == 0) return;
+  StreamArgs a;
+  a.p = p;
+  a.lay = tile_layout(p.weight.codec, p.k);
+  a.tiles_per_pair = p.n / (p.silu_gate_up ? 8 : 16);
+  a.tiles = p.num_pairs * a.tiles_per_pair;
+  if (p.weight.codec == WeightCodec::Nvfp4)
+    p.silu_gate_up ? launch_stream<WeightCodec::Nvfp4, true>(a, stream) : launch_stream<WeightCodec::Nvfp4, false>(a, stream);
+  else
+    p.silu_gate_up ? launch_stream<WeightCodec::Int4, true>(a, stream) : launch_stream<WeightCodec::Int4, false>(a, stream);
+  CUDA_CHECK_LAST();
+#else
+  (void)stream;
+#endif
+}
+
+}  // namespace moebatch::kernels

@@ -1,0 +1,31 @@
+// The one-token expert GEMV as a persistent stream (Hopper, sm_90a), for 4-bit experts (NVFP4,
+// Int4): one CTA per SM streams a contiguous share of the token's experts' weight tiles through a
+// shared-memory ring with bulk copies, and its consumer warps multiply each tile on tensor cores
+// (the walk of kernels/gemv_mma_device.cuh, reading the tile from shared memory). moe_gemv's
+// blocks each request their bytes once and wait for them, so its compressed GEMVs took ~8–9 µs
+// (gate+up) and ~7.5 µs (down) a layer whatever their bytes (bench/RESULTS.md, session 20); here
+// an SM keeps a ring's worth of bytes in flight from its first cycle to its last.
+// CudaBackendOptions::stream_expert_gemv (off until measured faster).
+#pragma once
+
+#include "kernels/moe_gemm.cuh"
+
+namespace moebatch::kernels {
+
+/// Whether moe_gemv_stream takes p on the current device: this build has the sm_90a code, the
+/// device is compute capability 9.0, the weights are Nvfp4 or Int4 (group 32, with mins), p is
+/// one token's (direct_topk, no W8A8), k % 128 == 0, and two stages of one 16-row tile fit in
+/// shared memory.
+bool moe_gemv_stream_takes(const MoeGemmParams& p);
+
+/// Raises the kernels' dynamic shared-memory limit to the current device's opt-in maximum: once
+/// per device before the first moe_gemv_stream there (outside graph capture).
+void moe_gemv_stream_prepare();
+
+/// moe_gemv of one token (tokens = 1) as a stream: the same operands and results as moe_gemv
+/// with direct_topk (the experts from topk_ids in sorted_ids; with routing_settled the producer
+/// reads them before waiting for the kernel before). Requires moe_gemv_stream_takes(p) and
+/// moe_gemv_stream_prepare on the current device. Launched dependent (kernels/launch.cuh).
+void moe_gemv_stream(const MoeGemmParams& p, cudaStream_t stream);
+
+}  // namespace moebatch::kernels
