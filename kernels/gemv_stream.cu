@@ -275,17 +275,11 @@ static_assert(stream_rows_per_warp(kGemvMaxRows) * kGemvMaxRows <= 32,
               "one lane stores each (row, activation row) sum");
 static_assert(kGemvCombineNormMaxK % (8 * kConsumerThreads) == 0, "whole vectors per consumer thread");
 
-int smem_optin(int device) {
-  int bytes = 0;
-  CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  return bytes;
-}
-
 // The ring's shape on `device` for units of `unit_bytes` (whole rows) beside `x_bytes` of
 // resident input: units per slot, up to kStageBytes, fewer when x leaves less room for four
 // slots; 0 when not even four one-unit slots fit. `smem` gets the kernel's dynamic shared memory.
 int64_t stream_slot_units(int device, int64_t unit_bytes, int64_t x_bytes, size_t* smem) {
-  const int64_t room = smem_optin(device) - kBarrierBytes - x_bytes;
+  const int64_t room = stream_smem_optin(device) - kBarrierBytes - x_bytes;
   const int64_t units = std::min<int64_t>(std::max<int64_t>(1, kStageBytes / unit_bytes),
                                           room / (kStages * unit_bytes));
   if (room <= 0 || units < 1) return 0;
@@ -369,7 +363,7 @@ void gemv_stream_prepare() {
 #if MOEBATCH_WGMMA
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
-  const int bytes = smem_optin(device);
+  const int bytes = stream_smem_optin(device);
   for (GemvStreamKernel kernel : kKernels)
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
   CUDA_CHECK(cudaFuncSetAttribute(gemv_stream_kernel<1, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));

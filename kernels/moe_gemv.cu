@@ -183,8 +183,6 @@ void launch_m(const MoeGemmParams& p, cudaStream_t stream) {
   launch<C, M, 2, kSilu>(p, stream);
 }
 
-// M: the pairs an expert can have, rounded up to 1, 2, 4 or 8 (fewer kernels; the sentinel
-// pairs of an expert's segment are skipped by a warp-uniform branch).
 template <WeightCodec C, int M, bool kSilu>
 void launch_mma(const MoeGemmParams& p, cudaStream_t stream) {
   const dim3 grid(p.n / (kSilu ? 8 : 16), std::min(p.num_experts, p.num_pairs));
@@ -196,6 +194,8 @@ void launch_mma_m(const MoeGemmParams& p, cudaStream_t stream) {
   p.silu_gate_up ? launch_mma<C, M, true>(p, stream) : launch_mma<C, M, false>(p, stream);
 }
 
+// M: the pairs an expert can have, rounded up to 1, 2, 4 or 8 (fewer kernels; the sentinel
+// pairs of an expert's segment are skipped by a warp-uniform branch).
 template <WeightCodec C>
 void launch_codec(const MoeGemmParams& p, int tokens, cudaStream_t stream) {
   if constexpr (gemv_mma_codec(C)) {

@@ -189,12 +189,6 @@ void launch_stream(const StreamArgs& a, cudaStream_t stream) {
   launch_dependent(moe_gemv_stream_kernel<C, kSilu>, grid, kThreads, smem, stream, a);
 }
 
-int smem_optin(int device) {
-  int bytes = 0;
-  CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  return bytes;
-}
-
 #endif  // MOEBATCH_WGMMA
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -212,7 +206,7 @@ bool moe_gemv_stream_takes(const MoeGemmParams& p) {
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   return moe_wgmma_available(device) &&
-         stream_smem(tile_layout(w.codec, p.k)) <= static_cast<size_t>(smem_optin(device));
+         stream_smem(tile_layout(w.codec, p.k)) <= static_cast<size_t>(stream_smem_optin(device));
 #else
   (void)p;
   (void)aligned16;
@@ -224,7 +218,7 @@ void moe_gemv_stream_prepare() {
 #if MOEBATCH_WGMMA
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
-  const int bytes = smem_optin(device);
+  const int bytes = stream_smem_optin(device);
   for (auto kernel : {moe_gemv_stream_kernel<WeightCodec::Nvfp4, true>, moe_gemv_stream_kernel<WeightCodec::Nvfp4, false>,
                       moe_gemv_stream_kernel<WeightCodec::Int4, true>, moe_gemv_stream_kernel<WeightCodec::Int4, false>})
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));

@@ -72,9 +72,11 @@ __device__ void store_norm_rows(const RouteSmallNorm& n, int T, int H, const bf1
 __global__ void __launch_bounds__(kWarps * 32) route_small_kernel(RouteSmallParams p) {
   __shared__ float logits[kRouteSmallMaxTokens * kRouterMaxExperts];
   __shared__ bool last;
-  extern __shared__ __align__(16) bf16 normed[];  // [2, T, H] with the fused norm: sums, normed
+  extern __shared__ __align__(16) bf16 norm_rows[];  // with the fused norm: sums [T, H], normed [T, H]
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int T = p.router.tokens, E = p.router.num_experts, H = p.hidden;
+  bf16* const sums = norm_rows;
+  bf16* const normed = norm_rows + T * H;
   const bool fused = p.norm.branch != nullptr;
 
   // Logits: one warp per expert, lanes over 8-wide slices of hidden, all tokens at once. The
@@ -93,8 +95,8 @@ __global__ void __launch_bounds__(kWarps * 32) route_small_kernel(RouteSmallPara
   pdl_sync();
   const bf16* x = p.x;
   if (fused) {
-    add_norm_rows(p.norm, T, H, normed, normed + T * H);
-    x = normed + T * H;
+    add_norm_rows(p.norm, T, H, sums, normed);
+    x = normed;
   }
   if (e < E) {
     float acc[kRouteSmallMaxTokens] = {};
@@ -129,7 +131,7 @@ __global__ void __launch_bounds__(kWarps * 32) route_small_kernel(RouteSmallPara
   if (!last) return;
   __threadfence();
   if (threadIdx.x == 0) *p.counter = 0;  // ready for the next launch (stream order)
-  if (fused) store_norm_rows(p.norm, T, H, normed, normed + T * H);
+  if (fused) store_norm_rows(p.norm, T, H, sums, normed);
   // __ldcg: L2, never a line this SM's L1 may hold from an earlier block
   for (int i = threadIdx.x; i < T * E; i += blockDim.x) logits[i] = __ldcg(p.logits + i);
   __syncthreads();

@@ -1,5 +1,5 @@
 // The shared-memory ring of the decode GEMVs that stream weights through shared memory
-// (gemv_stream.cu, moe_gemv_stream.cu), device code for sm_90a builds (MOEBATCH_WGMMA): one
+// (gemv_stream.cu, moe_gemv_stream.cu), for sm_90a builds (MOEBATCH_WGMMA): one
 // producer thread fills kStages slots by bulk copies, kConsumers threads drain them, on mbarriers
 // (kernels/wgmma.cuh).
 //
@@ -13,11 +13,20 @@
 
 #include <cstdint>
 
+#include "kernels/cuda_check.cuh"
 #include "kernels/wgmma.cuh"
 
 namespace moebatch::kernels {
 
 constexpr int kStreamRingBarrierBytes = 128;  // the barriers (and scratch); the slots 128-aligned after
+
+/// Shared memory a block of the streaming kernels may opt into on `device` (the dynamic limit
+/// their prepare functions set, and what their rings are sized against).
+inline int stream_smem_optin(int device) {
+  int bytes = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  return bytes;
+}
 
 template <int kStages, int kConsumers>
 struct StreamRing {
