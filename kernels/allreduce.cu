@@ -235,8 +235,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 const AllReduceRankView& rank_view(const AllReduceWorkspace& ws, int rank, const char* op) {
   MB_CHECK(rank >= 0 && rank < ws.world(),
            std::string(op) + ": rank outside the workspace's group");

@@ -551,8 +551,6 @@ void launch_split(const AttentionParams& p, cudaStream_t stream) {
   CUDA_CHECK_LAST();
 }
 
-bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
-
 // What both kernels need: one query token per sequence, head_dim 64 or 128, at most 16 query
 // heads per kv head (one m16 block), a positive scale (maxima are taken before scaling) and
 // 16-byte aligned rows.

@@ -3,6 +3,8 @@
 // right after a launch so a bad configuration surfaces at its call site, not at the next sync.
 #pragma once
 
+#include <cstdint>
+
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -50,5 +52,9 @@ inline bool is_sm90_device(int device) {
   CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
   return major == 9 && minor == 0;
 }
+
+/// Whether `ptr` may be read and written in 16-byte vectors (what the vectorized kernels check
+/// of every operand before launching).
+inline bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
 }  // namespace moebatch::kernels

@@ -453,8 +453,6 @@ void launch(const GatedDeltaRuleParams& p, int min_len, cudaStream_t stream) {
   CUDA_CHECK_LAST();
 }
 
-bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
-
 }  // namespace
 
 bool chunked_supports(const GatedDeltaRuleParams& p) {

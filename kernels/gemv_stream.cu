@@ -300,8 +300,6 @@ int stream_grid(void (*kernel)(Args), int device, size_t smem, int64_t cap, cons
 
 #endif  // MOEBATCH_WGMMA
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 // a.x — or, for gemv_stream_combine_norm, a.combine, a.norm and a.counter — as the caller set
 // them; the rest here.
 void gemv_stream_impl(GemvStreamArgs a, void* out, bool out_f32, const bf16* w, int m, int n, int k,

@@ -16,15 +16,32 @@ namespace {
 
 constexpr int kWarps = 4;
 
+// The expert block row y serves (e) and its ≤ M pairs: the head of its sorted_ids segment (real
+// pairs first, then the sentinel num_pairs), or with direct_topk at one token pair y itself.
+// False when block row y has no expert (past the active list). Both walks start here.
+template <int M>
+__device__ __forceinline__ bool block_expert_pairs(const MoeGemmParams& p, int& e, int (&pair)[M], int& count) {
+  const bool direct = M == 1 && p.direct_topk;  // block y: pair y of the one token
+  if (static_cast<int>(blockIdx.y) >= (direct ? p.num_pairs : __ldcg(p.active_experts))) return false;
+  e = __ldcg((direct ? p.sorted_ids : p.active_experts + 1) + blockIdx.y);
+  const int* seg = direct ? nullptr : p.sorted_ids + __ldcg(p.expert_offsets + e);
+  count = 0;
+#pragma unroll
+  for (int i = 0; i < M; ++i) {
+    pair[i] = direct ? static_cast<int>(blockIdx.y) : __ldcg(seg + i);
+    count += pair[i] < p.num_pairs;
+  }
+  return true;
+}
+
 template <WeightCodec C, int M, int R, bool kSilu>
 __global__ void __launch_bounds__(kWarps * 32) moe_gemv_kernel(MoeGemmParams p) {
   // Settled routing is complete before this grid was scheduled (the kernel before waited, then
   // let it launch), but it is read from L2 (__ldcg): this SM's L1 may hold older lines of it.
   if (!p.routing_settled) pdl_sync();
   constexpr int kOut = kSilu ? R / 2 : R;  // outputs per warp
-  const bool direct = M == 1 && p.direct_topk;  // block y: pair y of the one token
-  if (static_cast<int>(blockIdx.y) >= (direct ? p.num_pairs : __ldcg(p.active_experts))) return;
-  const int e = __ldcg((direct ? p.sorted_ids : p.active_experts + 1) + blockIdx.y);
+  int e, pair[M], count;
+  if (!block_expert_pairs<M>(p, e, pair, count)) return;
   const int lane = threadIdx.x & 31;
   const int out0 = (blockIdx.x * kWarps + (threadIdx.x >> 5)) * kOut;
   if (out0 >= p.n) return;  // whole warps only: the shuffles below need all 32 lanes
@@ -36,15 +53,10 @@ __global__ void __launch_bounds__(kWarps * 32) moe_gemv_kernel(MoeGemmParams p) 
     rows[r] = e * rows_per_expert + j;
     if constexpr (kSilu) rows[kOut + r] = e * rows_per_expert + p.n + j;
   }
-  // The expert's pairs: the head of its segment (real pairs first, then the sentinel
-  // num_pairs); a sentinel reads the first pair's row and is not stored.
-  const int* seg = direct ? nullptr : p.sorted_ids + __ldcg(p.expert_offsets + e);
-  int pair[M], count = 0;
+  // A sentinel pair reads the first pair's row and is not stored.
   const bf16* xrows[M];
 #pragma unroll
   for (int i = 0; i < M; ++i) {
-    pair[i] = direct ? static_cast<int>(blockIdx.y) : __ldcg(seg + i);
-    count += pair[i] < p.num_pairs;
     const int src = pair[i] < p.num_pairs ? pair[i] : pair[0];
     xrows[i] = p.in + static_cast<size_t>(src / p.in_row_div) * p.k;
   }
@@ -82,23 +94,14 @@ __global__ void __launch_bounds__(kWarps * 32) moe_gemv_kernel(MoeGemmParams p) 
 template <WeightCodec C, int M, bool kSilu>
 __global__ void __launch_bounds__(kWarps * 32, 5) moe_gemv_mma_kernel(MoeGemmParams p) {
   if (!p.routing_settled) pdl_sync();
-  const bool direct = M == 1 && p.direct_topk;  // block y: pair y of the one token
-  if (static_cast<int>(blockIdx.y) >= (direct ? p.num_pairs : __ldcg(p.active_experts))) return;
-  const int e = __ldcg((direct ? p.sorted_ids : p.active_experts + 1) + blockIdx.y);
+  int e, pair[M], count;
+  if (!block_expert_pairs<M>(p, e, pair, count)) return;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, q = lane >> 2, t = lane & 3;
   constexpr int kTileOut = kSilu ? 8 : 16;  // outputs per block
   const int j0 = blockIdx.x * kTileOut;
   const int rows_per_expert = kSilu ? 2 * p.n : p.n;
   const int rows[2] = {e * rows_per_expert + j0 + q, e * rows_per_expert + (kSilu ? p.n : 8) + j0 + q};
-  // The expert's pairs (real ones first, then the sentinel num_pairs); B column q takes pair q's
-  // input row, columns past the real pairs the first pair's.
-  const int* seg = direct ? nullptr : p.sorted_ids + __ldcg(p.expert_offsets + e);
-  int pair[M], count = 0;
-#pragma unroll
-  for (int i = 0; i < M; ++i) {
-    pair[i] = direct ? static_cast<int>(blockIdx.y) : __ldcg(seg + i);
-    count += pair[i] < p.num_pairs;
-  }
+  // B column q takes pair q's input row, columns past the real pairs the first pair's.
   int xpair = pair[0];
 #pragma unroll
   for (int i = 1; i < M; ++i)

@@ -191,8 +191,6 @@ void launch_stream(const StreamArgs& a, cudaStream_t stream) {
 
 #endif  // MOEBATCH_WGMMA
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 }  // namespace
 
 bool moe_gemv_stream_takes(const MoeGemmParams& p) {
@@ -209,7 +207,6 @@ bool moe_gemv_stream_takes(const MoeGemmParams& p) {
          stream_smem(tile_layout(w.codec, p.k)) <= static_cast<size_t>(stream_smem_optin(device));
 #else
   (void)p;
-  (void)aligned16;
   return false;
 #endif
 }

@@ -252,8 +252,6 @@ void raise_smem_limits() {
 
 #endif  // MOEBATCH_WGMMA
 
-bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
-
 }  // namespace
 
 void moe_wgmma_prepare() {

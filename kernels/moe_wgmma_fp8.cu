@@ -282,8 +282,6 @@ void launch(const MoeWgmmaFp8Params& p, cudaStream_t stream) {
 
 #endif  // MOEBATCH_WGMMA
 
-bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
-
 }  // namespace
 
 namespace detail {

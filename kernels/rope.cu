@@ -224,7 +224,7 @@ __global__ void __launch_bounds__(kWideThreads) qk_norm_rope_wide_kernel(QkNormR
 // rotated half of whole 8-dim chunks, 16-byte aligned rows, weights and table.
 bool wide_form_fits(const QkNormRopeParams& p) {
   const int d = p.head_dim, rd = rope_rotated_dims(p.rotary_dim, p.head_dim);
-  auto a16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  const auto a16 = aligned16;
   return d >= 16 && d <= 256 && (d & (d - 1)) == 0 && rd % 16 == 0 && a16(p.q) && a16(p.k) &&
          p.q_stride % 8 == 0 && p.k_stride % 8 == 0 && (p.q_norm == nullptr || (a16(p.q_norm) && a16(p.k_norm))) &&
          (p.rotation == nullptr || a16(p.rotation)) &&
