@@ -40,21 +40,24 @@ using Ring = StreamRing<kStages, kConsumerThreads>;
 constexpr int kReduceBytes = 2 * kConsumerWarps * 8 * 2 * 4;
 
 // One stage: 16 weight rows as two 8-row halves, each half's codes, then both halves' scales,
-// then (Int4) both halves' mins. Byte counts are multiples of 16 for k % 128 == 0.
+// then (Int4) both halves' mins. Byte counts are multiples of 16 for k % 128 == 0 (Fp8Block:
+// 32 · k / group, a multiple of 32).
 struct TileLayout {
-  uint32_t half_bytes = 0;   // codes of 8 rows: 8 · k / 2
-  uint32_t scale_bytes = 0;  // scales of 8 rows: Nvfp4 8 · k / 16 (E4M3), Int4 8 · k / 32 (f32)
-  uint32_t mins_bytes = 0;   // Int4: as scale_bytes; Nvfp4: none
+  uint32_t half_bytes = 0;   // codes of 8 rows: 8 · k / 2 (Fp8Block 8 · k)
+  uint32_t scale_bytes = 0;  // scales of 8 rows: Nvfp4 8 · k / 16 (E4M3), Int4 8 · k / 32 (f32),
+                             // Fp8Block 8 · k / group (f32)
+  uint32_t mins_bytes = 0;   // Int4: as scale_bytes; else none
   __host__ __device__ uint32_t codes(int h) const { return h * half_bytes; }
   __host__ __device__ uint32_t scales(int h) const { return 2 * half_bytes + h * scale_bytes; }
   __host__ __device__ uint32_t mins(int h) const { return 2 * (half_bytes + scale_bytes) + h * mins_bytes; }
   __host__ __device__ uint32_t bytes() const { return 2 * (half_bytes + scale_bytes + mins_bytes); }
 };
 
-TileLayout tile_layout(WeightCodec c, int k) {
+TileLayout tile_layout(const QuantMatrix& w, int k) {
+  const WeightCodec c = w.codec;
   TileLayout l;
-  l.half_bytes = static_cast<uint32_t>(4 * k);
-  l.scale_bytes = static_cast<uint32_t>(c == WeightCodec::Nvfp4 ? k / 2 : k);
+  l.half_bytes = static_cast<uint32_t>(8 * codec_row_bytes(c, k));
+  l.scale_bytes = static_cast<uint32_t>(c == WeightCodec::Nvfp4 ? k / 2 : c == WeightCodec::Int4 ? k : 32 * (k / w.group));
   l.mins_bytes = c == WeightCodec::Int4 ? l.scale_bytes : 0;
   return l;
 }
@@ -91,7 +94,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_gemv_stream_kernel(StreamArgs
   if (warp == kConsumerWarps) {  // producer
     if (lane == 0) {
       if (!p.routing_settled) pdl_sync();  // the expert ids are the kernel before's output
-      const size_t row_bytes = static_cast<size_t>(k) / 2;
+      const size_t row_bytes = codec_row_bytes(C, k);
       const size_t scale_row_bytes = lay.scale_bytes / 8;
       for (int q = 0; q < t1 - t0; ++q) {
         const int tile = t0 + q;
@@ -118,7 +121,10 @@ __global__ void __launch_bounds__(kThreads, 1) moe_gemv_stream_kernel(StreamArgs
   // Consumers: the activation rows and the outputs are the kernels before's.
   pdl_sync();
   const int qr = lane >> 2, t = lane & 3;  // tile rows qr (half 0) and qr (half 1); granules 4j + t
-  const int quads = k / 128;
+  constexpr int V = codec_granule(C);  // values a granule (16 bytes)
+  const int quads = k / (4 * V);
+  const int row_bytes = static_cast<int>(codec_row_bytes(C, k));
+  const int blocks = C == WeightCodec::Fp8Block ? k / p.weight.group : 0;  // Fp8Block scales a row
   uint8_t* ring = smem + kStreamRingBarrierBytes;
   float(*reduce)[kConsumerWarps][8][2] =
       reinterpret_cast<float(*)[kConsumerWarps][8][2]>(ring + static_cast<size_t>(kStages) * lay.bytes());
@@ -134,16 +140,19 @@ __global__ void __launch_bounds__(kThreads, 1) moe_gemv_stream_kernel(StreamArgs
       MmaGranuleScales sc;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        w[h] = *reinterpret_cast<const uint4*>(slot + lay.codes(h) + static_cast<size_t>(qr) * (k / 2) + 16 * g);
+        w[h] = *reinterpret_cast<const uint4*>(slot + lay.codes(h) + static_cast<size_t>(qr) * row_bytes + 16 * g);
         if constexpr (C == WeightCodec::Nvfp4) {
           sc.gscale[h] = *reinterpret_cast<const unsigned short*>(slot + lay.scales(h) + qr * (k / 16) + 2 * g);
+        } else if constexpr (C == WeightCodec::Fp8Block) {
+          const int at = (qr * blocks + g * V / p.weight.group) * 4;
+          sc.scale[h] = *reinterpret_cast<const float*>(slot + lay.scales(h) + at);
         } else {
           const size_t at = (static_cast<size_t>(qr) * (k / 32) + g) * 4;
           sc.scale[h] = *reinterpret_cast<const float*>(slot + lay.scales(h) + at);
           sc.minv[h] = *reinterpret_cast<const float*>(slot + lay.mins(h) + at);
         }
       }
-      mma_granule<C>(c, w, sc, x + static_cast<size_t>(g) * 32);
+      mma_granule<C>(c, w, sc, x + static_cast<size_t>(g) * V);
     }
     rg.release(q);  // this thread has read the slot (its words are in registers)
     // Column 0 of the C fragment (every column holds the one token): lanes t == 0, c[0] of half
@@ -196,7 +205,8 @@ void launch_stream(const StreamArgs& a, cudaStream_t stream) {
 bool moe_gemv_stream_takes(const MoeGemmParams& p) {
 #if MOEBATCH_WGMMA
   const QuantMatrix& w = p.weight;
-  const bool codec = w.codec == WeightCodec::Nvfp4 || (w.codec == WeightCodec::Int4 && w.group == 32 && w.mins);
+  const bool codec = w.codec == WeightCodec::Nvfp4 || (w.codec == WeightCodec::Int4 && w.group == 32 && w.mins) ||
+                     (w.codec == WeightCodec::Fp8Block && w.group > 0 && w.group % 16 == 0 && p.k % w.group == 0);
   if (!codec || !p.direct_topk || p.in_fp8 || p.k <= 0 || p.k % 128 != 0 || p.n <= 0 ||
       p.n % (p.silu_gate_up ? 8 : 16) != 0 || !aligned16(w.data) || !aligned16(w.scales) ||
       (w.mins && !aligned16(w.mins)))
@@ -204,7 +214,7 @@ bool moe_gemv_stream_takes(const MoeGemmParams& p) {
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   return moe_wgmma_available(device) &&
-         stream_smem(tile_layout(w.codec, p.k)) <= static_cast<size_t>(stream_smem_optin(device));
+         stream_smem(tile_layout(w, p.k)) <= static_cast<size_t>(stream_smem_optin(device));
 #else
   (void)p;
   return false;
@@ -217,7 +227,8 @@ void moe_gemv_stream_prepare() {
   CUDA_CHECK(cudaGetDevice(&device));
   const int bytes = stream_smem_optin(device);
   for (auto kernel : {moe_gemv_stream_kernel<WeightCodec::Nvfp4, true>, moe_gemv_stream_kernel<WeightCodec::Nvfp4, false>,
-                      moe_gemv_stream_kernel<WeightCodec::Int4, true>, moe_gemv_stream_kernel<WeightCodec::Int4, false>})
+                      moe_gemv_stream_kernel<WeightCodec::Int4, true>, moe_gemv_stream_kernel<WeightCodec::Int4, false>,
+                      moe_gemv_stream_kernel<WeightCodec::Fp8Block, true>, moe_gemv_stream_kernel<WeightCodec::Fp8Block, false>})
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
 #endif
 }
@@ -225,19 +236,26 @@ void moe_gemv_stream_prepare() {
 void moe_gemv_stream(const MoeGemmParams& p, cudaStream_t stream) {
   check_moe_gemm_params(p, "moe_gemv_stream");
   MB_CHECK(moe_gemv_stream_takes(p),
-           "moe_gemv_stream: needs one token's pairs (direct_topk), Nvfp4 or Int4 weights, k % 128 == 0 "
+           "moe_gemv_stream: needs one token's pairs (direct_topk), Nvfp4, Int4 or Fp8Block weights, k % 128 == 0 "
            "and a Hopper GPU with this build's sm_90a code (see moe_gemv_stream_takes)");
 #if MOEBATCH_WGMMA
   if (p.num_pairs == 0) return;
   StreamArgs a;
   a.p = p;
-  a.lay = tile_layout(p.weight.codec, p.k);
+  a.lay = tile_layout(p.weight, p.k);
   a.tiles_per_pair = p.n / (p.silu_gate_up ? 8 : 16);
   a.tiles = p.num_pairs * a.tiles_per_pair;
-  if (p.weight.codec == WeightCodec::Nvfp4)
-    p.silu_gate_up ? launch_stream<WeightCodec::Nvfp4, true>(a, stream) : launch_stream<WeightCodec::Nvfp4, false>(a, stream);
-  else
-    p.silu_gate_up ? launch_stream<WeightCodec::Int4, true>(a, stream) : launch_stream<WeightCodec::Int4, false>(a, stream);
+  switch (p.weight.codec) {
+    case WeightCodec::Nvfp4:
+      p.silu_gate_up ? launch_stream<WeightCodec::Nvfp4, true>(a, stream) : launch_stream<WeightCodec::Nvfp4, false>(a, stream);
+      break;
+    case WeightCodec::Int4:
+      p.silu_gate_up ? launch_stream<WeightCodec::Int4, true>(a, stream) : launch_stream<WeightCodec::Int4, false>(a, stream);
+      break;
+    default:  // Fp8Block (moe_gemv_stream_takes)
+      p.silu_gate_up ? launch_stream<WeightCodec::Fp8Block, true>(a, stream)
+                     : launch_stream<WeightCodec::Fp8Block, false>(a, stream);
+  }
   CUDA_CHECK_LAST();
 #else
   (void)stream;

@@ -1,6 +1,7 @@
-// The one-token expert GEMV as a persistent stream (Hopper, sm_90a), for 4-bit experts (NVFP4,
-// Int4): one CTA per SM streams a contiguous share of the token's experts' weight tiles through a
-// shared-memory ring with bulk copies, and its consumer warps multiply each tile on tensor cores
+// The one-token expert GEMV as a persistent stream (Hopper, sm_90a), for compressed experts
+// (NVFP4, Int4, FP8 block): one CTA per SM streams a contiguous share of the token's experts'
+// weight tiles through a shared-memory ring with bulk copies, and its consumer warps multiply
+// each tile on tensor cores
 // (the walk of kernels/gemv_mma_device.cuh, reading the tile from shared memory). moe_gemv's
 // blocks each request their bytes once and wait for them, so its compressed GEMVs took ~8–9 µs
 // (gate+up) and ~7.5 µs (down) a layer whatever their bytes (bench/RESULTS.md, session 20); here
@@ -13,7 +14,8 @@
 namespace moebatch::kernels {
 
 /// Whether moe_gemv_stream takes p on the current device: this build has the sm_90a code, the
-/// device is compute capability 9.0, the weights are Nvfp4 or Int4 (group 32, with mins), p is
+/// device is compute capability 9.0, the weights are Nvfp4, Int4 (group 32, with mins) or Fp8Block (a
+/// group of 16 · j dividing k), p is
 /// one token's (direct_topk, no W8A8), k % 128 == 0, and two stages of one 16-row tile fit in
 /// shared memory.
 bool moe_gemv_stream_takes(const MoeGemmParams& p);

@@ -29,7 +29,7 @@
 // (kernels::gemv_stream_combine_norm) instead of a one-block launch before it;
 // --disable-mma-gemv runs decode steps' 4-bit expert GEMVs on CUDA cores instead of tensor cores;
 // --attn-min-split-keys N gives each split of decode attention at least N keys (fewer splits);
-// --stream-expert-gemv streams one-token steps' 4-bit expert weights through shared memory
+// --stream-expert-gemv streams one-token steps' 4-bit and FP8 expert weights through shared memory
 // (kernels/moe_gemv_stream.cuh).
 // A build with -DMOEBATCH_STEP_TRACE=ON also prints, per decode batch, where one graph-replayed
 // step's time goes kernel by kernel (kernels/step_trace.cuh): per call site, the time each kernel
@@ -218,7 +218,7 @@ struct Args {
   bool combine_norm_in_qkv = false;      ///< --combine-norm-in-qkv: one token's layer norm in the qkv GEMV
   bool mma_gemv = true;                  ///< --disable-mma-gemv: 4-bit expert GEMVs on CUDA cores
   int min_split_keys = -1;               ///< --attn-min-split-keys N: decode attention's keys a split
-  bool stream_experts = false;           ///< --stream-expert-gemv: one-token 4-bit experts streamed
+  bool stream_experts = false;           ///< --stream-expert-gemv: one-token 4-bit / FP8 experts streamed
   bool w8a8_linear = true;               ///< --disable-w8a8-linear: FP8 projections decoded to bf16
   Quantization quant = Quantization::None;
 };

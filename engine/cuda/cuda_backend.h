@@ -113,7 +113,7 @@ struct CudaBackendOptions {
   /// (kernels/gemv_mma_device.cuh) instead of decoded into CUDA-core FMAs (Int4 steps −5% at
   /// batch 1, NVFP4 the same; bench/RESULTS.md, session 20).
   bool mma_expert_gemv = true;
-  /// One-token steps' expert GEMVs on 4-bit weights as a persistent stream
+  /// One-token steps' expert GEMVs on 4-bit and FP8-block weights as a persistent stream
   /// (kernels/moe_gemv_stream.cuh: weights through a shared-memory ring, tensor cores) where the
   /// GPU is a Hopper and the build has its sm_90a code. Written in session 20 without a GPU run:
   /// off until its op cases pass and it measures faster.

@@ -33,7 +33,7 @@ struct GemmContext {
   /// Expert GEMMs of decode steps that kernels::moe_gemm_tma takes (bf16, W8A8) on it (the
   /// rank's Hopper GPU has it and moe_wgmma_prepare ran there) instead of moe_gemm.
   bool tma_experts = false;
-  /// One-token expert GEMVs that kernels::moe_gemv_stream takes (4-bit weights) on it (prepared
+  /// One-token expert GEMVs that kernels::moe_gemv_stream takes (4-bit and FP8-block weights) on it (prepared
   /// there) instead of moe_gemv.
   bool stream_experts = false;
   /// Projections on FP8-block weights with block_scales and more than kernels::kGemvMaxRows

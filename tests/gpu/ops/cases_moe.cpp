@@ -840,8 +840,9 @@ OpCaseDef moe_gemm_case(const MoeGemmShape& s) {
   MB_CHECK(!s.direct || (s.gemv && s.tokens == 1), "moe_gemm case: direct_topk is moe_gemv's, one token");
   MB_CHECK(!s.cuda_cores || (s.gemv && (s.format == WeightFormat::nvfp4 || s.format == WeightFormat::int4)),
            "moe_gemm case: the CUDA-core walk is the 4-bit moe_gemv's alternative");
-  MB_CHECK(!s.stream || (s.direct && (s.format == WeightFormat::nvfp4 || s.format == WeightFormat::int4)),
-           "moe_gemm case: moe_gemv_stream takes one token's 4-bit experts (direct)");
+  MB_CHECK(!s.stream || (s.direct && (s.format == WeightFormat::nvfp4 || s.format == WeightFormat::int4 ||
+                                       s.format == WeightFormat::fp8_block)),
+           "moe_gemm case: moe_gemv_stream takes one token's 4-bit and FP8-block experts (direct)");
   std::string name =
       std::string(s.stream ? "moe_gemv_stream" : s.gemv ? "moe_gemv" : s.tma ? "moe_gemm_tma" : s.kernel_name) + " " + stage;
   if (s.format != WeightFormat::bf16) name += std::string(" ") + weight_format_name(s.format);

@@ -347,12 +347,14 @@ std::vector<OpCaseDef> op_cases_test() {
             s.cuda_cores = true;
             t.push_back(moe_gemm_case(s));
             s.cuda_cores = false;
-            // one token streamed (k a multiple of 128: both stages of the Qwen3 shape)
-            if (s.tokens == 1 && s.hidden % 128 == 0 && s.inter % 128 == 0) {
-              s.direct = s.stream = true;
-              t.push_back(moe_gemm_case(s));
-              s.direct = s.stream = false;
-            }
+          }
+          // one token streamed, 4-bit and FP8 block (k a multiple of 128: both stages of the
+          // Qwen3 shape)
+          if ((format == WeightFormat::nvfp4 || format == WeightFormat::int4 || format == WeightFormat::fp8_block) &&
+              s.tokens == 1 && s.hidden % 128 == 0 && s.inter % 128 == 0) {
+            s.direct = s.stream = true;
+            t.push_back(moe_gemm_case(s));
+            s.direct = s.stream = false;
           }
         }
       }
@@ -636,16 +638,15 @@ std::vector<OpCaseDef> op_cases_bench() {
           add(B, moe_gemm_case({.tokens = B, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI, .stage = stage,
                                 .active_experts = true, .routings = kRoutings, .format = format, .gemv = gemv}));
           // 4-bit decode GEMVs also on CUDA cores ("... cuda-cores"), beside the tensor-core walk,
-          // and one token streamed ("moe_gemv_stream ...")
-          if (gemv && (format == WeightFormat::nvfp4 || format == WeightFormat::int4)) {
+          // and one token of the compressed formats streamed ("moe_gemv_stream ...")
+          if (gemv && (format == WeightFormat::nvfp4 || format == WeightFormat::int4))
             add(B, moe_gemm_case({.tokens = B, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
                                   .stage = stage, .active_experts = true, .routings = kRoutings,
                                   .format = format, .gemv = true, .cuda_cores = true}));
-            if (B == 1)
-              add(B, moe_gemm_case({.tokens = B, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
-                                    .stage = stage, .active_experts = true, .routings = kRoutings,
-                                    .format = format, .gemv = true, .direct = true, .stream = true}));
-          }
+          if (gemv && format != WeightFormat::bf16 && B == 1)
+            add(B, moe_gemm_case({.tokens = B, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
+                                  .stage = stage, .active_experts = true, .routings = kRoutings,
+                                  .format = format, .gemv = true, .direct = true, .stream = true}));
         }
     // "moe_gemm_tma <stage>" and "... fp8 w8a8": the engine's bf16 and W8A8 paths there on Hopper
     if (B > kernels::kMoeGemvMaxTokens)
