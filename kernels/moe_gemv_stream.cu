@@ -28,17 +28,6 @@
 namespace moebatch::kernels {
 namespace {
 
-#if MOEBATCH_WGMMA
-
-constexpr int kStages = 4;
-constexpr int kConsumerWarps = 8;
-constexpr int kConsumerThreads = kConsumerWarps * 32;
-constexpr int kThreads = kConsumerThreads + 32;  // + the producer warp
-using Ring = StreamRing<kStages, kConsumerThreads>;
-// The warps' column-0 sums of a tile, [2 buffers][warp][tile row q][half]: after the ring, in the
-// dynamic block (static __shared__ would add to the opt-in maximum moe_gemv_stream_prepare sets).
-constexpr int kReduceBytes = 2 * kConsumerWarps * 8 * 2 * 4;
-
 // One stage: 16 weight rows as two 8-row halves, each half's codes, then both halves' scales,
 // then (Int4) both halves' mins. Byte counts are multiples of 16 for k % 128 == 0 (Fp8Block:
 // 32 · k / group, a multiple of 32).
@@ -62,16 +51,28 @@ TileLayout tile_layout(const QuantMatrix& w, int k) {
   return l;
 }
 
-size_t stream_smem(const TileLayout& l) {
-  return kStreamRingBarrierBytes + static_cast<size_t>(kStages) * l.bytes() + kReduceBytes;
-}
-
 struct StreamArgs {
   MoeGemmParams p;
   TileLayout lay;
+  bool dense = false;      // one matrix (gemv_quant_stream): expert 0, no ids to read
   int tiles_per_pair = 0;  // n / 8 (SwiGLU) or n / 16
   int tiles = 0;           // num_pairs · tiles_per_pair
 };
+
+#if MOEBATCH_WGMMA
+
+constexpr int kStages = 4;
+constexpr int kConsumerWarps = 8;
+constexpr int kConsumerThreads = kConsumerWarps * 32;
+constexpr int kThreads = kConsumerThreads + 32;  // + the producer warp
+using Ring = StreamRing<kStages, kConsumerThreads>;
+// The warps' column-0 sums of a tile, [2 buffers][warp][tile row q][half]: after the ring, in the
+// dynamic block (static __shared__ would add to the opt-in maximum moe_gemv_stream_prepare sets).
+constexpr int kReduceBytes = 2 * kConsumerWarps * 8 * 2 * 4;
+
+size_t stream_smem(const TileLayout& l) {
+  return kStreamRingBarrierBytes + static_cast<size_t>(kStages) * l.bytes() + kReduceBytes;
+}
 
 template <WeightCodec C, bool kSilu>
 __global__ void __launch_bounds__(kThreads, 1) moe_gemv_stream_kernel(StreamArgs a) {
@@ -98,7 +99,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_gemv_stream_kernel(StreamArgs
       const size_t scale_row_bytes = lay.scale_bytes / 8;
       for (int q = 0; q < t1 - t0; ++q) {
         const int tile = t0 + q;
-        const int e = __ldcg(p.sorted_ids + tile / a.tiles_per_pair);
+        const int e = a.dense ? 0 : __ldcg(p.sorted_ids + tile / a.tiles_per_pair);
         rg.acquire(q);
         wgmma::mbarrier_arrive_expect_tx(rg.full(q), lay.bytes());
         const uint32_t dst = rg.slot(q);
@@ -167,7 +168,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_gemv_stream_kernel(StreamArgs
     // the next tile's barrier, so after these reads.
     const int tid = threadIdx.x;
     if (tid < kTileOut) {
-      const int e = __ldcg(p.sorted_ids + pair);
+      const int e = a.dense ? 0 : __ldcg(p.sorted_ids + pair);
       const int j0 = (tile % a.tiles_per_pair) * kTileOut;
       const int h = kSilu ? 0 : tid / 8, r = kSilu ? tid : tid % 8;
       float v0 = 0.f, v1 = 0.f;
@@ -200,26 +201,50 @@ void launch_stream(const StreamArgs& a, cudaStream_t stream) {
 
 #endif  // MOEBATCH_WGMMA
 
-}  // namespace
-
-bool moe_gemv_stream_takes(const MoeGemmParams& p) {
+// What both entries need of the weights and the shape (n: outputs, a multiple of the tile's).
+bool stream_takes(const QuantMatrix& w, int n, int k, bool silu) {
 #if MOEBATCH_WGMMA
-  const QuantMatrix& w = p.weight;
   const bool codec = w.codec == WeightCodec::Nvfp4 || (w.codec == WeightCodec::Int4 && w.group == 32 && w.mins) ||
-                     (w.codec == WeightCodec::Fp8Block && w.group > 0 && w.group % 16 == 0 && p.k % w.group == 0);
-  if (!codec || !p.direct_topk || p.in_fp8 || p.k <= 0 || p.k % 128 != 0 || p.n <= 0 ||
-      p.n % (p.silu_gate_up ? 8 : 16) != 0 || !aligned16(w.data) || !aligned16(w.scales) ||
-      (w.mins && !aligned16(w.mins)))
+                     (w.codec == WeightCodec::Fp8Block && w.group > 0 && w.group % 16 == 0 && k % w.group == 0);
+  if (!codec || k <= 0 || k % 128 != 0 || n <= 0 || n % (silu ? 8 : 16) != 0 || !aligned16(w.data) ||
+      !aligned16(w.scales) || (w.mins && !aligned16(w.mins)))
     return false;
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   return moe_wgmma_available(device) &&
-         stream_smem(tile_layout(w, p.k)) <= static_cast<size_t>(stream_smem_optin(device));
+         stream_smem(tile_layout(w, k)) <= static_cast<size_t>(stream_smem_optin(device));
 #else
-  (void)p;
+  (void)w, (void)n, (void)k, (void)silu;
   return false;
 #endif
 }
+
+void launch_any(const StreamArgs& a, cudaStream_t stream) {
+#if MOEBATCH_WGMMA
+  const bool silu = a.p.silu_gate_up;
+  switch (a.p.weight.codec) {
+    case WeightCodec::Nvfp4:
+      silu ? launch_stream<WeightCodec::Nvfp4, true>(a, stream) : launch_stream<WeightCodec::Nvfp4, false>(a, stream);
+      break;
+    case WeightCodec::Int4:
+      silu ? launch_stream<WeightCodec::Int4, true>(a, stream) : launch_stream<WeightCodec::Int4, false>(a, stream);
+      break;
+    default:  // Fp8Block (stream_takes)
+      silu ? launch_stream<WeightCodec::Fp8Block, true>(a, stream) : launch_stream<WeightCodec::Fp8Block, false>(a, stream);
+  }
+  CUDA_CHECK_LAST();
+#else
+  (void)a, (void)stream;
+#endif
+}
+
+}  // namespace
+
+bool moe_gemv_stream_takes(const MoeGemmParams& p) {
+  return p.direct_topk && !p.in_fp8 && stream_takes(p.weight, p.n, p.k, p.silu_gate_up);
+}
+
+bool gemv_quant_stream_takes(const QuantMatrix& w, int n, int k) { return stream_takes(w, n, k, false); }
 
 void moe_gemv_stream_prepare() {
 #if MOEBATCH_WGMMA
@@ -238,28 +263,35 @@ void moe_gemv_stream(const MoeGemmParams& p, cudaStream_t stream) {
   MB_CHECK(moe_gemv_stream_takes(p),
            "moe_gemv_stream: needs one token's pairs (direct_topk), Nvfp4, Int4 or Fp8Block weights, k % 128 == 0 "
            "and a Hopper GPU with this build's sm_90a code (see moe_gemv_stream_takes)");
-#if MOEBATCH_WGMMA
   if (p.num_pairs == 0) return;
   StreamArgs a;
   a.p = p;
   a.lay = tile_layout(p.weight, p.k);
   a.tiles_per_pair = p.n / (p.silu_gate_up ? 8 : 16);
   a.tiles = p.num_pairs * a.tiles_per_pair;
-  switch (p.weight.codec) {
-    case WeightCodec::Nvfp4:
-      p.silu_gate_up ? launch_stream<WeightCodec::Nvfp4, true>(a, stream) : launch_stream<WeightCodec::Nvfp4, false>(a, stream);
-      break;
-    case WeightCodec::Int4:
-      p.silu_gate_up ? launch_stream<WeightCodec::Int4, true>(a, stream) : launch_stream<WeightCodec::Int4, false>(a, stream);
-      break;
-    default:  // Fp8Block (moe_gemv_stream_takes)
-      p.silu_gate_up ? launch_stream<WeightCodec::Fp8Block, true>(a, stream)
-                     : launch_stream<WeightCodec::Fp8Block, false>(a, stream);
-  }
-  CUDA_CHECK_LAST();
-#else
-  (void)stream;
-#endif
+  launch_any(a, stream);
+}
+
+void gemv_quant_stream(bf16* out, const bf16* in, const QuantMatrix& w, int n, int k, cudaStream_t stream) {
+  check_quant_matrix(w, "gemv_quant_stream");
+  MB_CHECK(out && in && gemv_quant_stream_takes(w, n, k),
+           "gemv_quant_stream: needs Nvfp4, Int4 or Fp8Block weights, n % 16 == 0, k % 128 == 0 and a Hopper GPU "
+           "with this build's sm_90a code (see gemv_quant_stream_takes)");
+  // The one matrix is expert 0 with one pair; its tiles stream from the first cycle (the weights
+  // are constants: routing_settled), the consumers wait for `in`.
+  StreamArgs a;
+  a.p.out = out;
+  a.p.in = in;
+  a.p.weight = w;
+  a.p.num_pairs = 1;
+  a.p.num_experts = 1;
+  a.p.n = n;
+  a.p.k = k;
+  a.p.routing_settled = true;
+  a.dense = true;
+  a.lay = tile_layout(w, k);
+  a.tiles_per_pair = a.tiles = n / 16;
+  launch_any(a, stream);
 }
 
 }  // namespace moebatch::kernels

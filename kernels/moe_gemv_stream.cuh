@@ -30,4 +30,14 @@ void moe_gemv_stream_prepare();
 /// moe_gemv_stream_prepare on the current device. Launched dependent (kernels/launch.cuh).
 void moe_gemv_stream(const MoeGemmParams& p, cudaStream_t stream);
 
+/// Whether gemv_quant_stream takes a one-row projection out [n] = W [n, k] · in [k] on the
+/// current device: as moe_gemv_stream_takes for the weights, n % 16 == 0, k % 128 == 0.
+bool gemv_quant_stream_takes(const QuantMatrix& w, int n, int k);
+
+/// The same stream for one dense compressed projection of one row (the decode GEMV's
+/// kernels::gemv_quant at rows = 1): the matrix is one "expert" whose tiles stream from the
+/// kernel's first cycle (the weights are constants; only the consumers wait for `in`, as
+/// gemv_stream does for bf16). Requires gemv_quant_stream_takes and moe_gemv_stream_prepare.
+void gemv_quant_stream(bf16* out, const bf16* in, const QuantMatrix& w, int n, int k, cudaStream_t stream);
+
 }  // namespace moebatch::kernels

@@ -26,7 +26,8 @@
 # `gemv4`: the 4-bit expert GEMVs (tensor cores, CUDA cores, streamed): op cases, engine
 #   tests, the moe_gemv kernel rows (batch 1), the 30B step at batches 1 and 8 (GEMV4_BATCHES) for each of
 #   GEMV4_VARIANTS (default: none nvfp4 nvfp4:stream int4 int4:stream nvfp4 nvfp4:stream;
-#   ":cc" = --disable-mma-gemv, ":stream" = --stream-expert-gemv, ":regs" = --disable-stream-gemv).
+#   ":cc" = --disable-mma-gemv, ":stream" = --stream-expert-gemv, ":regs" = --disable-stream-gemv,
+#   ":sq" = --stream-quant-gemv, ":both" = both streams).
 # `phases`: a diagnostic build (build-pc, -DMOEBATCH_PHASE_CLOCKS=ON -DMOEBATCH_STEP_TRACE=ON): the
 #   moe_wgmma and prefill attention rows with the cycles per tile in each phase, then the engine
 #   benchmark (TRACE_BATCHES, default 1,256; TRACE_QUANT, default none, e.g. "none fp8") with
@@ -179,12 +180,16 @@ if [ "$WHAT" = gemv4 ]; then
   # the 4-bit expert GEMVs on tensor cores: the moe_gemv op cases (both walks), the engine tests,
   # the kernel rows, and the 30B step in bf16 / nvfp4 / int4 with each walk
   echo "built at $(date +%T)"
-  run_gpu_tests '*moe_gemv*:*moe_gemm*:*dequant*:*nvfp4*:*int4*'
+  run_gpu_tests '*moe_gemv*:*moe_gemm*:*dequant*:*nvfp4*:*int4*:*gemv_quant_stream*'
   timeout 100 ./build-dev/moebatch_bench_kernels "/tmp/bench_kernels_gemv.json" --filter "moe_gemv" > "$OUT/bench_kernels_gemv.log" 2>&1
   echo "kernels rc=$?"; grep -E "moe_gemv" "$OUT/bench_kernels_gemv.log" | head -60
+  timeout 60 ./build-dev/moebatch_bench_kernels "/tmp/bench_kernels_proj.json" --filter "(gemv" > "$OUT/bench_kernels_proj.log" 2>&1
+  echo "projection kernels rc=$?"; grep -E "\(gemv" "$OUT/bench_kernels_proj.log" | head -30
   for v in ${GEMV4_VARIANTS:-none nvfp4 nvfp4:stream int4 int4:stream nvfp4 nvfp4:stream}; do
     q=${v%%:*}; flag=""; [ "${v#*:}" = cc ] && flag=--disable-mma-gemv; [ "${v#*:}" = stream ] && flag=--stream-expert-gemv
     [ "${v#*:}" = regs ] && flag=--disable-stream-gemv
+    [ "${v#*:}" = sq ] && flag=--stream-quant-gemv
+    [ "${v#*:}" = both ] && flag="--stream-expert-gemv --stream-quant-gemv"
     MOEBATCH_BENCH_BATCHES=${GEMV4_BATCHES:-1,8} timeout 100 ./build-dev/moebatch_bench_engine_cuda --quantization $q $flag \
       "/tmp/bench_engine_$v.json" > /tmp/bench_engine.log 2>&1
     echo "bench $v rc=$?"; cat /tmp/bench_engine.log >> "$OUT/bench_engine_gemv4.log"

@@ -118,6 +118,11 @@ struct CudaBackendOptions {
   /// GPU is a Hopper and the build has its sm_90a code. Written in session 20 without a GPU run:
   /// off until its op cases pass and it measures faster.
   bool stream_expert_gemv = false;
+  /// One-row projections (qkv, o_proj, the shared expert's) on compressed weights (FP8 block,
+  /// NVFP4, Int4) on the same stream (kernels::gemv_quant_stream: the matrix as one expert, its
+  /// tiles loading from the kernel's first cycle, under the kernel before) instead of the
+  /// register-fed decode GEMV. Written in session 21 without a GPU run: off until measured.
+  bool stream_quant_gemv = false;
   /// Keys each split of a decode step's split-K attention takes at least (the split count is
   /// bounded by the context bucket over this): more keys a split, fewer partials to merge. At
   /// batch 1 (context bucket 256) 64–256 measured slower than 32 (bench/RESULTS.md, session 20).

@@ -56,6 +56,12 @@ void linear_any(const GemmContext& g, Out* out, const bf16* in, const DeviceTens
     kernels::gemv_stream(out, in, w.as_bf16(), rows, n, k, g.stream);
     return;
   }
+  if constexpr (std::is_same_v<Out, bf16>)
+    if (rows == 1 && g.stream_quant && w.format != WeightFormat::Bf16 &&
+        kernels::gemv_quant_stream_takes(w.matrix(), n, k)) {
+      kernels::gemv_quant_stream(out, in, w.matrix(), n, k, g.stream);
+      return;
+    }
   // bf16: cuBLAS; compressed: the decode GEMV for few rows, else decoded into the scratch once
   // and cuBLAS (kernels::quant_linear_path is the one place that chooses)
   kernels::quant_linear(g.cublas, g.stream, out, in, w.matrix(), rows, n, k, g.scratch,

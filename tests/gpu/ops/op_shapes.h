@@ -268,8 +268,9 @@ struct QuantLinearShape {
   /// run() rotates over device copies of W covering at least this many bytes (the benchmark:
   /// more than L2 holds, so a GEMV reads HBM); 0: one copy.
   int64_t rotate_bytes = 0;
-  /// bf16 only, m ≤ 8: kernels::gemv_stream (the persistent bulk-copy GEMV, sm_90a: the row
-  /// skips elsewhere) instead of quant_linear, against the same reference.
+  /// bf16, m ≤ 8: kernels::gemv_stream (the persistent bulk-copy GEMV, sm_90a: the row skips
+  /// elsewhere) instead of quant_linear, against the same reference; fp8 / nvfp4 / int4, m 1,
+  /// bf16 out: kernels::gemv_quant_stream (the expert stream on one matrix).
   bool stream = false;
 };
 OpCaseDef quant_linear_case(const QuantLinearShape& s);

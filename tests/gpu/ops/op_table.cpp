@@ -493,6 +493,12 @@ std::vector<OpCaseDef> op_cases_test() {
                                    .fp32_out = true,
                                    .format = WeightFormat::bf16,
                                    .stream = true}));
+  // One row of compressed weights streamed the same way (gemv_quant_stream, sm_90a: the expert
+  // stream on one matrix): qkv and o_proj of the 30B shape (several tiles a CTA), fewer tiles than
+  // CTAs (n 48), k 768 (Fp8Block: six 128-blocks a row; down's k).
+  for (WeightFormat f : {WeightFormat::fp8_block, WeightFormat::nvfp4, WeightFormat::int4})
+    for (auto [n, k] : {std::pair{5120, 2048}, {2048, 4096}, {48, 256}, {1008, 768}})
+      t.push_back(quant_linear_case({.m = 1, .n = n, .k = k, .format = f, .stream = true}));
   // The one-token combine + add + norm formed inside it (gemv_stream_combine_norm): the 30B
   // layer's qkv (top-8, hidden 2048), the seed class's (hidden 4096: two vectors a thread), top-10
   // with 1 + w, and hidden 520 (fewer vectors than threads; 37 rows).
@@ -664,12 +670,16 @@ std::vector<OpCaseDef> op_cases_bench() {
     add(B, moe_combine_case({.tokens = B, .top_k = kK, .hidden = kH}));
     // Dense projections in each weight format, named by the path quant_linear takes; run() walks
     // copies of W filling kRotateBytes so the decode GEMV reads HBM, not L2.
+    // One row of the compressed formats also streamed ("... (gemv_quant_stream)").
     for (WeightFormat f : {WeightFormat::bf16, WeightFormat::fp8_block, WeightFormat::nvfp4})
-      for (auto [proj, n, k] : {std::tuple{"qkv", kQkvWidth, kH}, {"o_proj", kH, kNq * kD}}) {
-        const QuantLinearShape s{.m = B, .n = n, .k = k, .format = f, .w_scale = 0.02f, .rotate_bytes = kRotateBytes};
-        add(B, named(quant_linear_case(s), std::string(proj) + " " + weight_format_name(f) + " (" +
-                                               quant_linear_path_name(s) + ")"));
-      }
+      for (auto [proj, n, k] : {std::tuple{"qkv", kQkvWidth, kH}, {"o_proj", kH, kNq * kD}})
+        for (bool stream : {false, true}) {
+          if (stream && (B != 1 || f == WeightFormat::bf16)) continue;  // bf16's stream: below
+          const QuantLinearShape s{
+              .m = B, .n = n, .k = k, .format = f, .w_scale = 0.02f, .rotate_bytes = kRotateBytes, .stream = stream};
+          add(B, named(quant_linear_case(s), std::string(proj) + " " + weight_format_name(f) + " (" +
+                                                 quant_linear_path_name(s) + ")"));
+        }
     // FP8 weights as W8A8 on cuBLASLt's block-scaled GEMM (the engine's path past 8 rows on Hopper)
     if (B > 8)
       for (auto [proj, n, k] : {std::tuple{"qkv", kQkvWidth, kH}, {"o_proj", kH, kNq * kD}})
