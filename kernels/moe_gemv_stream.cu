@@ -132,6 +132,17 @@ __global__ void __launch_bounds__(kThreads, 1) moe_gemv_stream_kernel(StreamArgs
   for (int q = 0; q < t1 - t0; ++q) {
     const int tile = t0 + q, pair = tile / a.tiles_per_pair;
     const bf16* x = p.in + static_cast<size_t>(pair / p.in_row_div) * k;
+    // The storing threads' outputs: half h, tile row r; NVFP4's row scales requested now, so the
+    // store after the reduction waits on no load.
+    const int h = kSilu ? 0 : threadIdx.x / 8, r = kSilu ? threadIdx.x : threadIdx.x % 8;
+    float row_scale[2] = {1.f, 1.f};
+    if constexpr (C == WeightCodec::Nvfp4) {
+      if (threadIdx.x < kTileOut) {
+        const int e = a.dense ? 0 : __ldcg(p.sorted_ids + pair);
+        row_scale[0] = __ldg(p.weight.row_scales + half_row(e, tile, h) + r);
+        if constexpr (kSilu) row_scale[1] = __ldg(p.weight.row_scales + half_row(e, tile, 1) + r);
+      }
+    }
     rg.wait_full(q);
     const uint8_t* slot = ring + static_cast<size_t>(q % kStages) * lay.bytes();
     float c[4] = {0.f, 0.f, 0.f, 0.f};
@@ -168,19 +179,15 @@ __global__ void __launch_bounds__(kThreads, 1) moe_gemv_stream_kernel(StreamArgs
     // the next tile's barrier, so after these reads.
     const int tid = threadIdx.x;
     if (tid < kTileOut) {
-      const int e = a.dense ? 0 : __ldcg(p.sorted_ids + pair);
       const int j0 = (tile % a.tiles_per_pair) * kTileOut;
-      const int h = kSilu ? 0 : tid / 8, r = kSilu ? tid : tid % 8;
       float v0 = 0.f, v1 = 0.f;
 #pragma unroll
       for (int w = 0; w < kConsumerWarps; ++w) {
         v0 += red[w][r][h];
         if constexpr (kSilu) v1 += red[w][r][1];
       }
-      if constexpr (C == WeightCodec::Nvfp4) {
-        v0 *= __ldg(p.weight.row_scales + half_row(e, tile, h) + r);
-        if constexpr (kSilu) v1 *= __ldg(p.weight.row_scales + half_row(e, tile, 1) + r);
-      }
+      v0 *= row_scale[0];
+      v1 *= row_scale[1];
       const float out = kSilu ? v0 / (1.f + expf(-v0)) * v1 : v0;
       p.out[static_cast<size_t>(pair) * n + j0 + tid] = __float2bfloat16_rn(out);
     }
@@ -241,10 +248,12 @@ void launch_any(const StreamArgs& a, cudaStream_t stream) {
 }  // namespace
 
 bool moe_gemv_stream_takes(const MoeGemmParams& p) {
-  return p.direct_topk && !p.in_fp8 && stream_takes(p.weight, p.n, p.k, p.silu_gate_up);
+  return p.direct_topk && !p.in_fp8 && aligned16(p.in) && stream_takes(p.weight, p.n, p.k, p.silu_gate_up);
 }
 
-bool gemv_quant_stream_takes(const QuantMatrix& w, int n, int k) { return stream_takes(w, n, k, false); }
+bool gemv_quant_stream_takes(const QuantMatrix& w, const bf16* in, int n, int k) {
+  return aligned16(in) && stream_takes(w, n, k, false);
+}
 
 void moe_gemv_stream_prepare() {
 #if MOEBATCH_WGMMA
@@ -274,7 +283,7 @@ void moe_gemv_stream(const MoeGemmParams& p, cudaStream_t stream) {
 
 void gemv_quant_stream(bf16* out, const bf16* in, const QuantMatrix& w, int n, int k, cudaStream_t stream) {
   check_quant_matrix(w, "gemv_quant_stream");
-  MB_CHECK(out && in && gemv_quant_stream_takes(w, n, k),
+  MB_CHECK(out && in && gemv_quant_stream_takes(w, in, n, k),
            "gemv_quant_stream: needs Nvfp4, Int4 or Fp8Block weights, n % 16 == 0, k % 128 == 0 and a Hopper GPU "
            "with this build's sm_90a code (see gemv_quant_stream_takes)");
   // The one matrix is expert 0 with one pair; its tiles stream from the first cycle (the weights

@@ -14,10 +14,12 @@
 namespace moebatch::kernels {
 
 /// Whether moe_gemv_stream takes p on the current device: this build has the sm_90a code, the
-/// device is compute capability 9.0, the weights are Nvfp4, Int4 (group 32, with mins) or Fp8Block (a
-/// group of 16 · j dividing k), p is
-/// one token's (direct_topk, no W8A8), k % 128 == 0, and two stages of one 16-row tile fit in
-/// shared memory.
+/// device is compute capability 9.0, the weights are Nvfp4, Int4 (group 32, with mins) or
+/// Fp8Block (a group of 16 · j dividing k), p is one token's (direct_topk, no W8A8, `in`
+/// 16-byte aligned), k % 128 == 0, and the ring's four stages of one 16-row tile fit in shared
+/// memory (H100/H200: k ≤ 3456 for Fp8Block in groups of 128, 4736 for Int4, 6400 for Nvfp4).
+/// With routing_settled the producer reads the expert ids before it waits: the kernel before
+/// must be launched dependent and wait before it lets this one launch (pdl_sync does both).
 bool moe_gemv_stream_takes(const MoeGemmParams& p);
 
 /// Raises the kernels' dynamic shared-memory limit to the current device's opt-in maximum: once
@@ -31,8 +33,8 @@ void moe_gemv_stream_prepare();
 void moe_gemv_stream(const MoeGemmParams& p, cudaStream_t stream);
 
 /// Whether gemv_quant_stream takes a one-row projection out [n] = W [n, k] · in [k] on the
-/// current device: as moe_gemv_stream_takes for the weights, n % 16 == 0, k % 128 == 0.
-bool gemv_quant_stream_takes(const QuantMatrix& w, int n, int k);
+/// current device: as moe_gemv_stream_takes for the weights and `in`, n % 16 == 0.
+bool gemv_quant_stream_takes(const QuantMatrix& w, const bf16* in, int n, int k);
 
 /// The same stream for one dense compressed projection of one row (the decode GEMV's
 /// kernels::gemv_quant at rows = 1): the matrix is one "expert" whose tiles stream from the
