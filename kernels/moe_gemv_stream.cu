@@ -126,21 +126,22 @@ __global__ void __launch_bounds__(kThreads, 1) moe_gemv_stream_kernel(StreamArgs
   const int quads = k / (4 * V);
   const int row_bytes = static_cast<int>(codec_row_bytes(C, k));
   const int blocks = C == WeightCodec::Fp8Block ? k / p.weight.group : 0;  // Fp8Block scales a row
+  // A storing thread's output (tid < kTileOut): half oh, tile row orow.
+  const int oh = kSilu ? 0 : threadIdx.x / 8, orow = kSilu ? threadIdx.x : threadIdx.x % 8;
   uint8_t* ring = smem + kStreamRingBarrierBytes;
   float(*reduce)[kConsumerWarps][8][2] =
       reinterpret_cast<float(*)[kConsumerWarps][8][2]>(ring + static_cast<size_t>(kStages) * lay.bytes());
   for (int q = 0; q < t1 - t0; ++q) {
     const int tile = t0 + q, pair = tile / a.tiles_per_pair;
     const bf16* x = p.in + static_cast<size_t>(pair / p.in_row_div) * k;
-    // The storing threads' outputs: half h, tile row r; NVFP4's row scales requested now, so the
-    // store after the reduction waits on no load.
-    const int h = kSilu ? 0 : threadIdx.x / 8, r = kSilu ? threadIdx.x : threadIdx.x % 8;
+    // NVFP4's row scales of the storing threads' outputs requested now, so the store after the
+    // reduction waits on no load.
     float row_scale[2] = {1.f, 1.f};
     if constexpr (C == WeightCodec::Nvfp4) {
       if (threadIdx.x < kTileOut) {
         const int e = a.dense ? 0 : __ldcg(p.sorted_ids + pair);
-        row_scale[0] = __ldg(p.weight.row_scales + half_row(e, tile, h) + r);
-        if constexpr (kSilu) row_scale[1] = __ldg(p.weight.row_scales + half_row(e, tile, 1) + r);
+        row_scale[0] = __ldg(p.weight.row_scales + half_row(e, tile, oh) + orow);
+        if constexpr (kSilu) row_scale[1] = __ldg(p.weight.row_scales + half_row(e, tile, 1) + orow);
       }
     }
     rg.wait_full(q);
@@ -183,8 +184,8 @@ __global__ void __launch_bounds__(kThreads, 1) moe_gemv_stream_kernel(StreamArgs
       float v0 = 0.f, v1 = 0.f;
 #pragma unroll
       for (int w = 0; w < kConsumerWarps; ++w) {
-        v0 += red[w][r][h];
-        if constexpr (kSilu) v1 += red[w][r][1];
+        v0 += red[w][orow][oh];
+        if constexpr (kSilu) v1 += red[w][orow][1];
       }
       v0 *= row_scale[0];
       v1 *= row_scale[1];

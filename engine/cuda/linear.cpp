@@ -57,8 +57,7 @@ void linear_any(const GemmContext& g, Out* out, const bf16* in, const DeviceTens
     return;
   }
   if constexpr (std::is_same_v<Out, bf16>)
-    if (rows == 1 && g.stream_quant && w.format != WeightFormat::Bf16 &&
-        kernels::gemv_quant_stream_takes(w.matrix(), in, n, k)) {
+    if (rows == 1 && g.stream_quant && kernels::gemv_quant_stream_takes(w.matrix(), in, n, k)) {
       kernels::gemv_quant_stream(out, in, w.matrix(), n, k, g.stream);
       return;
     }

@@ -547,16 +547,16 @@ OpCaseDef quant_linear_case(const QuantLinearShape& s) {
                (s.format != WeightFormat::int8 && s.m == 1 && !s.fp32_out),
            "quant_linear case: gemv_stream takes bf16 weights and m <= kGemvMaxRows, gemv_quant_stream one "
            "row of fp8 / nvfp4 / int4 weights to bf16");
-  const bool quant_stream = s.stream && s.format != WeightFormat::bf16;
   const bool rounded_weights = !s.stream && path_of(s) == QuantLinearPath::DequantCublas;
   const bool integer = s.format == WeightFormat::int8 || s.format == WeightFormat::int4;
   const double tol = !s.fp32_out ? 1e-2 : rounded_weights ? 5e-3 : integer ? 1e-4 : 1e-5;
   OpCaseDef d = op_case_def<QuantLinearCase>(
-      label(quant_stream ? "gemv_quant_stream" : s.stream ? "gemv_stream" : "quant_linear", s.format,
+      label(s.stream ? quant_linear_path_name(s) : "quant_linear", s.format,
             s.fp32_out ? " fp32-out" : " bf16-out"),
       shape_str({{"m", s.m}, {"n", s.n}, {"k", s.k}}), OpFamily::quant, tol, s);
   d.format = s.format;
-  if (s.stream) d.available = quant_stream ? &kernels::moe_wgmma_available : &kernels::gemv_stream_available;
+  if (s.stream)
+    d.available = s.format == WeightFormat::bf16 ? &kernels::gemv_stream_available : &kernels::moe_wgmma_available;
   return d;
 }
 
