@@ -196,15 +196,24 @@ __global__ void __launch_bounds__(kThreads, 1) moe_gemv_stream_kernel(StreamArgs
 }
 
 template <WeightCodec C, bool kSilu>
-void launch_stream(const StreamArgs& a, cudaStream_t stream) {
+void launch_stream(const StreamArgs& a, cudaStream_t stream, int ctas_per_sm) {
   int device = 0, sms = 0, per_sm = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const size_t smem = stream_smem(a.lay);
   CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_gemv_stream_kernel<C, kSilu>, kThreads, smem));
   MB_CHECK(per_sm >= 1, "moe_gemv_stream: no CTA fits (call moe_gemv_stream_prepare on this device first)");
+  if (ctas_per_sm > 0) per_sm = std::min(per_sm, ctas_per_sm);
   const int grid = static_cast<int>(std::min<int64_t>(a.tiles, static_cast<int64_t>(sms) * per_sm));
   launch_dependent(moe_gemv_stream_kernel<C, kSilu>, grid, kThreads, smem, stream, a);
+}
+
+template <WeightCodec C>
+void launch_codec(const StreamArgs& a, cudaStream_t stream, int ctas_per_sm) {
+  if (a.p.silu_gate_up)
+    launch_stream<C, true>(a, stream, ctas_per_sm);
+  else
+    launch_stream<C, false>(a, stream, ctas_per_sm);
 }
 
 #endif  // MOEBATCH_WGMMA
@@ -227,22 +236,16 @@ bool stream_takes(const QuantMatrix& w, int n, int k, bool silu) {
 #endif
 }
 
-void launch_any(const StreamArgs& a, cudaStream_t stream) {
+void launch_any(const StreamArgs& a, cudaStream_t stream, int ctas_per_sm) {
 #if MOEBATCH_WGMMA
-  const bool silu = a.p.silu_gate_up;
   switch (a.p.weight.codec) {
-    case WeightCodec::Nvfp4:
-      silu ? launch_stream<WeightCodec::Nvfp4, true>(a, stream) : launch_stream<WeightCodec::Nvfp4, false>(a, stream);
-      break;
-    case WeightCodec::Int4:
-      silu ? launch_stream<WeightCodec::Int4, true>(a, stream) : launch_stream<WeightCodec::Int4, false>(a, stream);
-      break;
-    default:  // Fp8Block (stream_takes)
-      silu ? launch_stream<WeightCodec::Fp8Block, true>(a, stream) : launch_stream<WeightCodec::Fp8Block, false>(a, stream);
+    case WeightCodec::Nvfp4: launch_codec<WeightCodec::Nvfp4>(a, stream, ctas_per_sm); break;
+    case WeightCodec::Int4: launch_codec<WeightCodec::Int4>(a, stream, ctas_per_sm); break;
+    default: launch_codec<WeightCodec::Fp8Block>(a, stream, ctas_per_sm);  // stream_takes
   }
   CUDA_CHECK_LAST();
 #else
-  (void)a, (void)stream;
+  (void)a, (void)stream, (void)ctas_per_sm;
 #endif
 }
 
@@ -268,7 +271,7 @@ void moe_gemv_stream_prepare() {
 #endif
 }
 
-void moe_gemv_stream(const MoeGemmParams& p, cudaStream_t stream) {
+void moe_gemv_stream(const MoeGemmParams& p, cudaStream_t stream, int ctas_per_sm) {
   check_moe_gemm_params(p, "moe_gemv_stream");
   MB_CHECK(moe_gemv_stream_takes(p),
            "moe_gemv_stream: needs one token's pairs (direct_topk), Nvfp4, Int4 or Fp8Block weights, k % 128 == 0 "
@@ -279,10 +282,11 @@ void moe_gemv_stream(const MoeGemmParams& p, cudaStream_t stream) {
   a.lay = tile_layout(p.weight, p.k);
   a.tiles_per_pair = p.n / (p.silu_gate_up ? 8 : 16);
   a.tiles = p.num_pairs * a.tiles_per_pair;
-  launch_any(a, stream);
+  launch_any(a, stream, ctas_per_sm);
 }
 
-void gemv_quant_stream(bf16* out, const bf16* in, const QuantMatrix& w, int n, int k, cudaStream_t stream) {
+void gemv_quant_stream(bf16* out, const bf16* in, const QuantMatrix& w, int n, int k, cudaStream_t stream,
+                       int ctas_per_sm) {
   check_quant_matrix(w, "gemv_quant_stream");
   MB_CHECK(out && in && gemv_quant_stream_takes(w, in, n, k),
            "gemv_quant_stream: needs Nvfp4, Int4 or Fp8Block weights, n % 16 == 0, k % 128 == 0 and a Hopper GPU "
@@ -301,7 +305,7 @@ void gemv_quant_stream(bf16* out, const bf16* in, const QuantMatrix& w, int n, i
   a.dense = true;
   a.lay = tile_layout(w, k);
   a.tiles_per_pair = a.tiles = n / 16;
-  launch_any(a, stream);
+  launch_any(a, stream, ctas_per_sm);
 }
 
 }  // namespace moebatch::kernels

@@ -30,7 +30,9 @@ void moe_gemv_stream_prepare();
 /// with direct_topk (the experts from topk_ids in sorted_ids; with routing_settled the producer
 /// reads them before waiting for the kernel before). Requires moe_gemv_stream_takes(p) and
 /// moe_gemv_stream_prepare on the current device. Launched dependent (kernels/launch.cuh).
-void moe_gemv_stream(const MoeGemmParams& p, cudaStream_t stream);
+/// ctas_per_sm caps the CTAs an SM runs (0: as many as fit, ~3 for a 4-bit 30B tile; 1: one
+/// CTA an SM walking twice the tiles, the measured alternative — bench/RESULTS.md).
+void moe_gemv_stream(const MoeGemmParams& p, cudaStream_t stream, int ctas_per_sm = 0);
 
 /// Whether gemv_quant_stream takes a one-row projection out [n] = W [n, k] · in [k] on the
 /// current device: as moe_gemv_stream_takes for the weights and `in`, n % 16 == 0.
@@ -40,6 +42,8 @@ bool gemv_quant_stream_takes(const QuantMatrix& w, const bf16* in, int n, int k)
 /// kernels::gemv_quant at rows = 1): the matrix is one "expert" whose tiles stream from the
 /// kernel's first cycle (the weights are constants; only the consumers wait for `in`, as
 /// gemv_stream does for bf16). Requires gemv_quant_stream_takes and moe_gemv_stream_prepare.
-void gemv_quant_stream(bf16* out, const bf16* in, const QuantMatrix& w, int n, int k, cudaStream_t stream);
+/// ctas_per_sm as for moe_gemv_stream.
+void gemv_quant_stream(bf16* out, const bf16* in, const QuantMatrix& w, int n, int k, cudaStream_t stream,
+                       int ctas_per_sm = 0);
 
 }  // namespace moebatch::kernels

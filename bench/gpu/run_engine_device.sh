@@ -27,7 +27,8 @@
 #   tests, the moe_gemv kernel rows (batch 1), the 30B step at batches 1 and 8 (GEMV4_BATCHES) for each of
 #   GEMV4_VARIANTS (default: none nvfp4 nvfp4:stream int4 int4:stream nvfp4 nvfp4:stream;
 #   ":cc" = --disable-mma-gemv, ":stream" = --stream-expert-gemv, ":regs" = --disable-stream-gemv,
-#   ":sq" = --stream-quant-gemv, ":both" = both streams).
+#   ":sq" = --stream-quant-gemv, ":both" = both streams; a trailing digit N adds
+#   --stream-ctas-per-sm N, e.g. ":both1").
 # `stream`: gemv4 in a short call — builds only the kernel tests and the engine benchmark, runs
 #   the moe_gemv / gemv_quant_stream op cases, then the same steps (no engine tests, no kernel rows).
 # `phases`: a diagnostic build (build-pc, -DMOEBATCH_PHASE_CLOCKS=ON -DMOEBATCH_STEP_TRACE=ON): the
@@ -202,10 +203,13 @@ if [ "$WHAT" = gemv4 ]; then
 fi
 if [ "$WHAT" = gemv4_steps ]; then
   for v in ${GEMV4_VARIANTS:-none nvfp4 nvfp4:stream int4 int4:stream nvfp4 nvfp4:stream}; do
-    q=${v%%:*}; flag=""; [ "${v#*:}" = cc ] && flag=--disable-mma-gemv; [ "${v#*:}" = stream ] && flag=--stream-expert-gemv
-    [ "${v#*:}" = regs ] && flag=--disable-stream-gemv
-    [ "${v#*:}" = sq ] && flag=--stream-quant-gemv
-    [ "${v#*:}" = both ] && flag="--stream-expert-gemv --stream-quant-gemv"
+    q=${v%%:*}; s=""; [[ $v == *:* ]] && s=${v#*:}; flag=""
+    # a trailing digit caps the streams' CTAs an SM: nvfp4:both1 = both streams, one CTA an SM
+    [[ $s =~ ^([a-z]+)([0-9])$ ]] && { s=${BASH_REMATCH[1]}; flag="--stream-ctas-per-sm ${BASH_REMATCH[2]}"; }
+    [ "$s" = cc ] && flag="$flag --disable-mma-gemv"; [ "$s" = stream ] && flag="$flag --stream-expert-gemv"
+    [ "$s" = regs ] && flag="$flag --disable-stream-gemv"
+    [ "$s" = sq ] && flag="$flag --stream-quant-gemv"
+    [ "$s" = both ] && flag="$flag --stream-expert-gemv --stream-quant-gemv"
     MOEBATCH_BENCH_BATCHES=${GEMV4_BATCHES:-1,8} timeout 100 ./build-dev/moebatch_bench_engine_cuda --quantization $q $flag \
       "/tmp/bench_engine_$v.json" > /tmp/bench_engine.log 2>&1
     echo "bench $v rc=$?"; cat /tmp/bench_engine.log >> "$OUT/bench_engine_gemv4.log"

@@ -123,6 +123,9 @@ struct CudaBackendOptions {
   /// tiles loading from the kernel's first cycle, under the kernel before) instead of the
   /// register-fed decode GEMV. Written in session 21 without a GPU run: off until measured.
   bool stream_quant_gemv = false;
+  /// CTAs an SM runs of those two streams (0: as many as its shared memory holds — three for a
+  /// 4-bit 30B tile, each walking ~2 tiles; 1: one an SM walking ~6, a longer stream per CTA).
+  int stream_gemv_ctas_per_sm = 0;
   /// Keys each split of a decode step's split-K attention takes at least (the split count is
   /// bounded by the context bucket over this): more keys a split, fewer partials to merge. At
   /// batch 1 (context bucket 256) 64–256 measured slower than 32 (bench/RESULTS.md, session 20).

@@ -58,7 +58,7 @@ void linear_any(const GemmContext& g, Out* out, const bf16* in, const DeviceTens
   }
   if constexpr (std::is_same_v<Out, bf16>)
     if (rows == 1 && g.stream_quant && kernels::gemv_quant_stream_takes(w.matrix(), in, n, k)) {
-      kernels::gemv_quant_stream(out, in, w.matrix(), n, k, g.stream);
+      kernels::gemv_quant_stream(out, in, w.matrix(), n, k, g.stream, g.stream_ctas_per_sm);
       return;
     }
   // bf16: cuBLAS; compressed: the decode GEMV for few rows, else decoded into the scratch once
@@ -104,7 +104,7 @@ void expert_gemm(const GemmContext& g, kernels::MoeGemmParams p, const DeviceTen
     case WeightFormat::Int4:
       p.weight = w.matrix();  // both kernels decode each codec in registers
       if (tokens == 1 && g.stream_experts && kernels::moe_gemv_stream_takes(p))
-        kernels::moe_gemv_stream(p, g.stream);
+        kernels::moe_gemv_stream(p, g.stream, g.stream_ctas_per_sm);
       else if (tokens <= kExpertGemvMaxTokens && p.active_experts != nullptr)
         kernels::moe_gemv(p, tokens, g.stream);
       else if (g.tma_experts && kernels::moe_gemm_tma_takes(p))

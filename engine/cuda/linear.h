@@ -39,6 +39,7 @@ struct GemmContext {
   /// One-row projections on compressed weights that kernels::gemv_quant_stream takes (the
   /// expert stream on one matrix; prepared there) instead of quant_linear's GEMV.
   bool stream_quant = false;
+  int stream_ctas_per_sm = 0;  ///< both streams' CTAs an SM (0: as many as fit)
   /// Projections on FP8-block weights with block_scales and more than kernels::kGemvMaxRows
   /// rows run W8A8 here (the rows quantized per 1 × 128 into `a8`) but for prefill-sized calls
   /// with inputs wider than 2048 (linear.cpp: measured slower there); null, or those: decoded

@@ -465,7 +465,7 @@ class MoeGemmCase final : public OpCase {
     }
     p.gemv_cuda_cores = s_.cuda_cores;
     if (s_.stream)
-      kernels::moe_gemv_stream(p, env.stream);
+      kernels::moe_gemv_stream(p, env.stream, s_.stream_ctas_per_sm);
     else if (s_.gemv)
       kernels::moe_gemv(p, s_.tokens, env.stream);
     else if (s_.tma)
@@ -843,12 +843,14 @@ OpCaseDef moe_gemm_case(const MoeGemmShape& s) {
   MB_CHECK(!s.stream || (s.direct && (s.format == WeightFormat::nvfp4 || s.format == WeightFormat::int4 ||
                                        s.format == WeightFormat::fp8_block)),
            "moe_gemm case: moe_gemv_stream takes one token's 4-bit and FP8-block experts (direct)");
+  MB_CHECK(s.stream || s.stream_ctas_per_sm == 0, "moe_gemm case: CTAs an SM are the stream's");
   std::string name =
       std::string(s.stream ? "moe_gemv_stream" : s.gemv ? "moe_gemv" : s.tma ? "moe_gemm_tma" : s.kernel_name) + " " + stage;
   if (s.format != WeightFormat::bf16) name += std::string(" ") + weight_format_name(s.format);
   if (s.w8a8) name += " w8a8";
   if (s.direct) name += " direct";
   if (s.cuda_cores) name += " cuda-cores";
+  if (s.stream_ctas_per_sm > 0) name += " " + to_string(s.stream_ctas_per_sm) + "-cta-per-sm";
   OpCaseDef d = op_case_def<MoeGemmCase>(name,
                                          experts(s.tokens, s.experts, s.top_k, s.hot) + " H" + to_string(s.hidden) +
                                              " I" + to_string(s.inter) + (s.active_experts ? " active" : ""),

@@ -79,7 +79,7 @@ class QuantLinearCase final : public OpCase {
   void run(const OpEnv& env, int iter) override {
     const kernels::QuantMatrix& w = views_[static_cast<size_t>(iter) % views_.size()];
     if (s_.stream && s_.format != WeightFormat::bf16) {
-      kernels::gemv_quant_stream(out_b_.get(), x_.get(), w, s_.n, s_.k, env.stream);
+      kernels::gemv_quant_stream(out_b_.get(), x_.get(), w, s_.n, s_.k, env.stream, s_.stream_ctas_per_sm);
       return;
     }
     if (s_.stream) {
@@ -547,12 +547,15 @@ OpCaseDef quant_linear_case(const QuantLinearShape& s) {
                (s.format != WeightFormat::int8 && s.m == 1 && !s.fp32_out),
            "quant_linear case: gemv_stream takes bf16 weights and m <= kGemvMaxRows, gemv_quant_stream one "
            "row of fp8 / nvfp4 / int4 weights to bf16");
+  MB_CHECK(s.stream_ctas_per_sm == 0 || (s.stream && s.format != WeightFormat::bf16),
+           "quant_linear case: CTAs an SM are gemv_quant_stream's");
   const bool rounded_weights = !s.stream && path_of(s) == QuantLinearPath::DequantCublas;
   const bool integer = s.format == WeightFormat::int8 || s.format == WeightFormat::int4;
   const double tol = !s.fp32_out ? 1e-2 : rounded_weights ? 5e-3 : integer ? 1e-4 : 1e-5;
   OpCaseDef d = op_case_def<QuantLinearCase>(
       label(s.stream ? quant_linear_path_name(s) : "quant_linear", s.format,
-            s.fp32_out ? " fp32-out" : " bf16-out"),
+            s.fp32_out ? " fp32-out" : " bf16-out") +
+          (s.stream_ctas_per_sm > 0 ? " " + std::to_string(s.stream_ctas_per_sm) + "-cta-per-sm" : ""),
       shape_str({{"m", s.m}, {"n", s.n}, {"k", s.k}}), OpFamily::quant, tol, s);
   d.format = s.format;
   if (s.stream)

@@ -186,6 +186,8 @@ struct MoeGemmShape {
   bool cuda_cores = false;
   /// one token (direct), 4-bit weights: kernels::moe_gemv_stream (Hopper) instead of moe_gemv
   bool stream = false;
+  /// the stream's CTAs an SM (0: as many as fit; 1: each CTA walks several tiles through its ring)
+  int stream_ctas_per_sm = 0;
 };
 OpCaseDef moe_gemm_case(const MoeGemmShape& s);
 
@@ -272,6 +274,7 @@ struct QuantLinearShape {
   /// elsewhere) instead of quant_linear, against the same reference; fp8 / nvfp4 / int4, m 1,
   /// bf16 out: kernels::gemv_quant_stream (the expert stream on one matrix).
   bool stream = false;
+  int stream_ctas_per_sm = 0;  ///< gemv_quant_stream's CTAs an SM (0: as many as fit)
 };
 OpCaseDef quant_linear_case(const QuantLinearShape& s);
 

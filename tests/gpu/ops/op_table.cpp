@@ -354,6 +354,9 @@ std::vector<OpCaseDef> op_cases_test() {
               s.tokens == 1 && s.hidden % 128 == 0 && s.inter % 128 == 0) {
             s.direct = s.stream = true;
             t.push_back(moe_gemm_case(s));
+            s.stream_ctas_per_sm = 1;  // one CTA an SM: several tiles through each ring
+            t.push_back(moe_gemm_case(s));
+            s.stream_ctas_per_sm = 0;
             s.direct = s.stream = false;
           }
         }
@@ -498,7 +501,8 @@ std::vector<OpCaseDef> op_cases_test() {
   // CTAs (n 48), k 768 (Fp8Block: six 128-blocks a row; down's k).
   for (WeightFormat f : {WeightFormat::fp8_block, WeightFormat::nvfp4, WeightFormat::int4})
     for (auto [n, k] : {std::pair{5120, 2048}, {2048, 4096}, {48, 256}, {1008, 768}})
-      t.push_back(quant_linear_case({.m = 1, .n = n, .k = k, .format = f, .stream = true}));
+      for (int ctas : {0, 1})  // as many CTAs an SM as fit, and one (more tiles through each ring)
+        t.push_back(quant_linear_case({.m = 1, .n = n, .k = k, .format = f, .stream = true, .stream_ctas_per_sm = ctas}));
   // The one-token combine + add + norm formed inside it (gemv_stream_combine_norm): the 30B
   // layer's qkv (top-8, hidden 2048), the seed class's (hidden 4096: two vectors a thread), top-10
   // with 1 + w, and hidden 520 (fewer vectors than threads; 37 rows).
