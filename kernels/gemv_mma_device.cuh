@@ -61,17 +61,14 @@ __device__ __forceinline__ __nv_bfloat162 bf16x2_of(unsigned u) {
 }
 
 /// The scales of one granule of a lane's two rows: Nvfp4 the two E4M3 group scales (bytes of a
-/// u16), Int4 the f32 scale and min of its one group, Fp8Block the f32 scale of the block that
-/// holds it (16 values: a granule never straddles a block of 16 · j inputs).
+/// u16), Int4 the f32 scale and min of its one group.
 struct MmaGranuleScales {
   unsigned gscale[2] = {0, 0};
   float scale[2] = {0.f, 0.f}, minv[2] = {0.f, 0.f};
 };
 
-/// c += this lane's granule of rows q (w[0]) and q + 8 (w[1]) times its 32 (Fp8Block: 16)
-/// activations at `xg` (nullptr: a granule past k, zeros) on 8 (Int4: 16; Fp8Block: 4) mmas.
-/// Every lane of the warp calls it. Fp8Block is taken here only by the streamed expert GEMV
-/// (kernels/moe_gemv_stream.cu); gemv_tile_mma walks the 4-bit codecs.
+/// c += this lane's granule of rows q (w[0]) and q + 8 (w[1]) times the 32 activations at `xg`
+/// (nullptr: a granule past k, zeros) on 8 (Int4: 16) mmas. Every lane of the warp calls it.
 template <WeightCodec C>
 __device__ __forceinline__ void mma_granule(float (&c)[4], const uint4 (&w)[2], const MmaGranuleScales& sc,
                                             const bf16* xg) {
@@ -89,15 +86,12 @@ __device__ __forceinline__ void mma_granule(float (&c)[4], const uint4 (&w)[2], 
   }
   const __nv_bfloat162 k136 = __float2bfloat162_rn(136.f);
 #pragma unroll
-  for (int p = 0; p < V / 8; ++p) {  // 8-value pieces: word p of the granule (Fp8Block: words 2p, 2p + 1)
+  for (int p = 0; p < V / 8; ++p) {  // 8-value pieces: word p of the granule
     const uint4 xv = xg ? __ldg(reinterpret_cast<const uint4*>(xg + 8 * p)) : make_uint4(0, 0, 0, 0);
     unsigned a[2][4];  // the piece's four bf16 pairs of each row
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      if constexpr (C == WeightCodec::Fp8Block) {  // words 2p, 2p + 1: e4m3 · s rounded once
-        const uint4 d = decode_fp8x8(make_uint2(word_of(w[r], 2 * p), word_of(w[r], 2 * p + 1)), sc.scale[r]);
-        a[r][0] = d.x, a[r][1] = d.y, a[r][2] = d.z, a[r][3] = d.w;
-      } else if constexpr (C == WeightCodec::Nvfp4) {
+      if constexpr (C == WeightCodec::Nvfp4) {
         const uint4 d = decode_fp4x8(word_of(w[r], p),
                                      fp4_group_scale(static_cast<unsigned char>(sc.gscale[r] >> (8 * (p / 2)))));
         a[r][0] = d.x, a[r][1] = d.y, a[r][2] = d.z, a[r][3] = d.w;

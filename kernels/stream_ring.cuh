@@ -1,5 +1,5 @@
 // The shared-memory ring of the decode GEMVs that stream weights through shared memory
-// (gemv_stream.cu, moe_gemv_stream.cu), for sm_90a builds (MOEBATCH_WGMMA): one
+// (gemv_stream.cu), for sm_90a builds (MOEBATCH_WGMMA): one
 // producer thread fills kStages slots by bulk copies, kConsumers threads drain them, on mbarriers
 // (kernels/wgmma.cuh).
 //

@@ -28,11 +28,7 @@
 // --combine-norm-in-qkv forms one token's pending MoE combine + add + norm inside the qkv GEMV
 // (kernels::gemv_stream_combine_norm) instead of a one-block launch before it;
 // --disable-mma-gemv runs decode steps' 4-bit expert GEMVs on CUDA cores instead of tensor cores;
-// --attn-min-split-keys N gives each split of decode attention at least N keys (fewer splits);
-// --stream-expert-gemv streams one-token steps' 4-bit and FP8 expert weights through shared memory
-// (kernels/moe_gemv_stream.cuh); --stream-quant-gemv one-row projections on compressed weights
-// the same way (kernels::gemv_quant_stream); --stream-ctas-per-sm N caps both streams' CTAs an SM
-// (default: as many as fit).
+// --attn-min-split-keys N gives each split of decode attention at least N keys (fewer splits).
 // A build with -DMOEBATCH_STEP_TRACE=ON also prints, per decode batch, where one graph-replayed
 // step's time goes kernel by kernel (kernels/step_trace.cuh): per call site, the time each kernel
 // adds to the step's critical path, and one layer's kernels in order.
@@ -42,8 +38,8 @@
 //                                   [--disable-stream-gemv] [--disable-tma-experts] [--disable-router-norm]
 //                                   [--disable-wgmma-attention]
 //                                   [--disable-fused-rope] [--combine-norm-in-qkv]
-//                                   [--disable-mma-gemv] [--attn-min-split-keys N] [--stream-expert-gemv]
-//                                   [--stream-quant-gemv] [--stream-ctas-per-sm N] [--disable-w8a8-linear]
+//                                   [--disable-mma-gemv] [--attn-min-split-keys N]
+//                                   [--disable-w8a8-linear]
 //                                   [--quantization Q]
 //                                   [--moe-sorted-min-rows N] [out.json]
 //                                   [peer.json]
@@ -220,9 +216,6 @@ struct Args {
   bool combine_norm_in_qkv = false;      ///< --combine-norm-in-qkv: one token's layer norm in the qkv GEMV
   bool mma_gemv = true;                  ///< --disable-mma-gemv: 4-bit expert GEMVs on CUDA cores
   int min_split_keys = -1;               ///< --attn-min-split-keys N: decode attention's keys a split
-  bool stream_experts = false;           ///< --stream-expert-gemv: one-token 4-bit / FP8 experts streamed
-  bool stream_quant = false;             ///< --stream-quant-gemv: one-row compressed projections streamed
-  int stream_ctas_per_sm = 0;            ///< --stream-ctas-per-sm N: those streams' CTAs an SM (0: all that fit)
   bool w8a8_linear = true;               ///< --disable-w8a8-linear: FP8 projections decoded to bf16
   Quantization quant = Quantization::None;
 };
@@ -254,12 +247,6 @@ Args parse_args(int argc, char** argv) {
       a.combine_norm_in_qkv = true;
     } else if (arg == "--disable-mma-gemv") {
       a.mma_gemv = false;
-    } else if (arg == "--stream-expert-gemv") {
-      a.stream_experts = true;
-    } else if (arg == "--stream-quant-gemv") {
-      a.stream_quant = true;
-    } else if (arg == "--stream-ctas-per-sm" && i + 1 < argc) {
-      a.stream_ctas_per_sm = std::stoi(argv[++i]);
     } else if (arg == "--attn-min-split-keys" && i + 1 < argc) {
       a.min_split_keys = std::stoi(argv[++i]);
     } else if (arg == "--disable-w8a8-linear") {
@@ -273,7 +260,7 @@ Args parse_args(int argc, char** argv) {
     } else if (arg == "--quantization" && i + 1 < argc) {
       a.quant = parse_quantization(argv[++i]);
     } else if (arg.rfind("--", 0) == 0) {
-      std::fprintf(stderr, "usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--disable-custom-all-reduce] [--disable-wgmma-experts] [--disable-w8a8-experts] [--disable-stream-gemv] [--disable-router-norm] [--disable-wgmma-attention] [--disable-fused-rope] [--combine-norm-in-qkv] [--disable-mma-gemv] [--attn-min-split-keys N] [--stream-expert-gemv] [--stream-quant-gemv] [--stream-ctas-per-sm N] [--disable-w8a8-linear] [--quantization Q] [--moe-sorted-min-rows N] [out.json] [peer.json]\n");
+      std::fprintf(stderr, "usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--disable-custom-all-reduce] [--disable-wgmma-experts] [--disable-w8a8-experts] [--disable-stream-gemv] [--disable-router-norm] [--disable-wgmma-attention] [--disable-fused-rope] [--combine-norm-in-qkv] [--disable-mma-gemv] [--attn-min-split-keys N] [--disable-w8a8-linear] [--quantization Q] [--moe-sorted-min-rows N] [out.json] [peer.json]\n");
       std::exit(2);
     } else if (positional++ == 0) {
       a.out_path = arg;
@@ -362,9 +349,6 @@ int main(int argc, char** argv) {
   o.combine_norm_in_qkv = args.combine_norm_in_qkv;
   o.mma_expert_gemv = args.mma_gemv;
   if (args.min_split_keys > 0) o.decode_attention_min_split_keys = args.min_split_keys;
-  o.stream_expert_gemv = args.stream_experts;
-  o.stream_quant_gemv = args.stream_quant;
-  o.stream_gemv_ctas_per_sm = args.stream_ctas_per_sm;
   o.w8a8_linear = args.w8a8_linear;
   o.tma_experts = args.tma_experts;
   o.router_norm = args.router_norm;
@@ -400,9 +384,6 @@ int main(int argc, char** argv) {
   J["combine_norm_in_qkv"] = o.combine_norm_in_qkv;
   J["mma_expert_gemv"] = o.mma_expert_gemv;
   J["decode_attention_min_split_keys"] = o.decode_attention_min_split_keys;
-  J["stream_expert_gemv"] = o.stream_expert_gemv;
-  J["stream_quant_gemv"] = o.stream_quant_gemv;
-  J["stream_gemv_ctas_per_sm"] = o.stream_gemv_ctas_per_sm;
   J["w8a8_linear"] = o.w8a8_linear;
   J["tma_experts"] = o.tma_experts;
   J["router_norm"] = o.router_norm;

@@ -2,7 +2,7 @@
 # One device call for the CUDA engine: configure (engine-only), build the engine GPU tests, the
 # kernel tests and the engine benchmark; run the tests, then the HF peer (its own 61 GB, freed
 # when it exits), then the benchmark. Logs and JSON go to $OUT; summaries print last.
-# Usage: bench/gpu/run_engine_device.sh [tests|bench|all|base|quant|prefill|w8a8|linear|experts|phases|decode|gemv4|stream] [peer batches, e.g. 1,64, or none]
+# Usage: bench/gpu/run_engine_device.sh [tests|bench|all|base|quant|prefill|w8a8|linear|experts|phases|decode|gemv4] [peer batches, e.g. 1,64, or none]
 # `quant`: the compressed-weight run: kernel and engine tests, the quant kernel rows, the engine
 # benchmark on the 30B shape with bf16 / fp8 / nvfp4 linear weights, and the seed-class shape in
 # NVFP4 on one GPU.
@@ -23,14 +23,10 @@
 #   engine tests, batch 1 / 256 for each of DECODE_VARIANTS (default: default combine default
 #   combine; also unfused = --disable-fused-rope, combine = --combine-norm-in-qkv), and the step
 #   trace at batch 1 (with TRACE_FLAGS).
-# `gemv4`: the 4-bit expert GEMVs (tensor cores, CUDA cores, streamed): op cases, engine
+# `gemv4`: the 4-bit expert GEMVs on tensor cores against their CUDA-core walk: op cases, engine
 #   tests, the moe_gemv kernel rows (batch 1), the 30B step at batches 1 and 8 (GEMV4_BATCHES) for each of
-#   GEMV4_VARIANTS (default: none nvfp4 nvfp4:stream int4 int4:stream nvfp4 nvfp4:stream;
-#   ":cc" = --disable-mma-gemv, ":stream" = --stream-expert-gemv, ":regs" = --disable-stream-gemv,
-#   ":sq" = --stream-quant-gemv, ":both" = both streams; a trailing digit N adds
-#   --stream-ctas-per-sm N, e.g. ":both1").
-# `stream`: gemv4 in a short call — builds only the kernel tests and the engine benchmark, runs
-#   the moe_gemv / gemv_quant_stream op cases, then the same steps (no engine tests, no kernel rows).
+#   GEMV4_VARIANTS (default: none nvfp4 nvfp4:cc int4 int4:cc; ":cc" = --disable-mma-gemv,
+#   ":regs" = --disable-stream-gemv).
 # `phases`: a diagnostic build (build-pc, -DMOEBATCH_PHASE_CLOCKS=ON -DMOEBATCH_STEP_TRACE=ON): the
 #   moe_wgmma and prefill attention rows with the cycles per tile in each phase, then the engine
 #   benchmark (TRACE_BATCHES, default 1,256; TRACE_QUANT, default none, e.g. "none fp8") with
@@ -80,10 +76,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw,memo
 if ! cmake -S . -B build-dev -G Ninja -DMOEBATCH_ENGINE_ONLY=ON -DMOEBATCH_CUDA=ON > "$OUT/configure.log" 2>&1; then
   tail -40 "$OUT/configure.log"; exit 1
 fi
-# `stream` (a short call): only the kernel tests and the engine benchmark
-TARGETS="moebatch_gpu_engine_tests moebatch_gpu_tests moebatch_bench_engine_cuda moebatch_bench_kernels"
-[ "$WHAT" = stream ] && TARGETS="moebatch_gpu_tests moebatch_bench_engine_cuda"
-if ! cmake --build build-dev -j16 --target $TARGETS > "$OUT/build.log" 2>&1; then
+if ! cmake --build build-dev -j16 --target moebatch_gpu_engine_tests moebatch_gpu_tests moebatch_bench_engine_cuda moebatch_bench_kernels > "$OUT/build.log" 2>&1; then
   grep -E "error" -A3 "$OUT/build.log" | head -60; exit 1
 fi
 if [ "${DIAG_BUILD_TOO:-0}" = 1 ]; then
@@ -182,34 +175,16 @@ if [ "$WHAT" = experts ]; then
   echo "bench rc=$?"; grep -E "moe_gemm|prefill of|^ *[0-9]+ \|" "$OUT/bench_engine.log" | head -30
   exit 0
 fi
-if [ "$WHAT" = stream ]; then
-  # the streamed compressed GEMVs in a short call: their op cases and moe_gemv's, then the 30B
-  # step at batch 1 for each of GEMV4_VARIANTS (as gemv4)
-  echo "built at $(date +%T)"
-  timeout 150 ./build-dev/moebatch_gpu_tests --gtest_filter='*moe_gemv*:*gemv_quant_stream*' > "$OUT/kernel_tests.log" 2>&1
-  echo "kernel tests rc=$?"; grep -E "FAIL|^\[  PASSED|^\[==|SKIPPED" "$OUT/kernel_tests.log" | head -30
-  WHAT=gemv4_steps
-fi
 if [ "$WHAT" = gemv4 ]; then
   # the 4-bit expert GEMVs on tensor cores: the moe_gemv op cases (both walks), the engine tests,
   # the kernel rows, and the 30B step in bf16 / nvfp4 / int4 with each walk
   echo "built at $(date +%T)"
-  run_gpu_tests '*moe_gemv*:*moe_gemm*:*dequant*:*nvfp4*:*int4*:*gemv_quant_stream*'
+  run_gpu_tests '*moe_gemv*:*moe_gemm*:*dequant*:*nvfp4*:*int4*'
   timeout 100 ./build-dev/moebatch_bench_kernels "/tmp/bench_kernels_gemv.json" --filter "moe_gemv" > "$OUT/bench_kernels_gemv.log" 2>&1
   echo "kernels rc=$?"; grep -E "moe_gemv" "$OUT/bench_kernels_gemv.log" | head -60
-  timeout 60 ./build-dev/moebatch_bench_kernels "/tmp/bench_kernels_proj.json" --filter "(gemv" > "$OUT/bench_kernels_proj.log" 2>&1
-  echo "projection kernels rc=$?"; grep -E "\(gemv" "$OUT/bench_kernels_proj.log" | head -30
-  WHAT=gemv4_steps
-fi
-if [ "$WHAT" = gemv4_steps ]; then
-  for v in ${GEMV4_VARIANTS:-none nvfp4 nvfp4:stream int4 int4:stream nvfp4 nvfp4:stream}; do
-    q=${v%%:*}; s=""; [[ $v == *:* ]] && s=${v#*:}; flag=""
-    # a trailing digit caps the streams' CTAs an SM: nvfp4:both1 = both streams, one CTA an SM
-    [[ $s =~ ^([a-z]+)([0-9])$ ]] && { s=${BASH_REMATCH[1]}; flag="--stream-ctas-per-sm ${BASH_REMATCH[2]}"; }
-    [ "$s" = cc ] && flag="$flag --disable-mma-gemv"; [ "$s" = stream ] && flag="$flag --stream-expert-gemv"
-    [ "$s" = regs ] && flag="$flag --disable-stream-gemv"
-    [ "$s" = sq ] && flag="$flag --stream-quant-gemv"
-    [ "$s" = both ] && flag="$flag --stream-expert-gemv --stream-quant-gemv"
+  for v in ${GEMV4_VARIANTS:-none nvfp4 nvfp4:cc int4 int4:cc}; do
+    q=${v%%:*}; flag=""; [ "${v#*:}" = cc ] && flag=--disable-mma-gemv
+    [ "${v#*:}" = regs ] && flag=--disable-stream-gemv
     MOEBATCH_BENCH_BATCHES=${GEMV4_BATCHES:-1,8} timeout 100 ./build-dev/moebatch_bench_engine_cuda --quantization $q $flag \
       "/tmp/bench_engine_$v.json" > /tmp/bench_engine.log 2>&1
     echo "bench $v rc=$?"; cat /tmp/bench_engine.log >> "$OUT/bench_engine_gemv4.log"

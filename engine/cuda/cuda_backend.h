@@ -113,19 +113,6 @@ struct CudaBackendOptions {
   /// (kernels/gemv_mma_device.cuh) instead of decoded into CUDA-core FMAs (Int4 steps −5% at
   /// batch 1, NVFP4 the same; bench/RESULTS.md, session 20).
   bool mma_expert_gemv = true;
-  /// One-token steps' expert GEMVs on 4-bit and FP8-block weights as a persistent stream
-  /// (kernels/moe_gemv_stream.cuh: weights through a shared-memory ring, tensor cores) where the
-  /// GPU is a Hopper and the build has its sm_90a code. Written in session 20 without a GPU run:
-  /// off until its op cases pass and it measures faster.
-  bool stream_expert_gemv = false;
-  /// One-row projections (qkv, o_proj, the shared expert's) on compressed weights (FP8 block,
-  /// NVFP4, Int4) on the same stream (kernels::gemv_quant_stream: the matrix as one expert, its
-  /// tiles loading from the kernel's first cycle, under the kernel before) instead of the
-  /// register-fed decode GEMV. Written in session 21 without a GPU run: off until measured.
-  bool stream_quant_gemv = false;
-  /// CTAs an SM runs of those two streams (0: as many as its shared memory holds — three for a
-  /// 4-bit 30B tile, each walking ~2 tiles; 1: one an SM walking ~6, a longer stream per CTA).
-  int stream_gemv_ctas_per_sm = 0;
   /// Keys each split of a decode step's split-K attention takes at least (the split count is
   /// bounded by the context bucket over this): more keys a split, fewer partials to merge. At
   /// batch 1 (context bucket 256) 64–256 measured slower than 32 (bench/RESULTS.md, session 20).

@@ -64,9 +64,9 @@ class CudaRank {
   size_t num_graphs() const { return graphs_.size(); }
   /// The rank's handle, stream and dequantization scratch, for engine/cuda/linear.h.
   GemmContext gemm() const {
-    return {cublas,          stream,      dequant_,          dequant_elems_, group_ptrs_host_,
-            group_ptrs_dev_, group_cap_,  stream_gemv,       tma_experts,    stream_expert_gemv,
-            stream_quant_gemv, stream_ctas_per_sm, fp8_gemm_.get(), a8_, a8_bytes_};
+    return {cublas,          stream,     dequant_,    dequant_elems_, group_ptrs_host_,
+            group_ptrs_dev_, group_cap_, stream_gemv, tma_experts,    fp8_gemm_.get(),
+            a8_,             a8_bytes_};
   }
 
   // What the forward (engine/cuda/forward.cpp) reads.
@@ -97,9 +97,6 @@ class CudaRank {
   bool fused_rope_attention = true;     ///< CudaBackendOptions::fused_rope_attention
   bool combine_norm_in_qkv = false;     ///< CudaBackendOptions::combine_norm_in_qkv (where qkv is on gemv_stream)
   bool mma_expert_gemv = true;          ///< CudaBackendOptions::mma_expert_gemv
-  bool stream_expert_gemv = false;      ///< CudaBackendOptions::stream_expert_gemv (Hopper)
-  bool stream_quant_gemv = false;       ///< CudaBackendOptions::stream_quant_gemv (Hopper)
-  int stream_ctas_per_sm = 0;           ///< CudaBackendOptions::stream_gemv_ctas_per_sm
   bool w8a8_linear = false;          ///< FP8-block projections on kernels::Fp8BlockGemm (Hopper)
   cublasHandle_t cublas = nullptr;  ///< bound to `stream`, fixed workspace
 

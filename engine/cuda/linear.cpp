@@ -8,7 +8,6 @@
 #include "common/error.h"
 #include "kernels/gemm.cuh"
 #include "kernels/gemv_stream.cuh"
-#include "kernels/moe_gemv_stream.cuh"
 #include "kernels/quant.cuh"
 
 namespace moebatch {
@@ -56,11 +55,6 @@ void linear_any(const GemmContext& g, Out* out, const bf16* in, const DeviceTens
     kernels::gemv_stream(out, in, w.as_bf16(), rows, n, k, g.stream);
     return;
   }
-  if constexpr (std::is_same_v<Out, bf16>)
-    if (rows == 1 && g.stream_quant && kernels::gemv_quant_stream_takes(w.matrix(), in, n, k)) {
-      kernels::gemv_quant_stream(out, in, w.matrix(), n, k, g.stream, g.stream_ctas_per_sm);
-      return;
-    }
   // bf16: cuBLAS; compressed: the decode GEMV for few rows, else decoded into the scratch once
   // and cuBLAS (kernels::quant_linear_path is the one place that chooses)
   kernels::quant_linear(g.cublas, g.stream, out, in, w.matrix(), rows, n, k, g.scratch,
@@ -103,9 +97,7 @@ void expert_gemm(const GemmContext& g, kernels::MoeGemmParams p, const DeviceTen
     case WeightFormat::Int8:
     case WeightFormat::Int4:
       p.weight = w.matrix();  // both kernels decode each codec in registers
-      if (tokens == 1 && g.stream_experts && kernels::moe_gemv_stream_takes(p))
-        kernels::moe_gemv_stream(p, g.stream, g.stream_ctas_per_sm);
-      else if (tokens <= kExpertGemvMaxTokens && p.active_experts != nullptr)
+      if (tokens <= kExpertGemvMaxTokens && p.active_experts != nullptr)
         kernels::moe_gemv(p, tokens, g.stream);
       else if (g.tma_experts && kernels::moe_gemm_tma_takes(p))
         kernels::moe_gemm_tma(p, g.stream);

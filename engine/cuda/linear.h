@@ -33,13 +33,6 @@ struct GemmContext {
   /// Expert GEMMs of decode steps that kernels::moe_gemm_tma takes (bf16, W8A8) on it (the
   /// rank's Hopper GPU has it and moe_wgmma_prepare ran there) instead of moe_gemm.
   bool tma_experts = false;
-  /// One-token expert GEMVs that kernels::moe_gemv_stream takes (4-bit and FP8-block weights)
-  /// on it (prepared there) instead of moe_gemv.
-  bool stream_experts = false;
-  /// One-row projections on compressed weights that kernels::gemv_quant_stream takes (the
-  /// expert stream on one matrix; prepared there) instead of quant_linear's GEMV.
-  bool stream_quant = false;
-  int stream_ctas_per_sm = 0;  ///< both streams' CTAs an SM (0: as many as fit)
   /// Projections on FP8-block weights with block_scales and more than kernels::kGemvMaxRows
   /// rows run W8A8 here (the rows quantized per 1 × 128 into `a8`) but for prefill-sized calls
   /// with inputs wider than 2048 (linear.cpp: measured slower there); null, or those: decoded

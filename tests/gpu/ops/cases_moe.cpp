@@ -10,7 +10,6 @@
 
 #include "kernels/gemm.cuh"
 #include "kernels/moe_gemm.cuh"
-#include "kernels/moe_gemv_stream.cuh"
 #include "kernels/moe_ops.cuh"
 #include "kernels/moe_wgmma.cuh"
 #include "kernels/moe_sorted.cuh"
@@ -433,7 +432,6 @@ class MoeGemmCase final : public OpCase {
     out_ = DevBuf<bf16>(static_cast<size_t>(pairs) * out_cols());
     out_.poison();
     if (s_.tma) kernels::moe_wgmma_prepare();
-    if (s_.stream) kernels::moe_gemv_stream_prepare();
   }
   void run(const OpEnv& env, int iter) override {
     const Routing& r = routings_[iter % s_.routings];
@@ -464,9 +462,7 @@ class MoeGemmCase final : public OpCase {
       p.direct_topk = true;
     }
     p.gemv_cuda_cores = s_.cuda_cores;
-    if (s_.stream)
-      kernels::moe_gemv_stream(p, env.stream, s_.stream_ctas_per_sm);
-    else if (s_.gemv)
+    if (s_.gemv)
       kernels::moe_gemv(p, s_.tokens, env.stream);
     else if (s_.tma)
       kernels::moe_gemm_tma(p, env.stream);
@@ -840,24 +836,17 @@ OpCaseDef moe_gemm_case(const MoeGemmShape& s) {
   MB_CHECK(!s.direct || (s.gemv && s.tokens == 1), "moe_gemm case: direct_topk is moe_gemv's, one token");
   MB_CHECK(!s.cuda_cores || (s.gemv && (s.format == WeightFormat::nvfp4 || s.format == WeightFormat::int4)),
            "moe_gemm case: the CUDA-core walk is the 4-bit moe_gemv's alternative");
-  MB_CHECK(!s.stream || (s.direct && (s.format == WeightFormat::nvfp4 || s.format == WeightFormat::int4 ||
-                                       s.format == WeightFormat::fp8_block)),
-           "moe_gemm case: moe_gemv_stream takes one token's 4-bit and FP8-block experts (direct)");
-  MB_CHECK(s.stream || s.stream_ctas_per_sm == 0, "moe_gemm case: CTAs an SM are the stream's");
-  std::string name =
-      std::string(s.stream ? "moe_gemv_stream" : s.gemv ? "moe_gemv" : s.tma ? "moe_gemm_tma" : s.kernel_name) + " " + stage;
+  std::string name = std::string(s.gemv ? "moe_gemv" : s.tma ? "moe_gemm_tma" : s.kernel_name) + " " + stage;
   if (s.format != WeightFormat::bf16) name += std::string(" ") + weight_format_name(s.format);
   if (s.w8a8) name += " w8a8";
   if (s.direct) name += " direct";
   if (s.cuda_cores) name += " cuda-cores";
-  if (s.stream_ctas_per_sm > 0) name += " " + to_string(s.stream_ctas_per_sm) + "-cta-per-sm";
   OpCaseDef d = op_case_def<MoeGemmCase>(name,
                                          experts(s.tokens, s.experts, s.top_k, s.hot) + " H" + to_string(s.hidden) +
                                              " I" + to_string(s.inter) + (s.active_experts ? " active" : ""),
                                          OpFamily::moe_gemm, tol, s);
   d.format = s.format;
   if (s.tma) d.available = &kernels::moe_gemm_tma_available;
-  if (s.stream) d.available = &kernels::moe_wgmma_available;  // the sm_90a code on a Hopper GPU
   return d;
 }
 

@@ -11,8 +11,6 @@
 #include "engine/hub_tensor.h"
 #include "engine/safetensors.h"
 #include "kernels/gemv_stream.cuh"
-#include "kernels/moe_gemv_stream.cuh"
-#include "kernels/moe_wgmma.cuh"
 #include "kernels/quant.cuh"
 #include "tests/gpu/ops/op_shapes.h"
 #include "tests/gpu/ops/quant_util.h"
@@ -61,10 +59,8 @@ class QuantLinearCase final : public OpCase {
             ? std::max<int64_t>(1, static_cast<int64_t>(std::ceil(s_.rotate_bytes / w_.bytes())))
             : 1;
     for (int64_t j = 1; j < copies; ++j) views_.push_back(copy_weights(views_[0]));
-    if (s_.stream && s_.format == WeightFormat::bf16)
+    if (s_.stream)
       kernels::gemv_stream_prepare();
-    else if (s_.stream)
-      kernels::moe_gemv_stream_prepare();
     else if (path_of(s_) == QuantLinearPath::DequantCublas)
       scratch_ = DevBuf<bf16>(static_cast<size_t>(s_.n) * s_.k);
     const size_t n_out = static_cast<size_t>(s_.m) * s_.n;
@@ -78,10 +74,6 @@ class QuantLinearCase final : public OpCase {
   }
   void run(const OpEnv& env, int iter) override {
     const kernels::QuantMatrix& w = views_[static_cast<size_t>(iter) % views_.size()];
-    if (s_.stream && s_.format != WeightFormat::bf16) {
-      kernels::gemv_quant_stream(out_b_.get(), x_.get(), w, s_.n, s_.k, env.stream, s_.stream_ctas_per_sm);
-      return;
-    }
     if (s_.stream) {
       const auto* wb = static_cast<const bf16*>(w.data);
       if (s_.fp32_out)
@@ -543,29 +535,22 @@ OpCaseDef gemv_combine_norm_case(const GemvCombineNormShape& s) {
 }
 
 OpCaseDef quant_linear_case(const QuantLinearShape& s) {
-  MB_CHECK(!s.stream || (s.format == WeightFormat::bf16 && s.m <= kernels::kGemvMaxRows) ||
-               (s.format != WeightFormat::int8 && s.m == 1 && !s.fp32_out),
-           "quant_linear case: gemv_stream takes bf16 weights and m <= kGemvMaxRows, gemv_quant_stream one "
-           "row of fp8 / nvfp4 / int4 weights to bf16");
-  MB_CHECK(s.stream_ctas_per_sm == 0 || (s.stream && s.format != WeightFormat::bf16),
-           "quant_linear case: CTAs an SM are gemv_quant_stream's");
+  MB_CHECK(!s.stream || (s.format == WeightFormat::bf16 && s.m <= kernels::kGemvMaxRows),
+           "quant_linear case: gemv_stream takes bf16 weights and m <= kGemvMaxRows");
   const bool rounded_weights = !s.stream && path_of(s) == QuantLinearPath::DequantCublas;
   const bool integer = s.format == WeightFormat::int8 || s.format == WeightFormat::int4;
   const double tol = !s.fp32_out ? 1e-2 : rounded_weights ? 5e-3 : integer ? 1e-4 : 1e-5;
   OpCaseDef d = op_case_def<QuantLinearCase>(
-      label(s.stream ? quant_linear_path_name(s) : "quant_linear", s.format,
-            s.fp32_out ? " fp32-out" : " bf16-out") +
-          (s.stream_ctas_per_sm > 0 ? " " + std::to_string(s.stream_ctas_per_sm) + "-cta-per-sm" : ""),
+      label(s.stream ? "gemv_stream" : "quant_linear", s.format,
+            s.fp32_out ? " fp32-out" : " bf16-out"),
       shape_str({{"m", s.m}, {"n", s.n}, {"k", s.k}}), OpFamily::quant, tol, s);
   d.format = s.format;
-  if (s.stream)
-    d.available = s.format == WeightFormat::bf16 ? &kernels::gemv_stream_available : &kernels::moe_wgmma_available;
+  if (s.stream) d.available = &kernels::gemv_stream_available;
   return d;
 }
 
 const char* quant_linear_path_name(const QuantLinearShape& s) {
-  return s.stream ? (s.format == WeightFormat::bf16 ? "gemv_stream" : "gemv_quant_stream")
-                  : kernels::quant_linear_path_name(path_of(s));
+  return s.stream ? "gemv_stream" : kernels::quant_linear_path_name(path_of(s));
 }
 
 OpCaseDef dequantize_case(const DequantizeShape& s) {

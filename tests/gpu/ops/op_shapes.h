@@ -184,10 +184,6 @@ struct MoeGemmShape {
   /// moe_gemv on 4-bit weights with MoeGemmParams::gemv_cuda_cores (their CUDA-core walk
   /// instead of the tensor-core one)
   bool cuda_cores = false;
-  /// one token (direct), 4-bit weights: kernels::moe_gemv_stream (Hopper) instead of moe_gemv
-  bool stream = false;
-  /// the stream's CTAs an SM (0: as many as fit; 1: each CTA walks several tiles through its ring)
-  int stream_ctas_per_sm = 0;
 };
 OpCaseDef moe_gemm_case(const MoeGemmShape& s);
 
@@ -270,11 +266,9 @@ struct QuantLinearShape {
   /// run() rotates over device copies of W covering at least this many bytes (the benchmark:
   /// more than L2 holds, so a GEMV reads HBM); 0: one copy.
   int64_t rotate_bytes = 0;
-  /// bf16, m ≤ 8: kernels::gemv_stream (the persistent bulk-copy GEMV, sm_90a: the row skips
-  /// elsewhere) instead of quant_linear, against the same reference; fp8 / nvfp4 / int4, m 1,
-  /// bf16 out: kernels::gemv_quant_stream (the expert stream on one matrix).
+  /// bf16 only, m ≤ 8: kernels::gemv_stream (the persistent bulk-copy GEMV, sm_90a: the row
+  /// skips elsewhere) instead of quant_linear, against the same reference.
   bool stream = false;
-  int stream_ctas_per_sm = 0;  ///< gemv_quant_stream's CTAs an SM (0: as many as fit)
 };
 OpCaseDef quant_linear_case(const QuantLinearShape& s);
 

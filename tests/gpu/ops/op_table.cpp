@@ -319,7 +319,6 @@ std::vector<OpCaseDef> op_cases_test() {
       {.tokens = 50, .experts = 16, .top_k = 4, .hidden = 128, .inter = 128, .hot = 2},  // a 50-row expert: two passes
       {.tokens = 3, .experts = 8, .top_k = 2, .hidden = 96, .inter = 64},                // k not a multiple of the 256 chunk
       {.tokens = 40, .experts = 8, .top_k = 2, .hidden = 608, .inter = 96, .hot = 1},    // 3 chunks, last partial; 2 passes
-      {.tokens = 1, .experts = 16, .top_k = 4, .hidden = 256, .inter = 128},             // one tile a CTA streamed
       {.tokens = 1, .experts = 64, .top_k = 8, .hidden = 2048, .inter = 768},            // Qwen3 shapes
       {.tokens = 12, .experts = 32, .top_k = 8, .hidden = 2048, .inter = 768, .hot = 7},
   };
@@ -347,17 +346,6 @@ std::vector<OpCaseDef> op_cases_test() {
             s.cuda_cores = true;
             t.push_back(moe_gemm_case(s));
             s.cuda_cores = false;
-          }
-          // one token streamed, 4-bit and FP8 block (k a multiple of 128: both stages of the
-          // Qwen3 shape)
-          if ((format == WeightFormat::nvfp4 || format == WeightFormat::int4 || format == WeightFormat::fp8_block) &&
-              s.tokens == 1 && s.hidden % 128 == 0 && s.inter % 128 == 0) {
-            s.direct = s.stream = true;
-            t.push_back(moe_gemm_case(s));
-            s.stream_ctas_per_sm = 1;  // one CTA an SM: several tiles through each ring
-            t.push_back(moe_gemm_case(s));
-            s.stream_ctas_per_sm = 0;
-            s.direct = s.stream = false;
           }
         }
       }
@@ -496,16 +484,6 @@ std::vector<OpCaseDef> op_cases_test() {
                                    .fp32_out = true,
                                    .format = WeightFormat::bf16,
                                    .stream = true}));
-  // One row of compressed weights streamed the same way (gemv_quant_stream, sm_90a: the expert
-  // stream on one matrix): qkv and o_proj of the 30B shape (several tiles a CTA), fewer tiles than
-  // CTAs (n 48), k 768 (Fp8Block: six 128-blocks a row; down's k). FP8-block o_proj (k 4096) is
-  // past the ring's four-stage limit (moe_gemv_stream.cuh; the engine keeps gemv_quant there): its
-  // case takes the largest k that fits, 3456.
-  for (WeightFormat f : {WeightFormat::fp8_block, WeightFormat::nvfp4, WeightFormat::int4})
-    for (auto [n, k] : {std::pair{5120, 2048}, {2048, f == WeightFormat::fp8_block ? 3456 : 4096}, {48, 256},
-                        {1008, 768}})
-      for (int ctas : {0, 1})  // as many CTAs an SM as fit, and one (more tiles through each ring)
-        t.push_back(quant_linear_case({.m = 1, .n = n, .k = k, .format = f, .stream = true, .stream_ctas_per_sm = ctas}));
   // The one-token combine + add + norm formed inside it (gemv_stream_combine_norm): the 30B
   // layer's qkv (top-8, hidden 2048), the seed class's (hidden 4096: two vectors a thread), top-10
   // with 1 + w, and hidden 520 (fewer vectors than threads; 37 rows).
@@ -650,16 +628,11 @@ std::vector<OpCaseDef> op_cases_bench() {
           if (gemv && B > kernels::kMoeGemvMaxTokens) continue;
           add(B, moe_gemm_case({.tokens = B, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI, .stage = stage,
                                 .active_experts = true, .routings = kRoutings, .format = format, .gemv = gemv}));
-          // 4-bit decode GEMVs also on CUDA cores ("... cuda-cores"), beside the tensor-core walk,
-          // and one token of the compressed formats streamed ("moe_gemv_stream ...")
+          // 4-bit decode GEMVs also on CUDA cores ("... cuda-cores"), beside the tensor-core walk
           if (gemv && (format == WeightFormat::nvfp4 || format == WeightFormat::int4))
             add(B, moe_gemm_case({.tokens = B, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
                                   .stage = stage, .active_experts = true, .routings = kRoutings,
                                   .format = format, .gemv = true, .cuda_cores = true}));
-          if (gemv && format != WeightFormat::bf16 && B == 1)
-            add(B, moe_gemm_case({.tokens = B, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
-                                  .stage = stage, .active_experts = true, .routings = kRoutings,
-                                  .format = format, .gemv = true, .direct = true, .stream = true}));
         }
     // "moe_gemm_tma <stage>" and "... fp8 w8a8": the engine's bf16 and W8A8 paths there on Hopper
     if (B > kernels::kMoeGemvMaxTokens)
@@ -677,17 +650,12 @@ std::vector<OpCaseDef> op_cases_bench() {
     add(B, moe_combine_case({.tokens = B, .top_k = kK, .hidden = kH}));
     // Dense projections in each weight format, named by the path quant_linear takes; run() walks
     // copies of W filling kRotateBytes so the decode GEMV reads HBM, not L2.
-    // One row of the compressed formats also streamed ("... (gemv_quant_stream)").
     for (WeightFormat f : {WeightFormat::bf16, WeightFormat::fp8_block, WeightFormat::nvfp4})
-      for (auto [proj, n, k] : {std::tuple{"qkv", kQkvWidth, kH}, {"o_proj", kH, kNq * kD}})
-        for (bool stream : {false, true}) {
-          if (stream && (B != 1 || f == WeightFormat::bf16)) continue;  // bf16's stream: below
-          if (stream && f == WeightFormat::fp8_block && k > 3456) continue;  // past the ring's limit
-          const QuantLinearShape s{
-              .m = B, .n = n, .k = k, .format = f, .w_scale = 0.02f, .rotate_bytes = kRotateBytes, .stream = stream};
-          add(B, named(quant_linear_case(s), std::string(proj) + " " + weight_format_name(f) + " (" +
-                                                 quant_linear_path_name(s) + ")"));
-        }
+      for (auto [proj, n, k] : {std::tuple{"qkv", kQkvWidth, kH}, {"o_proj", kH, kNq * kD}}) {
+        const QuantLinearShape s{.m = B, .n = n, .k = k, .format = f, .w_scale = 0.02f, .rotate_bytes = kRotateBytes};
+        add(B, named(quant_linear_case(s), std::string(proj) + " " + weight_format_name(f) + " (" +
+                                               quant_linear_path_name(s) + ")"));
+      }
     // FP8 weights as W8A8 on cuBLASLt's block-scaled GEMM (the engine's path past 8 rows on Hopper)
     if (B > 8)
       for (auto [proj, n, k] : {std::tuple{"qkv", kQkvWidth, kH}, {"o_proj", kH, kNq * kD}})
