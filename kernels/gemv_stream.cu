@@ -130,8 +130,10 @@ __device__ __forceinline__ void stream_combine_norm_x(const GemvStreamArgs& a, b
     store8(xs + 8 * v, x);
   }
   // Every consumer has read its residual vectors (their sums are in r): this CTA's ticket. The
-  // last CTA to take one writes the residual back; no CTA reads it after its ticket.
-  if (tid == 0) {
+  // last CTA to take one writes the residual back; no CTA reads it after its ticket. With no
+  // expert rows (top_k 0: the residual already holds the sum) there is nothing to write back.
+  const bool write_back = a.combine.top_k > 0;
+  if (tid == 0 && write_back) {
     __threadfence();
     last = atomicAdd(a.counter, 1u) == gridDim.x - 1 ? 1u : 0u;
     if (last) {
@@ -140,7 +142,7 @@ __device__ __forceinline__ void stream_combine_norm_x(const GemvStreamArgs& a, b
     }
   }
   asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumerThreads) : "memory");
-  if (last) {
+  if (write_back && last) {
 #pragma unroll
     for (int h = 0; h < kHeld; ++h) {
       const int v = tid + h * kConsumerThreads;
@@ -389,9 +391,10 @@ bool gemv_stream_combine_norm_fits(int k) {
 void gemv_stream_combine_norm(bf16* out, const MoeCombineParams& c, const RmsNormParams& norm,
                               unsigned* counter, const bf16* w, int n, int k, cudaStream_t stream) {
   MB_CHECK(k > 0 && k <= kGemvCombineNormMaxK && c.tokens == 1 && c.hidden == k && norm.cols == k &&
-               c.top_k > 0 && c.topk_ids == nullptr,
+               c.top_k >= 0 && c.topk_ids == nullptr,
            "gemv_stream_combine_norm: one token of hidden k <= kGemvCombineNormMaxK, no expert mask");
-  MB_CHECK(c.expert_out && norm.residual && norm.weight && counter, "gemv_stream_combine_norm: null operand");
+  MB_CHECK((c.expert_out || c.top_k == 0) && norm.residual && norm.weight && counter,
+           "gemv_stream_combine_norm: null operand");
   GemvStreamArgs a;
   a.combine = c;
   a.norm = norm;

@@ -53,6 +53,8 @@ bool gemv_stream_combine_norm_fits(int k);
 /// residual — writes residual += the combine back in place. c.tokens == 1, c.hidden == norm.cols
 /// == k, no expert-parallel mask (c.topk_ids null); norm.out is not written. The decode layer's
 /// first norm at batch 1, one launch less on its critical path (docs/design.md, session 19).
+/// c.top_k 0: no expert rows — the residual already holds the sum (moe_gemv_combine) — so x is
+/// the residual's norm, each CTA reads only that row, and nothing is written back (no ticket).
 void gemv_stream_combine_norm(bf16* out, const MoeCombineParams& c, const RmsNormParams& norm,
                               unsigned* counter, const bf16* w, int n, int k, cudaStream_t stream);
 

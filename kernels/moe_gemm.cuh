@@ -100,6 +100,23 @@ constexpr int kMoeGemvMaxTokens = kMoeGemmTileM;
 /// Needs active_experts; `tokens` (the call's token count) bounds the pairs per expert.
 void moe_gemv(const MoeGemmParams& p, int tokens, cudaStream_t stream);
 
+/// Pairs moe_gemv_combine takes at most (a warp each in one block).
+constexpr int kMoeGemvCombineMaxPairs = 16;
+
+/// Whether moe_gemv_combine takes p: one token's down stage (direct_topk, routing_settled, no
+/// SwiGLU, no W8A8, in_row_div 1) of 1..kMoeGemvCombineMaxPairs pairs, `in` 16-byte aligned.
+bool moe_gemv_combine_takes(const MoeGemmParams& p);
+
+/// One token's down GEMV with the MoE combine and the residual add in the same launch:
+/// residual[j] = bf16(residual[j] + bf16(Σ_i weights[i] · y_i[j])) in pair order, y_i = bf16(row j
+/// of pair i's expert · in[i]) — bitwise what moe_gemv's down into expert rows, then
+/// moe_combine_add_rmsnorm's combine and add give (the norm is left to the next launch; p.out is
+/// not written). A block takes the same output rows of every pair, a warp each on moe_gemv's
+/// CUDA-core walk, so the sum over pairs stays in the block. weights: [num_pairs] or nullptr (1).
+/// The experts are read before the kernel's wait (routing_settled: the kernel before must be
+/// launched dependent and wait before it lets this one launch). Requires moe_gemv_combine_takes.
+void moe_gemv_combine(const MoeGemmParams& p, bf16* residual, const float* weights, cudaStream_t stream);
+
 /// The operand checks moe_gemm and moe_gemv share (MB_CHECK messages name `op`).
 void check_moe_gemm_params(const MoeGemmParams& p, const char* op);
 

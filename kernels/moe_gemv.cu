@@ -146,6 +146,53 @@ __global__ void __launch_bounds__(kWarps * 32, 5) moe_gemv_mma_kernel(MoeGemmPar
   }
 }
 
+// moe_gemv_combine: block b takes output rows j0 = b·R.. of every pair, warp i pair i (expert
+// topk_ids[i] from sorted_ids, its input row in[i]), on the walk of moe_gemv_kernel; each pair's
+// sums are rounded to bf16 as moe_gemv stores them, then R threads sum over pairs in pair order
+// and add the residual as moe_combine_add_rmsnorm does (kernels/moe_combine_device.cuh).
+template <WeightCodec C, int R>
+__global__ void __launch_bounds__(kMoeGemvCombineMaxPairs * 32) moe_gemv_combine_kernel(MoeGemmParams p, bf16* residual,
+                                                                                       const float* weights) {
+  __shared__ float ys[kMoeGemvCombineMaxPairs][R];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int j0 = blockIdx.x * R;
+  // The routing is settled (two launches back) but read from L2: this SM's L1 may hold older lines.
+  const int e = __ldcg(p.sorted_ids + warp);
+  int rows[R];  // rows past n (last block) read row n - 1 and are not stored
+#pragma unroll
+  for (int r = 0; r < R; ++r) rows[r] = e * p.n + min(j0 + r, p.n - 1);
+  const bf16* xrows[1] = {p.in + static_cast<size_t>(warp) * p.k};
+  float acc[R][1];
+  gemv_rows<C, 1, R>(p.weight, p.k, rows, xrows, 1, acc);  // waits after its first weight loads
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    float v = warp_sum(acc[r][0]);
+    if constexpr (C == WeightCodec::Nvfp4) v *= __ldg(p.weight.row_scales + rows[r]);
+    if (lane == 0) ys[warp][r] = __bfloat162float(__float2bfloat16_rn(v));
+  }
+  __syncthreads();
+  const int j = j0 + static_cast<int>(threadIdx.x);
+  if (threadIdx.x >= R || j >= p.n) return;
+  float o = 0.f;
+  for (int i = 0; i < p.num_pairs; ++i) o += (weights ? weights[i] : 1.f) * ys[i][threadIdx.x];
+  o = __bfloat162float(__float2bfloat16(o));
+  residual[j] = __float2bfloat16(__bfloat162float(residual[j]) + o);
+}
+
+template <WeightCodec C>
+void launch_combine(const MoeGemmParams& p, bf16* residual, const float* weights, cudaStream_t stream) {
+  // rows per warp as launch_m picks them for one token's down stage (no second-wave check: the
+  // grid here is n / R blocks of num_pairs warps, the same warps as moe_gemv's)
+  const int per_lane = CEIL_DIV(p.k / codec_granule(C), 32);
+  const int threads = 32 * p.num_pairs;
+  if (per_lane >= 8)
+    launch_dependent(moe_gemv_combine_kernel<C, 1>, p.n, threads, 0, stream, p, residual, weights);
+  else if (per_lane >= 4)
+    launch_dependent(moe_gemv_combine_kernel<C, 2>, CEIL_DIV(p.n, 2), threads, 0, stream, p, residual, weights);
+  else
+    launch_dependent(moe_gemv_combine_kernel<C, 4>, CEIL_DIV(p.n, 4), threads, 0, stream, p, residual, weights);
+}
+
 template <int R, bool kSilu>
 dim3 gemv_grid(const MoeGemmParams& p) {
   constexpr int kOut = kSilu ? R / 2 : R;
@@ -218,6 +265,28 @@ void launch_codec(const MoeGemmParams& p, int tokens, cudaStream_t stream) {
 
 }  // namespace
 
+bool moe_gemv_combine_takes(const MoeGemmParams& p) {
+  return p.direct_topk && p.routing_settled && !p.silu_gate_up && !p.in_fp8 && p.in_row_div == 1 &&
+         p.num_pairs >= 1 && p.num_pairs <= kMoeGemvCombineMaxPairs && p.num_pairs <= p.num_experts &&
+         aligned16(p.in);
+}
+
+void moe_gemv_combine(const MoeGemmParams& p, bf16* residual, const float* weights, cudaStream_t stream) {
+  check_moe_gemm_params(p, "moe_gemv_combine");
+  MB_CHECK(moe_gemv_combine_takes(p),
+           "moe_gemv_combine: needs one token's down stage (direct_topk, routing_settled, no SwiGLU or W8A8, "
+           "in_row_div 1) of 1..kMoeGemvCombineMaxPairs pairs and a 16-byte aligned input");
+  MB_CHECK(residual != nullptr, "moe_gemv_combine: null residual");
+  switch (p.weight.codec) {
+    case WeightCodec::Bf16: launch_combine<WeightCodec::Bf16>(p, residual, weights, stream); break;
+    case WeightCodec::Fp8Block: launch_combine<WeightCodec::Fp8Block>(p, residual, weights, stream); break;
+    case WeightCodec::Nvfp4: launch_combine<WeightCodec::Nvfp4>(p, residual, weights, stream); break;
+    case WeightCodec::Int8: launch_combine<WeightCodec::Int8>(p, residual, weights, stream); break;
+    case WeightCodec::Int4: launch_combine<WeightCodec::Int4>(p, residual, weights, stream); break;
+  }
+  CUDA_CHECK_LAST();
+}
+
 void moe_gemv(const MoeGemmParams& p, int tokens, cudaStream_t stream) {
   check_moe_gemm_params(p, "moe_gemv");
   MB_CHECK(tokens >= 1 && tokens <= kMoeGemvMaxTokens,
@@ -226,7 +295,7 @@ void moe_gemv(const MoeGemmParams& p, int tokens, cudaStream_t stream) {
   MB_CHECK(!p.direct_topk || (tokens == 1 && p.num_pairs <= p.num_experts),
            "moe_gemv: direct_topk is for one token's pairs");
   if (p.num_pairs == 0) return;
-  switch (p.weight.codec) {  // the codec picks a kernel here and in moe_gemm only
+  switch (p.weight.codec) {  // the codec picks a kernel here, in moe_gemv_combine and in moe_gemm only
     case WeightCodec::Bf16:
       launch_codec<WeightCodec::Bf16>(p, tokens, stream);
       break;

@@ -191,10 +191,11 @@ void moe_combine(const MoeCombineParams& p, cudaStream_t stream) {
 
 void moe_combine_add_rmsnorm(const MoeCombineParams& c, const RmsNormParams& n,
                              cudaStream_t stream) {
-  MB_CHECK(c.hidden > 0 && c.hidden % 8 == 0 && c.top_k > 0 && c.tokens >= 0,
+  MB_CHECK(c.hidden > 0 && c.hidden % 8 == 0 && c.top_k >= 0 && c.tokens >= 0,
            "moe_combine_add_rmsnorm: bad shape");
   MB_CHECK(n.rows == c.tokens && n.cols == c.hidden, "moe_combine_add_rmsnorm: norm shape differs");
-  MB_CHECK(c.expert_out && n.residual && n.out && n.weight, "moe_combine_add_rmsnorm: null operand");
+  MB_CHECK((c.expert_out || c.top_k == 0) && n.residual && n.out && n.weight,
+           "moe_combine_add_rmsnorm: null operand");
   MB_CHECK(n.out != n.residual, "moe_combine_add_rmsnorm: out may not alias the residual");
   MB_CHECK(!c.topk_ids || (c.expert0 >= 0 && c.num_local > 0),
            "moe_combine_add_rmsnorm: bad expert range");

@@ -48,7 +48,8 @@ void moe_combine(const MoeCombineParams& p, cudaStream_t stream);
 /// o = bf16(Σ_j w · y) as moe_combine rounds it, norm.residual = bf16(norm.residual + o) in place
 /// and norm.out = rmsnorm(residual) · (weight_offset + weight) — bitwise what moe_combine into a
 /// buffer then add_rmsnorm of it give. c.out and norm.in are unused; norm.rows == c.tokens,
-/// norm.cols == c.hidden.
+/// norm.cols == c.hidden. c.top_k 0: no expert rows (moe_gemv_combine added them into the
+/// residual already): the residual's norm alone.
 void moe_combine_add_rmsnorm(const MoeCombineParams& c, const RmsNormParams& norm,
                              cudaStream_t stream);
 

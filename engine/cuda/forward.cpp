@@ -162,7 +162,8 @@ struct Step {
 // the ranks first: in the same launch as the add and the norm through the peer-to-peer
 // all-reduce when the message fits its workspace, else NCCL in place before the add + norm.
 // With a pending combine (one rank, routed experts only: moe() left B.o unformed) the branch is
-// that combine's sum, formed in the same launch as the add and the norm.
+// that combine's sum, formed in the same launch as the add and the norm (top_k 0: the down GEMV
+// already added it into B.x, the norm alone).
 void norm(const Step& s, bf16* branch, const DeviceTensor& w,
           std::optional<k::MoeCombineParams>& pending) {
   k::RmsNormParams p = s.norm;
@@ -199,7 +200,8 @@ void norm(const Step& s, bf16* branch, const DeviceTensor& w,
 // Full attention of this rank's heads: B.o = o_proj(attention(qkv(B.h))), a partial sum over
 // heads when world > 1. Every token's k/v go to its paged slot before anyone attends. With
 // `combine_norm` the layer's norm was left to the qkv GEMV: it forms B.h's one row itself from
-// that pending combine, the residual B.x and L.input_norm (combine_norm_in_qkv).
+// that pending combine, the residual B.x and L.input_norm (combine_norm_in_qkv; or, with top_k 0,
+// from B.x alone: combine_in_down).
 void attention(const Step& s, const DeviceLayerWeights& L, const DeviceKvCache& kv, int64_t kv_layer,
                const k::MoeCombineParams* combine_norm = nullptr) {
   const StepBuffers& B = s.B;
@@ -426,6 +428,15 @@ std::optional<k::MoeCombineParams> moe(const Step& s, const DeviceLayerWeights& 
       down.in_fp8 = a.data;
       down.in_scales = a.scales;
     }
+    // One token of one rank: the down GEMV adds the combine into the residual itself; what is
+    // left pending is the next norm alone (top_k 0: no expert rows to sum)
+    if (defer && s.r.combine_in_down && s.n == 1 &&
+        expert_gemv_combine(s.gemm, down, L.w_down, B.x, B.topk_weights)) {
+      s.mark("moe_gemv_down_combine");
+      combine.top_k = 0;
+      combine.expert_out = nullptr;
+      return combine;
+    }
     expert_gemm(s.gemm, down, L.w_down, s.n);
     s.mark("moe_gemm_down");
   }
@@ -481,9 +492,11 @@ void cuda_forward(const ModelConfig& cfg, CudaRank& r, const StepShape& shape, S
     const DeviceLayerWeights& L = W.layers[static_cast<size_t>(l)];
 
     // mixer norm; from layer 1 on fused with the all-reduce and residual add of the previous
-    // MLP output — or, for one token's pending combine, formed inside the qkv GEMV
-    const bool norm_in_qkv = pending && r.combine_norm_in_qkv && kind.mixer == MixerKind::FullAttention &&
-                             linear_on_gemv_stream(s.gemm, L.wqkv, s.n) && k::gemv_stream_combine_norm_fits(s.H);
+    // MLP output — or, for one token's pending combine, formed inside the qkv GEMV (always when
+    // the down GEMV already added the combine: each CTA then reads one row)
+    const bool norm_in_qkv = pending && (r.combine_norm_in_qkv || pending->top_k == 0) &&
+                             kind.mixer == MixerKind::FullAttention && linear_on_gemv_stream(s.gemm, L.wqkv, s.n) &&
+                             k::gemv_stream_combine_norm_fits(s.H);
     if (!norm_in_qkv) norm(s, l == 0 ? nullptr : B.o, L.input_norm, pending);
 
     // token mixer → B.o (this rank's partial when world > 1)

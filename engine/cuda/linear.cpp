@@ -110,6 +110,16 @@ void expert_gemm(const GemmContext& g, kernels::MoeGemmParams p, const DeviceTen
   no_kernel("expert_gemm", w.format);
 }
 
+bool expert_gemv_combine(const GemmContext& g, kernels::MoeGemmParams p, const DeviceTensor& w, bf16* residual,
+                         const float* weights) {
+  if (w.format == WeightFormat::F32 || !kernels::moe_gemv_combine_takes(p)) return false;
+  MB_CHECK(w.shape.size() == 3 && w.shape[0] == p.num_experts && w.shape[1] == p.n && w.shape[2] == p.k,
+           "expert_gemv_combine: weights must be [num_experts, n, k]");
+  p.weight = w.matrix();
+  kernels::moe_gemv_combine(p, residual, weights, g.stream);
+  return true;
+}
+
 namespace {
 
 // A many-token expert stage's weights: the stack's [experts, n, k] and how many of its experts

@@ -62,6 +62,13 @@ bool linear_on_gemv_stream(const GemmContext& g, const DeviceTensor& w, int rows
 /// (bf16, W8A8), else kernels::moe_gemm.
 void expert_gemm(const GemmContext& g, kernels::MoeGemmParams p, const DeviceTensor& w, int tokens);
 
+/// One token's down stage with the MoE combine and the residual add in the same launch
+/// (kernels::moe_gemv_combine: residual += bf16(Σ weights[i] · y_i), bitwise the separate
+/// path's), where that kernel takes `p` on the weights `w` [E, n, k]; false (nothing launched)
+/// where it does not.
+bool expert_gemv_combine(const GemmContext& g, kernels::MoeGemmParams p, const DeviceTensor& w, bf16* residual,
+                         const float* weights);
+
 /// Expert GEMMs of a many-token step on rows in moe_align's sorted order: for each expert e
 /// with rows, out[offsets[e] .. offsets[e+1]) = in[same rows] · w[e]ᵀ (bf16: one cuBLAS grouped
 /// GEMM over the experts, pointer region `stage`; compressed weights: quant_linear per expert,

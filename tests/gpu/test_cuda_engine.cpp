@@ -341,18 +341,16 @@ TEST_P(CudaFixture, W8a8ProjectionsMatchDecodedWeights) {
   EXPECT_GT(*std::max_element(errs.begin(), errs.end()), 0.0) << "W8A8 projections did not run";
 }
 
-// One-token decode steps with the pending MoE combine + add + norm formed inside the qkv GEMV
-// (CudaBackendOptions::combine_norm_in_qkv) against the same model with its one-block launch:
-// the decode logits of two sequences run one after the other (batch 1), within bf16 tolerance
-// (the norm's sum of squares is taken in another order), by the 3-in-4 rule (router near-ties).
-TEST_P(CudaFixture, CombineNormInQkvMatchesSeparateLaunch) {
-  if (!kernels::gemv_stream_available(0)) GTEST_SKIP() << "gemv_stream needs a Hopper GPU and sm_90a code";
+// One-token decode steps with a fused form of the MoE combine + add + norm against the same
+// model with its one-block launch: the decode logits of two sequences run one after the other
+// (batch 1), within bf16 tolerance (the norm's sum of squares is taken in another order, and
+// 4-bit down GEMVs leave the tensor-core walk), by the 3-in-4 rule (router near-ties).
+void expect_fused_combine_matches(const std::string& fixture, const CudaBackendOptions& fused,
+                                  const std::string& what) {
   std::mt19937 rng(std::random_device{}());
   EngineOptions eo{.max_num_seqs = 8, .max_num_batched_tokens = 64};
-  CudaBackendOptions fused = small_options();
-  fused.combine_norm_in_qkv = true;
-  Engine a(std::make_unique<CudaBackend>(fixture_path(GetParam()), fused), eo);
-  Engine b(std::make_unique<CudaBackend>(fixture_path(GetParam()), small_options()), eo);
+  Engine a(std::make_unique<CudaBackend>(fixture_path(fixture), fused), eo);
+  Engine b(std::make_unique<CudaBackend>(fixture_path(fixture), small_options()), eo);
   const int64_t V = a.config().vocab_size;
   std::vector<double> errs;
   for (uint64_t id : {1, 2}) {
@@ -368,8 +366,23 @@ TEST_P(CudaFixture, CombineNormInQkvMatchesSeparateLaunch) {
     const auto e = row_errors(la, lb, V);
     errs.insert(errs.end(), e.begin(), e.end());
   }
-  expect_rows_close(errs, GetParam() == "qwen3_dense_tiny", GetParam() + " combine + norm in qkv vs launch",
-                    w8a8_tol(GetParam()));
+  expect_rows_close(errs, fixture == "qwen3_dense_tiny", fixture + " " + what, w8a8_tol(fixture));
+}
+
+// The pending combine + add + norm formed inside the qkv GEMV (combine_norm_in_qkv).
+TEST_P(CudaFixture, CombineNormInQkvMatchesSeparateLaunch) {
+  if (!kernels::gemv_stream_available(0)) GTEST_SKIP() << "gemv_stream needs a Hopper GPU and sm_90a code";
+  CudaBackendOptions fused = small_options();
+  fused.combine_norm_in_qkv = true;
+  expect_fused_combine_matches(GetParam(), fused, "combine + norm in qkv vs launch");
+}
+
+// The combine + add inside the down GEMV, the norm in the qkv GEMV where that is gemv_stream and
+// in its own launch elsewhere (combine_in_down; every GPU).
+TEST_P(CudaFixture, CombineInDownMatchesSeparateLaunch) {
+  CudaBackendOptions fused = small_options();
+  fused.combine_in_down = true;
+  expect_fused_combine_matches(GetParam(), fused, "combine in down vs launch");
 }
 
 // Logits of each decode step (paged cache, decode kernel, graphs) against a full recompute of

@@ -432,8 +432,53 @@ class MoeGemmCase final : public OpCase {
     out_ = DevBuf<bf16>(static_cast<size_t>(pairs) * out_cols());
     out_.poison();
     if (s_.tma) kernels::moe_wgmma_prepare();
+    if (s_.combine) {
+      // the residual about as large as the sum, so that its rounding shows the sum's error
+      residual_ = RandomBf16(static_cast<size_t>(H), 0.5f, rng, env.stream);
+      std::uniform_real_distribution<float> u(0.05f, 0.3f);
+      pair_w_.resize(static_cast<size_t>(pairs));
+      for (float& w : pair_w_) w = u(rng);
+      pair_w_dev_ = DevBuf<float>(pair_w_);
+    }
   }
   void run(const OpEnv& env, int iter) override {
+    const kernels::MoeGemmParams p = params(iter);
+    if (s_.combine)
+      kernels::moe_gemv_combine(p, residual_.get(), pair_w_dev_.get(), env.stream);
+    else if (s_.gemv)
+      kernels::moe_gemv(p, s_.tokens, env.stream);
+    else if (s_.tma)
+      kernels::moe_gemm_tma(p, env.stream);
+    else
+      s_.kernel(p, env.stream);
+  }
+  OpCheck check(const OpEnv& env, double tol) override {
+    const std::vector<double> ref = reference(env);
+    OpCheck c;
+    if (s_.combine) {
+      check_combine(env, ref, tol, c);
+      return c;
+    }
+    c.rel_l2("out", to_float(out_.download<uint16_t>()), ref, tol);  // tolerance: moe_gemm_case
+    return c;
+  }
+  // weights of the experts hit once (at their stored size), input rows read, output rows written
+  double bytes() const override {
+    const double pairs = static_cast<double>(s_.tokens) * s_.top_k, H = s_.hidden, I = s_.inter;
+    if (s_.combine) return hit_ * expert_bytes_ + 2.0 * pairs * I + 4.0 * H;
+    if (!gate()) return hit_ * expert_bytes_ + 2.0 * pairs * I + 2.0 * pairs * H;
+    return hit_ * expert_bytes_ + 2.0 * s_.tokens * H + 2.0 * pairs * out_cols();
+  }
+  double flops() const override { return 2.0 * s_.tokens * s_.top_k * 2 * s_.inter * s_.hidden / (gate() ? 1 : 2); }
+  std::string note() const override {
+    char b[32];
+    std::snprintf(b, sizeof b, "experts hit %.1f", hit_);
+    return b;
+  }
+
+ private:
+  static constexpr int kA8Group = kernels::kMoeGemmA8Group;
+  kernels::MoeGemmParams params(int iter) const {
     const Routing& r = routings_[iter % s_.routings];
     kernels::MoeGemmParams p;
     p.sorted_ids = r.sorted.get();
@@ -462,14 +507,11 @@ class MoeGemmCase final : public OpCase {
       p.direct_topk = true;
     }
     p.gemv_cuda_cores = s_.cuda_cores;
-    if (s_.gemv)
-      kernels::moe_gemv(p, s_.tokens, env.stream);
-    else if (s_.tma)
-      kernels::moe_gemm_tma(p, env.stream);
-    else
-      s_.kernel(p, env.stream);
+    p.routing_settled = s_.combine;  // the routing is the case's, complete before any launch
+    return p;
   }
-  OpCheck check(const OpEnv& env, double tol) override {
+  // fp64 out [pairs, n_out] of the shape's stage on the weights as decoded
+  std::vector<double> reference(const OpEnv& env) const {
     const int I = s_.inter, K = s_.top_k, pairs = s_.tokens * K, n_out = out_cols();
     const size_t k = gate() ? s_.hidden : I, rows = gate() ? 2 * I : s_.hidden;
     const std::vector<uint16_t> wb = s_.format == WeightFormat::bf16 ? weight_.original(env.stream) : std::vector<uint16_t>{};
@@ -503,25 +545,39 @@ class MoeGemmCase final : public OpCase {
         }
       }
     });
-    OpCheck c;
-    c.rel_l2("out", to_float(out_.download<uint16_t>()), ref, tol);  // tolerance: moe_gemm_case
-    return c;
+    return ref;
   }
-  // weights of the experts hit once (at their stored size), input rows read, output rows written
-  double bytes() const override {
-    const double pairs = static_cast<double>(s_.tokens) * s_.top_k, H = s_.hidden, I = s_.inter;
-    if (!gate()) return hit_ * expert_bytes_ + 2.0 * pairs * I + 2.0 * pairs * H;
-    return hit_ * expert_bytes_ + 2.0 * s_.tokens * H + 2.0 * pairs * out_cols();
+  // moe_gemv_combine: the residual bitwise equal to the separate launches' (moe_gemv on the same
+  // CUDA-core walk into expert rows, moe_combine_add_rmsnorm's combine and add, run here on a
+  // copy of the original residual), and the residual's change against the fp64 sum of the
+  // pairs' rows (within the bf16 roundings of each row, the sum and the add: 1e-2)
+  void check_combine(const OpEnv& env, const std::vector<double>& ref, double tol, OpCheck& c) {
+    const int H = s_.hidden, pairs = s_.tokens * s_.top_k;
+    const std::vector<uint16_t> res0 = residual_.original(env.stream), got = residual_.current();
+    kernels::MoeGemmParams p = params(0);
+    p.gemv_cuda_cores = true;
+    kernels::moe_gemv(p, 1, env.stream);
+    DevBuf<bf16> res_sep(res0), normed(static_cast<size_t>(H));
+    DevBuf<bf16> norm_w(std::vector<uint16_t>(static_cast<size_t>(H), 0x3f80));  // 1.0
+    kernels::MoeCombineParams cp{.out = nullptr, .expert_out = out_.get(), .weights = pair_w_dev_.get(),
+                                 .tokens = 1, .top_k = pairs, .hidden = H};
+    kernels::RmsNormParams np;
+    np.residual = res_sep.get();
+    np.out = normed.get();
+    np.weight = norm_w.get();
+    np.rows = 1;
+    np.cols = H;
+    np.eps = 1e-6f;
+    kernels::moe_combine_add_rmsnorm(cp, np, env.stream);
+    CUDA_CHECK(cudaStreamSynchronize(env.stream));
+    c.equal("residual vs moe_gemv + moe_combine_add_rmsnorm", got, res_sep.download<uint16_t>());
+    std::vector<double> sum(static_cast<size_t>(H), 0.0);
+    for (int i = 0; i < pairs; ++i)
+      for (int j = 0; j < H; ++j) sum[j] += pair_w_[i] * ref[static_cast<size_t>(i) * H + j];
+    std::vector<float> delta(static_cast<size_t>(H));
+    for (int j = 0; j < H; ++j) delta[j] = bf2f(got[j]) - bf2f(res0[j]);
+    c.rel_l2("residual change vs fp64 combine", delta, sum, std::max(tol, 1e-2));
   }
-  double flops() const override { return 2.0 * s_.tokens * s_.top_k * 2 * s_.inter * s_.hidden / (gate() ? 1 : 2); }
-  std::string note() const override {
-    char b[32];
-    std::snprintf(b, sizeof b, "experts hit %.1f", hit_);
-    return b;
-  }
-
- private:
-  static constexpr int kA8Group = kernels::kMoeGemmA8Group;
   bool gate() const { return s_.stage != MoeGemmStage::down; }
   size_t in_rows() const { return static_cast<size_t>(gate() ? s_.tokens : s_.tokens * s_.top_k); }
   int out_cols() const {
@@ -544,6 +600,9 @@ class MoeGemmCase final : public OpCase {
   DevBuf<uint8_t> in_q_;       // W8A8: e4m3 input rows and their scales
   DevBuf<float> in_s_;
   DevBuf<bf16> out_;
+  RandomBf16 residual_;        // combine: [hidden], changed in place
+  std::vector<float> pair_w_;  // combine: the pairs' weights
+  DevBuf<float> pair_w_dev_;
 };
 
 // Sorted rows [cap, k] (every row random, padding rows too) and stacked bf16 weights [E, n, k];
@@ -836,7 +895,12 @@ OpCaseDef moe_gemm_case(const MoeGemmShape& s) {
   MB_CHECK(!s.direct || (s.gemv && s.tokens == 1), "moe_gemm case: direct_topk is moe_gemv's, one token");
   MB_CHECK(!s.cuda_cores || (s.gemv && (s.format == WeightFormat::nvfp4 || s.format == WeightFormat::int4)),
            "moe_gemm case: the CUDA-core walk is the 4-bit moe_gemv's alternative");
-  std::string name = std::string(s.gemv ? "moe_gemv" : s.tma ? "moe_gemm_tma" : s.kernel_name) + " " + stage;
+  MB_CHECK(!s.combine || (s.stage == MoeGemmStage::down && s.gemv && s.direct && s.active_experts && !s.w8a8 &&
+                          !s.cuda_cores && s.top_k <= kernels::kMoeGemvCombineMaxPairs),
+           "moe_gemm case: moe_gemv_combine is one token's down stage (direct, the active list for its check)");
+  std::string name =
+      std::string(s.combine ? "moe_gemv_combine" : s.gemv ? "moe_gemv" : s.tma ? "moe_gemm_tma" : s.kernel_name) +
+      " " + stage;
   if (s.format != WeightFormat::bf16) name += std::string(" ") + weight_format_name(s.format);
   if (s.w8a8) name += " w8a8";
   if (s.direct) name += " direct";

@@ -184,6 +184,10 @@ struct MoeGemmShape {
   /// moe_gemv on 4-bit weights with MoeGemmParams::gemv_cuda_cores (their CUDA-core walk
   /// instead of the tensor-core one)
   bool cuda_cores = false;
+  /// down, one token (direct): kernels::moe_gemv_combine — the pairs' rows summed with random
+  /// weights into a residual in place — checked bitwise against moe_gemv (CUDA-core walk) then
+  /// moe_combine_add_rmsnorm on the GPU, and the sum against fp64
+  bool combine = false;
 };
 OpCaseDef moe_gemm_case(const MoeGemmShape& s);
 

@@ -349,6 +349,18 @@ std::vector<OpCaseDef> op_cases_test() {
           }
         }
       }
+  // One token's down GEMV with the MoE combine and the residual add in it (moe_gemv_combine):
+  // the Qwen3 shape, top-10 (Qwen3-Next's), and k 64 (a lane's one granule), in every format.
+  for (WeightFormat format : {WeightFormat::bf16, WeightFormat::fp8_block, WeightFormat::nvfp4,
+                              WeightFormat::int8, WeightFormat::int4})
+    for (MoeGemmShape s : {MoeGemmShape{.tokens = 1, .experts = 64, .top_k = 8, .hidden = 2048, .inter = 768},
+                           MoeGemmShape{.tokens = 1, .experts = 32, .top_k = 10, .hidden = 512, .inter = 256},
+                           MoeGemmShape{.tokens = 1, .experts = 16, .top_k = 4, .hidden = 256, .inter = 64}}) {
+      s.stage = MoeGemmStage::down;
+      s.active_experts = s.gemv = s.direct = s.combine = true;
+      s.format = format;
+      t.push_back(moe_gemm_case(s));
+    }
   // The bf16 tiled GEMM on TMA + wgmma (Hopper) on the same shapes: partial 64-row boxes (I 64
   // and 96 with SiLU, H 96 and 608 down), k past the last 64-input stage (96, 608), hot experts
   // over two passes of 32 pairs, and the Qwen3 shapes with more tiles than CTAs (each CTA's ring
@@ -633,6 +645,11 @@ std::vector<OpCaseDef> op_cases_bench() {
             add(B, moe_gemm_case({.tokens = B, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
                                   .stage = stage, .active_experts = true, .routings = kRoutings,
                                   .format = format, .gemv = true, .cuda_cores = true}));
+          // one token's down with the combine and the residual add ("moe_gemv_combine down ...")
+          if (gemv && B == 1 && stage == MoeGemmStage::down)
+            add(B, moe_gemm_case({.tokens = B, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
+                                  .stage = stage, .active_experts = true, .routings = kRoutings,
+                                  .format = format, .gemv = true, .direct = true, .combine = true}));
         }
     // "moe_gemm_tma <stage>" and "... fp8 w8a8": the engine's bf16 and W8A8 paths there on Hopper
     if (B > kernels::kMoeGemvMaxTokens)
