@@ -21,7 +21,8 @@
 #   the engine tests, the moe_wgmma rows and the 30B engine benchmark.
 # `decode`: the decode step's op cases (moe_gemv, decode attention, router, rope, combine), the
 #   engine tests, batch 1 / 256 for each of DECODE_VARIANTS (default: default combine default
-#   combine; also unfused = --disable-fused-rope, combine = --combine-norm-in-qkv), and the step
+#   combine; also unfused = --disable-fused-rope, combine = --combine-norm-in-qkv, cid =
+#   --combine-in-down), and the step
 #   trace at batch 1 (with TRACE_FLAGS).
 # `gemv4`: the 4-bit expert GEMVs on tensor cores against their CUDA-core walk: op cases, engine
 #   tests, the moe_gemv kernel rows (batch 1), the 30B step at batches 1 and 8 (GEMV4_BATCHES) for each of
@@ -200,6 +201,7 @@ if [ "$WHAT" = decode ]; then
   run_gpu_tests '*moe_gemv*:*attn_decode*:*route*:*rope*:*combine*'
   for v in ${DECODE_VARIANTS:-default combine default combine}; do
     flag=""; [ $v = unfused ] && flag=--disable-fused-rope; [ $v = combine ] && flag=--combine-norm-in-qkv
+    [ $v = cid ] && flag=--combine-in-down
     MOEBATCH_BENCH_BATCHES=1,256 timeout 130 ./build-dev/moebatch_bench_engine_cuda $flag "/tmp/bench_engine_$v.json" \
       > /tmp/bench_engine_$v.log 2>&1
     echo "bench $v rc=$?"; cat /tmp/bench_engine_$v.log >> "$OUT/bench_engine_decode.log"
