@@ -52,7 +52,7 @@ __device__ __forceinline__ void combine8(const MoeCombineParams& p, size_t t, in
       float v[8];
       unpack8(y[b], v);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) acc[i] += w[b] * v[i];
+      for (int i = 0; i < 8; ++i) acc[i] = fmaf(w[b], v[i], acc[i]);  // moe_gemv_combine sums alike
     }
   }
 }

@@ -153,7 +153,7 @@ __global__ void __launch_bounds__(kWarps * 32, 5) moe_gemv_mma_kernel(MoeGemmPar
 template <WeightCodec C, int R>
 __global__ void __launch_bounds__(kMoeGemvCombineMaxPairs * 32) moe_gemv_combine_kernel(MoeGemmParams p, bf16* residual,
                                                                                        const float* weights) {
-  __shared__ float ys[kMoeGemvCombineMaxPairs][R];
+  __shared__ float ys[kMoeGemvCombineMaxPairs][R], wt[kMoeGemvCombineMaxPairs];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int j0 = blockIdx.x * R;
   // The routing is settled (two launches back) but read from L2: this SM's L1 may hold older lines.
@@ -170,13 +170,18 @@ __global__ void __launch_bounds__(kMoeGemvCombineMaxPairs * 32) moe_gemv_combine
     if constexpr (C == WeightCodec::Nvfp4) v *= __ldg(p.weight.row_scales + rows[r]);
     if (lane == 0) ys[warp][r] = __bfloat162float(__float2bfloat16_rn(v));
   }
-  __syncthreads();
+  // past the wait (in gemv_rows): each warp's pair weight, and the residual rows, requested
+  // before the block meets
+  if (lane == 0) wt[warp] = weights ? weights[warp] : 1.f;
   const int j = j0 + static_cast<int>(threadIdx.x);
-  if (threadIdx.x >= R || j >= p.n) return;
+  const bool mine = threadIdx.x < R && j < p.n;
+  const float res = mine ? __bfloat162float(residual[j]) : 0.f;
+  __syncthreads();
+  if (!mine) return;
   float o = 0.f;
-  for (int i = 0; i < p.num_pairs; ++i) o += (weights ? weights[i] : 1.f) * ys[i][threadIdx.x];
+  for (int i = 0; i < p.num_pairs; ++i) o = fmaf(wt[i], ys[i][threadIdx.x], o);  // combine8's order
   o = __bfloat162float(__float2bfloat16(o));
-  residual[j] = __float2bfloat16(__bfloat162float(residual[j]) + o);
+  residual[j] = __float2bfloat16(res + o);
 }
 
 template <WeightCodec C>

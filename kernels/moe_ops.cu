@@ -84,7 +84,7 @@ __global__ void __launch_bounds__(kThreads) moe_combine_add_rmsnorm_kernel(MoeCo
   float ss = 0.f;
   const auto add = [&](int i, float r[8]) {  // r = bf16(residual + bf16(combined)), stored back
     combine_add8<kMasked, kBatch>(c, t, 8 * i, res + 8 * i, r, ss);
-    store8(res + 8 * i, r);
+    if (c.top_k > 0) store8(res + 8 * i, r);  // top_k 0: the residual already is the sum
   };
   float held[kHeld + 1][8];
 #pragma unroll

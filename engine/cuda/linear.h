@@ -63,9 +63,9 @@ bool linear_on_gemv_stream(const GemmContext& g, const DeviceTensor& w, int rows
 void expert_gemm(const GemmContext& g, kernels::MoeGemmParams p, const DeviceTensor& w, int tokens);
 
 /// One token's down stage with the MoE combine and the residual add in the same launch
-/// (kernels::moe_gemv_combine: residual += bf16(Σ weights[i] · y_i), bitwise the separate
-/// path's), where that kernel takes `p` on the weights `w` [E, n, k]; false (nothing launched)
-/// where it does not.
+/// (kernels::moe_gemv_combine: residual += bf16(Σ weights[i] · y_i), bitwise the separate path's
+/// on the CUDA-core walk — 4-bit experts leave their tensor-core walk here), where that kernel
+/// takes `p` on the weights `w` [E, n, k]; false (nothing launched) where it does not.
 bool expert_gemv_combine(const GemmContext& g, kernels::MoeGemmParams p, const DeviceTensor& w, bf16* residual,
                          const float* weights);
 

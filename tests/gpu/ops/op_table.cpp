@@ -350,12 +350,15 @@ std::vector<OpCaseDef> op_cases_test() {
         }
       }
   // One token's down GEMV with the MoE combine and the residual add in it (moe_gemv_combine):
-  // the Qwen3 shape, top-10 (Qwen3-Next's), and k 64 (a lane's one granule), in every format.
+  // the Qwen3 shape, top-10 (Qwen3-Next's), k 64 (a lane's one granule), and for the rows a warp
+  // takes (bf16) R = 2 at k 1024 with top-16 (512 threads) and R = 1 at k 2048; every format.
   for (WeightFormat format : {WeightFormat::bf16, WeightFormat::fp8_block, WeightFormat::nvfp4,
                               WeightFormat::int8, WeightFormat::int4})
     for (MoeGemmShape s : {MoeGemmShape{.tokens = 1, .experts = 64, .top_k = 8, .hidden = 2048, .inter = 768},
                            MoeGemmShape{.tokens = 1, .experts = 32, .top_k = 10, .hidden = 512, .inter = 256},
-                           MoeGemmShape{.tokens = 1, .experts = 16, .top_k = 4, .hidden = 256, .inter = 64}}) {
+                           MoeGemmShape{.tokens = 1, .experts = 16, .top_k = 4, .hidden = 256, .inter = 64},
+                           MoeGemmShape{.tokens = 1, .experts = 32, .top_k = 16, .hidden = 256, .inter = 1024},
+                           MoeGemmShape{.tokens = 1, .experts = 16, .top_k = 8, .hidden = 128, .inter = 2048}}) {
       s.stage = MoeGemmStage::down;
       s.active_experts = s.gemv = s.direct = s.combine = true;
       s.format = format;
