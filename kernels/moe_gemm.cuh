@@ -109,11 +109,11 @@ bool moe_gemv_combine_takes(const MoeGemmParams& p);
 
 /// One token's down GEMV with the MoE combine and the residual add in the same launch:
 /// residual[j] = bf16(residual[j] + bf16(Σ_i weights[i] · y_i[j])) in pair order, y_i = bf16(row j
-/// of pair i's expert · in[i]) — bitwise what moe_gemv's down on its CUDA-core walk (for the
-/// 4-bit codecs gemv_cuda_cores; their default tensor-core walk sums in another order) into
-/// expert rows, then moe_combine_add_rmsnorm's combine and add give (the norm is left to the next
-/// launch; p.out is not written). A block takes the same output rows of every pair, a warp each on moe_gemv's
-/// CUDA-core walk, so the sum over pairs stays in the block. weights: [num_pairs] or nullptr (1).
+/// of pair i's expert · in[i]). A block takes the same output rows of every pair, a warp each on
+/// moe_gemv's CUDA-core walk, so the sum over pairs stays in the block: bitwise what moe_gemv's
+/// down on that walk (for the 4-bit codecs gemv_cuda_cores; their default tensor-core walk sums in
+/// another order), then moe_combine_add_rmsnorm's combine and add give. The norm is left to the
+/// next launch; p.out is not written. weights: [num_pairs] or nullptr (1).
 /// The experts are read before the kernel's wait (routing_settled: the kernel before must be
 /// launched dependent and wait before it lets this one launch). Requires moe_gemv_combine_takes.
 void moe_gemv_combine(const MoeGemmParams& p, bf16* residual, const float* weights, cudaStream_t stream);

@@ -21,9 +21,8 @@
 #   the engine tests, the moe_wgmma rows and the 30B engine benchmark.
 # `decode`: the decode step's op cases (moe_gemv, decode attention, router, rope, combine), the
 #   engine tests, batch 1 / 256 for each of DECODE_VARIANTS (default: default combine default
-#   combine; also unfused = --disable-fused-rope, combine = --combine-norm-in-qkv, cid =
-#   --combine-in-down), and the step
-#   trace at batch 1 (with TRACE_FLAGS).
+#   combine; also unfused = --disable-fused-rope, combine = --combine-norm-in-qkv,
+#   cid = --combine-in-down), and the step trace at batch 1 (with TRACE_FLAGS).
 # `gemv4`: the 4-bit expert GEMVs on tensor cores against their CUDA-core walk: op cases, engine
 #   tests, the moe_gemv kernel rows (batch 1), the 30B step at batches 1 and 8 (GEMV4_BATCHES) for each of
 #   GEMV4_VARIANTS (default: none nvfp4 nvfp4:cc int4 int4:cc; ":cc" = --disable-mma-gemv,
