@@ -29,8 +29,8 @@
 // (kernels::gemv_stream_combine_norm) instead of a one-block launch before it;
 // --disable-mma-gemv runs decode steps' 4-bit expert GEMVs on CUDA cores instead of tensor cores;
 // --attn-min-split-keys N gives each split of decode attention at least N keys (fewer splits);
-// --combine-in-down forms one token's MoE combine + residual add inside the down expert GEMV and
-// leaves the next norm to the qkv GEMV (CudaBackendOptions::combine_in_down).
+// --disable-combine-in-down keeps one token's MoE combine + residual add in the next norm's launch
+// instead of the down expert GEMV (CudaBackendOptions::combine_in_down).
 // A build with -DMOEBATCH_STEP_TRACE=ON also prints, per decode batch, where one graph-replayed
 // step's time goes kernel by kernel (kernels/step_trace.cuh): per call site, the time each kernel
 // adds to the step's critical path, and one layer's kernels in order.
@@ -40,7 +40,7 @@
 //                                   [--disable-stream-gemv] [--disable-tma-experts] [--disable-router-norm]
 //                                   [--disable-wgmma-attention]
 //                                   [--disable-fused-rope] [--combine-norm-in-qkv]
-//                                   [--disable-mma-gemv] [--attn-min-split-keys N] [--combine-in-down]
+//                                   [--disable-mma-gemv] [--attn-min-split-keys N] [--disable-combine-in-down]
 //                                   [--disable-w8a8-linear]
 //                                   [--quantization Q]
 //                                   [--moe-sorted-min-rows N] [out.json]
@@ -218,7 +218,7 @@ struct Args {
   bool combine_norm_in_qkv = false;      ///< --combine-norm-in-qkv: one token's layer norm in the qkv GEMV
   bool mma_gemv = true;                  ///< --disable-mma-gemv: 4-bit expert GEMVs on CUDA cores
   int min_split_keys = -1;               ///< --attn-min-split-keys N: decode attention's keys a split
-  bool combine_in_down = false;          ///< --combine-in-down: one token's combine in the down GEMV
+  bool combine_in_down = true;           ///< --disable-combine-in-down: false
   bool w8a8_linear = true;               ///< --disable-w8a8-linear: FP8 projections decoded to bf16
   Quantization quant = Quantization::None;
 };
@@ -250,8 +250,8 @@ Args parse_args(int argc, char** argv) {
       a.combine_norm_in_qkv = true;
     } else if (arg == "--disable-mma-gemv") {
       a.mma_gemv = false;
-    } else if (arg == "--combine-in-down") {
-      a.combine_in_down = true;
+    } else if (arg == "--disable-combine-in-down") {
+      a.combine_in_down = false;
     } else if (arg == "--attn-min-split-keys" && i + 1 < argc) {
       a.min_split_keys = std::stoi(argv[++i]);
     } else if (arg == "--disable-w8a8-linear") {
@@ -265,7 +265,7 @@ Args parse_args(int argc, char** argv) {
     } else if (arg == "--quantization" && i + 1 < argc) {
       a.quant = parse_quantization(argv[++i]);
     } else if (arg.rfind("--", 0) == 0) {
-      std::fprintf(stderr, "usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--disable-custom-all-reduce] [--disable-wgmma-experts] [--disable-w8a8-experts] [--disable-stream-gemv] [--disable-router-norm] [--disable-wgmma-attention] [--disable-fused-rope] [--combine-norm-in-qkv] [--disable-mma-gemv] [--attn-min-split-keys N] [--combine-in-down] [--disable-w8a8-linear] [--quantization Q] [--moe-sorted-min-rows N] [out.json] [peer.json]\n");
+      std::fprintf(stderr, "usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--disable-custom-all-reduce] [--disable-wgmma-experts] [--disable-w8a8-experts] [--disable-stream-gemv] [--disable-router-norm] [--disable-wgmma-attention] [--disable-fused-rope] [--combine-norm-in-qkv] [--disable-mma-gemv] [--attn-min-split-keys N] [--disable-combine-in-down] [--disable-w8a8-linear] [--quantization Q] [--moe-sorted-min-rows N] [out.json] [peer.json]\n");
       std::exit(2);
     } else if (positional++ == 0) {
       a.out_path = arg;

@@ -22,11 +22,11 @@
 # `decode`: the decode step's op cases (moe_gemv, decode attention, router, rope, combine), the
 #   engine tests, batch 1 / 256 for each of DECODE_VARIANTS (default: default combine default
 #   combine; also unfused = --disable-fused-rope, combine = --combine-norm-in-qkv,
-#   cid = --combine-in-down), and the step trace at batch 1 (with TRACE_FLAGS).
+#   sep = --disable-combine-in-down), and the step trace at batch 1 (with TRACE_FLAGS).
 # `gemv4`: the 4-bit expert GEMVs on tensor cores against their CUDA-core walk: op cases, engine
 #   tests, the moe_gemv kernel rows (batch 1), the 30B step at batches 1 and 8 (GEMV4_BATCHES) for each of
-#   GEMV4_VARIANTS (default: none nvfp4 nvfp4:cc int4 int4:cc; ":cc" = --disable-mma-gemv,
-#   ":regs" = --disable-stream-gemv).
+#   GEMV4_VARIANTS (default: none nvfp4 nvfp4:cc int4 int4:cc; modifiers, any number, each after
+#   a colon: "cc" = --disable-mma-gemv, "regs" = --disable-stream-gemv, "sep" = --disable-combine-in-down).
 # `phases`: a diagnostic build (build-pc, -DMOEBATCH_PHASE_CLOCKS=ON -DMOEBATCH_STEP_TRACE=ON): the
 #   moe_wgmma and prefill attention rows with the cycles per tile in each phase, then the engine
 #   benchmark (TRACE_BATCHES, default 1,256; TRACE_QUANT, default none, e.g. "none fp8") with
@@ -183,8 +183,11 @@ if [ "$WHAT" = gemv4 ]; then
   timeout 100 ./build-dev/moebatch_bench_kernels "/tmp/bench_kernels_gemv.json" --filter "moe_gemv" > "$OUT/bench_kernels_gemv.log" 2>&1
   echo "kernels rc=$?"; grep -E "moe_gemv" "$OUT/bench_kernels_gemv.log" | head -60
   for v in ${GEMV4_VARIANTS:-none nvfp4 nvfp4:cc int4 int4:cc}; do
-    q=${v%%:*}; flag=""; [ "${v#*:}" = cc ] && flag=--disable-mma-gemv
-    [ "${v#*:}" = regs ] && flag=--disable-stream-gemv
+    q=${v%%:*}; flag=""
+    for m in $(echo "$v" | tr ':' ' ' | cut -s -d' ' -f2-); do
+      case $m in cc) flag="$flag --disable-mma-gemv" ;; regs) flag="$flag --disable-stream-gemv" ;;
+        sep) flag="$flag --disable-combine-in-down" ;; *) echo "unknown variant modifier $m"; exit 1 ;; esac
+    done
     MOEBATCH_BENCH_BATCHES=${GEMV4_BATCHES:-1,8} timeout 100 ./build-dev/moebatch_bench_engine_cuda --quantization $q $flag \
       "/tmp/bench_engine_$v.json" > /tmp/bench_engine.log 2>&1
     echo "bench $v rc=$?"; cat /tmp/bench_engine.log >> "$OUT/bench_engine_gemv4.log"
@@ -200,7 +203,7 @@ if [ "$WHAT" = decode ]; then
   run_gpu_tests '*moe_gemv*:*attn_decode*:*route*:*rope*:*combine*'
   for v in ${DECODE_VARIANTS:-default combine default combine}; do
     flag=""; [ $v = unfused ] && flag=--disable-fused-rope; [ $v = combine ] && flag=--combine-norm-in-qkv
-    [ $v = cid ] && flag=--combine-in-down
+    [ $v = sep ] && flag=--disable-combine-in-down
     MOEBATCH_BENCH_BATCHES=1,256 timeout 130 ./build-dev/moebatch_bench_engine_cuda $flag "/tmp/bench_engine_$v.json" \
       > /tmp/bench_engine_$v.log 2>&1
     echo "bench $v rc=$?"; cat /tmp/bench_engine_$v.log >> "$OUT/bench_engine_decode.log"

@@ -117,13 +117,13 @@ struct CudaBackendOptions {
   /// bounded by the context bucket over this): more keys a split, fewer partials to merge. At
   /// batch 1 (context bucket 256) 64–256 measured slower than 32 (bench/RESULTS.md, session 20).
   int64_t decode_attention_min_split_keys = 32;
-  /// One-token steps of one rank: the down expert GEMV forms the MoE combine and the residual
-  /// add itself (kernels::moe_gemv_combine, a block over the same output rows of every pair), and
-  /// the next layer's norm takes the residual alone — inside the qkv GEMV where that is
-  /// gemv_stream (a 4 KB row a CTA), else its one-block launch. One launch less a layer; the
-  /// down GEMV on the CUDA-core walk for every codec. An experiment of session 22 (written
-  /// without a GPU run): off until measured faster.
-  bool combine_in_down = false;
+  /// One-token steps of one rank: where the next layer's qkv GEMV is gemv_stream (bf16), the
+  /// down expert GEMV forms the MoE combine and the residual add itself
+  /// (kernels::moe_gemv_combine, a block over the same output rows of every pair) and the qkv
+  /// GEMV the norm from the residual alone (a 4 KB row a CTA): one launch less a layer, bf16
+  /// batch 1 −3.4% (bench/RESULTS.md, session 23). The down GEMV is then on the CUDA-core walk
+  /// whatever its codec.
+  bool combine_in_down = true;
   /// Projections on FP8-block weights (128 × 128 scale blocks) of steps with more than 8 rows as
   /// W8A8 on cuBLASLt's block-scaled FP8 GEMM (kernels/gemm_fp8.cuh), the rows quantized per
   /// 1 × 128 as vLLM does for block-FP8 checkpoints, where the GPU is a Hopper and the shape is

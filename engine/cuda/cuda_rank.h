@@ -97,7 +97,7 @@ class CudaRank {
   bool fused_rope_attention = true;     ///< CudaBackendOptions::fused_rope_attention
   bool combine_norm_in_qkv = false;     ///< CudaBackendOptions::combine_norm_in_qkv (where qkv is on gemv_stream)
   bool mma_expert_gemv = true;          ///< CudaBackendOptions::mma_expert_gemv
-  bool combine_in_down = false;         ///< CudaBackendOptions::combine_in_down
+  bool combine_in_down = true;          ///< CudaBackendOptions::combine_in_down
   bool w8a8_linear = false;          ///< FP8-block projections on kernels::Fp8BlockGemm (Hopper)
   cublasHandle_t cublas = nullptr;  ///< bound to `stream`, fixed workspace
 

@@ -317,10 +317,18 @@ void dense_mlp(const Step& s, const DeviceTensor& gate_up, const DeviceTensor& d
   linear(s.gemm, out, B.act, down, s.n);
 }
 
-// Routed experts: B.o = Σ_j w[t, j] · expert_j(B.h[t]); with `defer` the weighted sum is not
-// formed here but returned, for the norm after it to fuse. With `norm_weight` the router's
-// launch first forms B.x += B.o and B.h = rmsnorm(B.x) · norm_weight (norm() did not).
-std::optional<k::MoeCombineParams> moe(const Step& s, const DeviceLayerWeights& L, bool defer,
+// Where a MoE layer's weighted sum of expert rows is formed.
+enum class CombineAt {
+  Launch,    // its own launch, into B.o
+  NextNorm,  // left pending, for the norm after it to form with the add (one rank, no shared expert)
+  DownGemv,  // added into B.x by the one-token down GEMV; the next norm, pending with top_k 0,
+             // taken by the next layer's qkv GEMV (one launch less a layer)
+};
+
+// Routed experts: B.o = Σ_j w[t, j] · expert_j(B.h[t]), or that weighted sum left pending
+// (returned) where `at` says so. With `norm_weight` the router's launch first forms
+// B.x += B.o and B.h = rmsnorm(B.x) · norm_weight (norm() did not).
+std::optional<k::MoeCombineParams> moe(const Step& s, const DeviceLayerWeights& L, CombineAt at,
                                        const DeviceTensor* norm_weight) {
   const StepBuffers& B = s.B;
   // router top-k + align; decode batches do GEMM, top-k and align in one launch
@@ -428,10 +436,9 @@ std::optional<k::MoeCombineParams> moe(const Step& s, const DeviceLayerWeights& 
       down.in_fp8 = a.data;
       down.in_scales = a.scales;
     }
-    // One token of one rank: the down GEMV adds the combine into the residual itself; what is
-    // left pending is the next norm alone (top_k 0: no expert rows to sum)
-    if (defer && s.r.combine_in_down && s.n == 1 &&
-        expert_gemv_combine(s.gemm, down, L.w_down, B.x, B.topk_weights)) {
+    // the down GEMV adds the combine into the residual itself (where it takes the stage); what
+    // is left pending is the next norm alone (top_k 0: no expert rows to sum)
+    if (at == CombineAt::DownGemv && expert_gemv_combine(s.gemm, down, L.w_down, B.x, B.topk_weights)) {
       s.mark("moe_gemv_down_combine");
       combine.top_k = 0;
       combine.expert_out = nullptr;
@@ -443,7 +450,7 @@ std::optional<k::MoeCombineParams> moe(const Step& s, const DeviceLayerWeights& 
 
   // combine: o[t] = Σ_j w[t, j] · y[t·k + j], in j order (batch independent); with expert
   // parallelism a partial sum over this rank's experts, completed by the MLP's all-reduce
-  if (defer) return combine;
+  if (at != CombineAt::Launch) return combine;
   k::moe_combine(combine, s.st);
   s.mark("moe_combine");
   return std::nullopt;
@@ -458,6 +465,14 @@ void shared_expert(const Step& s, const DeviceLayerWeights& L) {
                          .gate_weight = L.shared_gate.as_bf16(), .tokens = s.n, .hidden = s.H},
                         s.st);
   s.mark("shared_expert");
+}
+
+// Whether layer l's qkv GEMV can form the norm before it from a pending combine
+// (kernels::gemv_stream_combine_norm: full attention, its qkv on gemv_stream, one token).
+bool qkv_forms_norm(const Step& s, const ModelConfig& cfg, const DeviceModelWeights& W, int64_t l) {
+  return l < cfg.num_layers && cfg.layers[static_cast<size_t>(l)].mixer == MixerKind::FullAttention &&
+         linear_on_gemv_stream(s.gemm, W.layers[static_cast<size_t>(l)].wqkv, s.n) &&
+         k::gemv_stream_combine_norm_fits(s.H);
 }
 
 }  // namespace
@@ -494,9 +509,8 @@ void cuda_forward(const ModelConfig& cfg, CudaRank& r, const StepShape& shape, S
     // mixer norm; from layer 1 on fused with the all-reduce and residual add of the previous
     // MLP output — or, for one token's pending combine, formed inside the qkv GEMV (always when
     // the down GEMV already added the combine: each CTA then reads one row)
-    const bool norm_in_qkv = pending && (r.combine_norm_in_qkv || pending->top_k == 0) &&
-                             kind.mixer == MixerKind::FullAttention && linear_on_gemv_stream(s.gemm, L.wqkv, s.n) &&
-                             k::gemv_stream_combine_norm_fits(s.H);
+    const bool norm_in_qkv =
+        pending && (r.combine_norm_in_qkv || pending->top_k == 0) && qkv_forms_norm(s, cfg, W, l);
     if (!norm_in_qkv) norm(s, l == 0 ? nullptr : B.o, L.input_norm, pending);
 
     // token mixer → B.o (this rank's partial when world > 1)
@@ -524,11 +538,19 @@ void cuda_forward(const ModelConfig& cfg, CudaRank& r, const StepShape& shape, S
         dense_mlp(s, L.mlp_gate_up, L.mlp_down, B.o);
         s.mark("dense_mlp");
         break;
-      case MlpKind::Moe:
-        pending = moe(s, L, defer_combine, norm_in_router ? &L.post_norm : nullptr);
+      case MlpKind::Moe: {
+        // one token: in the down GEMV where the next qkv GEMV then takes the norm — elsewhere
+        // the norm would stay a launch of its own and nothing is saved (NVFP4 / Int4 steps
+        // measured 3% slower with the down GEMV off its tensor-core walk; bench/RESULTS.md)
+        const CombineAt at = !defer_combine ? CombineAt::Launch
+                             : r.combine_in_down && s.n == 1 && qkv_forms_norm(s, cfg, W, l + 1)
+                                 ? CombineAt::DownGemv
+                                 : CombineAt::NextNorm;
+        pending = moe(s, L, at, norm_in_router ? &L.post_norm : nullptr);
         break;
+      }
       case MlpKind::MoeShared:
-        moe(s, L, false, norm_in_router ? &L.post_norm : nullptr);
+        moe(s, L, CombineAt::Launch, norm_in_router ? &L.post_norm : nullptr);
         shared_expert(s, L);
         break;
     }
