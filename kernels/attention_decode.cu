@@ -202,39 +202,63 @@ __device__ __forceinline__ void decode_write_new_kv(const QkNormRopeParams& r, i
         lane);
 }
 
-// One 16-key step over keys key0 + 0..15 (key0 < k_end; keys at or past k_end masked): K of keys
-// g, g + 8 and V of keys 2t, 2t+1, 2t+8, 2t+9 loaded together, S = Q·Kᵀ, online softmax,
-// O += P·V. row(cache, key) is a key's cache row of the warp's kv head.
+// A warp's K and V registers of one 16-key step: K of keys g, g + 8 and V of keys 2t, 2t+1,
+// 2t+8, 2t+9 (lane 4g + t). Keys never loaded stay 0 (their scores are masked; V must be finite).
+template <int D>
+struct DecodeKv {
+  uint4 k[2][DecodeWarp<D>::KD / 8];
+  uint4 v[4][DecodeWarp<D>::VD / 8];
+};
+
+template <int D>
+__device__ __forceinline__ void decode_clear(DecodeKv<D>& kv) {
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int i = 0; i < DecodeWarp<D>::KD / 8; ++i) kv.k[j][i] = make_uint4(0, 0, 0, 0);
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int i = 0; i < DecodeWarp<D>::VD / 8; ++i) kv.v[j][i] = make_uint4(0, 0, 0, 0);
+}
+
+// The keys of the step at key0 that lie in [lo, hi) into kv, all loads in flight together; the
+// registers of the step's other keys are left as they are. row(cache, key): a key's cache row of
+// the warp's kv head.
 template <int D, bool kCoherent, typename RowPtr>
-__device__ __forceinline__ void decode_step(DecodeWarp<D>& w, const RowPtr& row,
-                                            const bf16* k_cache, const bf16* v_cache, int key0,
-                                            int k_end, float log2_scale) {
-  constexpr int KS = DecodeWarp<D>::KS, KD = DecodeWarp<D>::KD, VD = DecodeWarp<D>::VD;
-  const int g = w.g, t = w.t;
-  // Loads first (K of keys g, g + 8; V of keys 2t, 2t+1, 2t+8, 2t+9), all in flight together.
-  uint4 kr[2][KD / 8], vr[4][VD / 8];
+__device__ __forceinline__ void decode_load(DecodeKv<D>& kv, const RowPtr& row, const bf16* k_cache,
+                                            const bf16* v_cache, int key0, int lo, int hi) {
+  constexpr int KD = DecodeWarp<D>::KD, VD = DecodeWarp<D>::VD;
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     const int key = key0 + 8 * j + g;
-#pragma unroll
-    for (int i = 0; i < KD / 8; ++i) kr[j][i] = make_uint4(0, 0, 0, 0);
-    if (key < k_end) {
+    if (key >= lo && key < hi) {
       const uint4* src = reinterpret_cast<const uint4*>(row(k_cache, key) + KD * t);
 #pragma unroll
-      for (int i = 0; i < KD / 8; ++i) kr[j][i] = kCoherent ? __ldcg(src + i) : __ldg(src + i);
+      for (int i = 0; i < KD / 8; ++i) kv.k[j][i] = kCoherent ? __ldcg(src + i) : __ldg(src + i);
     }
   }
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const int key = key0 + 2 * t + (j & 1) + 8 * (j >> 1);
-#pragma unroll
-    for (int i = 0; i < VD / 8; ++i) vr[j][i] = make_uint4(0, 0, 0, 0);
-    if (key < k_end) {
+    if (key >= lo && key < hi) {
       const uint4* src = reinterpret_cast<const uint4*>(row(v_cache, key) + VD * g);
 #pragma unroll
-      for (int i = 0; i < VD / 8; ++i) vr[j][i] = kCoherent ? __ldcg(src + i) : __ldg(src + i);
+      for (int i = 0; i < VD / 8; ++i) kv.v[j][i] = kCoherent ? __ldcg(src + i) : __ldg(src + i);
     }
   }
+}
+
+// One 16-key step over keys key0 + 0..15 (key0 < k_end; keys at or past k_end masked) on the
+// step's K and V registers: S = Q·Kᵀ, online softmax, O += P·V.
+template <int D>
+__device__ __forceinline__ void decode_step(DecodeWarp<D>& w, const DecodeKv<D>& kv, int key0, int k_end,
+                                            float log2_scale) {
+  constexpr int KS = DecodeWarp<D>::KS, VD = DecodeWarp<D>::VD;
+  const int t = w.t;
+  const auto& kr = kv.k;
+  const auto& vr = kv.v;
 
   // S = Q·Kᵀ for keys key0 + 8j + (0..7): B words 2kk, 2kk + 1 of the lane's K dims.
   float s[2][4] = {};
@@ -290,11 +314,34 @@ __device__ __forceinline__ void decode_step(DecodeWarp<D>& w, const RowPtr& row,
   }
 }
 
+// A cache row (slot) of kv head kvh. size_t: slot * n_kv_heads * D overflows int for large pools.
+template <int D>
+__device__ __forceinline__ const bf16* cache_row(const bf16* cache, const AttentionParams& p, int slot, int kvh) {
+  return cache + (static_cast<size_t>(slot) * p.n_kv_heads + kvh) * D;
+}
+
+// Before pdl_sync: the keys of the step at k0 below `end` — cache rows written by earlier steps
+// and the block table, a step input uploaded before the step's first kernel, so nothing a kernel
+// of this step writes — into kv, under the kernel before. Each key looks up its own table entry.
+template <int D>
+__device__ __forceinline__ void decode_prefetch(DecodeKv<D>& kv, const AttentionParams& p, int seq, int kvh,
+                                                int k0, int end) {
+  decode_clear(kv);
+  if (k0 >= end) return;  // warp-uniform
+  const int32_t* table = p.block_tables + static_cast<size_t>(seq) * p.max_blocks_per_seq;
+  const auto row = [&](const bf16* cache, int key) {
+    return cache_row<D>(cache, p, __ldg(table + key / p.block_size) * p.block_size + key % p.block_size, kvh);
+  };
+  decode_load<D, false>(kv, row, p.k_cache, p.v_cache, k0, k0, end);
+}
+
 // Steps at keys k0, k0 + stride, ... below k_end (k0 and stride multiples of 16) of sequence
-// seq's cache rows of kv head kvh; warp-uniform.
+// seq's cache rows of kv head kvh; warp-uniform. With `first`, step k0's keys below first_end
+// are already in it (decode_prefetch): only the rest of that step is loaded.
 template <int D, bool kCoherent>
 __device__ __forceinline__ void decode_keys(DecodeWarp<D>& w, const AttentionParams& p, int seq,
-                                            int kvh, int k0, int k_end, int stride) {
+                                            int kvh, int k0, int k_end, int stride,
+                                            const DecodeKv<D>* first = nullptr, int first_end = 0) {
   const int32_t* table = p.block_tables + static_cast<size_t>(seq) * p.max_blocks_per_seq;
   // A 16-key step lies inside one cache block when the block size is a multiple of 16 (steps
   // start at multiples of 16): one table entry per step, fetched a step ahead. The first fetch
@@ -307,15 +354,23 @@ __device__ __forceinline__ void decode_keys(DecodeWarp<D>& w, const AttentionPar
   const auto row = [&](const bf16* cache, int key) {
     const int slot = one_block ? slot_base + key % p.block_size
                                : __ldg(table + key / p.block_size) * p.block_size + key % p.block_size;
-    // size_t: slot * n_kv_heads * D overflows int for large pools.
-    return cache + (static_cast<size_t>(slot) * p.n_kv_heads + kvh) * D;
+    return cache_row<D>(cache, p, slot, kvh);
   };
   const float log2_scale = p.scale * kLog2e;
   for (int key0 = k0; key0 < k_end; key0 += stride) {
     slot_base = next_base * p.block_size;
     if (one_block && key0 + stride < k_end)
       next_base = __ldg(table + (key0 + stride) / p.block_size);
-    decode_step<D, kCoherent>(w, row, p.k_cache, p.v_cache, key0, k_end, log2_scale);
+    DecodeKv<D> kv;
+    int lo = key0;
+    if (first != nullptr && key0 == k0) {
+      kv = *first;
+      lo = first_end;
+    } else {
+      decode_clear(kv);
+    }
+    decode_load<D, kCoherent>(kv, row, p.k_cache, p.v_cache, key0, lo, k_end);
+    decode_step(w, kv, key0, k_end, log2_scale);
   }
 }
 
@@ -413,7 +468,7 @@ __global__ void __launch_bounds__(kSplitWarps * 32)
   __shared__ alignas(16) float o_s[kSplitWarps][16 * 4][kPad];  // warp, 4 · row + t, dims
   __shared__ float2 ml_s[kSplitWarps][16];                      // warp's (m, l) per row
   __shared__ bool last;
-  pdl_sync();
+  // step inputs (uploaded before the step's first kernel): readable before pdl_sync
   const int split = blockIdx.x, kvh = blockIdx.y, seq = blockIdx.z;
   const int splits = p.num_splits, warp = threadIdx.x >> 5;
   const int token = p.q_start[seq];  // one query token per sequence
@@ -422,6 +477,13 @@ __global__ void __launch_bounds__(kSplitWarps * 32)
   const int split_len = CEIL_DIV(CEIL_DIV(p.max_kv_len, splits), 16) * 16;
   const int k_begin = split * split_len;
   const int k_end = min(kv_len, k_begin + split_len);
+  // The warp's first step of keys, all but the new token's (at kv_len − 1: written by the
+  // kernel before, or fused by this one), loaded under the kernel before — at batch 1 the
+  // step's only one, and its cache round trip was half of this kernel's time.
+  const int first_key = k_begin + 16 * warp, settled_end = min(k_end, kv_len - 1);
+  DecodeKv<D> first;
+  decode_prefetch<D>(first, p, seq, kvh, first_key, settled_end);
+  pdl_sync();
 
   DecodeWarp<D> w;
   if constexpr (kRope) {
@@ -430,9 +492,12 @@ __global__ void __launch_bounds__(kSplitWarps * 32)
       __syncthreads();
     }
   }
+  const bool traced = blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x == 0;
   decode_begin<D, kRope>(w, p, token, kvh * group, group);
-  decode_keys<D, kRope>(w, p, seq, kvh, k_begin + 16 * warp, k_end, 16 * kSplitWarps);
+  STEP_TRACE_MARK_IF(traced);  // q in registers (diagnostic builds)
+  decode_keys<D, kRope>(w, p, seq, kvh, first_key, k_end, 16 * kSplitWarps, &first, settled_end);
   decode_sum_rows(w);
+  STEP_TRACE_MARK_IF(traced);  // the warp's keys walked
 
   // Each warp's (m, l) of its rows and the lane's dims of rows g, g + 8 to shared memory.
 #pragma unroll
@@ -481,6 +546,7 @@ __global__ void __launch_bounds__(kSplitWarps * 32)
     *reinterpret_cast<float4*>(part_o + at * D + d) = o;
     if (d == 0) part_ml[at] = make_float2(mx, l);
   }
+  STEP_TRACE_MARK_IF(traced);  // the split's partial stored
   if (splits == 1) return;
 
   // Ticket: the pair's last split to arrive merges them all. Every thread fences its partial
@@ -494,6 +560,7 @@ __global__ void __launch_bounds__(kSplitWarps * 32)
   }
   __syncthreads();
   if (!last) return;
+  STEP_TRACE_MARK_IF(threadIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0);  // kv head 0's last split
   __threadfence();
   // Split s weighted by 2^(m_s − M), as attention_combine_kernel (a neutral partial weighs 0),
   // over batches of splits whose (m, l) and o are loaded together, M taken online: a running

@@ -98,6 +98,7 @@ __global__ void __launch_bounds__(kWarps * 32) route_small_kernel(RouteSmallPara
     add_norm_rows(p.norm, T, H, sums, normed);
     x = normed;
   }
+  STEP_TRACE_MARK_IF(blockIdx.x == 0 && threadIdx.x == 0);  // normed (diagnostic builds)
   if (e < E) {
     float acc[kRouteSmallMaxTokens] = {};
     for (int c0 = 0; c0 < H; c0 += 256 * kUnroll) {
@@ -123,22 +124,26 @@ __global__ void __launch_bounds__(kWarps * 32) route_small_kernel(RouteSmallPara
       if (lane == 0) p.logits[static_cast<size_t>(t) * E + e] = s;
     }
   }
+  STEP_TRACE_MARK_IF(blockIdx.x == 0 && threadIdx.x == 0);  // logits stored
   // Last block done: every block's logits are visible after its writers' fences.
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) last = atomicAdd(p.counter, 1) == static_cast<int>(gridDim.x) - 1;
   __syncthreads();
   if (!last) return;
+  STEP_TRACE_MARK_IF(threadIdx.x == 0);  // the last block has its ticket
   __threadfence();
   if (threadIdx.x == 0) *p.counter = 0;  // ready for the next launch (stream order)
   if (fused) store_norm_rows(p.norm, T, H, sums, normed);
   // __ldcg: L2, never a line this SM's L1 may hold from an earlier block
   for (int i = threadIdx.x; i < T * E; i += blockDim.x) logits[i] = __ldcg(p.logits + i);
   __syncthreads();
+  STEP_TRACE_MARK_IF(threadIdx.x == 0);  // every logit in shared memory
   for (int t = warp; t < T; t += kWarps) {
     const float* row = logits + t * E;
     route_token(p.router, t, [row](int x) { return row[x]; });
   }
+  STEP_TRACE_MARK_IF(threadIdx.x == 0);  // token 0 routed
   if (p.skip_align) return;
   __syncthreads();  // topk_ids (global, written by this block) are visible to the whole block
   align_block(p.align);

@@ -75,6 +75,10 @@ __device__ __forceinline__ void step_trace_record(unsigned long long before, uns
     step_trace_records[i] = {before, step_trace_ns(), line, gridDim.x * gridDim.y * gridDim.z};
 }
 
+/// A point inside a kernel, by the calling thread (before = after = now): where a kernel's time
+/// between its pdl_sync and the next kernel's goes. Through STEP_TRACE_MARK_IF below.
+__device__ __forceinline__ void step_trace_mark(unsigned line) { step_trace_record(step_trace_ns(), line); }
+
 void step_trace_take_unit(std::vector<StepTraceSample>& out) {
   unsigned count = 0;
   CUDA_CHECK(cudaMemcpyFromSymbol(&count, step_trace_count, sizeof(count)));
@@ -92,3 +96,17 @@ void step_trace_take_unit(std::vector<StepTraceSample>& out) {
 #endif
 
 }  // namespace moebatch::kernels
+
+// STEP_TRACE_MARK_IF(cond): a step-trace sample at this line by each thread for which cond holds
+// (make it one thread), in a diagnostic build; nothing (cond not evaluated) otherwise.
+#if MOEBATCH_STEP_TRACE && defined(__CUDACC__)
+#define STEP_TRACE_MARK_IF(cond) \
+  do {                           \
+    if (cond) ::moebatch::kernels::step_trace_mark(__LINE__); \
+  } while (0)
+#else
+#define STEP_TRACE_MARK_IF(cond) \
+  do {                           \
+    (void)sizeof(cond);          \
+  } while (0)
+#endif

@@ -30,7 +30,8 @@
 # `phases`: a diagnostic build (build-pc, -DMOEBATCH_PHASE_CLOCKS=ON -DMOEBATCH_STEP_TRACE=ON): the
 #   moe_wgmma and prefill attention rows with the cycles per tile in each phase, then the engine
 #   benchmark (TRACE_BATCHES, default 1,256; TRACE_QUANT, default none, e.g. "none fp8") with
-#   each decode step's critical path kernel by kernel (kernels/step_trace.cuh).
+#   each decode step's critical path kernel by kernel (kernels/step_trace.cuh; TRACE_ONLY=1 for
+#   that alone).
 set -uo pipefail
 OUT=${OUT:-/tmp/moebatch-out}
 WHAT=${1:-all}
@@ -59,11 +60,13 @@ if [ "$WHAT" = phases ]; then
   # critical path at batches 1 and 256
   build_diag || { tail -20 "$OUT/pc_configure.log"; grep -E "error" -A3 "$OUT/pc_build.log" | head -40; exit 1; }
   echo "built at $(date +%T)"
-  for f in "moe_wgmma " "attn_prefill"; do
-    timeout 150 ./build-pc/moebatch_bench_kernels "/tmp/bench_kernels_pc.json" --filter "$f" >> "$OUT/bench_kernels_phases.log" 2>&1
-    echo "phase clocks $f rc=$?"
-  done
-  grep -E "moe_|attn_|phases" "$OUT/bench_kernels_phases.log"
+  if [ -z "${TRACE_ONLY:-}" ]; then  # TRACE_ONLY=1: the engine's step trace alone
+    for f in "moe_wgmma " "attn_prefill"; do
+      timeout 150 ./build-pc/moebatch_bench_kernels "/tmp/bench_kernels_pc.json" --filter "$f" >> "$OUT/bench_kernels_phases.log" 2>&1
+      echo "phase clocks $f rc=$?"
+    done
+    grep -E "moe_|attn_|phases" "$OUT/bench_kernels_phases.log"
+  fi
   for q in ${TRACE_QUANT:-none}; do
     MOEBATCH_BENCH_BATCHES=${TRACE_BATCHES:-1,256} timeout 150 ./build-pc/moebatch_bench_engine_cuda --quantization $q \
       "/tmp/bench_engine_trace_$q.json" > /tmp/trace_$q.log 2>&1

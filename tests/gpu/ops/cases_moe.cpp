@@ -285,9 +285,23 @@ class GatherSortedCase final : public OpCase {
   DevBuf<int32_t> rows_;
 };
 
+// Router rows [period, E) of a [E, H] weight made copies of rows e % period (exact logit ties).
+void tie_router_rows(bf16* w, int E, int H, int period, cudaStream_t stream) {
+  for (int e0 = period; e0 < E; e0 += period)
+    CUDA_CHECK(cudaMemcpyAsync(w + static_cast<size_t>(e0) * H, w,
+                               static_cast<size_t>(std::min(period, E - e0)) * H * sizeof(bf16),
+                               cudaMemcpyDeviceToDevice, stream));
+}
+void tie_router_rows(std::vector<float>& w, int E, int H, int period) {
+  for (int e = period; e < E; ++e)
+    std::copy_n(w.begin() + static_cast<size_t>(e % period) * H, H,
+                w.begin() + static_cast<size_t>(e) * H);
+}
+
 // Fused small-batch router vs the three-launch contract: logits vs fp64, then top-k exactly as
 // router_ref on the kernel's own fp32 logits, and the alignment of those ids; the block counter
-// must be back at zero (graph replays reuse it).
+// must be back at zero (graph replays reuse it). The top-k must also match moe_router_topk (the
+// many-token router) on the same logits bit for bit.
 class RouteSmallCase final : public OpCase {
  public:
   explicit RouteSmallCase(const RouteSmallShape& s) : s_(s) {}
@@ -296,9 +310,14 @@ class RouteSmallCase final : public OpCase {
     const int T = s_.tokens, E = s_.experts, pairs = T * s_.top_k;
     x_ = RandomBf16(static_cast<size_t>(T) * s_.hidden, 1.f, rng, env.stream);
     w_ = RandomBf16(static_cast<size_t>(E) * s_.hidden, 0.1f, rng, env.stream);
+    if (s_.tie_period > 0) tie_router_rows(w_.get(), E, s_.hidden, s_.tie_period, env.stream);
     logits_ = DevBuf<float>(static_cast<size_t>(T) * E);
     tw_ = DevBuf<float>(pairs);
     ids_ = DevBuf<int32_t>(pairs);
+    router_w_ = DevBuf<float>(pairs);
+    router_ids_ = DevBuf<int32_t>(pairs);
+    router_w_.poison();
+    router_ids_.poison();
     sorted_ = DevBuf<int32_t>(kernels::moe_align_capacity(pairs, E, kMoeGemmTileM));
     off_ = DevBuf<int32_t>(E + 1);
     active_ = DevBuf<int32_t>(E + 1);
@@ -345,7 +364,8 @@ class RouteSmallCase final : public OpCase {
     const int T = s_.tokens, E = s_.experts, H = s_.hidden;
     const auto logits = logits_.download<float>();
     auto x = x_.original_f(env.stream);
-    const auto w = w_.original_f(env.stream);
+    auto w = w_.original_f(env.stream);
+    if (s_.tie_period > 0) tie_router_rows(w, E, H, s_.tie_period);
     OpCheck c;
     if (s_.norm) {
       // residual + x rounded to bf16 (bit-exact), its RMSNorm (one bf16 rounding); the logits are
@@ -372,6 +392,26 @@ class RouteSmallCase final : public OpCase {
     const auto got_ids = ids_.download<int32_t>();
     c.equal("ids", got_ids, ids);
     c.rel_l2("weights", tw_.download<float>(), wref, tol);
+    if (s_.tie_period > 0) {  // the ties are really there
+      bool tied = true;
+      for (int t = 0; t < T; ++t) {
+        const float* row = &logits[static_cast<size_t>(t) * E];
+        for (int e = s_.tie_period; e < E; ++e) tied = tied && row[e] == row[e % s_.tie_period];
+      }
+      c.expect(tied, "tied router rows gave unequal logits");
+    }
+    kernels::RouterParams rp;
+    rp.topk_ids = router_ids_.get();
+    rp.topk_weights = router_w_.get();
+    rp.tokens = T;
+    rp.num_experts = E;
+    rp.top_k = s_.top_k;
+    rp.renormalize = s_.renormalize;
+    kernels::moe_router_topk(rp, logits_.get(), env.stream);
+    CUDA_CHECK(cudaStreamSynchronize(env.stream));
+    c.equal("ids vs moe_router_topk", got_ids, router_ids_.download<int32_t>());
+    c.equal("weight bits vs moe_router_topk", tw_.download<int32_t>(),
+            router_w_.download<int32_t>());
     if (!s_.skip_align) {
       const std::string err =
           align_error(local_ids(got_ids, s_.expert0, s_.local_experts), sorted_.download<int32_t>(),
@@ -394,8 +434,8 @@ class RouteSmallCase final : public OpCase {
   RouteSmallShape s_;
   RandomBf16 x_, w_, res_, norm_w_;  // with the fused norm x_ is the branch added to res_
   DevBuf<bf16> normed_;
-  DevBuf<float> logits_, tw_;
-  DevBuf<int32_t> ids_, sorted_, off_, active_, counter_;
+  DevBuf<float> logits_, tw_, router_w_;  // router_*: moe_router_topk on logits_, in check()
+  DevBuf<int32_t> ids_, sorted_, off_, active_, counter_, router_ids_;
 };
 
 // gate+up (input rows = tokens) or down (input rows = pairs) through moe_align + one expert GEMM,
@@ -867,10 +907,14 @@ OpCaseDef gather_sorted_case(const GatherSortedShape& s) {
 
 OpCaseDef route_small_case(const RouteSmallShape& s) {
   MB_CHECK(s.local_experts == 0 || s.expert0 + s.local_experts <= s.experts, "moe_route_small case: bad expert range");
+  MB_CHECK(s.tie_period >= 0 && s.tie_period < s.experts,
+           "moe_route_small case: tie_period must leave copies");
   return op_case_def<RouteSmallCase>("moe_route_small",
                                      experts(s.tokens, s.experts, s.top_k, -1) + " H" + to_string(s.hidden) +
                                          (s.renormalize ? " renorm" : " no-renorm") +
-                                         local_range(s.expert0, s.local_experts) + (s.norm ? " add+norm" : "") + (s.skip_align ? " no-align" : ""),
+                                         local_range(s.expert0, s.local_experts) + (s.norm ? " add+norm" : "") +
+                                         (s.skip_align ? " no-align" : "") +
+                                         (s.tie_period > 0 ? " tie" + to_string(s.tie_period) : ""),
                                      OpFamily::moe_routing, 1e-5, s);
 }
 

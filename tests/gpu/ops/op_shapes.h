@@ -151,6 +151,9 @@ struct RouteSmallShape {
   /// RouteSmallParams::skip_align: the align's outputs are left as they were (poisoned) and not
   /// checked.
   bool skip_align = false;
+  /// > 0: router row e is a copy of row e % tie_period, so those experts' logits tie exactly (each
+  /// is one warp's sum in a fixed order) and the top-k must take the lower ids first.
+  int tie_period = 0;
 };
 OpCaseDef route_small_case(const RouteSmallShape& s);
 

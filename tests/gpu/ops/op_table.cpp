@@ -305,6 +305,15 @@ std::vector<OpCaseDef> op_cases_test() {
   for (int tokens : {1, 8})
     t.push_back(route_small_case({.tokens = tokens, .experts = 512, .top_k = 10, .hidden = 2048}));
   t.push_back(align_case({.tokens = 300, .experts = 512, .top_k = 10, .hot = 7}));
+  // The top-k's selection: top-1, 8 and 10 over 128, 60 (a partial slot) and 512 experts, most
+  // with exact ties that the lower id must break (router row e = row e % tie: at
+  // tie 16 the top-8 is one group of 8 equal logits, at tie 3 every logit is one of three values)
+  for (auto [E, K, tie] :
+       {std::tuple{128, 1, 0}, {128, 1, 3}, {128, 8, 16}, {60, 10, 7}, {512, 10, 100}})
+    for (int tokens : {1, 8})
+      for (bool renorm : {true, false})
+        t.push_back(route_small_case({.tokens = tokens, .experts = E, .top_k = K, .hidden = 2048,
+                                      .renormalize = renorm, .tie_period = tie}));
   // Expert parallel: the router over every expert, the align of one rank's
   for (auto [tokens, E, expert0, local] : {std::tuple{1, 128, 64, 64}, {8, 128, 0, 32}, {3, 16, 8, 8}})
     t.push_back(route_small_case({.tokens = tokens, .experts = E, .top_k = E >= 64 ? 8 : 4, .hidden = 2048,
