@@ -33,6 +33,8 @@ struct StepTraceSample {
   uint32_t blocks = 0;   ///< grid size
   uint64_t before = 0;   ///< reached pdl_sync (its preamble done)
   uint64_t after = 0;    ///< the kernel before it has completed
+  uint64_t clock = 0;    ///< the SM's cycle counter at `after` (clock64: per SM, not global)
+  uint32_t sm = 0;       ///< the SM that recorded it (%smid)
 };
 
 /// Every unit's samples since the last call, sorted by `after`; the buffers are reset. Empty
@@ -41,8 +43,8 @@ std::vector<StepTraceSample> take_step_trace();
 
 #if MOEBATCH_STEP_TRACE
 struct StepTraceRecord {
-  unsigned long long before, after;
-  unsigned line, blocks;
+  unsigned long long before, after, clock;
+  unsigned line, blocks, sm;
 };
 inline constexpr unsigned kStepTraceCapacity = 8192;  // per unit; a 48-layer step records ~450
 
@@ -71,8 +73,12 @@ __device__ __forceinline__ bool step_trace_first_thread() {
 
 __device__ __forceinline__ void step_trace_record(unsigned long long before, unsigned line) {
   const unsigned i = atomicAdd(&step_trace_count, 1u);
-  if (i < kStepTraceCapacity)
-    step_trace_records[i] = {before, step_trace_ns(), line, gridDim.x * gridDim.y * gridDim.z};
+  unsigned sm = 0;
+#ifdef __CUDA_ARCH__
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+#endif
+  const unsigned long long clock = clock64(), now = step_trace_ns();
+  if (i < kStepTraceCapacity) step_trace_records[i] = {before, now, clock, line, gridDim.x * gridDim.y * gridDim.z, sm};
 }
 
 /// A point inside a kernel, by the calling thread (before = after = now): where a kernel's time
@@ -89,7 +95,7 @@ void step_trace_take_unit(std::vector<StepTraceSample>& out) {
   const unsigned zero = 0;
   CUDA_CHECK(cudaMemcpyToSymbol(step_trace_count, &zero, sizeof(zero)));
   for (const StepTraceRecord& r : records)
-    out.push_back({__BASE_FILE__, static_cast<int>(r.line), r.blocks, r.before, r.after});
+    out.push_back({__BASE_FILE__, static_cast<int>(r.line), r.blocks, r.before, r.after, r.clock, r.sm});
 }
 [[maybe_unused]] const bool step_trace_registered = register_step_trace_unit(&step_trace_take_unit);
 }  // namespace

@@ -319,6 +319,17 @@ void print_step_trace(const std::vector<kernels::StepTraceSample>& t, int num_la
   for (const auto& [key, s] : sites)
     std::printf("  %-40s %6d %12.1f %12.2f %12.2f\n", key.c_str(), s.count, s.crit_us, s.crit_us / s.count,
                 s.wait_us / s.count);
+  // The SM clock while a kernel's marks ran (kernels/step_trace.cuh STEP_TRACE_MARK_IF): two
+  // samples in a row from one SM and one file are one block's thread, so cycles over ns is its
+  // SM's rate — the DVFS clock of a latency-bound step, which no other counter here shows.
+  double cycles = 0, ns = 0;
+  for (size_t i = 0; i + 1 < t.size(); ++i)
+    if (t[i].sm == t[i + 1].sm && t[i].file == t[i + 1].file && t[i + 1].after > t[i].after &&
+        t[i + 1].clock > t[i].clock) {
+      cycles += static_cast<double>(t[i + 1].clock - t[i].clock);
+      ns += static_cast<double>(t[i + 1].after - t[i].after);
+    }
+  if (ns > 0) std::printf("  SM clock between one block's marks: %.0f MHz (%.0f us of them)\n", cycles / ns * 1e3, ns * 1e-3);
   const size_t per_layer = t.size() / static_cast<size_t>(std::max(num_layers, 1));
   const size_t first = per_layer * static_cast<size_t>(num_layers / 2);
   std::printf("  one layer (kernels %zu..%zu of the step), in order:\n", first, first + per_layer - 1);

@@ -2,7 +2,7 @@
 # One device call for the CUDA engine: configure (engine-only), build the engine GPU tests, the
 # kernel tests and the engine benchmark; run the tests, then the HF peer (its own 61 GB, freed
 # when it exits), then the benchmark. Logs and JSON go to $OUT; summaries print last.
-# Usage: bench/gpu/run_engine_device.sh [tests|bench|all|base|quant|prefill|w8a8|linear|experts|phases|decode|gemv4] [peer batches, e.g. 1,64, or none]
+# Usage: bench/gpu/run_engine_device.sh [tests|bench|all|base|quant|prefill|w8a8|linear|experts|phases|decode|gemv4|ncu] [peer batches, e.g. 1,64, or none]
 # `quant`: the compressed-weight run: kernel and engine tests, the quant kernel rows, the engine
 # benchmark on the 30B shape with bf16 / fp8 / nvfp4 linear weights, and the seed-class shape in
 # NVFP4 on one GPU.
@@ -27,6 +27,9 @@
 #   tests, the moe_gemv kernel rows (batch 1), the 30B step at batches 1 and 8 (GEMV4_BATCHES) for each of
 #   GEMV4_VARIANTS (default: none nvfp4 nvfp4:cc int4 int4:cc; modifiers, any number, each after
 #   a colon: "cc" = --disable-mma-gemv, "regs" = --disable-stream-gemv, "sep" = --disable-combine-in-down).
+# `ncu`: ncu's per-instruction warp-stall samples of one decode kernel each (NCU_KERNELS, default
+#   the router and the split attention kernel) from the batch-1 engine benchmark, with its
+#   duration and SM frequency, and nvidia-smi's clocks while it ran.
 # `phases`: a diagnostic build (build-pc, -DMOEBATCH_PHASE_CLOCKS=ON -DMOEBATCH_STEP_TRACE=ON): the
 #   moe_wgmma and prefill attention rows with the cycles per tile in each phase, then the engine
 #   benchmark (TRACE_BATCHES, default 1,256; TRACE_QUANT, default none, e.g. "none fp8") with
@@ -71,7 +74,31 @@ if [ "$WHAT" = phases ]; then
     MOEBATCH_BENCH_BATCHES=${TRACE_BATCHES:-1,256} timeout 150 ./build-pc/moebatch_bench_engine_cuda --quantization $q \
       "/tmp/bench_engine_trace_$q.json" > /tmp/trace_$q.log 2>&1
     echo "traced engine ($q) rc=$?"; cat /tmp/trace_$q.log >> "$OUT/bench_engine_trace.log"
-    grep -E "step trace|call site|^  [a-z_]+\.cu|one layer|^    " /tmp/trace_$q.log | head -${TRACE_LINES:-70}
+    grep -E "step trace|SM clock|call site|^  [a-z_]+\.cu|one layer|^    " /tmp/trace_$q.log | head -${TRACE_LINES:-70}
+  done
+  exit 0
+fi
+if [ "$WHAT" = ncu ]; then
+  # one decode kernel of the batch-1 step in isolation (ncu serializes): its warp-stall samples
+  # per SASS instruction (bench/gpu/ncu_stalls.py), first NCU_KERNEL (default the router), a few
+  # layers into the second timed step; the SM clock while it ran (nvidia-smi, sampled)
+  cmake -S . -B build-dev -G Ninja -DMOEBATCH_ENGINE_ONLY=ON -DMOEBATCH_CUDA=ON -DMOEBATCH_BUILD_TESTS=OFF \
+    > "$OUT/configure.log" 2>&1 || { tail -20 "$OUT/configure.log"; exit 1; }
+  cmake --build build-dev -j16 --target moebatch_bench_engine_cuda > "$OUT/build.log" 2>&1 ||
+    { grep -E "error" -A3 "$OUT/build.log" | head -40; exit 1; }
+  echo "built at $(date +%T)"
+  for k in ${NCU_KERNELS:-route_small_kernel attention_decode_split_kernel}; do
+    (nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw --format=csv,noheader -lms 100 > "/tmp/clocks_$k.txt" 2>&1 &
+     echo $! > /tmp/smi.pid)
+    MOEBATCH_BENCH_BATCHES=1 timeout 240 ncu --section SourceCounters --section SpeedOfLight --import-source yes \
+      -k regex:$k --launch-skip ${NCU_SKIP:-100} --launch-count 1 --clock-control none -o "/tmp/ncu_$k" -f \
+      ./build-dev/moebatch_bench_engine_cuda /tmp/ncu_bench.json > "$OUT/ncu_$k.log" 2>&1
+    echo "ncu $k rc=$?"; kill "$(cat /tmp/smi.pid)" 2>/dev/null
+    sort "/tmp/clocks_$k.txt" | uniq -c | sort -rn | head -3
+    ncu -i "/tmp/ncu_$k.ncu-rep" --page details > "$OUT/ncu_${k}_details.txt" 2>&1
+    grep -E "Duration|SM Frequency|Elapsed Cycles" "$OUT/ncu_${k}_details.txt" | head -4
+    ncu -i "/tmp/ncu_$k.ncu-rep" --page source --print-source sass --csv > "$OUT/ncu_${k}_source.csv" 2>&1
+    python3 bench/gpu/ncu_stalls.py "$OUT/ncu_${k}_source.csv" --rows ${NCU_ROWS:-25} | tee "$OUT/stalls_$k.txt"
   done
   exit 0
 fi
@@ -215,7 +242,7 @@ if [ "$WHAT" = decode ]; then
   build_diag || { grep -E "error" -A3 "$OUT/pc_build.log" | head -20; exit 1; }
   MOEBATCH_BENCH_BATCHES=1 timeout 100 ./build-pc/moebatch_bench_engine_cuda ${TRACE_FLAGS:-} /tmp/trace.json > /tmp/trace.log 2>&1
   echo "traced rc=$?"; cat /tmp/trace.log >> "$OUT/bench_engine_decode.log"
-  grep -E "step trace|call site|^  [a-z_]+\.cu|one layer|^    " /tmp/trace.log | head -40
+  grep -E "step trace|SM clock|call site|^  [a-z_]+\.cu|one layer|^    " /tmp/trace.log | head -40
   exit 0
 fi
 if [ "$WHAT" != bench ]; then
