@@ -178,13 +178,16 @@ __device__ __forceinline__ void decode_begin(DecodeWarp<D>& w, const AttentionPa
 
 // AttentionParams::fused_rope: the new token's k of kv head kvh, normalised and rotated, and its
 // v into the token's cache slot (none when the slot is negative), by one whole warp: every quad
-// computes k alike, quad 0 stores it; lanes below D / 8 copy v.
+// computes k alike, quad 0 stores it; lanes below D / 8 copy v. With `staged` ([2][D] in shared
+// memory, 16-byte aligned) the same k and v rows go there too, for the block's own key loop to
+// read instead of the cache (decode_load). Whether it wrote them (the slot is not negative).
 template <int D>
-__device__ __forceinline__ void decode_write_new_kv(const QkNormRopeParams& r, int token, int kvh) {
+__device__ __forceinline__ bool decode_write_new_kv(const QkNormRopeParams& r, int token, int kvh,
+                                                    bf16* staged = nullptr) {
   constexpr int KD = D / 4;
   const int lane = threadIdx.x & 31, t = lane & 3;
   const int slot = r.slot_mapping[token];
-  if (slot < 0) return;  // warp-uniform
+  if (slot < 0) return false;  // warp-uniform
   const bf16* k = r.k + static_cast<size_t>(token) * r.k_stride + static_cast<size_t>(kvh) * D + KD * t;
   float x[KD];
 #pragma unroll
@@ -194,12 +197,19 @@ __device__ __forceinline__ void decode_write_new_kv(const QkNormRopeParams& r, i
   const size_t at = (static_cast<size_t>(slot) * r.n_kv_heads + kvh) * D;
   if (lane < 4) {
 #pragma unroll
-    for (int e = 0; e < KD; e += 8) store8(r.k_cache + at + KD * t + e, x + e);
+    for (int e = 0; e < KD; e += 8) {
+      store8(r.k_cache + at + KD * t + e, x + e);
+      if (staged != nullptr) store8(staged + KD * t + e, x + e);
+    }
   }
-  if (lane < D / 8)
-    reinterpret_cast<uint4*>(r.v_cache + at)[lane] = __ldg(
+  if (lane < D / 8) {
+    const uint4 v = __ldg(
         reinterpret_cast<const uint4*>(r.v + static_cast<size_t>(token) * r.v_stride + static_cast<size_t>(kvh) * D) +
         lane);
+    reinterpret_cast<uint4*>(r.v_cache + at)[lane] = v;
+    if (staged != nullptr) reinterpret_cast<uint4*>(staged + D)[lane] = v;
+  }
+  return true;
 }
 
 // A warp's K and V registers of one 16-key step: K of keys g, g + 8 and V of keys 2t, 2t+1,
@@ -222,30 +232,50 @@ __device__ __forceinline__ void decode_clear(DecodeKv<D>& kv) {
     for (int i = 0; i < DecodeWarp<D>::VD / 8; ++i) kv.v[j][i] = make_uint4(0, 0, 0, 0);
 }
 
+// The new token's k and v rows where the block staged them in shared memory (decode_write_new_kv):
+// its key loop reads them there, not back from the cache it just wrote.
+struct StagedKv {
+  int key = -1;                  // the new token's key index; -1: none staged
+  const bf16* rows = nullptr;    // [2][D]: k, then v
+};
+
 // The keys of the step at key0 that lie in [lo, hi) into kv, all loads in flight together; the
 // registers of the step's other keys are left as they are. row(cache, key): a key's cache row of
-// the warp's kv head.
+// the warp's kv head; the staged key comes from shared memory.
 template <int D, bool kCoherent, typename RowPtr>
 __device__ __forceinline__ void decode_load(DecodeKv<D>& kv, const RowPtr& row, const bf16* k_cache,
-                                            const bf16* v_cache, int key0, int lo, int hi) {
+                                            const bf16* v_cache, int key0, int lo, int hi,
+                                            StagedKv staged = {}) {
   constexpr int KD = DecodeWarp<D>::KD, VD = DecodeWarp<D>::VD;
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     const int key = key0 + 8 * j + g;
     if (key >= lo && key < hi) {
-      const uint4* src = reinterpret_cast<const uint4*>(row(k_cache, key) + KD * t);
+      if (key == staged.key) {
+        const uint4* src = reinterpret_cast<const uint4*>(staged.rows + KD * t);
 #pragma unroll
-      for (int i = 0; i < KD / 8; ++i) kv.k[j][i] = kCoherent ? __ldcg(src + i) : __ldg(src + i);
+        for (int i = 0; i < KD / 8; ++i) kv.k[j][i] = src[i];
+      } else {
+        const uint4* src = reinterpret_cast<const uint4*>(row(k_cache, key) + KD * t);
+#pragma unroll
+        for (int i = 0; i < KD / 8; ++i) kv.k[j][i] = kCoherent ? __ldcg(src + i) : __ldg(src + i);
+      }
     }
   }
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const int key = key0 + 2 * t + (j & 1) + 8 * (j >> 1);
     if (key >= lo && key < hi) {
-      const uint4* src = reinterpret_cast<const uint4*>(row(v_cache, key) + VD * g);
+      if (key == staged.key) {
+        const uint4* src = reinterpret_cast<const uint4*>(staged.rows + D + VD * g);
 #pragma unroll
-      for (int i = 0; i < VD / 8; ++i) kv.v[j][i] = kCoherent ? __ldcg(src + i) : __ldg(src + i);
+        for (int i = 0; i < VD / 8; ++i) kv.v[j][i] = src[i];
+      } else {
+        const uint4* src = reinterpret_cast<const uint4*>(row(v_cache, key) + VD * g);
+#pragma unroll
+        for (int i = 0; i < VD / 8; ++i) kv.v[j][i] = kCoherent ? __ldcg(src + i) : __ldg(src + i);
+      }
     }
   }
 }
@@ -337,11 +367,13 @@ __device__ __forceinline__ void decode_prefetch(DecodeKv<D>& kv, const Attention
 
 // Steps at keys k0, k0 + stride, ... below k_end (k0 and stride multiples of 16) of sequence
 // seq's cache rows of kv head kvh; warp-uniform. With `first`, step k0's keys below first_end
-// are already in it (decode_prefetch): only the rest of that step is loaded.
+// are already in it (decode_prefetch): only the rest of that step is loaded. `staged`: the new
+// token's rows in shared memory (decode_load).
 template <int D, bool kCoherent>
 __device__ __forceinline__ void decode_keys(DecodeWarp<D>& w, const AttentionParams& p, int seq,
                                             int kvh, int k0, int k_end, int stride,
-                                            const DecodeKv<D>* first = nullptr, int first_end = 0) {
+                                            const DecodeKv<D>* first = nullptr, int first_end = 0,
+                                            StagedKv staged = {}) {
   const int32_t* table = p.block_tables + static_cast<size_t>(seq) * p.max_blocks_per_seq;
   // A 16-key step lies inside one cache block when the block size is a multiple of 16 (steps
   // start at multiples of 16): one table entry per step, fetched a step ahead. The first fetch
@@ -369,7 +401,7 @@ __device__ __forceinline__ void decode_keys(DecodeWarp<D>& w, const AttentionPar
     } else {
       decode_clear(kv);
     }
-    decode_load<D, kCoherent>(kv, row, p.k_cache, p.v_cache, key0, lo, k_end);
+    decode_load<D, kCoherent>(kv, row, p.k_cache, p.v_cache, key0, lo, k_end, staged);
     decode_step(w, kv, key0, k_end, log2_scale);
   }
 }
@@ -467,7 +499,7 @@ __global__ void __launch_bounds__(kSplitWarps * 32)
   constexpr int kThreads = kSplitWarps * 32;
   __shared__ alignas(16) float o_s[kSplitWarps][16 * 4][kPad];  // warp, 4 · row + t, dims
   __shared__ float2 ml_s[kSplitWarps][16];                      // warp's (m, l) per row
-  __shared__ bool last;
+  __shared__ bool last, new_kv_written_s;
   // step inputs (uploaded before the step's first kernel): readable before pdl_sync
   const int split = blockIdx.x, kvh = blockIdx.y, seq = blockIdx.z;
   const int splits = p.num_splits, warp = threadIdx.x >> 5;
@@ -486,16 +518,19 @@ __global__ void __launch_bounds__(kSplitWarps * 32)
   pdl_sync();
 
   DecodeWarp<D> w;
+  StagedKv staged;  // kRope: the writer block's key loop reads the new k / v from here
   if constexpr (kRope) {
+    __shared__ alignas(16) bf16 new_kv_s[2 * D];
     if (k_begin < kv_len && k_end == kv_len) {  // block-uniform: the split holding the new token
-      if (warp == 0) decode_write_new_kv<D>(p.rope, token, kvh);
+      if (warp == 0) new_kv_written_s = decode_write_new_kv<D>(p.rope, token, kvh, new_kv_s);
       __syncthreads();
+      if (new_kv_written_s) staged = {.key = kv_len - 1, .rows = new_kv_s};
     }
   }
   const bool traced = blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x == 0;
   decode_begin<D, kRope>(w, p, token, kvh * group, group);
   STEP_TRACE_MARK_IF(traced);  // q in registers (diagnostic builds)
-  decode_keys<D, kRope>(w, p, seq, kvh, first_key, k_end, 16 * kSplitWarps, &first, settled_end);
+  decode_keys<D, kRope>(w, p, seq, kvh, first_key, k_end, 16 * kSplitWarps, &first, settled_end, staged);
   decode_sum_rows(w);
   STEP_TRACE_MARK_IF(traced);  // the warp's keys walked
 

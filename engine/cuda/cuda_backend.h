@@ -105,6 +105,11 @@ struct CudaBackendOptions {
   /// (kernels::AttentionParams::fused_rope, where attention_decode_prefers_fused_rope says it
   /// pays: large batches) instead of a qk_norm_rope launch before it.
   bool fused_rope_attention = true;
+  /// With fused_rope_attention, fuse on the split kernel too (small batches: every batch-1
+  /// step), where the writer block now stages the new k / v in shared memory for its own key
+  /// loop instead of reading them back from the cache (what measured slower in session 19). An
+  /// experiment of session 23, written without a GPU run: off until measured.
+  bool fused_rope_split_attention = false;
   /// One-token steps of one rank form the pending MoE combine + residual add + attention norm
   /// inside the qkv GEMV (kernels::gemv_stream_combine_norm) instead of a one-block launch before
   /// it. An experiment (session 19, written without a GPU run), off until measured faster.

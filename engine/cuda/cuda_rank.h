@@ -95,6 +95,7 @@ class CudaRank {
   bool router_norm = true;           ///< CudaBackendOptions::router_norm
   bool wgmma_attention = true;       ///< CudaBackendOptions::wgmma_attention
   bool fused_rope_attention = true;     ///< CudaBackendOptions::fused_rope_attention
+  bool fused_rope_split_attention = false;  ///< CudaBackendOptions::fused_rope_split_attention
   bool combine_norm_in_qkv = false;     ///< CudaBackendOptions::combine_norm_in_qkv (where qkv is on gemv_stream)
   bool mma_expert_gemv = true;          ///< CudaBackendOptions::mma_expert_gemv
   bool combine_in_down = true;          ///< CudaBackendOptions::combine_in_down

@@ -233,7 +233,8 @@ void attention(const Step& s, const DeviceLayerWeights& L, const DeviceKvCache& 
   at.v_cache = kv.v(kv_layer);
   if (s.decode && s.r.fused_rope_attention) {
     at.rope = rp;
-    at.fused_rope = k::attention_decode_prefers_fused_rope(at);
+    at.fused_rope = s.r.fused_rope_split_attention ? k::attention_decode_fuses_rope(at)
+                                                   : k::attention_decode_prefers_fused_rope(at);
   }
   if (!at.fused_rope) {
     k::qk_norm_rope(rp, s.st);

@@ -350,12 +350,12 @@ bool step_has_stage(const std::string& fixture, const CudaBackendOptions& o, con
   return std::any_of(stages.begin(), stages.end(), [&](const auto& st) { return st.first == name; });
 }
 
-// One-token decode steps with a fused form of the MoE combine + add + norm against the same
-// model with its one-block launch (`base`, the fused options less the fusion): the decode logits
-// of two sequences run one after the other (batch 1). `bitwise`: equal to the last bit (the fused
-// kernel sums in the launch's order); otherwise within bf16 tolerance by the 3-in-4 rule (the
-// norm's sum of squares is taken in another order, and a router near-tie then flips a token).
-void expect_fused_combine_matches(const std::string& fixture, const CudaBackendOptions& fused,
+// One-token decode steps with a fused form of some stages (`fused`) against the same model with
+// their separate launches (`base`, the fused options less the fusion): the decode logits of two
+// sequences run one after the other (batch 1). `bitwise`: equal to the last bit (the fused
+// kernel computes in the launches' order); otherwise within bf16 tolerance by the 3-in-4 rule (a
+// sum taken in another order, and a router near-tie then flips a token).
+void expect_decode_matches(const std::string& fixture, const CudaBackendOptions& fused,
                                   const CudaBackendOptions& base, const std::string& what,
                                   bool bitwise) {
   std::mt19937 rng(std::random_device{}());
@@ -392,7 +392,7 @@ TEST_P(CudaFixture, CombineNormInQkvMatchesSeparateLaunch) {
   base.combine_in_down = false;
   CudaBackendOptions fused = base;
   fused.combine_norm_in_qkv = true;
-  expect_fused_combine_matches(GetParam(), fused, base, "combine + norm in qkv vs launch", false);
+  expect_decode_matches(GetParam(), fused, base, "combine + norm in qkv vs launch", false);
 }
 
 // The combine + add inside the down GEMV and the norm in the next qkv GEMV (combine_in_down):
@@ -412,7 +412,20 @@ TEST_P(CudaFixture, CombineInDownMatchesSeparateLaunch) {
     ASSERT_TRUE(folds) << "the down GEMV took no combine";
   }
   if (!folds) GTEST_SKIP() << "no one-token MoE layer here whose next qkv GEMV forms the norm";
-  expect_fused_combine_matches(GetParam(), fused, base, "combine in down vs launch", true);
+  expect_decode_matches(GetParam(), fused, base, "combine in down vs launch", true);
+}
+
+// The q/k norm, rotation and cache write inside the split decode kernel (batch 1), the writer
+// block reading the new k / v from shared memory, against the qk_norm_rope launch: the same
+// arithmetic in another kernel, within bf16 tolerance by the 3-in-4 rule.
+TEST_P(CudaFixture, FusedRopeOnSplitKernelMatchesLaunch) {
+  CudaBackendOptions base = small_options();
+  CudaBackendOptions fused = base;
+  fused.fused_rope_split_attention = true;
+  if (!step_has_stage(GetParam(), base, "qk_norm_rope_kv_write") ||
+      step_has_stage(GetParam(), fused, "qk_norm_rope_kv_write"))
+    GTEST_SKIP() << "the split kernel cannot fuse this model's rope (partial rotation or no attention)";
+  expect_decode_matches(GetParam(), fused, base, "fused rope on the split kernel vs launch", false);
 }
 
 // Logits of each decode step (paged cache, decode kernel, graphs) against a full recompute of
