@@ -1,8 +1,9 @@
 // Decode attention on tensor cores, K and V streamed from the paged cache straight into MMA
 // fragments. One warp's formulation (DecodeWarp): the group's query rows of the sequence's one
 // new token (8 for Qwen3-MoE's 32/4 heads; ≤ 16) are one m16 row block of mma.sync.m16n8k16, and
-// the warp loads its keys into registers, 16 keys per step: no shared memory and no block barrier
-// in the key loop. Two kernels walk keys this way:
+// the warp loads its keys into registers, 16 keys per step: no block barrier in the key loop
+// (shared memory only for the new token's rows a fused-rope writer block staged). Two kernels
+// walk keys this way:
 //   - attention_decode_warp_kernel (large batches): one warp per (sequence, kv head) walks the
 //     whole context, so an SM holds as many sequences in flight as registers allow (the prefill
 //     kernel's 64-row tile holds one group and stages 64 KB of K/V per block). It pays only when
@@ -12,7 +13,8 @@
 //     shared memory and, with several splits, writes the split's partial to the workspace and
 //     takes a ticket; the pair's last split to arrive merges all of them and writes the output.
 //     One launch: at batch 1 a layer reads ~0.3 MB of K/V, so the step is latency, and the
-//     CUDA-core split kernel plus its combine launch cost ~14 µs (ncu, H200).
+//     CUDA-core split kernel plus its combine launch cost ~14 µs (ncu, H200). Each warp's first
+//     step of keys that earlier forward calls wrote is loaded before pdl_sync (decode_prefetch).
 //
 // The dimensions are permuted so that every lane's operands are contiguous in a cache row (a dot
 // product and an output column do not care about order, as long as both sides agree):
@@ -350,9 +352,13 @@ __device__ __forceinline__ const bf16* cache_row(const bf16* cache, const Attent
   return cache + (static_cast<size_t>(slot) * p.n_kv_heads + kvh) * D;
 }
 
-// Before pdl_sync: the keys of the step at k0 below `end` — cache rows written by earlier steps
-// and the block table, a step input uploaded before the step's first kernel, so nothing a kernel
-// of this step writes — into kv, under the kernel before. Each key looks up its own table entry.
+// Before pdl_sync: the keys of the step at k0 below `end` into kv, under the kernel before. An
+// exception to launch.cuh's contract, sound because nothing a kernel of this forward call writes
+// is read: the block table is a step input (uploaded, after a stream sync, before the call's
+// first kernel), and the rows below the new token's were written by earlier forward calls — a
+// decode chunk holds each sequence once (step_chunk.cpp), so no other row of the chunk writes
+// a slot of this range. Through L2 (__ldcg): never an L1 line that could later stand in for the
+// new token's row. Each key looks up its own table entry.
 template <int D>
 __device__ __forceinline__ void decode_prefetch(DecodeKv<D>& kv, const AttentionParams& p, int seq, int kvh,
                                                 int k0, int end) {
@@ -362,7 +368,7 @@ __device__ __forceinline__ void decode_prefetch(DecodeKv<D>& kv, const Attention
   const auto row = [&](const bf16* cache, int key) {
     return cache_row<D>(cache, p, __ldg(table + key / p.block_size) * p.block_size + key % p.block_size, kvh);
   };
-  decode_load<D, false>(kv, row, p.k_cache, p.v_cache, k0, k0, end);
+  decode_load<D, true>(kv, row, p.k_cache, p.v_cache, k0, k0, end);
 }
 
 // Steps at keys k0, k0 + stride, ... below k_end (k0 and stride multiples of 16) of sequence
@@ -376,9 +382,8 @@ __device__ __forceinline__ void decode_keys(DecodeWarp<D>& w, const AttentionPar
                                             StagedKv staged = {}) {
   const int32_t* table = p.block_tables + static_cast<size_t>(seq) * p.max_blocks_per_seq;
   // A 16-key step lies inside one cache block when the block size is a multiple of 16 (steps
-  // start at multiples of 16): one table entry per step, fetched a step ahead. The first fetch
-  // does not wait for k_end (kv_lens): any entry of the row may be read, and it is used only
-  // below k_end.
+  // start at multiples of 16): one table entry per step, fetched a step ahead (any entry of the
+  // row may be read; it is used only below k_end).
   const bool one_block = p.block_size % 16 == 0;
   int next_base =
       one_block && k0 / p.block_size < p.max_blocks_per_seq ? __ldg(table + k0 / p.block_size) : 0;
@@ -389,20 +394,24 @@ __device__ __forceinline__ void decode_keys(DecodeWarp<D>& w, const AttentionPar
     return cache_row<D>(cache, p, slot, kvh);
   };
   const float log2_scale = p.scale * kLog2e;
-  for (int key0 = k0; key0 < k_end; key0 += stride) {
+  // the step at key0 from kv, whose keys below lo are already there
+  const auto step = [&](int key0, DecodeKv<D>& kv, int lo) {
     slot_base = next_base * p.block_size;
     if (one_block && key0 + stride < k_end)
       next_base = __ldg(table + (key0 + stride) / p.block_size);
-    DecodeKv<D> kv;
-    int lo = key0;
-    if (first != nullptr && key0 == k0) {
-      kv = *first;
-      lo = first_end;
-    } else {
-      decode_clear(kv);
-    }
     decode_load<D, kCoherent>(kv, row, p.k_cache, p.v_cache, key0, lo, k_end, staged);
     decode_step(w, kv, key0, k_end, log2_scale);
+  };
+  int key0 = k0;
+  if (first != nullptr && key0 < k_end) {  // peeled: `first` dies here (198 registers, not 254)
+    DecodeKv<D> kv = *first;
+    step(key0, kv, first_end);
+    key0 += stride;
+  }
+  for (; key0 < k_end; key0 += stride) {
+    DecodeKv<D> kv;
+    decode_clear(kv);
+    step(key0, kv, key0);
   }
 }
 
@@ -486,8 +495,8 @@ __device__ __forceinline__ void fma4(float4& acc, float c, float4 x) {
 // Workspace (num_splits > 1): after the counters, o[token, kv head, split, group row, D], then
 // (m, l)[token, kv head, split, group row] — o relative to 2^m, m in base-2 logits.
 // kRope (AttentionParams::fused_rope): the block whose keys end with the sequence's new token
-// first writes its k and v to the cache (warp 0; qk_norm_rope's work), and every block reads its
-// keys through L2 (__ldcg), where those writes are.
+// first writes its k and v to the cache (warp 0; qk_norm_rope's work) and stages them in shared
+// memory, where its key loop reads them; no block reads a cache row written in this launch.
 template <int D, bool kRope>
 __global__ void __launch_bounds__(kSplitWarps * 32)
     attention_decode_split_kernel(AttentionParams p) {
@@ -499,7 +508,7 @@ __global__ void __launch_bounds__(kSplitWarps * 32)
   constexpr int kThreads = kSplitWarps * 32;
   __shared__ alignas(16) float o_s[kSplitWarps][16 * 4][kPad];  // warp, 4 · row + t, dims
   __shared__ float2 ml_s[kSplitWarps][16];                      // warp's (m, l) per row
-  __shared__ bool last, new_kv_written_s;
+  __shared__ bool last;
   // step inputs (uploaded before the step's first kernel): readable before pdl_sync
   const int split = blockIdx.x, kvh = blockIdx.y, seq = blockIdx.z;
   const int splits = p.num_splits, warp = threadIdx.x >> 5;
@@ -521,6 +530,7 @@ __global__ void __launch_bounds__(kSplitWarps * 32)
   StagedKv staged;  // kRope: the writer block's key loop reads the new k / v from here
   if constexpr (kRope) {
     __shared__ alignas(16) bf16 new_kv_s[2 * D];
+    __shared__ bool new_kv_written_s;
     if (k_begin < kv_len && k_end == kv_len) {  // block-uniform: the split holding the new token
       if (warp == 0) new_kv_written_s = decode_write_new_kv<D>(p.rope, token, kvh, new_kv_s);
       __syncthreads();

@@ -11,6 +11,9 @@
 //   - at least one thread of the grid calls it. A kernel then cannot complete before the one
 //     before it has, so completion stays ordered along the stream as without PDL: a kernel two
 //     launches back has finished once pdl_sync() returns.
+// One documented exception: the split decode attention kernel reads step inputs (uploaded
+// before the forward call's first kernel) and cache rows of earlier forward calls before its
+// pdl_sync (kernels/attention_decode.cu, decode_prefetch, says why that is sound).
 // A kernel that calls pdl_sync() but is launched plainly (<<<...>>>) simply finds nothing to wait
 // for. Kernels from libraries (cuBLAS, NCCL) never signal early, so one launched after them starts
 // at their completion, as before.

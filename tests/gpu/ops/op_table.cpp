@@ -250,6 +250,20 @@ std::vector<OpCaseDef> op_cases_test() {
                               .decode = true,
                               .splits = 7,
                               .block_size = 32}));
+  // The split kernel's settled keys loaded before its wait and the new token's after it (from
+  // the writer block's shared memory when fused): a table lookup per key in the fused form
+  // (blocks of 8), steps that straddle blocks at varying offsets (blocks of 24), and a writer
+  // split that holds only the new key (305 keys in splits of 304).
+  t.push_back(attention_case({.head_dim = 128, .n_q_heads = 32, .n_kv_heads = 4, .q_lens = q3,
+                              .kv_lens = {17, 150, 1500}, .decode = true, .splits = 5, .block_size = 8,
+                              .fused_rope = true}));
+  for (bool fused : {false, true})
+    t.push_back(attention_case({.head_dim = 64, .n_q_heads = 16, .n_kv_heads = 4, .q_lens = q3,
+                                .kv_lens = {23, 150, 1500}, .decode = true, .splits = 5, .block_size = 24,
+                                .fused_rope = fused}));
+  t.push_back(attention_case({.head_dim = 128, .n_q_heads = 32, .n_kv_heads = 4, .q_lens = q3,
+                              .kv_lens = {305, kEmptyContext, 1500}, .decode = true, .splits = 5,
+                              .fused_rope = true}));
   // More pairs: 31 sequences (124 pairs, 2 splits on an H200) and 40 (160 pairs, 1 split) of random
   // lengths, one without keys.
   for (int seqs : {31, 40}) {
