@@ -510,23 +510,7 @@ void moe_gemm(const MoeGemmParams& p, cudaStream_t stream) {
   const int cols_per_block = kWarps * col_multiple;
   const int expert_blocks = p.active_experts != nullptr ? std::min(p.num_experts, p.num_pairs) : p.num_experts;
   const dim3 grid(CEIL_DIV(p.n, cols_per_block), expert_blocks);
-  switch (w.codec) {  // the one place the codec picks a kernel
-    case WeightCodec::Bf16:
-      launch<WeightCodec::Bf16>(p, grid, stream);
-      break;
-    case WeightCodec::Fp8Block:
-      launch<WeightCodec::Fp8Block>(p, grid, stream);
-      break;
-    case WeightCodec::Nvfp4:
-      launch<WeightCodec::Nvfp4>(p, grid, stream);
-      break;
-    case WeightCodec::Int8:
-      launch<WeightCodec::Int8>(p, grid, stream);
-      break;
-    case WeightCodec::Int4:
-      launch<WeightCodec::Int4>(p, grid, stream);
-      break;
-  }
+  with_codec(w.codec, [&]<WeightCodec C>() { launch<C>(p, grid, stream); });
   CUDA_CHECK_LAST();
 }
 

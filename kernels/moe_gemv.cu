@@ -282,13 +282,7 @@ void moe_gemv_combine(const MoeGemmParams& p, bf16* residual, const float* weigh
            "moe_gemv_combine: needs one token's down stage (direct_topk, routing_settled, no SwiGLU or W8A8, "
            "in_row_div 1) of 1..kMoeGemvCombineMaxPairs pairs and a 16-byte aligned input");
   MB_CHECK(residual != nullptr, "moe_gemv_combine: null residual");
-  switch (p.weight.codec) {
-    case WeightCodec::Bf16: launch_combine<WeightCodec::Bf16>(p, residual, weights, stream); break;
-    case WeightCodec::Fp8Block: launch_combine<WeightCodec::Fp8Block>(p, residual, weights, stream); break;
-    case WeightCodec::Nvfp4: launch_combine<WeightCodec::Nvfp4>(p, residual, weights, stream); break;
-    case WeightCodec::Int8: launch_combine<WeightCodec::Int8>(p, residual, weights, stream); break;
-    case WeightCodec::Int4: launch_combine<WeightCodec::Int4>(p, residual, weights, stream); break;
-  }
+  with_codec(p.weight.codec, [&]<WeightCodec C>() { launch_combine<C>(p, residual, weights, stream); });
   CUDA_CHECK_LAST();
 }
 
@@ -300,23 +294,7 @@ void moe_gemv(const MoeGemmParams& p, int tokens, cudaStream_t stream) {
   MB_CHECK(!p.direct_topk || (tokens == 1 && p.num_pairs <= p.num_experts),
            "moe_gemv: direct_topk is for one token's pairs");
   if (p.num_pairs == 0) return;
-  switch (p.weight.codec) {  // the codec picks a kernel here, in moe_gemv_combine and in moe_gemm only
-    case WeightCodec::Bf16:
-      launch_codec<WeightCodec::Bf16>(p, tokens, stream);
-      break;
-    case WeightCodec::Fp8Block:
-      launch_codec<WeightCodec::Fp8Block>(p, tokens, stream);
-      break;
-    case WeightCodec::Nvfp4:
-      launch_codec<WeightCodec::Nvfp4>(p, tokens, stream);
-      break;
-    case WeightCodec::Int8:
-      launch_codec<WeightCodec::Int8>(p, tokens, stream);
-      break;
-    case WeightCodec::Int4:
-      launch_codec<WeightCodec::Int4>(p, tokens, stream);
-      break;
-  }
+  with_codec(p.weight.codec, [&]<WeightCodec C>() { launch_codec<C>(p, tokens, stream); });
   CUDA_CHECK_LAST();
 }
 

@@ -142,18 +142,7 @@ void gemv_impl(void* out, bool out_f32, const bf16* x, const QuantMatrix& w, int
   a.n = n;
   a.k = k;
   check_quant_matrix(w, "gemv_quant");
-  switch (w.codec) {
-    case WeightCodec::Bf16:
-      return launch_gemv_codec<WeightCodec::Bf16>(a, m, stream);
-    case WeightCodec::Fp8Block:
-      return launch_gemv_codec<WeightCodec::Fp8Block>(a, m, stream);
-    case WeightCodec::Nvfp4:
-      return launch_gemv_codec<WeightCodec::Nvfp4>(a, m, stream);
-    case WeightCodec::Int8:
-      return launch_gemv_codec<WeightCodec::Int8>(a, m, stream);
-    case WeightCodec::Int4:
-      return launch_gemv_codec<WeightCodec::Int4>(a, m, stream);
-  }
+  return with_codec(w.codec, [&]<WeightCodec C>() { return launch_gemv_codec<C>(a, m, stream); });
 }
 
 // --- dequantize -----------------------------------------------------------------------------

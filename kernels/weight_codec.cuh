@@ -36,6 +36,20 @@ namespace moebatch::kernels {
 /// How a weight matrix's bytes encode its values.
 enum class WeightCodec : int { Bf16 = 0, Fp8Block = 1, Nvfp4 = 2, Int8 = 3, Int4 = 4 };
 
+/// fn.template operator()<C>() for the compile-time codec C of `codec` (host side): the one switch
+/// that turns a weight's codec into kernel instantiations; each op picks its kernels inside fn.
+template <typename Fn>
+decltype(auto) with_codec(WeightCodec codec, Fn&& fn) {
+  switch (codec) {
+    case WeightCodec::Fp8Block: return fn.template operator()<WeightCodec::Fp8Block>();
+    case WeightCodec::Nvfp4: return fn.template operator()<WeightCodec::Nvfp4>();
+    case WeightCodec::Int8: return fn.template operator()<WeightCodec::Int8>();
+    case WeightCodec::Int4: return fn.template operator()<WeightCodec::Int4>();
+    case WeightCodec::Bf16: break;
+  }
+  return fn.template operator()<WeightCodec::Bf16>();
+}
+
 /// A [rows, cols] row-major weight matrix (leading dims of a stacked tensor flattened into rows)
 /// in one codec. Pointers are device memory; absent fields are nullptr.
 struct QuantMatrix {
