@@ -49,7 +49,15 @@ struct AttentionParams {
   /// q, q_stride and caches equal this struct's) with the forward's rotation table.
   bool fused_rope = false;
   QkNormRopeParams rope = {};
+  /// Decode split kernel with 2..kAttentionClusterMaxSplits splits on a GPU with thread block
+  /// clusters: a (sequence, kv head)'s splits run as one cluster and merge their partials
+  /// through each other's shared memory, not the workspace and a ticket (the same arithmetic,
+  /// bit for bit). Elsewhere ignored.
+  bool cluster_merge = false;
 };
+
+/// Splits a cluster_merge launch takes at most (a portable cluster).
+inline constexpr int kAttentionClusterMaxSplits = 8;
 
 /// Ticket counters at the head of a split-K workspace: one per (sequence, kv head) of the
 /// small-batch decode kernel (it takes fewer pairs than this), through which the last split of a
@@ -107,5 +115,9 @@ bool attention_decode_fuses_rope(const AttentionParams& p);
 /// than the separate qk_norm_rope launch costs (H100, 30B shape, one machine: batch 1 3.55 /
 /// 3.56 ms fused, 3.51 not; batch 256 24.95 vs 25.27 ms; bench/RESULTS.md, session 19).
 bool attention_decode_prefers_fused_rope(const AttentionParams& p);
+
+/// Whether attention_decode merges p's splits across a thread block cluster (cluster_merge asked,
+/// the split kernel, 2..kAttentionClusterMaxSplits splits, a GPU that launches clusters).
+bool attention_decode_merges_in_clusters(const AttentionParams& p);
 
 }  // namespace moebatch::kernels

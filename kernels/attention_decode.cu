@@ -27,6 +27,8 @@
 // Scores to base-2 logits in fp32, online softmax per row over the quad of lanes sharing it, P
 // rounded to bf16 as the A fragments of P·V (the prefill kernel's arithmetic).
 
+#include <cooperative_groups.h>
+
 #include "kernels/attention_internal.cuh"
 #include "kernels/cuda_check.cuh"
 #include "kernels/device_common.cuh"
@@ -488,6 +490,42 @@ __device__ __forceinline__ void fma4(float4& acc, float c, float4 x) {
   acc.w = fmaf(c, x.w, acc.w);
 }
 
+// The merge of a pair's split partials for one (row, 4 dims) item: split s weighted by
+// 2^(m_s − M), as attention_combine_kernel (a neutral partial weighs 0), over batches of splits
+// whose (m, l) and o are loaded together, M taken online: a running max, the sums so far
+// rescaled when a batch raises it. partial(s, ml, o) loads split s's; both merges (workspace and
+// cluster) go through here, so they agree bit for bit.
+template <typename Partial>
+__device__ __forceinline__ void merge_partials(int splits, const Partial& partial, float4& o, float& l) {
+  float mx = -INFINITY;
+  l = 0.f;
+  o = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int s0 = 0; s0 < splits; s0 += kCombineBatch) {
+    float2 ml[kCombineBatch];
+    float4 x[kCombineBatch];
+#pragma unroll
+    for (int j = 0; j < kCombineBatch; ++j) {
+      ml[j] = make_float2(-INFINITY, 0.f);
+      x[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (s0 + j < splits) partial(s0 + j, ml[j], x[j]);
+    }
+    float mn = mx;
+#pragma unroll
+    for (int j = 0; j < kCombineBatch; ++j) mn = fmaxf(mn, ml[j].x);
+    const float base = mn == -INFINITY ? 0.f : mn;  // no keys so far: every weight 2^-inf = 0
+    const float alpha = exp2f(mx - base);
+    l *= alpha;
+    o = make_float4(o.x * alpha, o.y * alpha, o.z * alpha, o.w * alpha);
+#pragma unroll
+    for (int j = 0; j < kCombineBatch; ++j) {
+      const float c = exp2f(ml[j].x - base);
+      l = fmaf(c, ml[j].y, l);
+      fma4(o, c, x[j]);
+    }
+    mx = mn;
+  }
+}
+
 // Grid (split, kv head, sequence), kSplitWarps warps. Split s covers keys [s·len, (s + 1)·len) of
 // [0, kv_len), len = max_kv_len / num_splits rounded up to 16 keys; warp w takes the split's
 // steps w, w + kSplitWarps, ... A split without keys (an empty context, or past a short
@@ -497,7 +535,11 @@ __device__ __forceinline__ void fma4(float4& acc, float c, float4 x) {
 // kRope (AttentionParams::fused_rope): the block whose keys end with the sequence's new token
 // first writes its k and v to the cache (warp 0; qk_norm_rope's work) and stages them in shared
 // memory, where its key loop reads them; no block reads a cache row written in this launch.
-template <int D, bool kRope>
+// kCluster (AttentionParams::cluster_merge; launched in clusters of num_splits blocks along x,
+// 2..kAttentionClusterMaxSplits): each split keeps its partial in its shared memory, and after
+// the cluster meets, split r merges items r·kThreads.. of every split's, read across the
+// cluster — no workspace, fence or ticket.
+template <int D, bool kRope, bool kCluster>
 __global__ void __launch_bounds__(kSplitWarps * 32)
     attention_decode_split_kernel(AttentionParams p) {
   constexpr int kLaneDims = 2 * DecodeWarp<D>::VD;  // a lane's dims of a row
@@ -508,6 +550,8 @@ __global__ void __launch_bounds__(kSplitWarps * 32)
   constexpr int kThreads = kSplitWarps * 32;
   __shared__ alignas(16) float o_s[kSplitWarps][16 * 4][kPad];  // warp, 4 · row + t, dims
   __shared__ float2 ml_s[kSplitWarps][16];                      // warp's (m, l) per row
+  __shared__ alignas(16) float cpart_o[kCluster ? 16 * D : 4];  // kCluster: the split's partial o
+  __shared__ float2 cpart_ml[kCluster ? 16 : 1];                // and (m, l), per group row
   __shared__ bool last;
   // step inputs (uploaded before the step's first kernel): readable before pdl_sync
   const int split = blockIdx.x, kvh = blockIdx.y, seq = blockIdx.z;
@@ -587,12 +631,41 @@ __global__ void __launch_bounds__(kSplitWarps * 32)
       store_out4<D>(p, token, kvh * group + row, d, o, l);
       continue;
     }
-    const size_t at = (pair * splits + split) * group + row;
-    *reinterpret_cast<float4*>(part_o + at * D + d) = o;
-    if (d == 0) part_ml[at] = make_float2(mx, l);
+    if constexpr (kCluster) {
+      *reinterpret_cast<float4*>(cpart_o + row * D + d) = o;
+      if (d == 0) cpart_ml[row] = make_float2(mx, l);
+    } else {
+      const size_t at = (pair * splits + split) * group + row;
+      *reinterpret_cast<float4*>(part_o + at * D + d) = o;
+      if (d == 0) part_ml[at] = make_float2(mx, l);
+    }
   }
   STEP_TRACE_MARK_IF(traced);  // the split's partial stored
   if (splits == 1) return;
+  if constexpr (kCluster) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    namespace cg = cooperative_groups;
+    const cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();  // every split's partial is in its shared memory
+    for (int i = split * kThreads + threadIdx.x; i < group * kChunks; i += splits * kThreads) {
+      const int row = i / kChunks, d = i % kChunks * 4;
+      float4 o;
+      float l;
+      merge_partials(
+          splits,
+          [&](int s, float2& ml, float4& x) {
+            ml = cluster.map_shared_rank(cpart_ml, s)[row];
+            x = *reinterpret_cast<const float4*>(cluster.map_shared_rank(cpart_o, s) + row * D + d);
+          },
+          o, l);
+      store_out4<D>(p, token, kvh * group + row, d, o, l);
+    }
+    cluster.sync();  // no split leaves while another still reads its partial
+#else
+    __trap();  // launched in clusters on compute capability 9.0 only
+#endif
+    return;
+  }
 
   // Ticket: the pair's last split to arrive merges them all. Every thread fences its partial
   // stores before the block takes its ticket; the last block fences again before reading.
@@ -607,42 +680,21 @@ __global__ void __launch_bounds__(kSplitWarps * 32)
   if (!last) return;
   STEP_TRACE_MARK_IF(threadIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0);  // kv head 0's last split
   __threadfence();
-  // Split s weighted by 2^(m_s − M), as attention_combine_kernel (a neutral partial weighs 0),
-  // over batches of splits whose (m, l) and o are loaded together, M taken online: a running
-  // max, the sums so far rescaled when a batch raises it. __ldcg: L2, never a line this SM's L1
-  // may hold from an earlier block.
+  // merge_partials over the workspace. __ldcg: L2, never a line this SM's L1 may hold from an
+  // earlier block.
   const float2* const ml_src = part_ml + pair * splits * group;   // [split, row]
   const float* const o_src = part_o + pair * splits * group * D;  // [split, row, D]
   for (int i = threadIdx.x; i < group * kChunks; i += kThreads) {
     const int row = i / kChunks, d = i % kChunks * 4;
-    float mx = -INFINITY, l = 0.f;
-    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int s0 = 0; s0 < splits; s0 += kCombineBatch) {
-      float2 ml[kCombineBatch];
-      float4 x[kCombineBatch];
-#pragma unroll
-      for (int j = 0; j < kCombineBatch; ++j) {
-        const int s = s0 + j;
-        ml[j] = s < splits ? __ldcg(ml_src + s * group + row) : make_float2(-INFINITY, 0.f);
-        x[j] = s < splits ? __ldcg(reinterpret_cast<const float4*>(
-                                o_src + (static_cast<size_t>(s) * group + row) * D + d))
-                          : make_float4(0.f, 0.f, 0.f, 0.f);
-      }
-      float mn = mx;
-#pragma unroll
-      for (int j = 0; j < kCombineBatch; ++j) mn = fmaxf(mn, ml[j].x);
-      const float base = mn == -INFINITY ? 0.f : mn;  // no keys so far: every weight 2^-inf = 0
-      const float alpha = exp2f(mx - base);
-      l *= alpha;
-      o = make_float4(o.x * alpha, o.y * alpha, o.z * alpha, o.w * alpha);
-#pragma unroll
-      for (int j = 0; j < kCombineBatch; ++j) {
-        const float c = exp2f(ml[j].x - base);
-        l = fmaf(c, ml[j].y, l);
-        fma4(o, c, x[j]);
-      }
-      mx = mn;
-    }
+    float4 o;
+    float l;
+    merge_partials(
+        splits,
+        [&](int s, float2& ml, float4& x) {
+          ml = __ldcg(ml_src + s * group + row);
+          x = __ldcg(reinterpret_cast<const float4*>(o_src + (static_cast<size_t>(s) * group + row) * D + d));
+        },
+        o, l);
     store_out4<D>(p, token, kvh * group + row, d, o, l);
   }
 }
@@ -655,11 +707,27 @@ void launch(const AttentionParams& p, cudaStream_t stream) {
   CUDA_CHECK_LAST();
 }
 
+// Whether the current device launches thread block clusters (compute capability 9.0).
+bool device_has_clusters() {
+  int device = 0, clusters = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&clusters, cudaDevAttrClusterLaunch, device));
+  return clusters != 0;
+}
+
+template <int D, bool kRope>
+void launch_split_rope(const AttentionParams& p, cudaStream_t stream) {
+  const dim3 grid(p.num_splits, p.n_kv_heads, p.num_seqs);
+  if (attention_decode_merges_in_clusters(p))
+    launch_dependent_clusters(attention_decode_split_kernel<D, kRope, true>, grid, kSplitWarps * 32, 0,
+                              p.num_splits, stream, p);
+  else
+    launch_dependent(attention_decode_split_kernel<D, kRope, false>, grid, kSplitWarps * 32, 0, stream, p);
+}
+
 template <int D>
 void launch_split(const AttentionParams& p, cudaStream_t stream) {
-  const dim3 grid(p.num_splits, p.n_kv_heads, p.num_seqs);
-  launch_dependent(p.fused_rope ? attention_decode_split_kernel<D, true> : attention_decode_split_kernel<D, false>,
-                   grid, kSplitWarps * 32, 0, stream, p);
+  p.fused_rope ? launch_split_rope<D, true>(p, stream) : launch_split_rope<D, false>(p, stream);
   CUDA_CHECK_LAST();
 }
 
@@ -710,6 +778,11 @@ bool attention_decode_fuses_rope(const AttentionParams& p) {
 
 bool attention_decode_prefers_fused_rope(const AttentionParams& p) {
   return attention_decode_fuses_rope(p) && decode_on_warps(p);
+}
+
+bool attention_decode_merges_in_clusters(const AttentionParams& p) {
+  return p.cluster_merge && decode_on_split_warps(p) && p.num_splits >= 2 &&
+         p.num_splits <= kAttentionClusterMaxSplits && device_has_clusters();
 }
 
 void attention_decode_split_warps(const AttentionParams& p, cudaStream_t stream) {

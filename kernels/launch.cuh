@@ -57,21 +57,34 @@ __device__ __forceinline__ void pdl_sync_traced(unsigned line) {
 #endif
 
 /// kernel<<<grid, block, smem, stream>>>(args...) as a programmatic dependent launch (see the
-/// contract above). Captured into a CUDA graph, the dependency becomes a programmatic edge.
+/// contract above), in thread block clusters of cluster_x blocks along x where cluster_x > 1
+/// (compute capability 9.0; grid.x a multiple of it). Captured into a CUDA graph, the dependency
+/// becomes a programmatic edge.
 template <typename... Params, typename... Args>
-void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                      cudaStream_t stream, Args&&... args) {
-  cudaLaunchAttribute attr[1];
+void launch_dependent_clusters(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, int cluster_x,
+                               cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
+  attr[1].id = cudaLaunchAttributeClusterDimension;
+  attr[1].val.clusterDim.x = static_cast<unsigned>(cluster_x);
+  attr[1].val.clusterDim.y = 1;
+  attr[1].val.clusterDim.z = 1;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = cluster_x > 1 ? 2 : 1;
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+/// launch_dependent_clusters without clusters.
+template <typename... Params, typename... Args>
+void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                      cudaStream_t stream, Args&&... args) {
+  launch_dependent_clusters(kernel, grid, block, smem, 1, stream, std::forward<Args>(args)...);
 }
 
 /// Whether a grid of `blocks` blocks of `kernel` overflows one wave of resident blocks on the

@@ -110,6 +110,11 @@ struct CudaBackendOptions {
   /// loop instead of reading them back from the cache (what measured slower in session 19). An
   /// experiment of session 23, written without a GPU run: off until measured.
   bool fused_rope_split_attention = false;
+  /// Decode steps' split attention (2..8 splits, a GPU with clusters) merges its splits through
+  /// a thread block cluster's shared memory instead of the workspace and a ticket
+  /// (kernels::AttentionParams::cluster_merge; the same bits). An experiment of session 23,
+  /// written without a GPU run: off until measured.
+  bool cluster_attention_merge = false;
   /// One-token steps of one rank form the pending MoE combine + residual add + attention norm
   /// inside the qkv GEMV (kernels::gemv_stream_combine_norm) instead of a one-block launch before
   /// it. An experiment (session 19, written without a GPU run), off until measured faster.

@@ -231,6 +231,7 @@ void attention(const Step& s, const DeviceLayerWeights& L, const DeviceKvCache& 
   k::AttentionParams at = s.attn;
   at.k_cache = kv.k(kv_layer);
   at.v_cache = kv.v(kv_layer);
+  at.cluster_merge = s.r.cluster_attention_merge;
   if (s.decode && s.r.fused_rope_attention) {
     at.rope = rp;
     at.fused_rope = s.r.fused_rope_split_attention ? k::attention_decode_fuses_rope(at)

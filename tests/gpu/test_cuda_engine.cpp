@@ -428,6 +428,16 @@ TEST_P(CudaFixture, FusedRopeOnSplitKernelMatchesLaunch) {
   expect_decode_matches(GetParam(), fused, base, "fused rope on the split kernel vs launch", false);
 }
 
+// The split decode kernel's partials merged across a thread block cluster (cluster_merge) against
+// the workspace merge: the same arithmetic in the same order, so the same bits (which launches
+// took clusters: the attn_decode cluster_merge op cases).
+TEST_P(CudaFixture, ClusterAttentionMergeMatchesWorkspaceMerge) {
+  CudaBackendOptions base = small_options();
+  CudaBackendOptions clustered = base;
+  clustered.cluster_attention_merge = true;
+  expect_decode_matches(GetParam(), clustered, base, "attention splits merged in a cluster vs workspace", true);
+}
+
 // Logits of each decode step (paged cache, decode kernel, graphs) against a full recompute of
 // the same tokens with the prefill path.
 TEST_P(CudaFixture, DecodeWithCacheMatchesRecompute) {

@@ -79,6 +79,7 @@ class AttentionCase final : public OpCase {
     p_.scale = 1.f / std::sqrt(static_cast<float>(hd));
     p_.num_splits = splits_;
     p_.workspace = ws_.get();
+    p_.cluster_merge = s_.cluster_merge;
     if (s_.mma_sync) p_.prefill_kernel = kernels::AttentionPrefillKernel::mma_sync;
     if (s_.fused_rope) setup_rope(env, rng);
   }
@@ -144,6 +145,13 @@ class AttentionCase final : public OpCase {
       }
     });
     OpCheck c;
+    if (s_.cluster_merge && splits_ >= 2 && splits_ <= kernels::kAttentionClusterMaxSplits) {
+      int device = 0, clusters = 0;
+      CUDA_CHECK(cudaGetDevice(&device));
+      CUDA_CHECK(cudaDeviceGetAttribute(&clusters, cudaDevAttrClusterLaunch, device));
+      c.expect(kernels::attention_decode_merges_in_clusters(p_) == (clusters != 0),
+               "the splits were not merged across a cluster where the GPU launches clusters");
+    }
     // bf16 output rounding dominates (fp32 scores and accumulation).
     const std::vector<uint16_t> out = out_.download<uint16_t>();
     const std::vector<float> outf = to_float(out);
@@ -344,7 +352,8 @@ OpCaseDef attention_case(const AttentionShape& s) {
       (s.splits == kSplitsAuto ? std::string("auto") : std::to_string(s.splits)) +
       (s.kv_bound > 0 ? " bound " + std::to_string(s.kv_bound) : "") +
       (s.block_size != 16 ? " block " + std::to_string(s.block_size) : "") + (s.mma_sync ? " mma_sync" : "") +
-      (s.fused_rope ? (s.rope_norm ? " fused_rope" : " fused_rope no_norm") : "");
+      (s.fused_rope ? (s.rope_norm ? " fused_rope" : " fused_rope no_norm") : "") +
+      (s.cluster_merge ? " cluster_merge" : "");
   return op_case_def<AttentionCase>(s.decode ? "attn_decode" : "attn_prefill", shape, OpFamily::attention, 5e-3, s);
 }
 

@@ -107,6 +107,8 @@ struct AttentionShape {
   /// writes the new k / v to their cache slots; checked with the cache against fp64.
   bool fused_rope = false;
   bool rope_norm = true;
+  /// AttentionParams::cluster_merge (decode, 2..8 splits): the splits merged across a cluster.
+  bool cluster_merge = false;
 };
 OpCaseDef attention_case(const AttentionShape& s);
 

@@ -264,6 +264,25 @@ std::vector<OpCaseDef> op_cases_test() {
   t.push_back(attention_case({.head_dim = 128, .n_q_heads = 32, .n_kv_heads = 4, .q_lens = q3,
                               .kv_lens = {305, kEmptyContext, 1500}, .decode = true, .splits = 5,
                               .fused_rope = true}));
+  // The splits merged across a thread block cluster (cluster_merge): batch 1 as the engine runs
+  // it (8 splits at contexts 17 and 150; 1500 takes 16, past a cluster: the workspace merge), an
+  // odd count with an empty context, 2 splits at d 64 with 16 q heads per kv head, blocks of 8,
+  // and with the fused rope.
+  for (int ctx : {17, 150, 1500})
+    t.push_back(attention_case({.head_dim = 128, .n_q_heads = 32, .n_kv_heads = 4, .q_lens = {1}, .kv_lens = {ctx},
+                                .decode = true, .splits = kSplitsAuto, .kv_bound = bucket(ctx),
+                                .cluster_merge = true}));
+  t.push_back(attention_case({.head_dim = 128, .n_q_heads = 32, .n_kv_heads = 4, .q_lens = q3, .kv_lens = kv3,
+                              .decode = true, .splits = 5, .cluster_merge = true}));
+  t.push_back(attention_case({.head_dim = 64, .n_q_heads = 64, .n_kv_heads = 4, .q_lens = q3,
+                              .kv_lens = {16, kEmptyContext, 700}, .decode = true, .splits = 2,
+                              .cluster_merge = true}));
+  t.push_back(attention_case({.head_dim = 128, .n_q_heads = 32, .n_kv_heads = 4, .q_lens = q3,
+                              .kv_lens = {17, 150, 1500}, .decode = true, .splits = 7, .block_size = 8,
+                              .cluster_merge = true}));
+  t.push_back(attention_case({.head_dim = 128, .n_q_heads = 32, .n_kv_heads = 4, .q_lens = {1}, .kv_lens = {150},
+                              .decode = true, .splits = kSplitsAuto, .kv_bound = 256, .fused_rope = true,
+                              .cluster_merge = true}));
   // More pairs: 31 sequences (124 pairs, 2 splits on an H200) and 40 (160 pairs, 1 split) of random
   // lengths, one without keys.
   for (int seqs : {31, 40}) {
