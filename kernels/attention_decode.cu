@@ -642,24 +642,26 @@ __global__ void __launch_bounds__(kSplitWarps * 32)
   }
   STEP_TRACE_MARK_IF(traced);  // the split's partial stored
   if (splits == 1) return;
+  // Items first, first + stride, ... of the pair's output, each merged over the splits
+  // (partial(s, row, d, ml, o): split s's) and stored.
+  const auto merge_items = [&](int first, int stride, const auto& partial) {
+    for (int i = first; i < group * kChunks; i += stride) {
+      const int row = i / kChunks, d = i % kChunks * 4;
+      float4 o;
+      float l;
+      merge_partials(splits, [&](int s, float2& ml, float4& x) { partial(s, row, d, ml, x); }, o, l);
+      store_out4<D>(p, token, kvh * group + row, d, o, l);
+    }
+  };
   if constexpr (kCluster) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     namespace cg = cooperative_groups;
     const cg::cluster_group cluster = cg::this_cluster();
     cluster.sync();  // every split's partial is in its shared memory
-    for (int i = split * kThreads + threadIdx.x; i < group * kChunks; i += splits * kThreads) {
-      const int row = i / kChunks, d = i % kChunks * 4;
-      float4 o;
-      float l;
-      merge_partials(
-          splits,
-          [&](int s, float2& ml, float4& x) {
-            ml = cluster.map_shared_rank(cpart_ml, s)[row];
-            x = *reinterpret_cast<const float4*>(cluster.map_shared_rank(cpart_o, s) + row * D + d);
-          },
-          o, l);
-      store_out4<D>(p, token, kvh * group + row, d, o, l);
-    }
+    merge_items(split * kThreads + threadIdx.x, splits * kThreads, [&](int s, int row, int d, float2& ml, float4& x) {
+      ml = cluster.map_shared_rank(cpart_ml, s)[row];
+      x = *reinterpret_cast<const float4*>(cluster.map_shared_rank(cpart_o, s) + row * D + d);
+    });
     cluster.sync();  // no split leaves while another still reads its partial
 #else
     __trap();  // launched in clusters on compute capability 9.0 only
@@ -684,19 +686,10 @@ __global__ void __launch_bounds__(kSplitWarps * 32)
   // earlier block.
   const float2* const ml_src = part_ml + pair * splits * group;   // [split, row]
   const float* const o_src = part_o + pair * splits * group * D;  // [split, row, D]
-  for (int i = threadIdx.x; i < group * kChunks; i += kThreads) {
-    const int row = i / kChunks, d = i % kChunks * 4;
-    float4 o;
-    float l;
-    merge_partials(
-        splits,
-        [&](int s, float2& ml, float4& x) {
-          ml = __ldcg(ml_src + s * group + row);
-          x = __ldcg(reinterpret_cast<const float4*>(o_src + (static_cast<size_t>(s) * group + row) * D + d));
-        },
-        o, l);
-    store_out4<D>(p, token, kvh * group + row, d, o, l);
-  }
+  merge_items(threadIdx.x, kThreads, [&](int s, int row, int d, float2& ml, float4& x) {
+    ml = __ldcg(ml_src + s * group + row);
+    x = __ldcg(reinterpret_cast<const float4*>(o_src + (static_cast<size_t>(s) * group + row) * D + d));
+  });
 }
 
 template <int D>
