@@ -243,6 +243,15 @@ struct StagedKv {
   const bf16* rows = nullptr;    // [2][D]: k, then v
 };
 
+// N 16-byte granules of a K or V row into dst: from shared memory where the row was staged,
+// else from the cache.
+template <int N, bool kCoherent>
+__device__ __forceinline__ void load_granules(uint4 (&dst)[N], const bf16* src, bool staged) {
+  const uint4* g = reinterpret_cast<const uint4*>(src);
+#pragma unroll
+  for (int i = 0; i < N; ++i) dst[i] = staged ? g[i] : kCoherent ? __ldcg(g + i) : __ldg(g + i);
+}
+
 // The keys of the step at key0 that lie in [lo, hi) into kv, all loads in flight together; the
 // registers of the step's other keys are left as they are. row(cache, key): a key's cache row of
 // the warp's kv head; the staged key comes from shared memory.
@@ -255,32 +264,16 @@ __device__ __forceinline__ void decode_load(DecodeKv<D>& kv, const RowPtr& row, 
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     const int key = key0 + 8 * j + g;
-    if (key >= lo && key < hi) {
-      if (key == staged.key) {
-        const uint4* src = reinterpret_cast<const uint4*>(staged.rows + KD * t);
-#pragma unroll
-        for (int i = 0; i < KD / 8; ++i) kv.k[j][i] = src[i];
-      } else {
-        const uint4* src = reinterpret_cast<const uint4*>(row(k_cache, key) + KD * t);
-#pragma unroll
-        for (int i = 0; i < KD / 8; ++i) kv.k[j][i] = kCoherent ? __ldcg(src + i) : __ldg(src + i);
-      }
-    }
+    const bool shared = key == staged.key;
+    if (key >= lo && key < hi)
+      load_granules<KD / 8, kCoherent>(kv.k[j], (shared ? staged.rows : row(k_cache, key)) + KD * t, shared);
   }
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const int key = key0 + 2 * t + (j & 1) + 8 * (j >> 1);
-    if (key >= lo && key < hi) {
-      if (key == staged.key) {
-        const uint4* src = reinterpret_cast<const uint4*>(staged.rows + D + VD * g);
-#pragma unroll
-        for (int i = 0; i < VD / 8; ++i) kv.v[j][i] = src[i];
-      } else {
-        const uint4* src = reinterpret_cast<const uint4*>(row(v_cache, key) + VD * g);
-#pragma unroll
-        for (int i = 0; i < VD / 8; ++i) kv.v[j][i] = kCoherent ? __ldcg(src + i) : __ldg(src + i);
-      }
-    }
+    const bool shared = key == staged.key;
+    if (key >= lo && key < hi)
+      load_granules<VD / 8, kCoherent>(kv.v[j], (shared ? staged.rows + D : row(v_cache, key)) + VD * g, shared);
   }
 }
 
@@ -348,6 +341,11 @@ __device__ __forceinline__ void decode_step(DecodeWarp<D>& w, const DecodeKv<D>&
   }
 }
 
+// Key `key`'s cache slot by its own block-table entry (table: the sequence's row of it).
+__device__ __forceinline__ int table_slot(const int32_t* table, const AttentionParams& p, int key) {
+  return __ldg(table + key / p.block_size) * p.block_size + key % p.block_size;
+}
+
 // A cache row (slot) of kv head kvh. size_t: slot * n_kv_heads * D overflows int for large pools.
 template <int D>
 __device__ __forceinline__ const bf16* cache_row(const bf16* cache, const AttentionParams& p, int slot, int kvh) {
@@ -368,7 +366,7 @@ __device__ __forceinline__ void decode_prefetch(DecodeKv<D>& kv, const Attention
   if (k0 >= end) return;  // warp-uniform
   const int32_t* table = p.block_tables + static_cast<size_t>(seq) * p.max_blocks_per_seq;
   const auto row = [&](const bf16* cache, int key) {
-    return cache_row<D>(cache, p, __ldg(table + key / p.block_size) * p.block_size + key % p.block_size, kvh);
+    return cache_row<D>(cache, p, table_slot(table, p, key), kvh);
   };
   decode_load<D, true>(kv, row, p.k_cache, p.v_cache, k0, k0, end);
 }
@@ -391,8 +389,7 @@ __device__ __forceinline__ void decode_keys(DecodeWarp<D>& w, const AttentionPar
       one_block && k0 / p.block_size < p.max_blocks_per_seq ? __ldg(table + k0 / p.block_size) : 0;
   int slot_base = 0;  // the step's cache block · block_size (one_block)
   const auto row = [&](const bf16* cache, int key) {
-    const int slot = one_block ? slot_base + key % p.block_size
-                               : __ldg(table + key / p.block_size) * p.block_size + key % p.block_size;
+    const int slot = one_block ? slot_base + key % p.block_size : table_slot(table, p, key);
     return cache_row<D>(cache, p, slot, kvh);
   };
   const float log2_scale = p.scale * kLog2e;
@@ -405,7 +402,7 @@ __device__ __forceinline__ void decode_keys(DecodeWarp<D>& w, const AttentionPar
     decode_step(w, kv, key0, k_end, log2_scale);
   };
   int key0 = k0;
-  if (first != nullptr && key0 < k_end) {  // peeled: `first` dies here (198 registers, not 254)
+  if (first != nullptr && key0 < k_end) {  // peeled: `first` dies here (~200 registers, not 254)
     DecodeKv<D> kv = *first;
     step(key0, kv, first_end);
     key0 += stride;
@@ -642,10 +639,10 @@ __global__ void __launch_bounds__(kSplitWarps * 32)
   }
   STEP_TRACE_MARK_IF(traced);  // the split's partial stored
   if (splits == 1) return;
-  // Items first, first + stride, ... of the pair's output, each merged over the splits
+  // Items item0, item0 + stride, ... of the pair's output, each merged over the splits
   // (partial(s, row, d, ml, o): split s's) and stored.
-  const auto merge_items = [&](int first, int stride, const auto& partial) {
-    for (int i = first; i < group * kChunks; i += stride) {
+  const auto merge_items = [&](int item0, int stride, const auto& partial) {
+    for (int i = item0; i < group * kChunks; i += stride) {
       const int row = i / kChunks, d = i % kChunks * 4;
       float4 o;
       float l;

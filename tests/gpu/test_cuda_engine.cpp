@@ -356,8 +356,7 @@ bool step_has_stage(const std::string& fixture, const CudaBackendOptions& o, con
 // kernel computes in the launches' order); otherwise within bf16 tolerance by the 3-in-4 rule (a
 // sum taken in another order, and a router near-tie then flips a token).
 void expect_decode_matches(const std::string& fixture, const CudaBackendOptions& fused,
-                                  const CudaBackendOptions& base, const std::string& what,
-                                  bool bitwise) {
+                           const CudaBackendOptions& base, const std::string& what, bool bitwise) {
   std::mt19937 rng(std::random_device{}());
   EngineOptions eo{.max_num_seqs = 8, .max_num_batched_tokens = 64};
   Engine a(std::make_unique<CudaBackend>(fixture_path(fixture), fused), eo);
