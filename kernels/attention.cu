@@ -639,6 +639,10 @@ void attention_prefill(const AttentionParams& p, cudaStream_t stream) {
 
 void attention_decode(const AttentionParams& p, cudaStream_t stream) {
   check(p);
+  MB_CHECK(!p.fused_rope || decode_on_warps(p),
+           "attention_decode: fused_rope only on the warp kernel (decode_on_warps: num_splits 1 and at least "
+           "kWarpDecodeMinUnits (sequence, kv head) pairs); the split kernel has no fused rope, run qk_norm_rope "
+           "before it");
   MB_CHECK(!p.fused_rope || attention_decode_fuses_rope(p), "attention_decode: fused_rope with operands it cannot fuse");
   if (p.num_seqs == 0 || p.num_tokens == 0 || p.max_q_len == 0) return;
   if (decode_on_warps(p)) return attention_decode_warps(p, stream);

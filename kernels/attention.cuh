@@ -42,10 +42,11 @@ struct AttentionParams {
   int num_splits = 1;                 ///< split-K (flash-decoding) partitions of the key range
   float* workspace = nullptr;         ///< attention_workspace_floats(...) floats when num_splits > 1
   AttentionPrefillKernel prefill_kernel = AttentionPrefillKernel::best;
-  /// Decode only, where attention_decode_fuses_rope says so: q (and `rope.k`, `rope.v`) are the
-  /// raw qkv rows, and the decode kernel itself does what qk_norm_rope would do before it — q's
-  /// and the new k's per-head norm and rotation, the new k and v written to their cache slot —
-  /// so that a decode layer has one launch less. `rope` then describes the same rows as q (its
+  /// Decode on the warp kernel only, where attention_decode_fuses_rope says so (elsewhere
+  /// attention_decode fails its check): q (and `rope.k`, `rope.v`) are the raw qkv rows, and
+  /// the kernel itself does what qk_norm_rope would do before it — q's and the new k's per-head
+  /// norm and rotation, the new k and v written to their cache slot — so that a decode layer has
+  /// one launch less. `rope` then describes the same rows as q (its
   /// q, q_stride and caches equal this struct's) with the forward's rotation table.
   bool fused_rope = false;
   QkNormRopeParams rope = {};
@@ -104,17 +105,15 @@ std::vector<uint64_t> attention_prefill_take_phase_clocks();
 /// group, and a combine launch after split-K) or, without split-K, the prefill kernel.
 void attention_decode(const AttentionParams& p, cudaStream_t stream);
 
-/// Whether attention_decode can take `p` with fused_rope set: the tensor-core decode kernels
-/// apply (head_dim 64 / 128, see above), every dim rotates, `rope` matches q and the caches, has
-/// the rotation table and slot mapping, and its rows and norm weights are 16-byte aligned.
+/// Whether attention_decode can take `p` with fused_rope set, and where the engine fuses: the
+/// warp kernel of large decode batches (decode_on_warps: one split, at least kWarpDecodeMinUnits
+/// (sequence, kv head) pairs, head_dim 64 / 128), every dim rotating, `rope` matching q and the
+/// caches with the rotation table and slot mapping, its rows and norm weights 16-byte aligned.
+/// The small-batch split kernel has no fused rope: there it measured slower than the separate
+/// qk_norm_rope launch (H100, 30B shape, batch 1: 3.55 vs 3.51 ms in session 19, the writer
+/// block reading the new k / v back from the cache; 3.249 vs 3.17-3.18 ms on 2026-12-06, with
+/// them staged in shared memory), and was removed (the last tree with it: commit 552e1eb).
 bool attention_decode_fuses_rope(const AttentionParams& p);
-
-/// Where the engine fuses (attention_decode_fuses_rope and measured faster): on the warp kernel
-/// of large decode batches only. On the small-batch split kernel the block that writes the new
-/// k / v reads its keys only after that write, one round trip more on the step's critical path
-/// than the separate qk_norm_rope launch costs (H100, 30B shape, one machine: batch 1 3.55 /
-/// 3.56 ms fused, 3.51 not; batch 256 24.95 vs 25.27 ms; bench/RESULTS.md, session 19).
-bool attention_decode_prefers_fused_rope(const AttentionParams& p);
 
 /// Whether attention_decode merges p's splits across a thread block cluster (cluster_merge asked,
 /// the split kernel, 2..kAttentionClusterMaxSplits splits, a GPU that launches clusters).

@@ -1,20 +1,25 @@
 // Decode attention on tensor cores, K and V streamed from the paged cache straight into MMA
 // fragments. One warp's formulation (DecodeWarp): the group's query rows of the sequence's one
 // new token (8 for Qwen3-MoE's 32/4 heads; ≤ 16) are one m16 row block of mma.sync.m16n8k16, and
-// the warp loads its keys into registers, 16 keys per step: no block barrier in the key loop
-// (shared memory only for the new token's rows a fused-rope writer block staged). Two kernels
-// walk keys this way:
+// the warp loads its keys into registers, 16 keys per step: no shared memory and no block barrier
+// in the key loop. Two kernels walk keys this way:
 //   - attention_decode_warp_kernel (large batches): one warp per (sequence, kv head) walks the
 //     whole context, so an SM holds as many sequences in flight as registers allow (the prefill
 //     kernel's 64-row tile holds one group and stages 64 KB of K/V per block). It pays only when
 //     the batch alone fills the GPU (kWarpDecodeMinUnits; bench/RESULTS.md has the crossover).
+//     With AttentionParams::fused_rope it also does qk_norm_rope's work for its sequence (q/k
+//     norm, rotation, the new k / v written to the cache): one launch less per decode layer.
 //   - attention_decode_split_kernel (below that): split-K over the key range, a block of 4 warps
 //     per (split, kv head, sequence) taking alternate 16-key steps. The block merges its warps in
 //     shared memory and, with several splits, writes the split's partial to the workspace and
-//     takes a ticket; the pair's last split to arrive merges all of them and writes the output.
-//     One launch: at batch 1 a layer reads ~0.3 MB of K/V, so the step is latency, and the
-//     CUDA-core split kernel plus its combine launch cost ~14 µs (ncu, H200). Each warp's first
-//     step of keys that earlier forward calls wrote is loaded before pdl_sync (decode_prefetch).
+//     takes a ticket; the pair's last split to arrive merges all of them and writes the output
+//     (with AttentionParams::cluster_merge and 2..8 splits the pair's splits run as one thread
+//     block cluster and merge through each other's shared memory instead). One launch: at batch 1
+//     a layer reads ~0.3 MB of K/V, so the step is latency, and the CUDA-core split kernel plus
+//     its combine launch cost ~14 µs (ncu, H200). Each warp's first step of keys that earlier
+//     forward calls wrote is loaded before pdl_sync (decode_prefetch). No fused rope here: the
+//     new k / v come from the qk_norm_rope launch before it (fusing measured slower at batch 1,
+//     with and without staging the new rows in shared memory: attention_decode_fuses_rope).
 //
 // The dimensions are permuted so that every lane's operands are contiguous in a cache row (a dot
 // product and an output column do not care about order, as long as both sides agree):
@@ -182,16 +187,13 @@ __device__ __forceinline__ void decode_begin(DecodeWarp<D>& w, const AttentionPa
 
 // AttentionParams::fused_rope: the new token's k of kv head kvh, normalised and rotated, and its
 // v into the token's cache slot (none when the slot is negative), by one whole warp: every quad
-// computes k alike, quad 0 stores it; lanes below D / 8 copy v. With `staged` ([2][D] in shared
-// memory, 16-byte aligned) the same k and v rows go there too, for the block's own key loop to
-// read instead of the cache (decode_load). Whether it wrote them (the slot is not negative).
+// computes k alike, quad 0 stores it; lanes below D / 8 copy v.
 template <int D>
-__device__ __forceinline__ bool decode_write_new_kv(const QkNormRopeParams& r, int token, int kvh,
-                                                    bf16* staged = nullptr) {
+__device__ __forceinline__ void decode_write_new_kv(const QkNormRopeParams& r, int token, int kvh) {
   constexpr int KD = D / 4;
   const int lane = threadIdx.x & 31, t = lane & 3;
   const int slot = r.slot_mapping[token];
-  if (slot < 0) return false;  // warp-uniform
+  if (slot < 0) return;  // warp-uniform
   const bf16* k = r.k + static_cast<size_t>(token) * r.k_stride + static_cast<size_t>(kvh) * D + KD * t;
   float x[KD];
 #pragma unroll
@@ -201,19 +203,14 @@ __device__ __forceinline__ bool decode_write_new_kv(const QkNormRopeParams& r, i
   const size_t at = (static_cast<size_t>(slot) * r.n_kv_heads + kvh) * D;
   if (lane < 4) {
 #pragma unroll
-    for (int e = 0; e < KD; e += 8) {
-      store8(r.k_cache + at + KD * t + e, x + e);
-      if (staged != nullptr) store8(staged + KD * t + e, x + e);
-    }
+    for (int e = 0; e < KD; e += 8) store8(r.k_cache + at + KD * t + e, x + e);
   }
   if (lane < D / 8) {
     const uint4 v = __ldg(
         reinterpret_cast<const uint4*>(r.v + static_cast<size_t>(token) * r.v_stride + static_cast<size_t>(kvh) * D) +
         lane);
     reinterpret_cast<uint4*>(r.v_cache + at)[lane] = v;
-    if (staged != nullptr) reinterpret_cast<uint4*>(staged + D)[lane] = v;
   }
-  return true;
 }
 
 // A warp's K and V registers of one 16-key step: K of keys g, g + 8 and V of keys 2t, 2t+1,
@@ -236,44 +233,33 @@ __device__ __forceinline__ void decode_clear(DecodeKv<D>& kv) {
     for (int i = 0; i < DecodeWarp<D>::VD / 8; ++i) kv.v[j][i] = make_uint4(0, 0, 0, 0);
 }
 
-// The new token's k and v rows where the block staged them in shared memory (decode_write_new_kv):
-// its key loop reads them there, not back from the cache it just wrote.
-struct StagedKv {
-  int key = -1;                  // the new token's key index; -1: none staged
-  const bf16* rows = nullptr;    // [2][D]: k, then v
-};
-
-// N 16-byte granules of a K or V row into dst: from shared memory where the row was staged,
-// else from the cache.
+// N 16-byte granules of a K or V cache row into dst; kCoherent: through L2 (__ldcg), which sees
+// rows written earlier in the same launch (the warp kernel's fused rope) and leaves no L1 line
+// behind (decode_prefetch), else through the read-only path (__ldg).
 template <int N, bool kCoherent>
-__device__ __forceinline__ void load_granules(uint4 (&dst)[N], const bf16* src, bool staged) {
+__device__ __forceinline__ void load_granules(uint4 (&dst)[N], const bf16* src) {
   const uint4* g = reinterpret_cast<const uint4*>(src);
 #pragma unroll
-  for (int i = 0; i < N; ++i) dst[i] = staged ? g[i] : kCoherent ? __ldcg(g + i) : __ldg(g + i);
+  for (int i = 0; i < N; ++i) dst[i] = kCoherent ? __ldcg(g + i) : __ldg(g + i);
 }
 
 // The keys of the step at key0 that lie in [lo, hi) into kv, all loads in flight together; the
 // registers of the step's other keys are left as they are. row(cache, key): a key's cache row of
-// the warp's kv head; the staged key comes from shared memory.
+// the warp's kv head.
 template <int D, bool kCoherent, typename RowPtr>
 __device__ __forceinline__ void decode_load(DecodeKv<D>& kv, const RowPtr& row, const bf16* k_cache,
-                                            const bf16* v_cache, int key0, int lo, int hi,
-                                            StagedKv staged = {}) {
+                                            const bf16* v_cache, int key0, int lo, int hi) {
   constexpr int KD = DecodeWarp<D>::KD, VD = DecodeWarp<D>::VD;
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     const int key = key0 + 8 * j + g;
-    const bool shared = key == staged.key;
-    if (key >= lo && key < hi)
-      load_granules<KD / 8, kCoherent>(kv.k[j], (shared ? staged.rows : row(k_cache, key)) + KD * t, shared);
+    if (key >= lo && key < hi) load_granules<KD / 8, kCoherent>(kv.k[j], row(k_cache, key) + KD * t);
   }
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const int key = key0 + 2 * t + (j & 1) + 8 * (j >> 1);
-    const bool shared = key == staged.key;
-    if (key >= lo && key < hi)
-      load_granules<VD / 8, kCoherent>(kv.v[j], (shared ? staged.rows + D : row(v_cache, key)) + VD * g, shared);
+    if (key >= lo && key < hi) load_granules<VD / 8, kCoherent>(kv.v[j], row(v_cache, key) + VD * g);
   }
 }
 
@@ -373,13 +359,12 @@ __device__ __forceinline__ void decode_prefetch(DecodeKv<D>& kv, const Attention
 
 // Steps at keys k0, k0 + stride, ... below k_end (k0 and stride multiples of 16) of sequence
 // seq's cache rows of kv head kvh; warp-uniform. With `first`, step k0's keys below first_end
-// are already in it (decode_prefetch): only the rest of that step is loaded. `staged`: the new
-// token's rows in shared memory (decode_load).
+// are already in it (decode_prefetch): only the rest of that step is loaded. kCoherent: the
+// loads go through L2 (load_granules).
 template <int D, bool kCoherent>
 __device__ __forceinline__ void decode_keys(DecodeWarp<D>& w, const AttentionParams& p, int seq,
                                             int kvh, int k0, int k_end, int stride,
-                                            const DecodeKv<D>* first = nullptr, int first_end = 0,
-                                            StagedKv staged = {}) {
+                                            const DecodeKv<D>* first = nullptr, int first_end = 0) {
   const int32_t* table = p.block_tables + static_cast<size_t>(seq) * p.max_blocks_per_seq;
   // A 16-key step lies inside one cache block when the block size is a multiple of 16 (steps
   // start at multiples of 16): one table entry per step, fetched a step ahead (any entry of the
@@ -398,7 +383,7 @@ __device__ __forceinline__ void decode_keys(DecodeWarp<D>& w, const AttentionPar
     slot_base = next_base * p.block_size;
     if (one_block && key0 + stride < k_end)
       next_base = __ldg(table + (key0 + stride) / p.block_size);
-    decode_load<D, kCoherent>(kv, row, p.k_cache, p.v_cache, key0, lo, k_end, staged);
+    decode_load<D, kCoherent>(kv, row, p.k_cache, p.v_cache, key0, lo, k_end);
     decode_step(w, kv, key0, k_end, log2_scale);
   };
   int key0 = k0;
@@ -529,14 +514,13 @@ __device__ __forceinline__ void merge_partials(int splits, const Partial& partia
 // sequence's end) yields the neutral partial m = -inf, l = 0, o = 0.
 // Workspace (num_splits > 1): after the counters, o[token, kv head, split, group row, D], then
 // (m, l)[token, kv head, split, group row] — o relative to 2^m, m in base-2 logits.
-// kRope (AttentionParams::fused_rope): the block whose keys end with the sequence's new token
-// first writes its k and v to the cache (warp 0; qk_norm_rope's work) and stages them in shared
-// memory, where its key loop reads them; no block reads a cache row written in this launch.
+// The new token's k and v are in the cache already (the qk_norm_rope launch before it): this
+// kernel takes no AttentionParams::fused_rope (attention_decode_fuses_rope).
 // kCluster (AttentionParams::cluster_merge; launched in clusters of num_splits blocks along x,
 // 2..kAttentionClusterMaxSplits): each split keeps its partial in its shared memory, and after
 // the cluster meets, split r merges items r·kThreads.. of every split's, read across the
 // cluster — no workspace, fence or ticket.
-template <int D, bool kRope, bool kCluster>
+template <int D, bool kCluster>
 __global__ void __launch_bounds__(kSplitWarps * 32)
     attention_decode_split_kernel(AttentionParams p) {
   constexpr int kLaneDims = 2 * DecodeWarp<D>::VD;  // a lane's dims of a row
@@ -560,28 +544,18 @@ __global__ void __launch_bounds__(kSplitWarps * 32)
   const int k_begin = split * split_len;
   const int k_end = min(kv_len, k_begin + split_len);
   // The warp's first step of keys, all but the new token's (at kv_len − 1: written by the
-  // kernel before, or fused by this one), loaded under the kernel before — at batch 1 the
-  // step's only one, and its cache round trip was half of this kernel's time.
+  // kernel before), loaded under the kernel before — at batch 1 the step's only one, and its
+  // cache round trip was half of this kernel's time.
   const int first_key = k_begin + 16 * warp, settled_end = min(k_end, kv_len - 1);
   DecodeKv<D> first;
   decode_prefetch<D>(first, p, seq, kvh, first_key, settled_end);
   pdl_sync();
 
   DecodeWarp<D> w;
-  StagedKv staged;  // kRope: the writer block's key loop reads the new k / v from here
-  if constexpr (kRope) {
-    __shared__ alignas(16) bf16 new_kv_s[2 * D];
-    __shared__ bool new_kv_written_s;
-    if (k_begin < kv_len && k_end == kv_len) {  // block-uniform: the split holding the new token
-      if (warp == 0) new_kv_written_s = decode_write_new_kv<D>(p.rope, token, kvh, new_kv_s);
-      __syncthreads();
-      if (new_kv_written_s) staged = {.key = kv_len - 1, .rows = new_kv_s};
-    }
-  }
   const bool traced = blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x == 0;
-  decode_begin<D, kRope>(w, p, token, kvh * group, group);
+  decode_begin<D, /*kRope=*/false>(w, p, token, kvh * group, group);
   STEP_TRACE_MARK_IF(traced);  // q in registers (diagnostic builds)
-  decode_keys<D, kRope>(w, p, seq, kvh, first_key, k_end, 16 * kSplitWarps, &first, settled_end, staged);
+  decode_keys<D, /*kCoherent=*/false>(w, p, seq, kvh, first_key, k_end, 16 * kSplitWarps, &first, settled_end);
   decode_sum_rows(w);
   STEP_TRACE_MARK_IF(traced);  // the warp's keys walked
 
@@ -697,27 +671,14 @@ void launch(const AttentionParams& p, cudaStream_t stream) {
   CUDA_CHECK_LAST();
 }
 
-// Whether the current device launches thread block clusters (compute capability 9.0).
-bool device_has_clusters() {
-  int device = 0, clusters = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&clusters, cudaDevAttrClusterLaunch, device));
-  return clusters != 0;
-}
-
-template <int D, bool kRope>
-void launch_split_rope(const AttentionParams& p, cudaStream_t stream) {
-  const dim3 grid(p.num_splits, p.n_kv_heads, p.num_seqs);
-  if (attention_decode_merges_in_clusters(p))
-    launch_dependent_clusters(attention_decode_split_kernel<D, kRope, true>, grid, kSplitWarps * 32, 0,
-                              p.num_splits, stream, p);
-  else
-    launch_dependent(attention_decode_split_kernel<D, kRope, false>, grid, kSplitWarps * 32, 0, stream, p);
-}
-
 template <int D>
 void launch_split(const AttentionParams& p, cudaStream_t stream) {
-  p.fused_rope ? launch_split_rope<D, true>(p, stream) : launch_split_rope<D, false>(p, stream);
+  const dim3 grid(p.num_splits, p.n_kv_heads, p.num_seqs);
+  if (attention_decode_merges_in_clusters(p))
+    launch_dependent_clusters(attention_decode_split_kernel<D, true>, grid, kSplitWarps * 32, 0, p.num_splits,
+                              stream, p);
+  else
+    launch_dependent(attention_decode_split_kernel<D, false>, grid, kSplitWarps * 32, 0, stream, p);
   CUDA_CHECK_LAST();
 }
 
@@ -757,17 +718,13 @@ bool decode_on_split_warps(const AttentionParams& p) {
 bool attention_decode_fuses_rope(const AttentionParams& p) {
   const QkNormRopeParams& r = p.rope;
   const auto rows16 = [](const void* base, int64_t stride) { return aligned16(base) && stride % 8 == 0; };
-  return (decode_on_warps(p) || decode_on_split_warps(p)) && r.q == p.q && r.q_stride == p.q_stride &&
+  return decode_on_warps(p) && r.q == p.q && r.q_stride == p.q_stride &&
          r.k_cache == p.k_cache && r.v_cache == p.v_cache && r.k_cache != nullptr && r.v_cache != nullptr &&
          r.rotation != nullptr && r.slot_mapping != nullptr && r.tokens == p.num_tokens &&
          r.n_q_heads == p.n_q_heads && r.n_kv_heads == p.n_kv_heads && r.head_dim == p.head_dim &&
          rope_rotated_dims(r.rotary_dim, r.head_dim) == r.head_dim && rows16(r.k, r.k_stride) &&
          rows16(r.v, r.v_stride) && aligned16(r.rotation) && (r.q_norm == nullptr || aligned16(r.q_norm)) &&
          (r.k_norm == nullptr || aligned16(r.k_norm));
-}
-
-bool attention_decode_prefers_fused_rope(const AttentionParams& p) {
-  return attention_decode_fuses_rope(p) && decode_on_warps(p);
 }
 
 bool attention_decode_merges_in_clusters(const AttentionParams& p) {

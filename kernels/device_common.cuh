@@ -81,9 +81,12 @@ __device__ __forceinline__ void unpack8(const uint4& u, float out[8]) {
   }
 }
 
-/// Loads 8 consecutive bf16 (16 bytes, must be 16-byte aligned) as floats.
+/// Loads 8 consecutive bf16 (16 bytes, must be 16-byte aligned) as floats. One 16-byte load:
+/// the copy into a local matters — unpack8 bound to the memory itself reads it as four 4-byte
+/// loads (ld.v2.u16), four times the load instructions and L1 wavefronts.
 __device__ __forceinline__ void load8(const __nv_bfloat16* p, float out[8]) {
-  unpack8(*reinterpret_cast<const uint4*>(p), out);
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  unpack8(u, out);
 }
 
 /// Stores 8 floats as 8 consecutive bf16 (16 bytes, 16-byte aligned), round to nearest.

@@ -11,9 +11,11 @@
 //   - at least one thread of the grid calls it. A kernel then cannot complete before the one
 //     before it has, so completion stays ordered along the stream as without PDL: a kernel two
 //     launches back has finished once pdl_sync() returns.
-// One documented exception: the split decode attention kernel reads step inputs (uploaded
-// before the forward call's first kernel) and cache rows of earlier forward calls before its
-// pdl_sync (kernels/attention_decode.cu, decode_prefetch, says why that is sound).
+// Documented exceptions, reads before pdl_sync of what no kernel of the last two launches wrote:
+// step inputs (uploaded before the forward call's first kernel) and cache rows of earlier forward
+// calls by the split decode attention kernel (kernels/attention_decode.cu, decode_prefetch, says
+// why that is sound); the slots and the rotation table (the forward's second kernel, complete
+// once the first layer's norm has passed its pdl_sync) by the wide qk_norm_rope kernel.
 // A kernel that calls pdl_sync() but is launched plainly (<<<...>>>) simply finds nothing to wait
 // for. Kernels from libraries (cuBLAS, NCCL) never signal early, so one launched after them starts
 // at their completion, as before.
@@ -78,6 +80,14 @@ void launch_dependent_clusters(void (*kernel)(Params...), dim3 grid, dim3 block,
   cfg.attrs = attr;
   cfg.numAttrs = cluster_x > 1 ? 2 : 1;
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+/// Whether the current device launches thread block clusters (compute capability 9.0).
+inline bool device_has_clusters() {
+  int device = 0, clusters = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&clusters, cudaDevAttrClusterLaunch, device));
+  return clusters != 0;
 }
 
 /// launch_dependent_clusters without clusters.

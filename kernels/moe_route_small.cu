@@ -6,6 +6,8 @@
 // memory itself, and the last block, which runs when every block has read the residual, writes
 // the residual and the normed rows back (kernel time 13.8 + 7.0 µs for route + add_rmsnorm →
 // 14.6 µs at one token on an H200).
+#include <cooperative_groups.h>
+
 #include "kernels/cuda_check.cuh"
 #include "kernels/launch.cuh"
 #include "kernels/moe_routing.cuh"
@@ -16,12 +18,17 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kUnroll = 8;  // 16-byte weight loads per lane in flight
+// The cluster form: 16 blocks (above the portable 8: a block of 16 warps at ~120 registers would
+// not fit beside the o_proj GEMV's CTA it launches under) of 8 warps.
+constexpr int kClusterBlocks = 16;
+constexpr int kClusterWarps = 8;
 
 // The fused norm's first half, every block: sums[t] = bf16(residual[t] + branch[t]) and hs[t] =
 // rmsnorm(sums[t]) · (offset + w) for every token, in shared memory (the whole block meets;
 // add_rmsnorm's math, summed in another order).
+template <int kW>
 __device__ void add_norm_rows(const RouteSmallNorm& n, int T, int H, bf16* sums, bf16* hs) {
-  __shared__ float partial[kWarps][kRouteSmallMaxTokens];
+  __shared__ float partial[kW][kRouteSmallMaxTokens];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nvec = H / 8;
   for (int t = 0; t < T; ++t) {
     float ss = 0.f;
@@ -44,7 +51,7 @@ __device__ void add_norm_rows(const RouteSmallNorm& n, int T, int H, bf16* sums,
   for (int t = 0; t < T; ++t) {
     float ss = 0.f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) ss += partial[w][t];
+    for (int w = 0; w < kW; ++w) ss += partial[w][t];
     const float rstd = rsqrtf(ss / H + n.eps);
     for (int i = threadIdx.x; i < nvec; i += blockDim.x) {  // the elements this thread summed
       const size_t o = static_cast<size_t>(t) * H + 8 * i;
@@ -69,6 +76,68 @@ __device__ void store_norm_rows(const RouteSmallNorm& n, int T, int H, const bf1
   }
 }
 
+// An expert's router weights, kUnroll 16-byte slices of a lane (bf16 as loaded): the first
+// slices are requested before the kernel waits for the one before it.
+struct ExpertWeights {
+  uint4 w[kUnroll];
+  __device__ __forceinline__ void load(const bf16* row, int H, int c0, int lane) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int c = c0 + u * 256 + lane * 8;
+      if (c < H) w[u] = *reinterpret_cast<const uint4*>(row + c);
+    }
+  }
+};
+
+// Expert e's fp32 logit for every token, on one warp (lanes over 8-wide slices of hidden): the
+// warp sum of fixed-order partial dot products, in every lane. `first` holds the slices from 0.
+__device__ __forceinline__ void expert_logits(const RouteSmallParams& p, int e, const ExpertWeights& first,
+                                              const bf16* x, int T, float (&out)[kRouteSmallMaxTokens]) {
+  const int lane = threadIdx.x & 31, H = p.hidden;
+  const bf16* row = p.weight + static_cast<size_t>(e) * H;
+  ExpertWeights wv = first;
+  float acc[kRouteSmallMaxTokens] = {};
+  for (int c0 = 0; c0 < H; c0 += 256 * kUnroll) {
+    if (c0 > 0) wv.load(row, H, c0, lane);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int c = c0 + u * 256 + lane * 8;
+      if (c >= H) break;
+      float wf[8];
+      unpack8(wv.w[u], wf);
+#pragma unroll
+      for (int t = 0; t < kRouteSmallMaxTokens; ++t) {
+        if (t >= T) break;
+        float xv[8];
+        load8(x + static_cast<size_t>(t) * H + c, xv);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[t] += wf[j] * xv[j];
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kRouteSmallMaxTokens; ++t)
+    if (t < T) out[t] = warp_sum(acc[t]);
+}
+
+// The last block's tail, both forms: the norm's rows written back, each token's top-k from the
+// logits in shared memory, then (unless skipped) the align.
+__device__ __forceinline__ void route_tail(const RouteSmallParams& p, const float* logits, const bf16* sums,
+                                           const bf16* normed) {
+  const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int T = p.router.tokens, E = p.router.num_experts;
+  if (p.norm.branch != nullptr) store_norm_rows(p.norm, T, p.hidden, sums, normed);
+  for (int t = warp; t < T; t += warps) {
+    const float* row = logits + t * E;
+    route_token(p.router, t, [row](int x) { return row[x]; });
+  }
+  STEP_TRACE_MARK_IF(threadIdx.x == 0);  // token 0 routed
+  if (p.skip_align) return;
+  __syncthreads();  // topk_ids (global, written by this block) are visible to the whole block
+  align_block(p.align);
+}
+
+// E / 4 blocks of 4 warps, a warp per expert; the last block to take a ticket routes.
 __global__ void __launch_bounds__(kWarps * 32) route_small_kernel(RouteSmallParams p) {
   __shared__ float logits[kRouteSmallMaxTokens * kRouterMaxExperts];
   __shared__ bool last;
@@ -77,52 +146,23 @@ __global__ void __launch_bounds__(kWarps * 32) route_small_kernel(RouteSmallPara
   const int T = p.router.tokens, E = p.router.num_experts, H = p.hidden;
   bf16* const sums = norm_rows;
   bf16* const normed = norm_rows + T * H;
-  const bool fused = p.norm.branch != nullptr;
 
-  // Logits: one warp per expert, lanes over 8-wide slices of hidden, all tokens at once. The
-  // first slices' weights are loaded before waiting for the kernel before (x is its output).
   const int e = blockIdx.x * kWarps + warp;
-  const bf16* w = p.weight + static_cast<size_t>(e) * H;
-  float wv[kUnroll][8];
-  const auto load_weights = [&](int c0) {
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int c = c0 + u * 256 + lane * 8;
-      if (c < H) load8(w + c, wv[u]);
-    }
-  };
-  if (e < E) load_weights(0);
+  ExpertWeights first;
+  if (e < E) first.load(p.weight + static_cast<size_t>(e) * H, H, 0, lane);
   pdl_sync();
   const bf16* x = p.x;
-  if (fused) {
-    add_norm_rows(p.norm, T, H, sums, normed);
+  if (p.norm.branch != nullptr) {
+    add_norm_rows<kWarps>(p.norm, T, H, sums, normed);
     x = normed;
   }
   STEP_TRACE_MARK_IF(blockIdx.x == 0 && threadIdx.x == 0);  // normed (diagnostic builds)
   if (e < E) {
-    float acc[kRouteSmallMaxTokens] = {};
-    for (int c0 = 0; c0 < H; c0 += 256 * kUnroll) {
-      if (c0 > 0) load_weights(c0);
+    float out[kRouteSmallMaxTokens];
+    expert_logits(p, e, first, x, T, out);
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int c = c0 + u * 256 + lane * 8;
-        if (c >= H) break;
-#pragma unroll
-        for (int t = 0; t < kRouteSmallMaxTokens; ++t) {
-          if (t >= T) break;
-          float xv[8];
-          load8(x + static_cast<size_t>(t) * H + c, xv);
-#pragma unroll
-          for (int j = 0; j < 8; ++j) acc[t] += wv[u][j] * xv[j];
-        }
-      }
-    }
-#pragma unroll
-    for (int t = 0; t < kRouteSmallMaxTokens; ++t) {
-      if (t >= T) break;
-      const float s = warp_sum(acc[t]);
-      if (lane == 0) p.logits[static_cast<size_t>(t) * E + e] = s;
-    }
+    for (int t = 0; t < kRouteSmallMaxTokens; ++t)
+      if (t < T && lane == 0) p.logits[static_cast<size_t>(t) * E + e] = out[t];
   }
   STEP_TRACE_MARK_IF(blockIdx.x == 0 && threadIdx.x == 0);  // logits stored
   // Last block done: every block's logits are visible after its writers' fences.
@@ -134,22 +174,88 @@ __global__ void __launch_bounds__(kWarps * 32) route_small_kernel(RouteSmallPara
   STEP_TRACE_MARK_IF(threadIdx.x == 0);  // the last block has its ticket
   __threadfence();
   if (threadIdx.x == 0) *p.counter = 0;  // ready for the next launch (stream order)
-  if (fused) store_norm_rows(p.norm, T, H, sums, normed);
   // __ldcg: L2, never a line this SM's L1 may hold from an earlier block
   for (int i = threadIdx.x; i < T * E; i += blockDim.x) logits[i] = __ldcg(p.logits + i);
   __syncthreads();
   STEP_TRACE_MARK_IF(threadIdx.x == 0);  // every logit in shared memory
-  for (int t = warp; t < T; t += kWarps) {
-    const float* row = logits + t * E;
-    route_token(p.router, t, [row](int x) { return row[x]; });
+  route_tail(p, logits, sums, normed);
+}
+
+// One cluster of kClusterBlocks blocks of kClusterWarps warps (128 warps, as many as the ticket
+// form has for 128 experts): warp w takes experts w, w + 128, ... Every block writes its logits
+// into block 0's shared memory across the cluster, and block 0 routes once the cluster has met —
+// no global stores to wait for, no fence, ticket or reload (~3 µs of the ticket form's ~10 at
+// batch 1, H100).
+__global__ void __launch_bounds__(kClusterWarps * 32) route_small_cluster_kernel(RouteSmallParams p) {
+  __shared__ float logits[kRouteSmallMaxTokens * kRouterMaxExperts];  // block 0's: all of them
+  extern __shared__ __align__(16) bf16 norm_rows[];
+  namespace cg = cooperative_groups;
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int T = p.router.tokens, E = p.router.num_experts, H = p.hidden;
+  bf16* const sums = norm_rows;
+  bf16* const normed = norm_rows + T * H;
+
+  const int w = static_cast<int>(cluster.block_rank()) * kClusterWarps + warp;
+  constexpr int kStride = kClusterBlocks * kClusterWarps;
+  ExpertWeights wv;
+  if (w < E) wv.load(p.weight + static_cast<size_t>(w) * H, H, 0, lane);
+  cluster.sync();  // every block has started: block 0's shared memory takes remote stores
+  pdl_sync();
+  const bf16* x = p.x;
+  if (p.norm.branch != nullptr) {
+    add_norm_rows<kClusterWarps>(p.norm, T, H, sums, normed);
+    x = normed;
   }
-  STEP_TRACE_MARK_IF(threadIdx.x == 0);  // token 0 routed
-  if (p.skip_align) return;
-  __syncthreads();  // topk_ids (global, written by this block) are visible to the whole block
-  align_block(p.align);
+  STEP_TRACE_MARK_IF(cluster.block_rank() == 0 && threadIdx.x == 0);  // normed (diagnostic builds)
+  float* const dst = cluster.map_shared_rank(logits, 0);
+  for (int e = w; e < E; e += kStride) {
+    float out[kRouteSmallMaxTokens];
+    if (e != w) wv.load(p.weight + static_cast<size_t>(e) * H, H, 0, lane);
+    expert_logits(p, e, wv, x, T, out);
+#pragma unroll
+    for (int t = 0; t < kRouteSmallMaxTokens; ++t) {
+      if (t < T && lane == 0) {
+        dst[t * E + e] = out[t];
+        p.logits[static_cast<size_t>(t) * E + e] = out[t];  // an output too
+      }
+    }
+  }
+  cluster.sync();  // release / acquire: block 0 sees every block's stores
+  if (cluster.block_rank() != 0) return;
+  STEP_TRACE_MARK_IF(threadIdx.x == 0);  // every logit in shared memory
+  route_tail(p, logits, sums, normed);
+}
+
+// The cluster form's launch configuration (without its PDL attribute); sizes above 8 must be
+// allowed per kernel first.
+cudaLaunchConfig_t cluster_config(size_t smem, cudaLaunchAttribute& cluster_dim) {
+  CUDA_CHECK(cudaFuncSetAttribute(route_small_cluster_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  cluster_dim.id = cudaLaunchAttributeClusterDimension;
+  cluster_dim.val.clusterDim = {static_cast<unsigned>(kClusterBlocks), 1, 1};
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = kClusterBlocks;
+  cfg.blockDim = kClusterWarps * 32;
+  cfg.dynamicSmemBytes = smem;
+  cfg.attrs = &cluster_dim;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
+size_t norm_smem(const RouteSmallParams& p) {
+  return p.norm.branch != nullptr ? 2 * static_cast<size_t>(p.router.tokens) * p.hidden * sizeof(bf16) : 0;
 }
 
 }  // namespace
+
+bool moe_route_small_in_cluster(const RouteSmallParams& p) {
+  if (!p.cluster || !device_has_clusters()) return false;
+  cudaLaunchAttribute dim;
+  const cudaLaunchConfig_t cfg = cluster_config(norm_smem(p), dim);
+  int clusters = 0;
+  CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, route_small_cluster_kernel, &cfg));
+  return clusters > 0;  // a GPU whose GPCs hold 16 such blocks
+}
 
 void moe_route_small(const RouteSmallParams& p, cudaStream_t stream) {
   const RouterParams& r = p.router;
@@ -171,8 +277,12 @@ void moe_route_small(const RouteSmallParams& p, cudaStream_t stream) {
            "moe_route_small: the fused norm needs residual, weight and out, and rows that fit "
            "kRouteSmallNormBytes");
   if (r.tokens == 0) return;
-  const size_t smem = fused ? 2 * static_cast<size_t>(r.tokens) * p.hidden * sizeof(bf16) : 0;
-  launch_dependent(route_small_kernel, CEIL_DIV(r.num_experts, kWarps), kWarps * 32, smem, stream, p);
+  const size_t smem = norm_smem(p);
+  if (moe_route_small_in_cluster(p))
+    launch_dependent_clusters(route_small_cluster_kernel, kClusterBlocks, kClusterWarps * 32, smem, kClusterBlocks,
+                              stream, p);
+  else
+    launch_dependent(route_small_kernel, CEIL_DIV(r.num_experts, kWarps), kWarps * 32, smem, stream, p);
   CUDA_CHECK_LAST();
 }
 

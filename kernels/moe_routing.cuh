@@ -110,12 +110,19 @@ struct RouteSmallParams {
   /// experts straight from topk_ids (MoeGemmParams::direct_topk), where nothing reads the
   /// grouping and it was ~a third of the last block's serial tail.
   bool skip_align = false;
+  /// One thread block cluster (where the GPU launches clusters: moe_route_small_in_cluster):
+  /// the blocks meet at a cluster barrier and hand their logits over in shared memory, where
+  /// the ticket form stores them, fences, counts blocks and reloads them (`counter` unused).
+  bool cluster = false;
 };
 
 /// Small-batch routing in one kernel: a warp per expert computes its fp32 logits for every token
-/// (fixed order: results do not depend on batch neighbours); the last block to finish runs
-/// moe_router_topk's softmax + top-k on them and moe_align's grouping. Same outputs as the
-/// three launches linear (fp32 out) → moe_router_topk → moe_align up to fp32 summation order.
+/// (fixed order: results do not depend on batch neighbours); the last block to finish (or the
+/// cluster's first block) runs moe_router_topk's softmax + top-k on them and moe_align's
+/// grouping. Same outputs as the three launches linear (fp32 out) → moe_router_topk →
+/// moe_align up to fp32 summation order; both forms give the same bits.
 void moe_route_small(const RouteSmallParams& p, cudaStream_t stream);
+/// Whether moe_route_small takes the cluster form for p.
+bool moe_route_small_in_cluster(const RouteSmallParams& p);
 
 }  // namespace moebatch::kernels

@@ -11,62 +11,92 @@
 
 namespace moebatch::kernels {
 
-constexpr int kRouterPerLane = kRouterMaxExperts / 32;
+// Order-preserving keys for the warp reductions of the router (`__reduce_{max,min}_sync`: one
+// instruction where a shuffle tree takes five dependent steps).
+// A logit, finite or ±inf: unsigned order follows float order.
+__device__ __forceinline__ unsigned logit_key(float x) {
+  const unsigned b = __float_as_uint(x);
+  return b & 0x80000000u ? ~b : b | 0x80000000u;
+}
+__device__ __forceinline__ float logit_of_key(unsigned k) {
+  return __uint_as_float(k & 0x80000000u ? k & 0x7fffffffu : ~k);
+}
+// A probability p ≥ 0 as bits(p) + 1 (non-negative floats' bits sort as the floats do); 0 is
+// "not a candidate" (taken, or past the experts); NaN keys as 1, with the zero probabilities.
+__device__ __forceinline__ unsigned prob_key(float p) { return p != p ? 1u : __float_as_uint(p) + 1u; }
 
-// Token t's softmax over the experts and its top-k, on one warp (every lane calls it).
-// logit(e) returns expert e's logit; expert e sits in lane e % 32, slot e / 32.
-template <typename Logit>
-__device__ __forceinline__ void route_token(const RouterParams& p, int t, Logit logit) {
+// Token t's softmax over the experts and its top-k, on one warp (every lane calls it); kPer
+// experts per lane, expert e in lane e % 32, slot e / 32. Selection: the highest probability,
+// ties to the lower expert id. Each round is two warp reductions (the best key, then the lowest
+// id holding it) and a rescan of the winning lane's kPer slots: 128 experts, top 8 took ~2.5 µs
+// of the batch-1 router as a shuffle tree over 16 slots a lane.
+template <int kPer, typename Logit>
+__device__ __forceinline__ void route_token_slots(const RouterParams& p, int t, Logit logit) {
   const int lane = threadIdx.x & 31;
-  float v[kRouterPerLane];
-  float mx = -FLT_MAX;
+  float v[kPer];
+  float mx = -FLT_MAX;  // fmaxf: NaN logits are passed over
 #pragma unroll
-  for (int j = 0; j < kRouterPerLane; ++j) {
+  for (int j = 0; j < kPer; ++j) {
     const int e = lane + 32 * j;
     v[j] = e < p.num_experts ? logit(e) : -FLT_MAX;
     mx = fmaxf(mx, v[j]);
   }
-  mx = warp_max(mx);
+  mx = logit_of_key(__reduce_max_sync(kFullMask, logit_key(mx)));
   float sum = 0.f;
+  unsigned key[kPer];
 #pragma unroll
-  for (int j = 0; j < kRouterPerLane; ++j) {
-    const int e = lane + 32 * j;
-    v[j] = e < p.num_experts ? expf(v[j] - mx) : -1.f;  // -1: never selected (probs >= 0)
-    sum += e < p.num_experts ? v[j] : 0.f;
+  for (int j = 0; j < kPer; ++j) {
+    const bool expert = lane + 32 * j < p.num_experts;
+    const float prob = expf(v[j] - mx);
+    sum += expert ? prob : 0.f;
+    key[j] = expert ? prob_key(prob) : 0u;
   }
   sum = warp_sum(sum);
   const float inv = 1.f / sum;
 
+  // the lane's best slot: highest key, lowest slot on ties
+  unsigned best = 0;
+  int best_j = 0;
+  const auto rescan = [&] {
+    best = key[0];
+    best_j = 0;
+#pragma unroll
+    for (int j = 1; j < kPer; ++j)
+      if (key[j] > best) { best = key[j]; best_j = j; }
+  };
+  rescan();
   float picked_sum = 0.f, my_w = 0.f;
   int my_id = 0;
   for (int k = 0; k < p.top_k; ++k) {
-    float best = -2.f;
-    int best_e = INT32_MAX;
+    const unsigned top = __reduce_max_sync(kFullMask, best);
+    const int mine = lane + 32 * best_j;
+    const int e = static_cast<int>(__reduce_min_sync(kFullMask, best == top ? static_cast<unsigned>(mine) : ~0u));
+    if (e == mine) {  // taken
 #pragma unroll
-    for (int j = 0; j < kRouterPerLane; ++j) {
-      const int e = lane + 32 * j;
-      if (v[j] > best) { best = v[j]; best_e = e; }  // ascending e: first max wins
+      for (int j = 0; j < kPer; ++j)
+        if (j == best_j) key[j] = 0u;
+      rescan();
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ob = __shfl_xor_sync(kFullMask, best, o);
-      const int oe = __shfl_xor_sync(kFullMask, best_e, o);
-      if (ob > best || (ob == best && oe < best_e)) { best = ob; best_e = oe; }
-    }
-    if ((best_e & 31) == lane) {
-#pragma unroll
-      for (int j = 0; j < kRouterPerLane; ++j)
-        if (lane + 32 * j == best_e) v[j] = -2.f;  // taken
-    }
-    const float w = best * inv;
+    const float w = __uint_as_float(top - 1u) * inv;
     picked_sum += w;
-    if (lane == k) { my_w = w; my_id = best_e; }
+    if (lane == k) { my_w = w; my_id = e; }
   }
   if (lane < p.top_k) {
     const float scale = p.renormalize ? 1.f / picked_sum : 1.f;
     p.topk_ids[static_cast<size_t>(t) * p.top_k + lane] = my_id;
     p.topk_weights[static_cast<size_t>(t) * p.top_k + lane] = my_w * scale;
   }
+}
+
+// route_token_slots with as few slots a lane as the experts need (registers and the rescan).
+template <typename Logit>
+__device__ __forceinline__ void route_token(const RouterParams& p, int t, Logit logit) {
+  static_assert(kRouterMaxExperts == 512, "the slot counts below cover 32 · 16 experts");
+  if (p.num_experts <= 32) return route_token_slots<1>(p, t, logit);
+  if (p.num_experts <= 64) return route_token_slots<2>(p, t, logit);
+  if (p.num_experts <= 128) return route_token_slots<4>(p, t, logit);
+  if (p.num_experts <= 256) return route_token_slots<8>(p, t, logit);
+  route_token_slots<16>(p, t, logit);
 }
 
 constexpr int kAlignMaxExperts = 1024;

@@ -166,7 +166,6 @@ constexpr int kWideThreads = 256;
 
 template <int kG, int kU>
 __global__ void __launch_bounds__(kWideThreads) qk_norm_rope_wide_kernel(QkNormRopeParams p) {
-  pdl_sync();
   const bool write_cache = p.k_cache != nullptr;
   const int rotated = p.n_q_heads + p.n_kv_heads;
   const int heads = rotated + (write_cache ? p.n_kv_heads : 0);
@@ -177,7 +176,18 @@ __global__ void __launch_bounds__(kWideThreads) qk_norm_rope_wide_kernel(QkNormR
   const RopeLane lane = rope_lane<kG>(rope_rotated_dims(p.rotary_dim, p.head_dim));
   const int d0 = 8 * lane.lane;
 
-  // One round of loads: the heads' rows, the slot, (cos, sin), the norm weights.
+  // One round of loads. The slot, (cos, sin) and norm weights first, under the kernel before
+  // (the qkv projection): step inputs, the forward's rotation table and weights, none written by
+  // that kernel or the one before it (kernels/launch.cuh, the contract's exceptions); then the
+  // heads' rows, its output.
+  const int slot = write_cache && h0 + kU > p.n_q_heads ? p.slot_mapping[t] : -1;
+  float2 cs[8];
+  if (lane.rotates && h0 < rotated) rope_lane_rotation(p, t, lane, cs);
+  const bool norms = p.q_norm != nullptr;
+  float qw[8], kw[8];
+  if (norms && h0 < p.n_q_heads) load8(p.q_norm + d0, qw);
+  if (norms && h0 + kU > p.n_q_heads && h0 < rotated) load8(p.k_norm + d0, kw);
+  pdl_sync();
   uint4 raw[kU];
 #pragma unroll
   for (int u = 0; u < kU; ++u) {
@@ -188,13 +198,6 @@ __global__ void __launch_bounds__(kWideThreads) qk_norm_rope_wide_kernel(QkNormR
                                             : p.v + t * p.v_stride + static_cast<int64_t>(h - rotated) * p.head_dim;
     raw[u] = src != nullptr ? *reinterpret_cast<const uint4*>(src + d0) : make_uint4(0, 0, 0, 0);
   }
-  const int slot = write_cache && h0 + kU > p.n_q_heads ? p.slot_mapping[t] : -1;
-  float2 cs[8];
-  if (lane.rotates && h0 < rotated) rope_lane_rotation(p, t, lane, cs);
-  const bool norms = p.q_norm != nullptr;
-  float qw[8], kw[8];
-  if (norms && h0 < p.n_q_heads) load8(p.q_norm + d0, qw);
-  if (norms && h0 + kU > p.n_q_heads && h0 < rotated) load8(p.k_norm + d0, kw);
 
 #pragma unroll
   for (int u = 0; u < kU; ++u) {

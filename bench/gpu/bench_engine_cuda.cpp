@@ -24,9 +24,11 @@
 // --disable-wgmma-attention keeps prefill attention off the wgmma kernel (mma.sync; head_dim 256:
 // the CUDA-core kernel); --disable-w8a8-linear decodes FP8 projections to bf16 for cuBLAS
 // instead of running them W8A8 on cuBLASLt; --disable-fused-rope runs decode steps' q/k norm +
-// rope + cache write as a launch of its own instead of inside the decode attention kernel;
-// --fused-rope-split fuses them on the split kernel (small batches) too; --cluster-attention-merge
-// merges the split kernel's partials through a cluster's shared memory;
+// rope + cache write as a launch of its own instead of inside the decode attention kernel (the
+// warp kernel of large batches); --disable-cluster-attention-merge merges the split
+// kernel's partials through the workspace and a ticket instead of a cluster's shared memory;
+// --disable-cluster-router runs decode steps' router as 32 blocks meeting by a ticket instead of
+// one 16-block cluster (CudaBackendOptions::cluster_router);
 // --combine-norm-in-qkv forms one token's pending MoE combine + add + norm inside the qkv GEMV
 // (kernels::gemv_stream_combine_norm) instead of a one-block launch before it;
 // --disable-mma-gemv runs decode steps' 4-bit expert GEMVs on CUDA cores instead of tensor cores;
@@ -41,7 +43,8 @@
 //                                   [--disable-w8a8-experts]
 //                                   [--disable-stream-gemv] [--disable-tma-experts] [--disable-router-norm]
 //                                   [--disable-wgmma-attention]
-//                                   [--disable-fused-rope] [--fused-rope-split] [--cluster-attention-merge]
+//                                   [--disable-fused-rope] [--disable-cluster-attention-merge]
+//                                   [--disable-cluster-router]
 //                                   [--combine-norm-in-qkv]
 //                                   [--disable-mma-gemv] [--attn-min-split-keys N] [--disable-combine-in-down]
 //                                   [--disable-w8a8-linear]
@@ -218,8 +221,8 @@ struct Args {
   bool router_norm = true;               ///< --disable-router-norm: the MLP norm in its own launch
   bool wgmma_attention = true;           ///< --disable-wgmma-attention: prefill off the wgmma kernel
   bool fused_rope = true;                ///< --disable-fused-rope: decode's rope in its own launch
-  bool fused_rope_split = false;         ///< --fused-rope-split: fused on the split kernel too
-  bool cluster_merge = false;            ///< --cluster-attention-merge
+  bool cluster_merge = true;             ///< --disable-cluster-attention-merge: the workspace merge
+  bool cluster_router = true;            ///< --disable-cluster-router: the ticket form
   bool combine_norm_in_qkv = false;      ///< --combine-norm-in-qkv: one token's layer norm in the qkv GEMV
   bool mma_gemv = true;                  ///< --disable-mma-gemv: 4-bit expert GEMVs on CUDA cores
   int min_split_keys = -1;               ///< --attn-min-split-keys N: decode attention's keys a split
@@ -249,10 +252,10 @@ Args parse_args(int argc, char** argv) {
       a.tma_experts = false;
     } else if (arg == "--disable-wgmma-attention") {
       a.wgmma_attention = false;
-    } else if (arg == "--cluster-attention-merge") {
-      a.cluster_merge = true;
-    } else if (arg == "--fused-rope-split") {
-      a.fused_rope_split = true;
+    } else if (arg == "--disable-cluster-attention-merge") {
+      a.cluster_merge = false;
+    } else if (arg == "--disable-cluster-router") {
+      a.cluster_router = false;
     } else if (arg == "--disable-fused-rope") {
       a.fused_rope = false;
     } else if (arg == "--combine-norm-in-qkv") {
@@ -274,7 +277,7 @@ Args parse_args(int argc, char** argv) {
     } else if (arg == "--quantization" && i + 1 < argc) {
       a.quant = parse_quantization(argv[++i]);
     } else if (arg.rfind("--", 0) == 0) {
-      std::fprintf(stderr, "usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--disable-custom-all-reduce] [--disable-wgmma-experts] [--disable-w8a8-experts] [--disable-stream-gemv] [--disable-router-norm] [--disable-wgmma-attention] [--disable-fused-rope] [--fused-rope-split] [--cluster-attention-merge] [--combine-norm-in-qkv] [--disable-mma-gemv] [--attn-min-split-keys N] [--disable-combine-in-down] [--disable-w8a8-linear] [--quantization Q] [--moe-sorted-min-rows N] [out.json] [peer.json]\n");
+      std::fprintf(stderr, "usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--disable-custom-all-reduce] [--disable-wgmma-experts] [--disable-w8a8-experts] [--disable-stream-gemv] [--disable-router-norm] [--disable-wgmma-attention] [--disable-fused-rope] [--disable-cluster-attention-merge] [--disable-cluster-router] [--combine-norm-in-qkv] [--disable-mma-gemv] [--attn-min-split-keys N] [--disable-combine-in-down] [--disable-w8a8-linear] [--quantization Q] [--moe-sorted-min-rows N] [out.json] [peer.json]\n");
       std::exit(2);
     } else if (positional++ == 0) {
       a.out_path = arg;
@@ -371,8 +374,8 @@ int main(int argc, char** argv) {
   o.stream_gemv = args.stream_gemv;
   o.wgmma_attention = args.wgmma_attention;
   o.fused_rope_attention = args.fused_rope;
-  o.fused_rope_split_attention = args.fused_rope_split;
   o.cluster_attention_merge = args.cluster_merge;
+  o.cluster_router = args.cluster_router;
   o.combine_norm_in_qkv = args.combine_norm_in_qkv;
   o.mma_expert_gemv = args.mma_gemv;
   if (args.min_split_keys > 0) o.decode_attention_min_split_keys = args.min_split_keys;
@@ -409,8 +412,8 @@ int main(int argc, char** argv) {
   J["stream_gemv"] = o.stream_gemv;
   J["wgmma_attention"] = o.wgmma_attention;
   J["fused_rope_attention"] = o.fused_rope_attention;
-  J["fused_rope_split_attention"] = o.fused_rope_split_attention;
   J["cluster_attention_merge"] = o.cluster_attention_merge;
+  J["cluster_router"] = o.cluster_router;
   J["combine_norm_in_qkv"] = o.combine_norm_in_qkv;
   J["mma_expert_gemv"] = o.mma_expert_gemv;
   J["decode_attention_min_split_keys"] = o.decode_attention_min_split_keys;

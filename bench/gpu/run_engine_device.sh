@@ -2,7 +2,7 @@
 # One device call for the CUDA engine: configure (engine-only), build the engine GPU tests, the
 # kernel tests and the engine benchmark; run the tests, then the HF peer (its own 61 GB, freed
 # when it exits), then the benchmark. Logs and JSON go to $OUT; summaries print last.
-# Usage: bench/gpu/run_engine_device.sh [tests|bench|all|base|quant|prefill|w8a8|linear|experts|phases|decode|gemv4|ncu] [peer batches, e.g. 1,64, or none]
+# Usage: bench/gpu/run_engine_device.sh [tests|bench|all|base|ab|quant|prefill|w8a8|linear|experts|phases|decode|gemv4|ncu] [peer batches, e.g. 1,64, or none]
 # `quant`: the compressed-weight run: kernel and engine tests, the quant kernel rows, the engine
 # benchmark on the 30B shape with bf16 / fp8 / nvfp4 linear weights, and the seed-class shape in
 # NVFP4 on one GPU.
@@ -22,8 +22,9 @@
 # `decode`: the decode step's op cases (moe_gemv, decode attention, router, rope, combine), the
 #   engine tests, batch 1 / 256 for each of DECODE_VARIANTS (default: default combine default
 #   combine; also unfused = --disable-fused-rope, combine = --combine-norm-in-qkv,
-#   sep = --disable-combine-in-down, frs = --fused-rope-split, clu = --cluster-attention-merge,
-#   frsclu = both), and the step trace at batch 1 (with TRACE_FLAGS).
+#   sep = --disable-combine-in-down, noclu = --disable-cluster-attention-merge,
+#   noclr = --disable-cluster-router), and the step
+#   trace at batch 1 (with TRACE_FLAGS).
 # `gemv4`: the 4-bit expert GEMVs on tensor cores against their CUDA-core walk: op cases, engine
 #   tests, the moe_gemv kernel rows (batch 1), the 30B step at batches 1 and 8 (GEMV4_BATCHES) for each of
 #   GEMV4_VARIANTS (default: none nvfp4 nvfp4:cc int4 int4:cc; modifiers, any number, each after
@@ -31,6 +32,10 @@
 # `ncu`: ncu's per-instruction warp-stall samples of one decode kernel each (NCU_KERNELS, default
 #   the router and the split attention kernel) from the batch-1 engine benchmark, with its
 #   duration and SM frequency, and nvidia-smi's clocks while it ran.
+# `ab`: compile-time variants on one machine: the engine benchmark (AB_BATCHES, default 1) of
+#   the tree, then of the tree with each patch of AB_PATCHES applied (`git diff` output saved as
+#   untracked files of the tree; applied with `patch -p1`, rebuilt, reverted), AB_ROUNDS times
+#   (default 2) in turn.
 # `phases`: a diagnostic build (build-pc, -DMOEBATCH_PHASE_CLOCKS=ON -DMOEBATCH_STEP_TRACE=ON): the
 #   moe_wgmma and prefill attention rows with the cycles per tile in each phase, then the engine
 #   benchmark (TRACE_BATCHES, default 1,256; TRACE_QUANT, default none, e.g. "none fp8") with
@@ -49,6 +54,27 @@ if [ "$WHAT" = base ]; then
     { grep -E "error" -A3 "$OUT/base_build.log" | head -40; exit 1; }
   /tmp/base/build/moebatch_bench_engine_cuda "$OUT/bench_engine_cuda_base.json" > "$OUT/bench_base.log" 2>&1
   echo "base bench rc=$?"; tail -40 "$OUT/bench_base.log"
+  exit 0
+fi
+if [ "$WHAT" = ab ]; then
+  cmake -S . -B build-dev -G Ninja -DMOEBATCH_ENGINE_ONLY=ON -DMOEBATCH_CUDA=ON -DMOEBATCH_BUILD_TESTS=OFF \
+    > "$OUT/configure.log" 2>&1 || { tail -20 "$OUT/configure.log"; exit 1; }
+  ab_bench() {  # $1: the variant's name
+    cmake --build build-dev -j16 --target moebatch_bench_engine_cuda > "$OUT/build_$1.log" 2>&1 ||
+      { grep -E "error" -A3 "$OUT/build_$1.log" | head -30; return 1; }
+    MOEBATCH_BENCH_BATCHES=${AB_BATCHES:-1} timeout 120 ./build-dev/moebatch_bench_engine_cuda "/tmp/ab_$1.json" \
+      > /tmp/ab.log 2>&1
+    echo "ab $1 rc=$?"; cat /tmp/ab.log >> "$OUT/bench_ab_$1.log"
+    grep -E "^ *[0-9]+ \|" /tmp/ab.log | head -4
+  }
+  for round in $(seq ${AB_ROUNDS:-2}); do
+    ab_bench tree
+    for patch in ${AB_PATCHES:?}; do
+      patch -p1 --quiet < "$patch" || { echo "$patch does not apply"; exit 1; }
+      ab_bench "$(basename "$patch" .patch)"
+      patch -p1 -R --quiet < "$patch"
+    done
+  done
   exit 0
 fi
 # The diagnostic build (build-pc: -DMOEBATCH_PHASE_CLOCKS=ON -DMOEBATCH_STEP_TRACE=ON) that
@@ -234,8 +260,8 @@ if [ "$WHAT" = decode ]; then
   run_gpu_tests '*moe_gemv*:*attn_decode*:*route*:*rope*:*combine*'
   for v in ${DECODE_VARIANTS:-default combine default combine}; do
     flag=""; [ $v = unfused ] && flag=--disable-fused-rope; [ $v = combine ] && flag=--combine-norm-in-qkv
-    [ $v = sep ] && flag=--disable-combine-in-down; [ $v = frs ] && flag=--fused-rope-split
-    [ $v = clu ] && flag=--cluster-attention-merge; [ $v = frsclu ] && flag="--fused-rope-split --cluster-attention-merge"
+    [ $v = sep ] && flag=--disable-combine-in-down; [ $v = noclu ] && flag=--disable-cluster-attention-merge
+    [ $v = noclr ] && flag=--disable-cluster-router
     MOEBATCH_BENCH_BATCHES=1,256 timeout 130 ./build-dev/moebatch_bench_engine_cuda $flag "/tmp/bench_engine_$v.json" \
       > /tmp/bench_engine_$v.log 2>&1
     echo "bench $v rc=$?"; cat /tmp/bench_engine_$v.log >> "$OUT/bench_engine_decode.log"

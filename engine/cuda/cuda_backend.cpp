@@ -173,8 +173,8 @@ void CudaBackend::init(const std::filesystem::path* model_dir, uint64_t seed) {
     ranks_[r]->router_norm = o.router_norm;
     ranks_[r]->wgmma_attention = o.wgmma_attention;
     ranks_[r]->fused_rope_attention = o.fused_rope_attention;
-    ranks_[r]->fused_rope_split_attention = o.fused_rope_split_attention;
     ranks_[r]->cluster_attention_merge = o.cluster_attention_merge;
+    ranks_[r]->cluster_router = o.cluster_router;
     ranks_[r]->combine_norm_in_qkv = o.combine_norm_in_qkv;
     ranks_[r]->mma_expert_gemv = o.mma_expert_gemv;
     ranks_[r]->combine_in_down = o.combine_in_down;

@@ -102,19 +102,19 @@ struct CudaBackendOptions {
   /// false: the mma.sync kernel (head_dim 256: the CUDA-core kernel).
   bool wgmma_attention = true;
   /// Decode steps' q/k norm, rotation and cache write inside the decode attention kernel
-  /// (kernels::AttentionParams::fused_rope, where attention_decode_prefers_fused_rope says it
-  /// pays: large batches) instead of a qk_norm_rope launch before it.
+  /// (kernels::AttentionParams::fused_rope, where attention_decode_fuses_rope allows it: the
+  /// warp kernel of large batches) instead of a qk_norm_rope launch before it.
   bool fused_rope_attention = true;
-  /// With fused_rope_attention, fuse on the split kernel too (small batches: every batch-1
-  /// step), where the writer block now stages the new k / v in shared memory for its own key
-  /// loop instead of reading them back from the cache (what measured slower in session 19). An
-  /// experiment of session 23, written without a GPU run: off until measured.
-  bool fused_rope_split_attention = false;
   /// Decode steps' split attention (2..8 splits, a GPU with clusters) merges its splits through
   /// a thread block cluster's shared memory instead of the workspace and a ticket
-  /// (kernels::AttentionParams::cluster_merge; the same bits). An experiment of session 23,
-  /// written without a GPU run: off until measured.
-  bool cluster_attention_merge = false;
+  /// (kernels::AttentionParams::cluster_merge; the same bits). Batch 1 3.17-3.18 → 3.08 ms (H100,
+  /// 30B shape, 2026-12-06); batch 256 unchanged (the warp kernel, no splits).
+  bool cluster_attention_merge = true;
+  /// Decode steps' router (kernels::moe_route_small, ≤ 8 tokens) as one thread block cluster of
+  /// 16 blocks whose logits meet in the first block's shared memory, instead of 32 blocks that
+  /// store them, fence, take tickets and let the last block reload them; kernels that cannot
+  /// launch the cluster take the ticket form.
+  bool cluster_router = true;
   /// One-token steps of one rank form the pending MoE combine + residual add + attention norm
   /// inside the qkv GEMV (kernels::gemv_stream_combine_norm) instead of a one-block launch before
   /// it. An experiment (session 19, written without a GPU run), off until measured faster.

@@ -95,8 +95,8 @@ class CudaRank {
   bool router_norm = true;           ///< CudaBackendOptions::router_norm
   bool wgmma_attention = true;       ///< CudaBackendOptions::wgmma_attention
   bool fused_rope_attention = true;     ///< CudaBackendOptions::fused_rope_attention
-  bool fused_rope_split_attention = false;  ///< CudaBackendOptions::fused_rope_split_attention
-  bool cluster_attention_merge = false;     ///< CudaBackendOptions::cluster_attention_merge
+  bool cluster_attention_merge = true;  ///< CudaBackendOptions::cluster_attention_merge
+  bool cluster_router = true;           ///< CudaBackendOptions::cluster_router
   bool combine_norm_in_qkv = false;     ///< CudaBackendOptions::combine_norm_in_qkv (where qkv is on gemv_stream)
   bool mma_expert_gemv = true;          ///< CudaBackendOptions::mma_expert_gemv
   bool combine_in_down = true;          ///< CudaBackendOptions::combine_in_down

@@ -234,8 +234,7 @@ void attention(const Step& s, const DeviceLayerWeights& L, const DeviceKvCache& 
   at.cluster_merge = s.r.cluster_attention_merge;
   if (s.decode && s.r.fused_rope_attention) {
     at.rope = rp;
-    at.fused_rope = s.r.fused_rope_split_attention ? k::attention_decode_fuses_rope(at)
-                                                   : k::attention_decode_prefers_fused_rope(at);
+    at.fused_rope = k::attention_decode_fuses_rope(at);
   }
   if (!at.fused_rope) {
     k::qk_norm_rope(rp, s.st);
@@ -337,6 +336,7 @@ std::optional<k::MoeCombineParams> moe(const Step& s, const DeviceLayerWeights& 
   if (s.n <= k::kRouteSmallMaxTokens) {
     k::RouteSmallParams rp = s.route;
     rp.weight = L.router.as_bf16();
+    rp.cluster = s.r.cluster_router;
     if (norm_weight)
       rp.norm = {.branch = B.o, .residual = B.x, .weight = norm_weight->as_bf16(), .out = B.h,
                  .eps = s.norm.eps, .weight_offset = s.norm.weight_offset};

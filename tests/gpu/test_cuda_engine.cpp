@@ -414,27 +414,26 @@ TEST_P(CudaFixture, CombineInDownMatchesSeparateLaunch) {
   expect_decode_matches(GetParam(), fused, base, "combine in down vs launch", true);
 }
 
-// The q/k norm, rotation and cache write inside the split decode kernel (batch 1), the writer
-// block reading the new k / v from shared memory, against the qk_norm_rope launch: the same
-// arithmetic in another kernel, within bf16 tolerance by the 3-in-4 rule.
-TEST_P(CudaFixture, FusedRopeOnSplitKernelMatchesLaunch) {
-  CudaBackendOptions base = small_options();
-  CudaBackendOptions fused = base;
-  fused.fused_rope_split_attention = true;
-  if (!step_has_stage(GetParam(), base, "qk_norm_rope_kv_write") ||
-      step_has_stage(GetParam(), fused, "qk_norm_rope_kv_write"))
-    GTEST_SKIP() << "the split kernel cannot fuse this model's rope (partial rotation or no attention)";
-  expect_decode_matches(GetParam(), fused, base, "fused rope on the split kernel vs launch", false);
-}
-
-// The split decode kernel's partials merged across a thread block cluster (cluster_merge) against
-// the workspace merge: the same arithmetic in the same order, so the same bits (which launches
-// took clusters: the attn_decode cluster_merge op cases).
+// The split decode kernel's partials merged across a thread block cluster (cluster_merge, the
+// default) against the workspace merge: the same arithmetic in the same order, so the same bits
+// (which launches took clusters: the attn_decode cluster_merge op cases).
 TEST_P(CudaFixture, ClusterAttentionMergeMatchesWorkspaceMerge) {
   CudaBackendOptions base = small_options();
-  CudaBackendOptions clustered = base;
-  clustered.cluster_attention_merge = true;
+  base.cluster_attention_merge = false;
+  CudaBackendOptions clustered = small_options();
+  ASSERT_TRUE(clustered.cluster_attention_merge) << "the cluster merge is the default";
   expect_decode_matches(GetParam(), clustered, base, "attention splits merged in a cluster vs workspace", true);
+}
+
+// The decode router as one cluster (cluster_router, the default) against its ticket form: the
+// same logits in the same order, so the same bits (which launches took the cluster: the
+// moe_route_small cluster op cases).
+TEST_P(CudaFixture, ClusterRouterMatchesTicketRouter) {
+  CudaBackendOptions base = small_options();
+  base.cluster_router = false;
+  CudaBackendOptions clustered = small_options();
+  ASSERT_TRUE(clustered.cluster_router) << "the cluster router is the default";
+  expect_decode_matches(GetParam(), clustered, base, "router in a cluster vs tickets", true);
 }
 
 // Logits of each decode step (paged cache, decode kernel, graphs) against a full recompute of

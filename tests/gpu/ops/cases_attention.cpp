@@ -247,7 +247,8 @@ class AttentionCase final : public OpCase {
     r.v = q_.get() + static_cast<size_t>(nq + nkv) * hd;
     r.slot_mapping = d_slots_.get();
     p_.fused_rope = true;
-    MB_CHECK(kernels::attention_decode_fuses_rope(p_), "attention case: the decode kernels cannot fuse this rope");
+    MB_CHECK(kernels::attention_decode_fuses_rope(p_),
+             "attention case: the decode kernels cannot fuse this rope (the warp kernel only: >= 512 pairs, one split)");
   }
 
   // roped[(token · (nq + nkv) + row) · hd + d]: q heads then k heads, normalised and rotated in

@@ -119,6 +119,9 @@ OpCaseDef named(OpCaseDef def, std::string name) {
 }
 
 OpCheck run_and_check(OpCase& c, const OpEnv& env, double tol) {
+  // The setup's kernels complete first, as a forward's inputs do: some kernels read step inputs
+  // before their pdl_sync (kernels/launch.cuh), which a setup kernel just before would race.
+  CUDA_CHECK(cudaStreamSynchronize(env.stream));
   c.run(env, 0);
   CUDA_CHECK(cudaStreamSynchronize(env.stream));
   return c.check(env, tol);

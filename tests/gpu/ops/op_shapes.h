@@ -102,7 +102,8 @@ struct AttentionShape {
   int block_size = 16;  ///< cache block (the decode kernels step 16 keys in one block
                         ///< when it divides by 16, else look up every key)
   bool mma_sync = false;  ///< prefill off the wgmma kernel (AttentionPrefillKernel::mma_sync)
-  /// Decode with AttentionParams::fused_rope: q and the new tokens' k / v come raw in fused qkv
+  /// Decode with AttentionParams::fused_rope (the warp kernel only: >= kWarpDecodeMinUnits
+  /// (sequence, kv head) pairs, one split): q and the new tokens' k / v come raw in fused qkv
   /// rows (q_pad after them), normalised (with rope_norm) and rotated by the kernel, which also
   /// writes the new k / v to their cache slots; checked with the cache against fp64.
   bool fused_rope = false;
@@ -156,6 +157,9 @@ struct RouteSmallShape {
   /// > 0: router row e is a copy of row e % tie_period, so those experts' logits tie exactly (each
   /// is one warp's sum in a fixed order) and the top-k must take the lower ids first.
   int tie_period = 0;
+  /// RouteSmallParams::cluster: the cluster form, which the case asserts was taken where the GPU
+  /// launches clusters.
+  bool cluster = false;
 };
 OpCaseDef route_small_case(const RouteSmallShape& s);
 

@@ -2,6 +2,7 @@
 // kernel or weight format adds its shapes here (and its case class in cases_*.cpp).
 #include <algorithm>
 #include <bit>
+#include <initializer_list>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -183,25 +184,30 @@ std::vector<OpCaseDef> op_cases_test() {
                               .decode = true,
                               .splits = kSplitsAuto,
                               .kv_bound = 256}));
-  // Decode with the q/k norm + rope + cache write fused (AttentionParams::fused_rope): batch 1
-  // as the engine runs it (split kernel, bucketed bound), three sequences with an empty context
-  // (split kernel), 16 and 4 q heads per kv head, no norm (Qwen2-MoE), and the warp kernel at
-  // 130 sequences and at one q head per kv head.
-  for (int ctx : {1, 17, 150, 1500})
-    t.push_back(attention_case({.head_dim = 128, .n_q_heads = 32, .n_kv_heads = 4, .q_lens = {1}, .kv_lens = {ctx},
-                                .decode = true, .splits = kSplitsAuto, .kv_bound = bucket(ctx), .fused_rope = true}));
-  t.push_back(attention_case({.head_dim = 128, .n_q_heads = 32, .n_kv_heads = 4, .q_lens = q3, .kv_lens = kv3,
-                              .decode = true, .splits = 5, .fused_rope = true}));
-  t.push_back(attention_case({.head_dim = 128, .n_q_heads = 64, .n_kv_heads = 4, .q_lens = {1, 1},
-                              .kv_lens = {150, 1500}, .decode = true, .splits = 5, .fused_rope = true}));
-  t.push_back(attention_case({.head_dim = 64, .n_q_heads = 16, .n_kv_heads = 4, .q_lens = q3,
-                              .kv_lens = {16, kEmptyContext, 1500}, .decode = true, .splits = 5,
-                              .fused_rope = true, .rope_norm = false}));
+  // Decode with the q/k norm + rope + cache write fused (AttentionParams::fused_rope), on the
+  // warp kernel (the only one that fuses: >= kWarpDecodeMinUnits pairs, one split): 130
+  // sequences and 8/8 heads; then 130 sequences with an empty context and one of 1500 keys at 16
+  // q heads per kv head (both m16 halves) at d 128, d 64 without norms (Qwen2-MoE) at 4 and 16 q
+  // heads per kv head, and cache blocks of 8 (a table lookup per key) and 24 (steps straddling
+  // blocks).
   for (auto [head_dim, nq, nkv, seqs] : {std::tuple{128, 32, 4, 130}, {128, 8, 8, 70}})
     t.push_back(attention_case({.head_dim = head_dim, .n_q_heads = nq, .n_kv_heads = nkv,
                                 .q_lens = std::vector<int>(seqs, 1),
                                 .kv_lens = std::vector<int>(kv130.begin(), kv130.begin() + seqs),
                                 .random_kv_max = 700, .decode = true, .fused_rope = true}));
+  std::vector<int> kv130e = kv130;
+  kv130e[3] = kEmptyContext;
+  kv130e[4] = 1500;
+  const std::vector<int> q130(130, 1);
+  t.push_back(attention_case({.head_dim = 128, .n_q_heads = 64, .n_kv_heads = 4, .q_lens = q130, .kv_lens = kv130e,
+                              .random_kv_max = 700, .decode = true, .fused_rope = true}));
+  for (int nq : {16, 64})
+    t.push_back(attention_case({.head_dim = 64, .n_q_heads = nq, .n_kv_heads = 4, .q_lens = q130, .kv_lens = kv130e,
+                                .random_kv_max = 700, .decode = true, .fused_rope = true, .rope_norm = false}));
+  for (auto [head_dim, nq, block] : {std::tuple{128, 32, 8}, {64, 16, 24}})
+    t.push_back(attention_case({.head_dim = head_dim, .n_q_heads = nq, .n_kv_heads = 4, .q_lens = q130,
+                                .kv_lens = kv130e, .random_kv_max = 700, .decode = true, .block_size = block,
+                                .fused_rope = true}));
   // head_dim 64 (4 q heads per kv head), and 16 q heads per kv head (both m16 halves) at 128
   // and 64.
   t.push_back(attention_case({.head_dim = 64,
@@ -250,24 +256,17 @@ std::vector<OpCaseDef> op_cases_test() {
                               .decode = true,
                               .splits = 7,
                               .block_size = 32}));
-  // The split kernel's settled keys loaded before its wait and the new token's after it (from
-  // the writer block's shared memory when fused): a table lookup per key in the fused form
-  // (blocks of 8), steps that straddle blocks at varying offsets (blocks of 24), and a writer
-  // split that holds only the new key (305 keys in splits of 304).
+  // The split kernel's settled keys loaded before its wait and the new token's after it: steps
+  // that straddle blocks at varying offsets (blocks of 24), and a split that holds only the new
+  // key (305 keys in splits of 304: nothing to load before the wait).
+  t.push_back(attention_case({.head_dim = 64, .n_q_heads = 16, .n_kv_heads = 4, .q_lens = q3,
+                              .kv_lens = {23, 150, 1500}, .decode = true, .splits = 5, .block_size = 24}));
   t.push_back(attention_case({.head_dim = 128, .n_q_heads = 32, .n_kv_heads = 4, .q_lens = q3,
-                              .kv_lens = {17, 150, 1500}, .decode = true, .splits = 5, .block_size = 8,
-                              .fused_rope = true}));
-  for (bool fused : {false, true})
-    t.push_back(attention_case({.head_dim = 64, .n_q_heads = 16, .n_kv_heads = 4, .q_lens = q3,
-                                .kv_lens = {23, 150, 1500}, .decode = true, .splits = 5, .block_size = 24,
-                                .fused_rope = fused}));
-  t.push_back(attention_case({.head_dim = 128, .n_q_heads = 32, .n_kv_heads = 4, .q_lens = q3,
-                              .kv_lens = {305, kEmptyContext, 1500}, .decode = true, .splits = 5,
-                              .fused_rope = true}));
+                              .kv_lens = {305, kEmptyContext, 1500}, .decode = true, .splits = 5}));
   // The splits merged across a thread block cluster (cluster_merge): batch 1 as the engine runs
   // it (8 splits at contexts 17 and 150; 1500 takes 16, past a cluster: the workspace merge), an
-  // odd count with an empty context, 2 splits at d 64 with 16 q heads per kv head, blocks of 8,
-  // and with the fused rope.
+  // odd count with an empty context, 2 splits at d 64 with 16 q heads per kv head, and blocks of
+  // 8.
   for (int ctx : {17, 150, 1500})
     t.push_back(attention_case({.head_dim = 128, .n_q_heads = 32, .n_kv_heads = 4, .q_lens = {1}, .kv_lens = {ctx},
                                 .decode = true, .splits = kSplitsAuto, .kv_bound = bucket(ctx),
@@ -279,9 +278,6 @@ std::vector<OpCaseDef> op_cases_test() {
                               .cluster_merge = true}));
   t.push_back(attention_case({.head_dim = 128, .n_q_heads = 32, .n_kv_heads = 4, .q_lens = q3,
                               .kv_lens = {17, 150, 1500}, .decode = true, .splits = 7, .block_size = 8,
-                              .cluster_merge = true}));
-  t.push_back(attention_case({.head_dim = 128, .n_q_heads = 32, .n_kv_heads = 4, .q_lens = {1}, .kv_lens = {150},
-                              .decode = true, .splits = kSplitsAuto, .kv_bound = 256, .fused_rope = true,
                               .cluster_merge = true}));
   // More pairs: 31 sequences (124 pairs, 2 splits on an H200) and 40 (160 pairs, 1 split) of random
   // lengths, one without keys.
@@ -301,7 +297,7 @@ std::vector<OpCaseDef> op_cases_test() {
   }
 
   // MoE routing.
-  for (int E : {128, 16, 60})
+  for (int E : {128, 16, 60, 256})  // 1, 2, 4 and 8 slots a lane (512: route_small below)
     for (bool renorm : {true, false})
       for (bool bf16_logits : {false, true})
         t.push_back(router_case({.tokens = 67, .experts = E, .top_k = E >= 64 ? 8 : 4, .renormalize = renorm,
@@ -338,15 +334,34 @@ std::vector<OpCaseDef> op_cases_test() {
   for (int tokens : {1, 8})
     t.push_back(route_small_case({.tokens = tokens, .experts = 512, .top_k = 10, .hidden = 2048}));
   t.push_back(align_case({.tokens = 300, .experts = 512, .top_k = 10, .hot = 7}));
-  // The top-k's selection: top-1, 8 and 10 over 128, 60 (a partial slot) and 512 experts, most
-  // with exact ties that the lower id must break (router row e = row e % tie: at
-  // tie 16 the top-8 is one group of 8 equal logits, at tie 3 every logit is one of three values)
-  for (auto [E, K, tie] :
-       {std::tuple{128, 1, 0}, {128, 1, 3}, {128, 8, 16}, {60, 10, 7}, {512, 10, 100}})
+  // The top-k's selection: top-1, 8 and 10 over 128, 60 (a partial slot), 33 (one expert in a
+  // second slot), 256 and 512 experts, most with exact ties that the lower id must break (router
+  // row e = row e % tie: at tie 16 the top-8 is one group of 8 equal logits, at tie 3 every logit
+  // is one of three values)
+  for (auto [E, K, tie] : {std::tuple{128, 1, 0}, {128, 1, 3}, {128, 8, 16}, {60, 10, 7}, {33, 4, 2},
+                           {256, 8, 5}, {512, 10, 100}})
     for (int tokens : {1, 8})
       for (bool renorm : {true, false})
         t.push_back(route_small_case({.tokens = tokens, .experts = E, .top_k = K, .hidden = 2048,
                                       .renormalize = renorm, .tie_period = tie}));
+  // The cluster form: the engine's one-token step with and without the norm, 2 and 8 tokens,
+  // ties, 60 experts (warps without one), 256 and 512 (warps with 2 and 4), the align, expert
+  // parallel; the same checks, so the same bits as the ticket form.
+  for (const RouteSmallShape& c : std::initializer_list<RouteSmallShape>{
+           {.tokens = 1, .experts = 128, .top_k = 8, .hidden = 2048, .skip_align = true},
+           {.tokens = 1, .experts = 128, .top_k = 8, .hidden = 2048, .norm = true, .skip_align = true},
+           {.tokens = 2, .experts = 128, .top_k = 8, .hidden = 2048, .norm = true},
+           {.tokens = 1, .experts = 128, .top_k = 8, .hidden = 4096, .norm = true},
+           {.tokens = 8, .experts = 128, .top_k = 8, .hidden = 2048, .renormalize = false},
+           {.tokens = 8, .experts = 128, .top_k = 8, .hidden = 2048, .tie_period = 16},
+           {.tokens = 3, .experts = 60, .top_k = 4, .hidden = 1000, .norm = true},
+           {.tokens = 1, .experts = 256, .top_k = 8, .hidden = 4096, .norm = true, .tie_period = 5},
+           {.tokens = 8, .experts = 512, .top_k = 10, .hidden = 2048},
+           {.tokens = 8, .experts = 128, .top_k = 8, .hidden = 2048, .expert0 = 0, .local_experts = 32}}) {
+    RouteSmallShape shape = c;
+    shape.cluster = true;
+    t.push_back(route_small_case(shape));
+  }
   // Expert parallel: the router over every expert, the align of one rank's
   for (auto [tokens, E, expert0, local] : {std::tuple{1, 128, 64, 64}, {8, 128, 0, 32}, {3, 16, 8, 8}})
     t.push_back(route_small_case({.tokens = tokens, .experts = E, .top_k = E >= 64 ? 8 : 4, .hidden = 2048,
