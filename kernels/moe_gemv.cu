@@ -42,6 +42,7 @@ __global__ void __launch_bounds__(kWarps * 32) moe_gemv_kernel(MoeGemmParams p) 
   constexpr int kOut = kSilu ? R / 2 : R;  // outputs per warp
   int e, pair[M], count;
   if (!block_expert_pairs<M>(p, e, pair, count)) return;
+  STEP_TRACE_MARK_IF(blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && e >= 0);  // expert known
   const int lane = threadIdx.x & 31;
   const int out0 = (blockIdx.x * kWarps + (threadIdx.x >> 5)) * kOut;
   if (out0 >= p.n) return;  // whole warps only: the shuffles below need all 32 lanes

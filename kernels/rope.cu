@@ -198,6 +198,7 @@ __global__ void __launch_bounds__(kWideThreads) qk_norm_rope_wide_kernel(QkNormR
                                             : p.v + t * p.v_stride + static_cast<int64_t>(h - rotated) * p.head_dim;
     raw[u] = src != nullptr ? *reinterpret_cast<const uint4*>(src + d0) : make_uint4(0, 0, 0, 0);
   }
+  STEP_TRACE_MARK_IF(blockIdx.x == 0 && threadIdx.x == 0 && (raw[0].x | 1u) != 0u);  // rows in (diagnostic builds)
 
 #pragma unroll
   for (int u = 0; u < kU; ++u) {
@@ -221,6 +222,7 @@ __global__ void __launch_bounds__(kWideThreads) qk_norm_rope_wide_kernel(QkNormR
                  static_cast<size_t>(h - p.n_q_heads) * p.head_dim + d0,
              x);
   }
+  STEP_TRACE_MARK_IF(blockIdx.x == 0 && threadIdx.x == 0);  // rows stored
 }
 
 // Whether qk_norm_rope_wide_kernel takes these operands: heads of 16 · 2^j dims up to 256, a

@@ -35,7 +35,8 @@
 # `ab`: compile-time variants on one machine: the engine benchmark (AB_BATCHES, default 1) of
 #   the tree, then of the tree with each patch of AB_PATCHES applied (`git diff` output saved as
 #   untracked files of the tree; applied with `patch -p1`, rebuilt, reverted), AB_ROUNDS times
-#   (default 2) in turn.
+#   (default 2) in turn; each with the weights of every AB_QUANT (default none; e.g. "none nvfp4
+#   fp8 int4").
 # `phases`: a diagnostic build (build-pc, -DMOEBATCH_PHASE_CLOCKS=ON -DMOEBATCH_STEP_TRACE=ON): the
 #   moe_wgmma and prefill attention rows with the cycles per tile in each phase, then the engine
 #   benchmark (TRACE_BATCHES, default 1,256; TRACE_QUANT, default none, e.g. "none fp8") with
@@ -62,14 +63,16 @@ if [ "$WHAT" = ab ]; then
   ab_bench() {  # $1: the variant's name
     cmake --build build-dev -j16 --target moebatch_bench_engine_cuda > "$OUT/build_$1.log" 2>&1 ||
       { grep -E "error" -A3 "$OUT/build_$1.log" | head -30; return 1; }
-    MOEBATCH_BENCH_BATCHES=${AB_BATCHES:-1} timeout 120 ./build-dev/moebatch_bench_engine_cuda "/tmp/ab_$1.json" \
-      > /tmp/ab.log 2>&1
-    echo "ab $1 rc=$?"; cat /tmp/ab.log >> "$OUT/bench_ab_$1.log"
-    grep -E "^ *[0-9]+ \|" /tmp/ab.log | head -4
+    for q in ${AB_QUANT:-none}; do
+      MOEBATCH_BENCH_BATCHES=${AB_BATCHES:-1} timeout 120 ./build-dev/moebatch_bench_engine_cuda --quantization $q \
+        "/tmp/ab_$1_$q.json" > /tmp/ab.log 2>&1
+      echo "ab $1 $q rc=$?"; cat /tmp/ab.log >> "$OUT/bench_ab_$1_$q.log"
+      grep -E "^ *[0-9]+ \|" /tmp/ab.log | head -4
+    done
   }
   for round in $(seq ${AB_ROUNDS:-2}); do
     ab_bench tree
-    for patch in ${AB_PATCHES:?}; do
+    for patch in ${AB_PATCHES:-}; do
       patch -p1 --quiet < "$patch" || { echo "$patch does not apply"; exit 1; }
       ab_bench "$(basename "$patch" .patch)"
       patch -p1 -R --quiet < "$patch"
