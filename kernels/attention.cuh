@@ -50,6 +50,9 @@ struct AttentionParams {
   /// q, q_stride and caches equal this struct's) with the forward's rotation table.
   bool fused_rope = false;
   QkNormRopeParams rope = {};
+  /// Decode kernels: let the next kernel launch at this one's start (kernels/launch.cuh,
+  /// pdl_trigger_early) — the caller knows what follows.
+  bool trigger_early = false;
   /// Decode split kernel with 2..kAttentionClusterMaxSplits splits on a GPU with thread block
   /// clusters: a (sequence, kv head)'s splits run as one cluster and merge their partials
   /// through each other's shared memory, not the workspace and a ticket (the same arithmetic,

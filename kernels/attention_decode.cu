@@ -421,6 +421,7 @@ __device__ __forceinline__ float decode_out(const DecodeWarp<D>& w, int r, int e
 // cache (qk_norm_rope's work), then reads its keys through L2 (__ldcg), where those writes are.
 template <int D, bool kRope>
 __global__ void __launch_bounds__(kWarps * 32) attention_decode_warp_kernel(AttentionParams p) {
+  if (p.trigger_early) pdl_trigger_early();
   pdl_sync();
   constexpr int VD = DecodeWarp<D>::VD;
   const int seq = blockIdx.y * kWarps + (threadIdx.x >> 5);
@@ -534,6 +535,7 @@ __global__ void __launch_bounds__(kSplitWarps * 32)
   __shared__ alignas(16) float cpart_o[kCluster ? 16 * D : 4];  // kCluster: the split's partial o
   __shared__ float2 cpart_ml[kCluster ? 16 : 1];                // and (m, l), per group row
   __shared__ bool last;
+  if (p.trigger_early) pdl_trigger_early();
   // step inputs (uploaded before the step's first kernel): readable before pdl_sync
   const int split = blockIdx.x, kvh = blockIdx.y, seq = blockIdx.z;
   const int splits = p.num_splits, warp = threadIdx.x >> 5;

@@ -91,6 +91,7 @@ struct GemvStreamArgs {
   MoeCombineParams combine = {};
   RmsNormParams norm = {};
   unsigned* counter = nullptr;
+  bool trigger_early = false;  // pdl_trigger_early at the start (gemv_stream's argument)
 };
 
 // Consumers of gemv_stream_combine_norm: xs = rmsnorm(residual + bf16(combine)) of the one token,
@@ -196,6 +197,7 @@ __device__ __forceinline__ void stream_rows(const uint4* const (&w)[R], const ui
 // (gemv_stream_combine_norm).
 template <int M, bool kCombineNorm = false>
 __global__ void __launch_bounds__(kThreads, 1) gemv_stream_kernel(GemvStreamArgs a) {
+  if (a.trigger_early) pdl_trigger_early();
   constexpr int R = stream_rows_per_warp(M);
   extern __shared__ __align__(128) uint8_t gemv_stream_smem[];
   const int granules = a.k / 8;               // per row
@@ -370,17 +372,19 @@ void gemv_stream_prepare() {
 #endif
 }
 
-void gemv_stream(bf16* out, const bf16* x, const bf16* w, int m, int n, int k,
-                 cudaStream_t stream) {
+void gemv_stream(bf16* out, const bf16* x, const bf16* w, int m, int n, int k, cudaStream_t stream,
+                 bool trigger_early) {
   GemvStreamArgs a;
   a.x = x;
+  a.trigger_early = trigger_early;
   gemv_stream_impl(a, out, false, w, m, n, k, stream);
 }
 
-void gemv_stream(float* out, const bf16* x, const bf16* w, int m, int n, int k,
-                 cudaStream_t stream) {
+void gemv_stream(float* out, const bf16* x, const bf16* w, int m, int n, int k, cudaStream_t stream,
+                 bool trigger_early) {
   GemvStreamArgs a;
   a.x = x;
+  a.trigger_early = trigger_early;
   gemv_stream_impl(a, out, true, w, m, n, k, stream);
 }
 
@@ -389,7 +393,8 @@ bool gemv_stream_combine_norm_fits(int k) {
 }
 
 void gemv_stream_combine_norm(bf16* out, const MoeCombineParams& c, const RmsNormParams& norm,
-                              unsigned* counter, const bf16* w, int n, int k, cudaStream_t stream) {
+                              unsigned* counter, const bf16* w, int n, int k, cudaStream_t stream,
+                              bool trigger_early) {
   MB_CHECK(k > 0 && k <= kGemvCombineNormMaxK && c.tokens == 1 && c.hidden == k && norm.cols == k &&
                c.top_k >= 0 && c.topk_ids == nullptr,
            "gemv_stream_combine_norm: one token of hidden k <= kGemvCombineNormMaxK, no expert mask");
@@ -399,6 +404,7 @@ void gemv_stream_combine_norm(bf16* out, const MoeCombineParams& c, const RmsNor
   a.combine = c;
   a.norm = norm;
   a.counter = counter;
+  a.trigger_early = trigger_early;
   gemv_stream_impl(a, out, false, w, 1, n, k, stream);
 }
 

@@ -35,10 +35,13 @@ void gemv_stream_prepare();
 /// H200: k ≤ 9680 at m = 8, 23232 at m = 1). Launched dependent (kernels/launch.cuh): the first
 /// weight stages are in flight before the kernel before it has finished. Requires
 /// gemv_stream_available and gemv_stream_prepare for the current device. m == 0 does nothing.
-void gemv_stream(bf16* out, const bf16* x, const bf16* w, int m, int n, int k, cudaStream_t stream);
+/// trigger_early: the next kernel may launch at this one's start (kernels/launch.cuh,
+/// pdl_trigger_early) — the caller knows what follows.
+void gemv_stream(bf16* out, const bf16* x, const bf16* w, int m, int n, int k, cudaStream_t stream,
+                 bool trigger_early = false);
 /// Same with fp32 output.
-void gemv_stream(float* out, const bf16* x, const bf16* w, int m, int n, int k,
-                 cudaStream_t stream);
+void gemv_stream(float* out, const bf16* x, const bf16* w, int m, int n, int k, cudaStream_t stream,
+                 bool trigger_early = false);
 
 /// Whether gemv_stream_combine_norm takes hidden size k on the current device (k % 8 == 0,
 /// k ≤ kGemvCombineNormMaxK, and the ring fits beside x).
@@ -56,6 +59,7 @@ bool gemv_stream_combine_norm_fits(int k);
 /// c.top_k 0: no expert rows — the residual already holds the sum (moe_gemv_combine) — so x is
 /// the residual's norm, each CTA reads only that row, and nothing is written back (no ticket).
 void gemv_stream_combine_norm(bf16* out, const MoeCombineParams& c, const RmsNormParams& norm,
-                              unsigned* counter, const bf16* w, int n, int k, cudaStream_t stream);
+                              unsigned* counter, const bf16* w, int n, int k, cudaStream_t stream,
+                              bool trigger_early = false);
 
 }  // namespace moebatch::kernels

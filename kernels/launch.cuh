@@ -39,6 +39,19 @@ __device__ __forceinline__ void pdl_sync() {
 #endif
 }
 
+/// Lets the next kernel (if launched dependent) be scheduled now, before this kernel's own
+/// pdl_sync: its blocks become resident and run their preamble under this kernel's work instead
+/// of after its wait. Sound where the next kernel's preamble reads nothing this kernel's
+/// predecessor writes — under the contract above a preamble reads constants, step inputs and
+/// earlier forward calls' writes only — so not before a reader of settled routing
+/// (MoeGemmParams::routing_settled), which counts on the kernel before it launching it only
+/// after its wait. The kernel still calls pdl_sync() before its reads and writes.
+__device__ __forceinline__ void pdl_trigger_early() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 #if MOEBATCH_STEP_TRACE && defined(__CUDACC__)
 namespace {
 /// pdl_sync with the wait's ends recorded (kernels/step_trace.cuh); the macro below sends every

@@ -147,6 +147,7 @@ __global__ void __launch_bounds__(kWarps * 32) route_small_kernel(RouteSmallPara
   bf16* const sums = norm_rows;
   bf16* const normed = norm_rows + T * H;
 
+  if (p.trigger_early) pdl_trigger_early();
   const int e = blockIdx.x * kWarps + warp;
   ExpertWeights first;
   if (e < E) first.load(p.weight + static_cast<size_t>(e) * H, H, 0, lane);
@@ -198,6 +199,7 @@ __global__ void __launch_bounds__(kClusterWarps * 32) route_small_cluster_kernel
 
   const int w = static_cast<int>(cluster.block_rank()) * kClusterWarps + warp;
   constexpr int kStride = kClusterBlocks * kClusterWarps;
+  if (p.trigger_early) pdl_trigger_early();
   ExpertWeights wv;
   if (w < E) wv.load(p.weight + static_cast<size_t>(w) * H, H, 0, lane);
   cluster.sync();  // every block has started: block 0's shared memory takes remote stores

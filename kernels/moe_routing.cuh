@@ -114,6 +114,9 @@ struct RouteSmallParams {
   /// the blocks meet at a cluster barrier and hand their logits over in shared memory, where
   /// the ticket form stores them, fences, counts blocks and reloads them (`counter` unused).
   bool cluster = false;
+  /// Let the next kernel launch at this one's start (kernels/launch.cuh, pdl_trigger_early):
+  /// the caller knows what follows.
+  bool trigger_early = false;
 };
 
 /// Small-batch routing in one kernel: a warp per expert computes its fp32 logits for every token

@@ -41,6 +41,7 @@ __device__ __forceinline__ void store2(bf16* at, float lo, float hi) {
 // registers and many warps per SM.
 template <int kPairs, int kTail>
 __global__ void __launch_bounds__(kWarps * 32) qk_norm_rope_kernel(QkNormRopeParams p) {
+  if (p.trigger_early) pdl_trigger_early();
   pdl_sync();
   __shared__ float2 rotation[kTokens][32 * kMaxPairsPerLane];  // (cos, sin) of pair i
   const int t0 = blockIdx.y * kTokens;
@@ -166,6 +167,7 @@ constexpr int kWideThreads = 256;
 
 template <int kG, int kU>
 __global__ void __launch_bounds__(kWideThreads) qk_norm_rope_wide_kernel(QkNormRopeParams p) {
+  if (p.trigger_early) pdl_trigger_early();
   const bool write_cache = p.k_cache != nullptr;
   const int rotated = p.n_q_heads + p.n_kv_heads;
   const int heads = rotated + (write_cache ? p.n_kv_heads : 0);

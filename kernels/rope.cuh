@@ -35,6 +35,9 @@ struct QkNormRopeParams {
   const bf16* v = nullptr;         ///< [tokens, v_stride], n_kv_heads heads
   int64_t v_stride = 0;
   const int32_t* slot_mapping = nullptr;  ///< [tokens]
+  /// Let the next kernel launch at this one's start (kernels/launch.cuh, pdl_trigger_early):
+  /// the caller knows what follows.
+  bool trigger_early = false;
 };
 
 /// Leading dims of a head that rotate: `rotary_dim`, or all `head_dim` when it is 0 (the

@@ -28,7 +28,9 @@
 // warp kernel of large batches); --disable-cluster-attention-merge merges the split
 // kernel's partials through the workspace and a ticket instead of a cluster's shared memory;
 // --disable-cluster-router runs decode steps' router as 32 blocks meeting by a ticket instead of
-// one 16-block cluster (CudaBackendOptions::cluster_router);
+// one 16-block cluster (CudaBackendOptions::cluster_router); --disable-pdl-trigger-early lets
+// the next kernel launch only after the wait of the decode step's projections, rope, attention
+// and router, not at their start (CudaBackendOptions::pdl_trigger_early);
 // --combine-norm-in-qkv forms one token's pending MoE combine + add + norm inside the qkv GEMV
 // (kernels::gemv_stream_combine_norm) instead of a one-block launch before it;
 // --disable-mma-gemv runs decode steps' 4-bit expert GEMVs on CUDA cores instead of tensor cores;
@@ -44,7 +46,7 @@
 //                                   [--disable-stream-gemv] [--disable-tma-experts] [--disable-router-norm]
 //                                   [--disable-wgmma-attention]
 //                                   [--disable-fused-rope] [--disable-cluster-attention-merge]
-//                                   [--disable-cluster-router]
+//                                   [--disable-cluster-router] [--disable-pdl-trigger-early]
 //                                   [--combine-norm-in-qkv]
 //                                   [--disable-mma-gemv] [--attn-min-split-keys N] [--disable-combine-in-down]
 //                                   [--disable-w8a8-linear]
@@ -223,6 +225,7 @@ struct Args {
   bool fused_rope = true;                ///< --disable-fused-rope: decode's rope in its own launch
   bool cluster_merge = true;             ///< --disable-cluster-attention-merge: the workspace merge
   bool cluster_router = true;            ///< --disable-cluster-router: the ticket form
+  bool trigger_early = true;             ///< --disable-pdl-trigger-early: after the wait
   bool combine_norm_in_qkv = false;      ///< --combine-norm-in-qkv: one token's layer norm in the qkv GEMV
   bool mma_gemv = true;                  ///< --disable-mma-gemv: 4-bit expert GEMVs on CUDA cores
   int min_split_keys = -1;               ///< --attn-min-split-keys N: decode attention's keys a split
@@ -256,6 +259,8 @@ Args parse_args(int argc, char** argv) {
       a.cluster_merge = false;
     } else if (arg == "--disable-cluster-router") {
       a.cluster_router = false;
+    } else if (arg == "--disable-pdl-trigger-early") {
+      a.trigger_early = false;
     } else if (arg == "--disable-fused-rope") {
       a.fused_rope = false;
     } else if (arg == "--combine-norm-in-qkv") {
@@ -277,7 +282,7 @@ Args parse_args(int argc, char** argv) {
     } else if (arg == "--quantization" && i + 1 < argc) {
       a.quant = parse_quantization(argv[++i]);
     } else if (arg.rfind("--", 0) == 0) {
-      std::fprintf(stderr, "usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--disable-custom-all-reduce] [--disable-wgmma-experts] [--disable-w8a8-experts] [--disable-stream-gemv] [--disable-router-norm] [--disable-wgmma-attention] [--disable-fused-rope] [--disable-cluster-attention-merge] [--disable-cluster-router] [--combine-norm-in-qkv] [--disable-mma-gemv] [--attn-min-split-keys N] [--disable-combine-in-down] [--disable-w8a8-linear] [--quantization Q] [--moe-sorted-min-rows N] [out.json] [peer.json]\n");
+      std::fprintf(stderr, "usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--disable-custom-all-reduce] [--disable-wgmma-experts] [--disable-w8a8-experts] [--disable-stream-gemv] [--disable-router-norm] [--disable-wgmma-attention] [--disable-fused-rope] [--disable-cluster-attention-merge] [--disable-cluster-router] [--disable-pdl-trigger-early] [--combine-norm-in-qkv] [--disable-mma-gemv] [--attn-min-split-keys N] [--disable-combine-in-down] [--disable-w8a8-linear] [--quantization Q] [--moe-sorted-min-rows N] [out.json] [peer.json]\n");
       std::exit(2);
     } else if (positional++ == 0) {
       a.out_path = arg;
@@ -376,6 +381,7 @@ int main(int argc, char** argv) {
   o.fused_rope_attention = args.fused_rope;
   o.cluster_attention_merge = args.cluster_merge;
   o.cluster_router = args.cluster_router;
+  o.pdl_trigger_early = args.trigger_early;
   o.combine_norm_in_qkv = args.combine_norm_in_qkv;
   o.mma_expert_gemv = args.mma_gemv;
   if (args.min_split_keys > 0) o.decode_attention_min_split_keys = args.min_split_keys;
@@ -414,6 +420,7 @@ int main(int argc, char** argv) {
   J["fused_rope_attention"] = o.fused_rope_attention;
   J["cluster_attention_merge"] = o.cluster_attention_merge;
   J["cluster_router"] = o.cluster_router;
+  J["pdl_trigger_early"] = o.pdl_trigger_early;
   J["combine_norm_in_qkv"] = o.combine_norm_in_qkv;
   J["mma_expert_gemv"] = o.mma_expert_gemv;
   J["decode_attention_min_split_keys"] = o.decode_attention_min_split_keys;

@@ -23,7 +23,7 @@
 #   engine tests, batch 1 / 256 for each of DECODE_VARIANTS (default: default combine default
 #   combine; also unfused = --disable-fused-rope, combine = --combine-norm-in-qkv,
 #   sep = --disable-combine-in-down, noclu = --disable-cluster-attention-merge,
-#   noclr = --disable-cluster-router), and the step
+#   noclr = --disable-cluster-router, late = --disable-pdl-trigger-early), and the step
 #   trace at batch 1 (with TRACE_FLAGS).
 # `gemv4`: the 4-bit expert GEMVs on tensor cores against their CUDA-core walk: op cases, engine
 #   tests, the moe_gemv kernel rows (batch 1), the 30B step at batches 1 and 8 (GEMV4_BATCHES) for each of
@@ -264,7 +264,7 @@ if [ "$WHAT" = decode ]; then
   for v in ${DECODE_VARIANTS:-default combine default combine}; do
     flag=""; [ $v = unfused ] && flag=--disable-fused-rope; [ $v = combine ] && flag=--combine-norm-in-qkv
     [ $v = sep ] && flag=--disable-combine-in-down; [ $v = noclu ] && flag=--disable-cluster-attention-merge
-    [ $v = noclr ] && flag=--disable-cluster-router
+    [ $v = noclr ] && flag=--disable-cluster-router; [ $v = late ] && flag=--disable-pdl-trigger-early
     MOEBATCH_BENCH_BATCHES=1,256 timeout 130 ./build-dev/moebatch_bench_engine_cuda $flag "/tmp/bench_engine_$v.json" \
       > /tmp/bench_engine_$v.log 2>&1
     echo "bench $v rc=$?"; cat /tmp/bench_engine_$v.log >> "$OUT/bench_engine_decode.log"

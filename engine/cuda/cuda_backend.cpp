@@ -175,6 +175,7 @@ void CudaBackend::init(const std::filesystem::path* model_dir, uint64_t seed) {
     ranks_[r]->fused_rope_attention = o.fused_rope_attention;
     ranks_[r]->cluster_attention_merge = o.cluster_attention_merge;
     ranks_[r]->cluster_router = o.cluster_router;
+    ranks_[r]->pdl_trigger_early = o.pdl_trigger_early;
     ranks_[r]->combine_norm_in_qkv = o.combine_norm_in_qkv;
     ranks_[r]->mma_expert_gemv = o.mma_expert_gemv;
     ranks_[r]->combine_in_down = o.combine_in_down;

@@ -66,7 +66,7 @@ class CudaRank {
   GemmContext gemm() const {
     return {cublas,          stream,     dequant_,    dequant_elems_, group_ptrs_host_,
             group_ptrs_dev_, group_cap_, stream_gemv, tma_experts,    fp8_gemm_.get(),
-            a8_,             a8_bytes_};
+            a8_,             a8_bytes_,  pdl_trigger_early};
   }
 
   // What the forward (engine/cuda/forward.cpp) reads.
@@ -97,6 +97,7 @@ class CudaRank {
   bool fused_rope_attention = true;     ///< CudaBackendOptions::fused_rope_attention
   bool cluster_attention_merge = true;  ///< CudaBackendOptions::cluster_attention_merge
   bool cluster_router = true;           ///< CudaBackendOptions::cluster_router
+  bool pdl_trigger_early = true;        ///< CudaBackendOptions::pdl_trigger_early
   bool combine_norm_in_qkv = false;     ///< CudaBackendOptions::combine_norm_in_qkv (where qkv is on gemv_stream)
   bool mma_expert_gemv = true;          ///< CudaBackendOptions::mma_expert_gemv
   bool combine_in_down = true;          ///< CudaBackendOptions::combine_in_down

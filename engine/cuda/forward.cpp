@@ -77,14 +77,16 @@ struct Step {
             .n_q_heads = nh, .n_kv_heads = nkv, .head_dim = hd,
             .rotary_dim = static_cast<int>(cfg.rotary_dim), .theta = static_cast<float>(cfg.rope_theta),
             .eps = eps, .norm_offset = norm_offset,
-            .v = B.qkv + (nh + nkv) * hd, .v_stride = qkv_width, .slot_mapping = B.slots};
+            .v = B.qkv + (nh + nkv) * hd, .v_stride = qkv_width, .slot_mapping = B.slots,
+            .trigger_early = r.pdl_trigger_early};
     attn = {.out = B.attn, .q = B.qkv, .q_stride = qkv_width, .block_tables = B.block_tables,
             .q_start = B.q_start, .kv_lens = B.kv_lens, .num_seqs = s.seqs, .num_tokens = n,
             .max_q_len = s.max_q_len, .max_kv_len = s.max_kv_len,
             .max_blocks_per_seq = s.table_width, .block_size = static_cast<int>(r.kv.block_size),
             .n_q_heads = nh, .n_kv_heads = nkv, .head_dim = hd,
             .scale = 1.0f / std::sqrt(static_cast<float>(hd)),
-            .prefill_kernel = r.wgmma_attention ? k::AttentionPrefillKernel::best : k::AttentionPrefillKernel::mma_sync};
+            .prefill_kernel = r.wgmma_attention ? k::AttentionPrefillKernel::best : k::AttentionPrefillKernel::mma_sync,
+            .trigger_early = r.pdl_trigger_early};
     if (decode) {  // split-K over the key range, partials in the workspace
       attn.num_splits = s.attn_splits;
       attn.workspace = B.attn_ws;
@@ -114,7 +116,8 @@ struct Step {
                        .topk_ids = B.topk_ids, .num_pairs = pairs, .num_experts = El,
                        .block_m = k::kMoeGemmTileM, .active_experts = B.active_experts,
                        .expert0 = e0, .workspace = B.align_ws},
-             .x = B.h, .logits = B.router_logits, .hidden = H, .counter = B.route_counter, .norm = {}};
+             .x = B.h, .logits = B.router_logits, .hidden = H, .counter = B.route_counter, .norm = {},
+             .trigger_early = r.pdl_trigger_early};
 
     // experts: gate+up with SiLU·mul in its epilogue (input row = pair / top_k), then down
     const int Ie = static_cast<int>(d.moe_intermediate);
@@ -212,7 +215,7 @@ void attention(const Step& s, const DeviceLayerWeights& L, const DeviceKvCache& 
     n.residual = B.x;
     n.weight = L.input_norm.as_bf16();
     k::gemv_stream_combine_norm(B.qkv, *combine_norm, n, B.norm_counter, L.wqkv.as_bf16(),
-                                static_cast<int>(L.wqkv.shape[0]), s.H, s.st);
+                                static_cast<int>(L.wqkv.shape[0]), s.H, s.st, s.r.pdl_trigger_early);
   } else {
     linear(s.gemm, B.qkv, B.h, L.wqkv, s.n);
   }

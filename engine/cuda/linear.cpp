@@ -52,7 +52,7 @@ void linear_any(const GemmContext& g, Out* out, const bf16* in, const DeviceTens
   if constexpr (std::is_same_v<Out, bf16>)
     if (w.format == WeightFormat::Fp8Block && linear_w8a8(g, out, in, w, rows)) return;
   if (linear_on_gemv_stream(g, w, rows)) {
-    kernels::gemv_stream(out, in, w.as_bf16(), rows, n, k, g.stream);
+    kernels::gemv_stream(out, in, w.as_bf16(), rows, n, k, g.stream, g.pdl_trigger_early);
     return;
   }
   // bf16: cuBLAS; compressed: the decode GEMV for few rows, else decoded into the scratch once

@@ -40,6 +40,8 @@ struct GemmContext {
   kernels::Fp8BlockGemm* fp8_gemm = nullptr;
   uint8_t* a8 = nullptr;  ///< w8a8_linear_bytes of the rank's plan and step capacity
   size_t a8_bytes = 0;
+  /// gemv_stream lets the next kernel launch at its start (CudaBackendOptions::pdl_trigger_early).
+  bool pdl_trigger_early = false;
 };
 
 /// Regions of GemmContext's pointer arrays: the gate+up and the down GEMM of one MoE layer are

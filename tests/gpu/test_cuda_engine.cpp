@@ -436,6 +436,17 @@ TEST_P(CudaFixture, ClusterRouterMatchesTicketRouter) {
   expect_decode_matches(GetParam(), clustered, base, "router in a cluster vs tickets", true);
 }
 
+// The next kernel launched at the start of the projections, rope, attention and router
+// (pdl_trigger_early, the default) against after their wait: only when blocks become resident
+// changes, so the same bits.
+TEST_P(CudaFixture, EarlyTriggerMatchesTriggerAfterWait) {
+  CudaBackendOptions base = small_options();
+  base.pdl_trigger_early = false;
+  CudaBackendOptions early = small_options();
+  ASSERT_TRUE(early.pdl_trigger_early) << "the early trigger is the default";
+  expect_decode_matches(GetParam(), early, base, "early trigger vs after the wait", true);
+}
+
 // Logits of each decode step (paged cache, decode kernel, graphs) against a full recompute of
 // the same tokens with the prefill path.
 TEST_P(CudaFixture, DecodeWithCacheMatchesRecompute) {
