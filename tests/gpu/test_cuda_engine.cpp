@@ -414,37 +414,34 @@ TEST_P(CudaFixture, CombineInDownMatchesSeparateLaunch) {
   expect_decode_matches(GetParam(), fused, base, "combine in down vs launch", true);
 }
 
-// The split decode kernel's partials merged across a thread block cluster (cluster_merge, the
-// default) against the workspace merge: the same arithmetic in the same order, so the same bits
-// (which launches took clusters: the attn_decode cluster_merge op cases).
+// A default-on option whose form computes the same arithmetic in the same order as without it:
+// decode outputs equal to the bit with the option on (the default) and off.
+void expect_default_on_bitwise(const std::string& fixture, bool CudaBackendOptions::*option,
+                               const std::string& what) {
+  const CudaBackendOptions on = small_options();
+  ASSERT_TRUE(on.*option) << what << ": on by default";
+  CudaBackendOptions off = on;
+  off.*option = false;
+  expect_decode_matches(fixture, on, off, what, true);
+}
+
+// The split decode kernel's partials merged across a thread block cluster against the workspace
+// merge (which launches took clusters: the attn_decode cluster_merge op cases).
 TEST_P(CudaFixture, ClusterAttentionMergeMatchesWorkspaceMerge) {
-  CudaBackendOptions base = small_options();
-  base.cluster_attention_merge = false;
-  CudaBackendOptions clustered = small_options();
-  ASSERT_TRUE(clustered.cluster_attention_merge) << "the cluster merge is the default";
-  expect_decode_matches(GetParam(), clustered, base, "attention splits merged in a cluster vs workspace", true);
+  expect_default_on_bitwise(GetParam(), &CudaBackendOptions::cluster_attention_merge,
+                            "attention splits merged in a cluster vs workspace");
 }
 
-// The decode router as one cluster (cluster_router, the default) against its ticket form: the
-// same logits in the same order, so the same bits (which launches took the cluster: the
-// moe_route_small cluster op cases).
+// The decode router as one cluster against its ticket form (which launches took the cluster:
+// the moe_route_small cluster op cases).
 TEST_P(CudaFixture, ClusterRouterMatchesTicketRouter) {
-  CudaBackendOptions base = small_options();
-  base.cluster_router = false;
-  CudaBackendOptions clustered = small_options();
-  ASSERT_TRUE(clustered.cluster_router) << "the cluster router is the default";
-  expect_decode_matches(GetParam(), clustered, base, "router in a cluster vs tickets", true);
+  expect_default_on_bitwise(GetParam(), &CudaBackendOptions::cluster_router, "router in a cluster vs tickets");
 }
 
-// The next kernel launched at the start of the projections, rope, attention and router
-// (pdl_trigger_early, the default) against after their wait: only when blocks become resident
-// changes, so the same bits.
+// The next kernel launched at the start of the projections, rope, attention and router against
+// after their wait: only when blocks become resident changes.
 TEST_P(CudaFixture, EarlyTriggerMatchesTriggerAfterWait) {
-  CudaBackendOptions base = small_options();
-  base.pdl_trigger_early = false;
-  CudaBackendOptions early = small_options();
-  ASSERT_TRUE(early.pdl_trigger_early) << "the early trigger is the default";
-  expect_decode_matches(GetParam(), early, base, "early trigger vs after the wait", true);
+  expect_default_on_bitwise(GetParam(), &CudaBackendOptions::pdl_trigger_early, "early trigger vs after the wait");
 }
 
 // Logits of each decode step (paged cache, decode kernel, graphs) against a full recompute of
