@@ -25,14 +25,16 @@ constexpr int kClusterWarps = 8;
 
 // The fused norm's first half, every block: sums[t] = bf16(residual[t] + branch[t]) and hs[t] =
 // rmsnorm(sums[t]) · (offset + w) for every token, in shared memory (the whole block meets;
-// add_rmsnorm's math, summed in another order).
-template <int kW>
+// add_rmsnorm's math, summed in another order). The sums of squares are always taken by the
+// block's first kNormWarps warps, so both forms of the router (4 and 8 warps a block) sum in
+// one order and give the same bits.
+constexpr int kNormWarps = 4;
 __device__ void add_norm_rows(const RouteSmallNorm& n, int T, int H, bf16* sums, bf16* hs) {
-  __shared__ float partial[kW][kRouteSmallMaxTokens];
+  __shared__ float partial[kNormWarps][kRouteSmallMaxTokens];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nvec = H / 8;
-  for (int t = 0; t < T; ++t) {
+  for (int t = 0; t < T && warp < kNormWarps; ++t) {
     float ss = 0.f;
-    for (int i = threadIdx.x; i < nvec; i += blockDim.x) {
+    for (int i = threadIdx.x; i < nvec; i += kNormWarps * 32) {
       const size_t o = static_cast<size_t>(t) * H + 8 * i;
       float r[8], b[8];
       load8(n.residual + o, r);
@@ -51,9 +53,9 @@ __device__ void add_norm_rows(const RouteSmallNorm& n, int T, int H, bf16* sums,
   for (int t = 0; t < T; ++t) {
     float ss = 0.f;
 #pragma unroll
-    for (int w = 0; w < kW; ++w) ss += partial[w][t];
+    for (int w = 0; w < kNormWarps; ++w) ss += partial[w][t];
     const float rstd = rsqrtf(ss / H + n.eps);
-    for (int i = threadIdx.x; i < nvec; i += blockDim.x) {  // the elements this thread summed
+    for (int i = threadIdx.x; i < nvec; i += blockDim.x) {
       const size_t o = static_cast<size_t>(t) * H + 8 * i;
       float r[8], w[8];
       load8(sums + o, r);
@@ -154,7 +156,7 @@ __global__ void __launch_bounds__(kWarps * 32) route_small_kernel(RouteSmallPara
   pdl_sync();
   const bf16* x = p.x;
   if (p.norm.branch != nullptr) {
-    add_norm_rows<kWarps>(p.norm, T, H, sums, normed);
+    add_norm_rows(p.norm, T, H, sums, normed);
     x = normed;
   }
   STEP_TRACE_MARK_IF(blockIdx.x == 0 && threadIdx.x == 0);  // normed (diagnostic builds)
@@ -206,7 +208,7 @@ __global__ void __launch_bounds__(kClusterWarps * 32) route_small_cluster_kernel
   pdl_sync();
   const bf16* x = p.x;
   if (p.norm.branch != nullptr) {
-    add_norm_rows<kClusterWarps>(p.norm, T, H, sums, normed);
+    add_norm_rows(p.norm, T, H, sums, normed);
     x = normed;
   }
   STEP_TRACE_MARK_IF(cluster.block_rank() == 0 && threadIdx.x == 0);  // normed (diagnostic builds)
@@ -229,34 +231,27 @@ __global__ void __launch_bounds__(kClusterWarps * 32) route_small_cluster_kernel
   route_tail(p, logits, sums, normed);
 }
 
-// The cluster form's launch configuration (without its PDL attribute); sizes above 8 must be
-// allowed per kernel first.
-cudaLaunchConfig_t cluster_config(size_t smem, cudaLaunchAttribute& cluster_dim) {
-  CUDA_CHECK(cudaFuncSetAttribute(route_small_cluster_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-  cluster_dim.id = cudaLaunchAttributeClusterDimension;
-  cluster_dim.val.clusterDim = {static_cast<unsigned>(kClusterBlocks), 1, 1};
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = kClusterBlocks;
-  cfg.blockDim = kClusterWarps * 32;
-  cfg.dynamicSmemBytes = smem;
-  cfg.attrs = &cluster_dim;
-  cfg.numAttrs = 1;
-  return cfg;
-}
-
 size_t norm_smem(const RouteSmallParams& p) {
   return p.norm.branch != nullptr ? 2 * static_cast<size_t>(p.router.tokens) * p.hidden * sizeof(bf16) : 0;
 }
 
 }  // namespace
 
-bool moe_route_small_in_cluster(const RouteSmallParams& p) {
-  if (!p.cluster || !device_has_clusters()) return false;
+bool moe_route_small_prepare_cluster() {
+  if (!device_has_clusters()) return false;
+  CUDA_CHECK(cudaFuncSetAttribute(route_small_cluster_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   cudaLaunchAttribute dim;
-  const cudaLaunchConfig_t cfg = cluster_config(norm_smem(p), dim);
+  dim.id = cudaLaunchAttributeClusterDimension;
+  dim.val.clusterDim = {static_cast<unsigned>(kClusterBlocks), 1, 1};
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = kClusterBlocks;
+  cfg.blockDim = kClusterWarps * 32;
+  cfg.dynamicSmemBytes = kRouteSmallNormBytes;  // the most the fused norm's rows take
+  cfg.attrs = &dim;
+  cfg.numAttrs = 1;
   int clusters = 0;
   CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, route_small_cluster_kernel, &cfg));
-  return clusters > 0;  // a GPU whose GPCs hold 16 such blocks
+  return clusters > 0;  // e.g. not on a MIG slice whose GPCs hold fewer blocks
 }
 
 void moe_route_small(const RouteSmallParams& p, cudaStream_t stream) {
@@ -280,7 +275,7 @@ void moe_route_small(const RouteSmallParams& p, cudaStream_t stream) {
            "kRouteSmallNormBytes");
   if (r.tokens == 0) return;
   const size_t smem = norm_smem(p);
-  if (moe_route_small_in_cluster(p))
+  if (p.cluster)
     launch_dependent_clusters(route_small_cluster_kernel, kClusterBlocks, kClusterWarps * 32, smem, kClusterBlocks,
                               stream, p);
   else

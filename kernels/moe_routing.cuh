@@ -110,9 +110,10 @@ struct RouteSmallParams {
   /// experts straight from topk_ids (MoeGemmParams::direct_topk), where nothing reads the
   /// grouping and it was ~a third of the last block's serial tail.
   bool skip_align = false;
-  /// One thread block cluster (where the GPU launches clusters: moe_route_small_in_cluster):
-  /// the blocks meet at a cluster barrier and hand their logits over in shared memory, where
-  /// the ticket form stores them, fences, counts blocks and reloads them (`counter` unused).
+  /// One thread block cluster of 16 blocks (moe_route_small_prepare_cluster must have said yes
+  /// on the device): the blocks meet at a cluster barrier and hand their logits over in shared
+  /// memory, where the ticket form stores them, fences, counts blocks and reloads them
+  /// (`counter` unused).
   bool cluster = false;
   /// Let the next kernel launch at this one's start (kernels/launch.cuh, pdl_trigger_early):
   /// the caller knows what follows.
@@ -125,7 +126,9 @@ struct RouteSmallParams {
 /// grouping. Same outputs as the three launches linear (fp32 out) → moe_router_topk →
 /// moe_align up to fp32 summation order; both forms give the same bits.
 void moe_route_small(const RouteSmallParams& p, cudaStream_t stream);
-/// Whether moe_route_small takes the cluster form for p.
-bool moe_route_small_in_cluster(const RouteSmallParams& p);
+/// Lets moe_route_small's cluster form launch on the current device (its 16-block clusters are
+/// above the portable size) and says whether they fit there; once per device, outside graph
+/// capture.
+bool moe_route_small_prepare_cluster();
 
 }  // namespace moebatch::kernels

@@ -112,8 +112,8 @@ struct CudaBackendOptions {
   bool cluster_attention_merge = true;
   /// Decode steps' router (kernels::moe_route_small, ≤ 8 tokens) as one thread block cluster of
   /// 16 blocks whose logits meet in the first block's shared memory, instead of 32 blocks that
-  /// store them, fence, take tickets and let the last block reload them; kernels that cannot
-  /// launch the cluster take the ticket form.
+  /// store them, fence, take tickets and let the last block reload them; GPUs that cannot launch
+  /// the cluster take the ticket form (kernels::moe_route_small_prepare_cluster).
   bool cluster_router = true;
   /// The decode step's gemv_stream projections, q/k norm + rope, decode attention and one-launch
   /// router let the next kernel launch at their start instead of after their wait

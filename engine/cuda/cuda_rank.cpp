@@ -11,6 +11,7 @@
 #include "engine/cuda/forward.h"
 #include "kernels/cuda_check.cuh"
 #include "kernels/gemv_stream.cuh"
+#include "kernels/moe_routing.cuh"
 #include "kernels/moe_wgmma.cuh"
 #include "kernels/sampling.cuh"
 
@@ -67,6 +68,7 @@ void CudaRank::build(const ModelConfig& cfg, const ModelPlan& wplan, const Memor
   CUBLAS_CHECK(cublasSetWorkspace(cublas, cublas_ws_, kCublasWorkspace));
   if (wgmma_experts || tma_experts) kernels::moe_wgmma_prepare();
   if (stream_gemv) kernels::gemv_stream_prepare();
+  if (cluster_router) cluster_router = kernels::moe_route_small_prepare_cluster();  // else the ticket form
   if (w8a8_linear) fp8_gemm_ = std::make_unique<kernels::Fp8BlockGemm>(cublas_ws_, kCublasWorkspace);
 
   CUDA_CHECK(cudaMalloc(&weight_mem_, plan.weights));

@@ -157,8 +157,7 @@ struct RouteSmallShape {
   /// > 0: router row e is a copy of row e % tie_period, so those experts' logits tie exactly (each
   /// is one warp's sum in a fixed order) and the top-k must take the lower ids first.
   int tie_period = 0;
-  /// RouteSmallParams::cluster: the cluster form, which the case asserts was taken where the GPU
-  /// launches clusters.
+  /// RouteSmallParams::cluster: the cluster form (the case runs where it launches).
   bool cluster = false;
 };
 OpCaseDef route_small_case(const RouteSmallShape& s);
