@@ -86,7 +86,7 @@ struct Step {
             .n_q_heads = nh, .n_kv_heads = nkv, .head_dim = hd,
             .scale = 1.0f / std::sqrt(static_cast<float>(hd)),
             .prefill_kernel = r.wgmma_attention ? k::AttentionPrefillKernel::best : k::AttentionPrefillKernel::mma_sync,
-            .trigger_early = r.pdl_trigger_early};
+            .trigger_early = r.pdl_trigger_early, .cluster_merge = r.cluster_attention_merge};
     if (decode) {  // split-K over the key range, partials in the workspace
       attn.num_splits = s.attn_splits;
       attn.workspace = B.attn_ws;
@@ -234,7 +234,6 @@ void attention(const Step& s, const DeviceLayerWeights& L, const DeviceKvCache& 
   k::AttentionParams at = s.attn;
   at.k_cache = kv.k(kv_layer);
   at.v_cache = kv.v(kv_layer);
-  at.cluster_merge = s.r.cluster_attention_merge;
   if (s.decode && s.r.fused_rope_attention) {
     at.rope = rp;
     at.fused_rope = k::attention_decode_fuses_rope(at);
