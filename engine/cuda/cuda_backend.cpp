@@ -173,12 +173,14 @@ void CudaBackend::init(const std::filesystem::path* model_dir, uint64_t seed) {
     ranks_[r]->router_norm = o.router_norm;
     ranks_[r]->wgmma_attention = o.wgmma_attention;
     ranks_[r]->fused_rope_attention = o.fused_rope_attention;
+    ranks_[r]->fused_rope_prefill = o.fused_rope_prefill;
     ranks_[r]->cluster_attention_merge = o.cluster_attention_merge;
     ranks_[r]->cluster_router = o.cluster_router;
     ranks_[r]->pdl_trigger_early = o.pdl_trigger_early;
     ranks_[r]->combine_norm_in_qkv = o.combine_norm_in_qkv;
     ranks_[r]->mma_expert_gemv = o.mma_expert_gemv;
     ranks_[r]->combine_in_down = o.combine_in_down;
+    ranks_[r]->rope_in_qkv = o.rope_in_qkv;
     ranks_[r]->w8a8_linear = o.w8a8_linear && kernels::fp8_block_gemm_available(devices_[r]);
   }
   // The sorted prefill path decodes every compressed expert into bf16 before its GEMM, a cost

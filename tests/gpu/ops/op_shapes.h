@@ -105,9 +105,13 @@ struct AttentionShape {
   /// Decode with AttentionParams::fused_rope (the warp kernel only: >= kWarpDecodeMinUnits
   /// (sequence, kv head) pairs, one split): q and the new tokens' k / v come raw in fused qkv
   /// rows (q_pad after them), normalised (with rope_norm) and rotated by the kernel, which also
-  /// writes the new k / v to their cache slots; checked with the cache against fp64.
+  /// writes the new k / v to their cache slots; checked with the cache against fp64. Prefill
+  /// (the wgmma kernel, attention_prefill_fuses_rope): q alone raw, normalised and rotated as the
+  /// kernel loads it; checked against fp64 and bit for bit against qk_norm_rope over q and the
+  /// unfused kernel, the cache untouched.
   bool fused_rope = false;
   bool rope_norm = true;
+  int rotary_dim = 0;  ///< fused rope: leading dims that rotate (0: all of head_dim)
   /// AttentionParams::cluster_merge (decode, 2..8 splits): the splits merged across a cluster.
   bool cluster_merge = false;
 };
@@ -292,6 +296,25 @@ struct GemvCombineNormShape {
   float weight_offset = 0.f;
 };
 OpCaseDef gemv_combine_norm_case(const GemvCombineNormShape& s);
+
+/// kernels::gemv_stream_rope (cases_gemv_rope.cpp): one token's qkv row out = x · W [n, hidden]ᵀ
+/// with q | k | v heads (| one output gate per q head) and qk_norm_rope's work on it in the same
+/// launch, checked bit for bit against gemv_stream + qk_norm_rope, twice on the same head counters.
+struct GemvRopeShape {
+  int hidden, n_q_heads, n_kv_heads, head_dim;
+  int rotary_dim = 0;         ///< partial rotary (Qwen3-Next); 0: the whole head
+  bool combine_norm = false;  ///< x formed by gemv_stream_combine_norm's prologue from top_k rows
+  int top_k = 8;
+  bool norm = true;           ///< per-head RMSNorm weights (Qwen3)
+  float norm_offset = 0.f;    ///< 1: zero-centred weights (Qwen3-Next), the input norm's too
+  bool gate = false;          ///< output-gate rows after the v heads (Qwen3-Next's qkv)
+  bool table = true;          ///< (cos, sin) from rope_rotation_table; false: computed in the kernel
+  bool cache = true;          ///< k and v written to a nonzero slot of a small paged cache
+  /// run() rotates over device copies of W covering at least this many bytes (the benchmark:
+  /// more than L2 holds); 0: one copy.
+  int64_t rotate_bytes = 0;
+};
+OpCaseDef gemv_rope_case(const GemvRopeShape& s);
 /// The path quant_linear takes for s ("gemv", "dequant+cuBLAS", "cuBLAS"), or "gemv_stream":
 /// benchmark row names.
 const char* quant_linear_path_name(const QuantLinearShape& s);

@@ -106,6 +106,20 @@ std::vector<OpCaseDef> op_cases_test() {
     t.push_back(attention_case({.head_dim = 128, .n_q_heads = 8, .n_kv_heads = 8, .q_lens = {513, 64},
                                 .kv_lens = {600, 900}, .block_size = 32, .mma_sync = mma_sync}));
   }
+  // Prefill with q's norm + rope in the wgmma kernel's Q load (AttentionParams::fused_rope):
+  // the engine's shape over wrapping stages, 4 q heads per kv head on cache blocks of 8, 1 head
+  // per kv head without norms (Qwen2-MoE; a block spans 128 tokens' rotation rows), and head_dim
+  // 256 with 64 rotating dims (Qwen3-Next) and whole.
+  t.push_back(attention_case({.head_dim = 128, .n_q_heads = 32, .n_kv_heads = 4, .q_lens = {700, 129, 1, 300},
+                              .kv_lens = {700, 1000, 40, 333}, .fused_rope = true}));
+  t.push_back(attention_case({.head_dim = 128, .n_q_heads = 16, .n_kv_heads = 4, .q_lens = {144, 16},
+                              .kv_lens = {400, 16}, .block_size = 8, .fused_rope = true}));
+  t.push_back(attention_case({.head_dim = 128, .n_q_heads = 8, .n_kv_heads = 8, .q_lens = {513, 64},
+                              .kv_lens = {600, 900}, .block_size = 32, .fused_rope = true, .rope_norm = false}));
+  for (int rotary : {64, 0})
+    t.push_back(attention_case({.head_dim = 256, .n_q_heads = 16, .n_kv_heads = 2, .q_lens = {300, 1, 129},
+                                .kv_lens = {300, 700, 200}, .block_size = 8, .fused_rope = true,
+                                .rotary_dim = rotary}));
   t.push_back(attention_case({.head_dim = 64, .n_q_heads = 16, .n_kv_heads = 4, .q_lens = {130, 7}, .kv_lens = {130, 71}}));
   t.push_back(attention_case({.head_dim = 32, .n_q_heads = 8, .n_kv_heads = 4, .q_lens = {50, 3}, .kv_lens = {50, 40}}));
   t.push_back(attention_case({.head_dim = 16, .n_q_heads = 8, .n_kv_heads = 4, .q_lens = {17, 33}, .kv_lens = {17, 33}}));
@@ -562,6 +576,21 @@ std::vector<OpCaseDef> op_cases_test() {
   for (GemvCombineNormShape c : {GemvCombineNormShape{8, 2048, 5120}, {8, 4096, 5120}, {10, 2048, 1000, 1.f},
                                  {4, 520, 37}})
     t.push_back(gemv_combine_norm_case(c));
+  // The q/k norm + rope + cache write in its epilogue (gemv_stream_rope, and with the combine-norm
+  // prologue), bit for bit against gemv_stream + qk_norm_rope: the 30B layer's qkv (32 q / 4 kv
+  // heads of 128: 5120 rows over 132 CTAs, a head's rows in four or five of them) in both forms;
+  // Qwen3-Next-like heads of 64 and 256 with a quarter rotating, 1 + w and output-gate rows after
+  // the v heads (not counted), (cos, sin) computed in the kernel for one; the tiny fixtures' heads
+  // of 32 without a cache write (v heads not counted); heads of 16 without norms, 4100 of them,
+  // so that a CTA's ~512 rows touch 33 heads on 132 SMs (a second round of counters).
+  t.push_back(gemv_rope_case({.hidden = 2048, .n_q_heads = 32, .n_kv_heads = 4, .head_dim = 128, .combine_norm = true}));
+  t.push_back(gemv_rope_case({.hidden = 2048, .n_q_heads = 32, .n_kv_heads = 4, .head_dim = 128}));
+  t.push_back(gemv_rope_case({.hidden = 256, .n_q_heads = 4, .n_kv_heads = 2, .head_dim = 64, .rotary_dim = 16,
+                              .combine_norm = true, .top_k = 4, .norm_offset = 1.f, .gate = true, .table = false}));
+  t.push_back(gemv_rope_case({.hidden = 512, .n_q_heads = 4, .n_kv_heads = 1, .head_dim = 256, .rotary_dim = 64,
+                              .norm_offset = 1.f, .gate = true}));
+  t.push_back(gemv_rope_case({.hidden = 128, .n_q_heads = 8, .n_kv_heads = 4, .head_dim = 32, .cache = false}));
+  t.push_back(gemv_rope_case({.hidden = 64, .n_q_heads = 4100, .n_kv_heads = 64, .head_dim = 16, .norm = false}));
   for (auto [f, cols] : {std::pair{WeightFormat::fp8_block, 1040}, {WeightFormat::fp8_block, 2048},
                          {WeightFormat::nvfp4, 1056}, {WeightFormat::nvfp4, 2048}, {WeightFormat::bf16, 272},
                          {WeightFormat::int8, 1056}, {WeightFormat::int8, 2048}, {WeightFormat::int4, 1056},
@@ -754,6 +783,11 @@ std::vector<OpCaseDef> op_cases_bench() {
                                           .stream = stream}),
                        std::string(proj) + " bf16 " + (resident ? "L2-resident " : "") + "(" +
                            (stream ? "gemv_stream" : "gemv") + ")"));
+      // the same qkv with the rope in its epilogue (the engine's rope_in_qkv): against "qkv bf16
+      // (gemv_stream)" + "qk_norm_rope table"
+      add(B, named(gemv_rope_case({.hidden = kH, .n_q_heads = kNq, .n_kv_heads = kNkv, .head_dim = kD,
+                                   .rotate_bytes = kRotateBytes}),
+                   "qkv bf16 + rope (gemv_stream_rope)"));
       add(B, named(quant_linear_case({.m = B,
                                       .n = kV,
                                       .k = kH,
