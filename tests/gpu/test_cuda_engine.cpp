@@ -471,6 +471,7 @@ TEST_P(CudaFixture, EarlyTriggerMatchesTriggerAfterWait) {
 // never reach the wgmma kernel, so random weights of the tiny MoE with Qwen3-30B's attention
 // (32 / 4 heads of 128) take it: a 300-token prompt is 2,400 rows of each kv head over 300 keys.
 TEST(CudaPrefillRope, FusedQRopeMatchesRopeLaunch) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   if (!kernels::moe_wgmma_available(0)) GTEST_SKIP() << "the wgmma attention needs a Hopper GPU and sm_90a code";
   ModelConfig cfg = named_model_shape("tiny-moe");
   cfg.num_heads = 32;
