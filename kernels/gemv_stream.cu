@@ -24,19 +24,9 @@
 // barrier, also for stages without rows of its own: a parity wait is only sound one phase ahead
 // of the barrier, and walking every stage in order keeps it so.
 //
-// gemv_stream_rope (and gemv_stream_combine_norm with a rope), M = 1: after its stages the CTA's
-// consumers meet, warp 0 fences and adds, per head its rows touch, the rows it stored to that
-// head's counter; the CTA whose add completes a head (old + added == head_dim: every row of it
-// is stored and fenced) fences again and does qk_norm_rope's work for it — a group of head_dim / 8
-// consumer lanes reads the head back through L2 and normalises and rotates it with the wide rope
-// kernel's device functions (kernels/rope_device.cuh), so the bits are those of the two launches.
-// The counter goes back to zero. The decode attention after it waits in pdl_sync for the whole
-// grid, every completing CTA's writes included.
-//
 // Built for sm_90a only (MOEBATCH_WGMMA, set by kernels/CMakeLists.txt); without it the entry
 // points exist and gemv_stream_available says false.
 #include <algorithm>
-#include <bit>
 #include <cstdint>
 #include <string>
 
@@ -49,7 +39,6 @@
 #include "kernels/gemv_device.cuh"
 #include "kernels/launch.cuh"
 #include "kernels/moe_combine_device.cuh"
-#include "kernels/rope_device.cuh"
 #include "kernels/stream_ring.cuh"
 #include "kernels/wgmma.cuh"
 #endif
@@ -57,7 +46,8 @@
 namespace moebatch::kernels {
 namespace {
 
-// The kernel's operands (the host fills them in gemv_stream_impl and the entry points).
+// The kernel's operands (the host fills them in gemv_stream_impl and the entry points; declared
+// in every build, as those are).
 struct GemvStreamArgs {
   void* out = nullptr;  // [m, n] bf16 or f32
   bool out_f32 = false;
@@ -69,9 +59,6 @@ struct GemvStreamArgs {
   MoeCombineParams combine = {};
   RmsNormParams norm = {};
   unsigned* counter = nullptr;
-  // gemv_stream_rope (or combine_norm with a rope) only: the rope of out's heads, their counters
-  QkNormRopeParams rope = {};
-  unsigned* head_counters = nullptr;
   bool trigger_early = false;  // pdl_trigger_early at the start (gemv_stream's argument)
 };
 
@@ -87,10 +74,8 @@ constexpr int kBarrierBytes = kStreamRingBarrierBytes;  // full[kStages], empty[
 // after the barriers, in the dynamic block: static __shared__ would add to the opt-in maximum
 // that gemv_stream_prepare sets for the dynamic block, and the launch would fail.
 constexpr int kScratchOffset = 16 * kStages;
-// The rope epilogue's word after it: which heads of a round this CTA completed.
-constexpr int kRopeMaskOffset = kScratchOffset + 4 * (kConsumerWarps + 1);
-static_assert(kRopeMaskOffset + 4 <= kBarrierBytes,
-              "the combine-norm and rope scratch fit between the barriers and the ring");
+static_assert(kScratchOffset + 4 * (kConsumerWarps + 1) <= kBarrierBytes,
+              "the combine-norm scratch fits between the barriers and the ring");
 
 using Ring = StreamRing<kStages, kConsumerThreads>;  // kernels/stream_ring.cuh
 
@@ -169,86 +154,6 @@ __device__ __forceinline__ void stream_combine_norm_x(const GemvStreamArgs& a, b
   }
 }
 
-// Consumers of gemv_stream_rope, after their stages: the counters of the heads rows
-// [row0, row0 + rows) touch (the q, k and, with a cache write, v heads at the row's start), and
-// qk_norm_rope's work on each head this CTA completes, by a group of kG = head_dim / 8 lanes
-// (lane l: dims [8 l, 8 l + 8)), the i-th completed head to group i % (consumer threads / kG).
-// Heads go in rounds of 32 (one lane of warp 0 each; one round but for tiny heads). `mask`: a
-// word of shared memory.
-template <int kG>
-__device__ __forceinline__ void stream_rope_heads(const GemvStreamArgs& a, int row0, int rows,
-                                                  unsigned* mask) {
-  const QkNormRopeParams& p = a.rope;
-  const int hd = p.head_dim, rotated = p.n_q_heads + p.n_kv_heads;
-  const bool write_cache = p.k_cache != nullptr;
-  const int end = min(row0 + rows, (rotated + (write_cache ? p.n_kv_heads : 0)) * hd);
-  if (row0 >= end) return;  // no counted head here (the same for the whole CTA)
-  const int first = row0 / hd, last = (end - 1) / hd;
-  const int tid = static_cast<int>(threadIdx.x);
-  bf16* const qkv = static_cast<bf16*>(a.out);
-
-  // What the heads' work needs besides their rows, loaded before the fence so that it arrives
-  // under the counters' round trip: step inputs, the forward's rotation table and weights, as
-  // the wide rope kernel loads them before its wait. The lane's group does not matter here.
-  const RopeLane lane = rope_lane<kG>(rope_rotated_dims(p.rotary_dim, hd));
-  const int d0 = 8 * lane.lane;
-  const bool norms = p.q_norm != nullptr;
-  float2 cs[8];
-  float qw[8], kw[8];
-  if (lane.rotates && first < rotated) rope_lane_rotation(p, 0, lane, cs);
-  if (norms && first < p.n_q_heads) load8(p.q_norm + d0, qw);
-  if (norms && last >= p.n_q_heads && first < rotated) load8(p.k_norm + d0, kw);
-  const int slot = write_cache && last >= p.n_q_heads ? p.slot_mapping[0] : -1;
-
-  constexpr int kGroups = kConsumerThreads / kG;
-  for (int h0 = first; h0 <= last; h0 += 32) {
-    // Every consumer's stores of the CTA's rows (first round), or its read of the last round's
-    // mask, are behind this barrier.
-    asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumerThreads) : "memory");
-    if (tid < 32) {
-      // Release: the CTA's stores, ordered before this fence by the barrier, are visible to any
-      // CTA that sees the adds. Acquire, where a head completes: every other CTA's rows of it,
-      // which its adds released, are visible to this CTA's reads after the barrier below.
-      __threadfence();
-      const int h = h0 + tid;
-      bool completes = false;
-      if (h <= last) {
-        const unsigned added = static_cast<unsigned>(min(end, (h + 1) * hd) - max(row0, h * hd));
-        completes = atomicAdd(a.head_counters + h, added) + added == static_cast<unsigned>(hd);
-        if (completes) a.head_counters[h] = 0;  // every row of it counted: zero for the next launch
-      }
-      const unsigned done = __ballot_sync(kFullMask, completes);
-      if (done != 0) __threadfence();
-      if (tid == 0) *mask = done;
-    }
-    asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumerThreads) : "memory");
-    int i = 0;
-    for (unsigned m = *mask; m != 0; m &= m - 1, ++i) {
-      if (i % kGroups != tid / kG) continue;  // the same for the group's lanes
-      const int h = h0 + __ffs(static_cast<int>(m)) - 1;
-      bf16* const head = qkv + static_cast<size_t>(h) * hd;  // q, k and v heads in row order
-      // __ldcg: L2, where the other CTAs' rows are; never a line this SM's L1 may hold
-      const uint4 raw = __ldcg(reinterpret_cast<const uint4*>(head + d0));
-      // a v head (counted only with a cache write): a bit-exact copy into its slot
-      if (h >= rotated) {
-        if (slot >= 0)
-          *reinterpret_cast<uint4*>(p.v_cache + static_cast<size_t>(slot) * p.n_kv_heads * hd +
-                                    static_cast<size_t>(h - rotated) * hd + d0) = raw;
-        continue;
-      }
-      const bool is_q = h < p.n_q_heads;
-      float x[8];
-      unpack8(raw, x);
-      norm_rope_lane<kG>(x, norms ? (is_q ? qw : kw) : nullptr, p, lane, cs);
-      store8(head + d0, x);
-      if (!is_q && slot >= 0)  // size_t: slot * width overflows int for large pools
-        store8(p.k_cache + static_cast<size_t>(slot) * p.n_kv_heads * hd +
-                   static_cast<size_t>(h - p.n_q_heads) * hd + d0,
-               x);
-    }
-  }
-}
-
 // Weight rows a warp multiplies at once for M activation rows.
 __host__ __device__ constexpr int stream_rows_per_warp(int m) {
   return m == 1 ? 1 : m == 2 ? 2 : 4;
@@ -291,12 +196,9 @@ __device__ __forceinline__ void stream_rows(const uint4* const (&w)[R], const ui
 }
 
 // kCombineNorm (M = 1): x formed by stream_combine_norm_x instead of read
-// (gemv_stream_combine_norm). kRopeG > 0 (M = 1, bf16 out): the rope of out's heads after the
-// stages, by groups of kRopeG = head_dim / 8 lanes (gemv_stream_rope); its own instantiations,
-// so the plain kernels keep their registers.
-template <int M, bool kCombineNorm = false, int kRopeG = 0>
+// (gemv_stream_combine_norm).
+template <int M, bool kCombineNorm = false>
 __global__ void __launch_bounds__(kThreads, 1) gemv_stream_kernel(GemvStreamArgs a) {
-  static_assert(kRopeG == 0 || M == 1, "the rope epilogue takes one token");
   if (a.trigger_early) pdl_trigger_early();
   constexpr int R = stream_rows_per_warp(M);
   extern __shared__ __align__(128) uint8_t gemv_stream_smem[];
@@ -369,9 +271,6 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_stream_kernel(GemvStreamArgs
     }
     rg.release(q);
   }
-  if constexpr (kRopeG > 0)
-    stream_rope_heads<kRopeG>(a, row0, rows,
-                              reinterpret_cast<unsigned*>(gemv_stream_smem + kRopeMaskOffset));
 }
 
 using GemvStreamKernel = void (*)(GemvStreamArgs);
@@ -381,15 +280,6 @@ constexpr GemvStreamKernel kKernels[kGemvMaxRows] = {
 static_assert(stream_rows_per_warp(kGemvMaxRows) * kGemvMaxRows <= 32,
               "one lane stores each (row, activation row) sum");
 static_assert(kGemvCombineNormMaxK % (8 * kConsumerThreads) == 0, "whole vectors per consumer thread");
-
-// The rope forms by head_dim / 8 = 2 .. 32 lanes a head (index log2 − 1), without and with the
-// combine-norm prologue.
-constexpr GemvStreamKernel kRopeKernels[2][5] = {
-    {gemv_stream_kernel<1, false, 2>, gemv_stream_kernel<1, false, 4>,
-     gemv_stream_kernel<1, false, 8>, gemv_stream_kernel<1, false, 16>,
-     gemv_stream_kernel<1, false, 32>},
-    {gemv_stream_kernel<1, true, 2>, gemv_stream_kernel<1, true, 4>, gemv_stream_kernel<1, true, 8>,
-     gemv_stream_kernel<1, true, 16>, gemv_stream_kernel<1, true, 32>}};
 
 // The ring's shape on `device` for units of `unit_bytes` (whole rows) beside `x_bytes` of
 // resident input: units per slot, up to kStageBytes, fewer when x leaves less room for four
@@ -416,46 +306,13 @@ int stream_grid(void (*kernel)(Args), int device, size_t smem, int64_t cap, cons
 
 #endif  // MOEBATCH_WGMMA
 
-// gemv_stream_rope_fits less the GEMV's own condition: the rope's shape and layout on one
-// token's qkv row of n outputs — qk_norm_rope's wide form (heads of 16 · 2^j ≤ 256 dims, the
-// rotated half whole 8-dim chunks, 16-byte aligned operands), q | k | v heads from the row's start.
-bool rope_layout_fits(const QkNormRopeParams& p, int n) {
-  const int d = p.head_dim, rd = rope_rotated_dims(p.rotary_dim, p.head_dim);
-  const int64_t q_rows = static_cast<int64_t>(p.n_q_heads) * d,
-                kv_rows = static_cast<int64_t>(p.n_kv_heads) * d;
-  const bool cache = p.k_cache != nullptr;
-  return p.tokens == 1 && p.n_q_heads > 0 && p.n_kv_heads > 0 && d >= 16 && d <= 256 &&
-         (d & (d - 1)) == 0 && p.rotary_dim >= 0 && rd <= d && rd % 16 == 0 &&
-         q_rows + 2 * kv_rows <= n && n % 8 == 0 && aligned16(p.q) && p.k == p.q + q_rows &&
-         p.q_stride == n && p.k_stride == n && (p.q_norm == nullptr) == (p.k_norm == nullptr) &&
-         (p.q_norm == nullptr || (aligned16(p.q_norm) && aligned16(p.k_norm))) &&
-         (p.rotation != nullptr ? aligned16(p.rotation) : p.positions != nullptr) &&
-         (!cache || (p.v == p.k + kv_rows && p.v_stride == n && p.v_cache != nullptr &&
-                     p.slot_mapping != nullptr && aligned16(p.k_cache) && aligned16(p.v_cache)));
-}
-
-// Sets a's rope operands after checking them against out [n] (gemv_stream_rope's preconditions).
-void set_rope(GemvStreamArgs& a, const QkNormRopeParams& rope, unsigned* head_counters,
-              const bf16* out, int n, const char* op) {
-  MB_CHECK(head_counters != nullptr, std::string(op) + ": null head counters");
-  MB_CHECK(rope_layout_fits(rope, n),
-           std::string(op) +
-               ": a rope the fused form does not take (one token, heads of 16 * 2^j <= 256 with "
-               "rotated dims a multiple of 16, q | k | v from the row's start, 16-byte aligned; "
-               "gemv_stream_rope_fits)");
-  MB_CHECK(rope.q == out, std::string(op) + ": rope.q must be the GEMV's output row");
-  a.rope = rope;
-  a.head_counters = head_counters;
-}
-
-// a.x — or, for gemv_stream_combine_norm, a.combine, a.norm and a.counter — and, for the rope
-// forms, a.rope and a.head_counters as the caller set them; the rest here.
+// a.x — or, for gemv_stream_combine_norm, a.combine, a.norm and a.counter — as the caller set
+// them; the rest here.
 void gemv_stream_impl(GemvStreamArgs a, void* out, bool out_f32, const bf16* w, int m, int n, int k,
                       cudaStream_t stream) {
-  const bool combine_norm = a.counter != nullptr, rope = a.head_counters != nullptr;
+  const bool combine_norm = a.counter != nullptr;
   MB_CHECK(m >= 0 && m <= kGemvMaxRows && n > 0 && k > 0,
            "gemv_stream: bad shape (m <= kGemvMaxRows)");
-  MB_CHECK(!rope || (m == 1 && !out_f32), "gemv_stream: the rope form takes one bf16 row");
   MB_CHECK(k % 8 == 0, "gemv_stream: k must be a multiple of 8 (rows of 16-byte granules)");
   MB_CHECK(out && (a.x || combine_norm) && w, "gemv_stream: null operand");
   MB_CHECK((combine_norm || aligned16(a.x)) && aligned16(w), "gemv_stream: x and W must be 16-byte aligned");
@@ -468,10 +325,7 @@ void gemv_stream_impl(GemvStreamArgs a, void* out, bool out_f32, const bf16* w, 
   const int64_t stage_rows = stream_slot_units(device, row_bytes, m * row_bytes, &smem);
   MB_CHECK(stage_rows >= 1,
            "gemv_stream: m * k too large (x and four stages of one row must fit in shared memory)");
-  const int rope_form = rope ? std::countr_zero(static_cast<unsigned>(a.rope.head_dim / 8)) - 1 : 0;
-  const GemvStreamKernel kernel = rope           ? kRopeKernels[combine_norm ? 1 : 0][rope_form]
-                                  : combine_norm ? gemv_stream_kernel<1, true>
-                                                 : kKernels[m - 1];
+  const GemvStreamKernel kernel = combine_norm ? gemv_stream_kernel<1, true> : kKernels[m - 1];
   const int grid = stream_grid(kernel, device, smem, n, "gemv_stream");
   a.out = out;
   a.out_f32 = out_f32;
@@ -517,9 +371,6 @@ void gemv_stream_prepare() {
   for (GemvStreamKernel kernel : kKernels)
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
   CUDA_CHECK(cudaFuncSetAttribute(gemv_stream_kernel<1, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-  for (const auto& forms : kRopeKernels)
-    for (GemvStreamKernel kernel : forms)
-      CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
 #endif
 }
 
@@ -545,8 +396,7 @@ bool gemv_stream_combine_norm_fits(int k) {
 
 void gemv_stream_combine_norm(bf16* out, const MoeCombineParams& c, const RmsNormParams& norm,
                               unsigned* counter, const bf16* w, int n, int k, cudaStream_t stream,
-                              bool trigger_early, const QkNormRopeParams* rope,
-                              unsigned* head_counters) {
+                              bool trigger_early) {
   MB_CHECK(k > 0 && k <= kGemvCombineNormMaxK && c.tokens == 1 && c.hidden == k && norm.cols == k &&
                c.top_k >= 0 && c.topk_ids == nullptr,
            "gemv_stream_combine_norm: one token of hidden k <= kGemvCombineNormMaxK, no expert mask");
@@ -557,21 +407,6 @@ void gemv_stream_combine_norm(bf16* out, const MoeCombineParams& c, const RmsNor
   a.norm = norm;
   a.counter = counter;
   a.trigger_early = trigger_early;
-  if (rope != nullptr) set_rope(a, *rope, head_counters, out, n, "gemv_stream_combine_norm");
-  gemv_stream_impl(a, out, false, w, 1, n, k, stream);
-}
-
-bool gemv_stream_rope_fits(const QkNormRopeParams& rope, int n, int k) {
-  return rope_layout_fits(rope, n) && gemv_stream_fits(1, k);
-}
-
-void gemv_stream_rope(bf16* out, const bf16* x, const bf16* w, int n, int k,
-                      const QkNormRopeParams& rope, unsigned* head_counters, cudaStream_t stream,
-                      bool trigger_early) {
-  GemvStreamArgs a;
-  a.x = x;
-  a.trigger_early = trigger_early;
-  set_rope(a, rope, head_counters, out, n, "gemv_stream_rope");
   gemv_stream_impl(a, out, false, w, 1, n, k, stream);
 }
 

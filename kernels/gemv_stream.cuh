@@ -11,7 +11,6 @@
 
 #include "kernels/moe_ops.cuh"
 #include "kernels/rmsnorm.cuh"
-#include "kernels/rope.cuh"
 #include "kernels/types.cuh"
 
 namespace moebatch::kernels {
@@ -59,36 +58,8 @@ bool gemv_stream_combine_norm_fits(int k);
 /// first norm at batch 1, one launch less on its critical path (docs/design.md, session 19).
 /// c.top_k 0: no expert rows — the residual already holds the sum (moe_gemv_combine) — so x is
 /// the residual's norm, each CTA reads only that row, and nothing is written back (no ticket).
-/// With `rope` (and its `head_counters`): qk_norm_rope's work on out as well, as
-/// gemv_stream_rope below.
 void gemv_stream_combine_norm(bf16* out, const MoeCombineParams& c, const RmsNormParams& norm,
                               unsigned* counter, const bf16* w, int n, int k, cudaStream_t stream,
-                              bool trigger_early = false, const QkNormRopeParams* rope = nullptr,
-                              unsigned* head_counters = nullptr);
-
-/// Whether gemv_stream_rope (or gemv_stream_combine_norm with a rope) takes `rope` on one token's
-/// qkv row of n outputs, x of k, on the current device: gemv_stream_fits(1, k); rope.tokens == 1;
-/// heads of head_dim = 16 · 2^j ≤ 256 whose rotated half is whole 8-dim chunks (rotated dims a
-/// multiple of 16; qk_norm_rope's wide form); the row laid out q heads, k heads, v heads
-/// (rope.k = rope.q + n_q_heads · head_dim, rope.v = rope.k + n_kv_heads · head_dim where the
-/// cache is written; strides n), n a multiple of 8 and ≥ (n_q_heads + 2 n_kv_heads) · head_dim
-/// (rows after the v heads, e.g. Qwen3-Next's output gates, are plain outputs); rope.q, norm
-/// weights, rotation table and caches 16-byte aligned. false in a build without the sm_90a code.
-bool gemv_stream_rope_fits(const QkNormRopeParams& rope, int n, int k);
-
-/// gemv_stream of one token (m = 1, bf16 out = rope.q, the fused qkv row) followed, in the same
-/// launch, by qk_norm_rope(rope) on it: the bits qk_norm_rope would leave after gemv_stream — q
-/// and k heads normalised and rotated in place, and with rope.k_cache the rotated k and the v
-/// heads written to slot slot_mapping[0] (negative: no cache write). How: a CTA stores its rows,
-/// fences and adds the rows it stored of each head to that head's counter; the CTA whose add
-/// completes a head reads it back from L2 and does the rope's work for it (norm_rope_lane, the
-/// wide kernel's arithmetic), then zeroes the counter. head_counters: n_q_heads + 2 n_kv_heads
-/// words, zero before the first launch; every launch leaves them zero. Requires
-/// gemv_stream_rope_fits and, as gemv_stream, gemv_stream_prepare. rope.trigger_early is not
-/// read: `trigger_early` is the launch's. Saves the rope's launch and one kernel boundary of the
-/// decode layer at batch 1 (docs/design.md).
-void gemv_stream_rope(bf16* out, const bf16* x, const bf16* w, int n, int k,
-                      const QkNormRopeParams& rope, unsigned* head_counters, cudaStream_t stream,
-                      bool trigger_early = false);
+                              bool trigger_early = false);
 
 }  // namespace moebatch::kernels

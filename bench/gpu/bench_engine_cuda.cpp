@@ -25,8 +25,8 @@
 // the CUDA-core kernel); --disable-w8a8-linear decodes FP8 projections to bf16 for cuBLAS
 // instead of running them W8A8 on cuBLASLt; --disable-fused-rope runs decode steps' q/k norm +
 // rope + cache write as a launch of its own instead of inside the decode attention kernel (the
-// warp kernel of large batches); --disable-fused-rope-prefill runs prefill steps' q norm + rope
-// in the qk_norm_rope launch instead of the wgmma prefill attention's Q load
+// warp kernel of large batches); --fused-rope-prefill does prefill steps' q norm + rope in the
+// wgmma prefill attention's Q load instead of the qk_norm_rope launch
 // (CudaBackendOptions::fused_rope_prefill); --disable-cluster-attention-merge merges the split
 // kernel's partials through the workspace and a ticket instead of a cluster's shared memory;
 // --disable-cluster-router runs decode steps' router as 32 blocks meeting by a ticket instead of
@@ -38,9 +38,7 @@
 // --disable-mma-gemv runs decode steps' 4-bit expert GEMVs on CUDA cores instead of tensor cores;
 // --attn-min-split-keys N gives each split of decode attention at least N keys (fewer splits);
 // --disable-combine-in-down keeps one token's MoE combine + residual add in the next norm's launch
-// instead of the down expert GEMV (CudaBackendOptions::combine_in_down); --rope-in-qkv does one
-// token's q/k norm + rope + cache write in the qkv GEMV's epilogue instead of qk_norm_rope's
-// launch (CudaBackendOptions::rope_in_qkv).
+// instead of the down expert GEMV (CudaBackendOptions::combine_in_down).
 // A build with -DMOEBATCH_STEP_TRACE=ON also prints, per decode batch, where one graph-replayed
 // step's time goes kernel by kernel (kernels/step_trace.cuh): per call site, the time each kernel
 // adds to the step's critical path, and one layer's kernels in order.
@@ -49,12 +47,12 @@
 //                                   [--disable-w8a8-experts]
 //                                   [--disable-stream-gemv] [--disable-tma-experts] [--disable-router-norm]
 //                                   [--disable-wgmma-attention]
-//                                   [--disable-fused-rope] [--disable-fused-rope-prefill]
+//                                   [--disable-fused-rope] [--fused-rope-prefill]
 //                                   [--disable-cluster-attention-merge]
 //                                   [--disable-cluster-router] [--disable-pdl-trigger-early]
 //                                   [--combine-norm-in-qkv]
 //                                   [--disable-mma-gemv] [--attn-min-split-keys N] [--disable-combine-in-down]
-//                                   [--rope-in-qkv] [--disable-w8a8-linear]
+//                                   [--disable-w8a8-linear]
 //                                   [--quantization Q]
 //                                   [--moe-sorted-min-rows N] [out.json]
 //                                   [peer.json]
@@ -228,7 +226,7 @@ struct Args {
   bool router_norm = true;               ///< --disable-router-norm: the MLP norm in its own launch
   bool wgmma_attention = true;           ///< --disable-wgmma-attention: prefill off the wgmma kernel
   bool fused_rope = true;                ///< --disable-fused-rope: decode's rope in its own launch
-  bool fused_rope_prefill = true;        ///< --disable-fused-rope-prefill: prefill's q rope in that launch
+  bool fused_rope_prefill = false;       ///< --fused-rope-prefill: prefill's q rope in the attention
   bool cluster_merge = true;             ///< --disable-cluster-attention-merge: the workspace merge
   bool cluster_router = true;            ///< --disable-cluster-router: the ticket form
   bool trigger_early = true;             ///< --disable-pdl-trigger-early: after the wait
@@ -236,7 +234,6 @@ struct Args {
   bool mma_gemv = true;                  ///< --disable-mma-gemv: 4-bit expert GEMVs on CUDA cores
   int min_split_keys = -1;               ///< --attn-min-split-keys N: decode attention's keys a split
   bool combine_in_down = true;           ///< --disable-combine-in-down: false
-  bool rope_in_qkv = false;              ///< --rope-in-qkv: one token's rope in the qkv GEMV
   bool w8a8_linear = true;               ///< --disable-w8a8-linear: FP8 projections decoded to bf16
   Quantization quant = Quantization::None;
 };
@@ -270,16 +267,14 @@ Args parse_args(int argc, char** argv) {
       a.trigger_early = false;
     } else if (arg == "--disable-fused-rope") {
       a.fused_rope = false;
-    } else if (arg == "--disable-fused-rope-prefill") {
-      a.fused_rope_prefill = false;
+    } else if (arg == "--fused-rope-prefill") {
+      a.fused_rope_prefill = true;
     } else if (arg == "--combine-norm-in-qkv") {
       a.combine_norm_in_qkv = true;
     } else if (arg == "--disable-mma-gemv") {
       a.mma_gemv = false;
     } else if (arg == "--disable-combine-in-down") {
       a.combine_in_down = false;
-    } else if (arg == "--rope-in-qkv") {
-      a.rope_in_qkv = true;
     } else if (arg == "--attn-min-split-keys" && i + 1 < argc) {
       a.min_split_keys = std::stoi(argv[++i]);
     } else if (arg == "--disable-w8a8-linear") {
@@ -293,7 +288,7 @@ Args parse_args(int argc, char** argv) {
     } else if (arg == "--quantization" && i + 1 < argc) {
       a.quant = parse_quantization(argv[++i]);
     } else if (arg.rfind("--", 0) == 0) {
-      std::fprintf(stderr, "usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--disable-custom-all-reduce] [--disable-wgmma-experts] [--disable-w8a8-experts] [--disable-stream-gemv] [--disable-router-norm] [--disable-wgmma-attention] [--disable-fused-rope] [--disable-fused-rope-prefill] [--disable-cluster-attention-merge] [--disable-cluster-router] [--disable-pdl-trigger-early] [--combine-norm-in-qkv] [--disable-mma-gemv] [--attn-min-split-keys N] [--disable-combine-in-down] [--rope-in-qkv] [--disable-w8a8-linear] [--quantization Q] [--moe-sorted-min-rows N] [out.json] [peer.json]\n");
+      std::fprintf(stderr, "usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--disable-custom-all-reduce] [--disable-wgmma-experts] [--disable-w8a8-experts] [--disable-stream-gemv] [--disable-router-norm] [--disable-wgmma-attention] [--disable-fused-rope] [--fused-rope-prefill] [--disable-cluster-attention-merge] [--disable-cluster-router] [--disable-pdl-trigger-early] [--combine-norm-in-qkv] [--disable-mma-gemv] [--attn-min-split-keys N] [--disable-combine-in-down] [--disable-w8a8-linear] [--quantization Q] [--moe-sorted-min-rows N] [out.json] [peer.json]\n");
       std::exit(2);
     } else if (positional++ == 0) {
       a.out_path = arg;
@@ -398,7 +393,6 @@ int main(int argc, char** argv) {
   o.mma_expert_gemv = args.mma_gemv;
   if (args.min_split_keys > 0) o.decode_attention_min_split_keys = args.min_split_keys;
   o.combine_in_down = args.combine_in_down;
-  o.rope_in_qkv = args.rope_in_qkv;
   o.w8a8_linear = args.w8a8_linear;
   o.tma_experts = args.tma_experts;
   o.router_norm = args.router_norm;
@@ -439,7 +433,6 @@ int main(int argc, char** argv) {
   J["mma_expert_gemv"] = o.mma_expert_gemv;
   J["decode_attention_min_split_keys"] = o.decode_attention_min_split_keys;
   J["combine_in_down"] = o.combine_in_down;
-  J["rope_in_qkv"] = o.rope_in_qkv;
   J["w8a8_linear"] = o.w8a8_linear;
   J["tma_experts"] = o.tma_experts;
   J["router_norm"] = o.router_norm;

@@ -180,7 +180,6 @@ void CudaBackend::init(const std::filesystem::path* model_dir, uint64_t seed) {
     ranks_[r]->combine_norm_in_qkv = o.combine_norm_in_qkv;
     ranks_[r]->mma_expert_gemv = o.mma_expert_gemv;
     ranks_[r]->combine_in_down = o.combine_in_down;
-    ranks_[r]->rope_in_qkv = o.rope_in_qkv;
     ranks_[r]->w8a8_linear = o.w8a8_linear && kernels::fp8_block_gemm_available(devices_[r]);
   }
   // The sorted prefill path decodes every compressed expert into bf16 before its GEMM, a cost

@@ -107,8 +107,11 @@ struct CudaBackendOptions {
   bool fused_rope_attention = true;
   /// Prefill steps' q norm + rotation inside the wgmma prefill attention's Q load
   /// (kernels::AttentionParams::fused_rope, where attention_prefill_fuses_rope allows it), the
-  /// qk_norm_rope launch before it then moving only the k and v heads into the cache.
-  bool fused_rope_prefill = true;
+  /// qk_norm_rope launch before it then moving only the k and v heads into the cache. Off: the
+  /// rope launch saves 2.8 ms of an 8 × 1024 prefill but the attention takes 4.6 ms more (H100,
+  /// 2026-12-06, bench/RESULTS.md) — more than the Q-tile pass's arithmetic explains, not yet
+  /// understood (docs/design.md, "Where the prefill stands").
+  bool fused_rope_prefill = false;
   /// Decode steps' split attention (2..8 splits, a GPU with clusters) merges its splits through
   /// a thread block cluster's shared memory instead of the workspace and a ticket
   /// (kernels::AttentionParams::cluster_merge; the same bits). Batch 1 3.17-3.18 → 3.08 ms (H100,
@@ -144,12 +147,6 @@ struct CudaBackendOptions {
   /// batch 1 −3.4% (bench/RESULTS.md, session 23). The down GEMV is then on the CUDA-core walk
   /// whatever its codec.
   bool combine_in_down = true;
-  /// One-token steps whose qkv GEMV is gemv_stream (bf16, no qkv bias) do the q/k norm, rope and
-  /// cache write in that GEMV's epilogue (kernels::gemv_stream_rope, or gemv_stream_combine_norm
-  /// with a rope: the CTA that completes a head's rows ropes it) instead of qk_norm_rope's launch
-  /// after it: one launch and one kernel boundary less a layer, the same bits. Written without a
-  /// GPU run (docs/design.md, "Where the batch-1 step stands"); off until measured faster.
-  bool rope_in_qkv = false;
   /// Projections on FP8-block weights (128 × 128 scale blocks) of steps with more than 8 rows as
   /// W8A8 on cuBLASLt's block-scaled FP8 GEMM (kernels/gemm_fp8.cuh), the rows quantized per
   /// 1 × 128 as vLLM does for block-FP8 checkpoints, where the GPU is a Hopper and the shape is

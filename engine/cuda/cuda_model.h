@@ -139,8 +139,6 @@ struct StepBuffers {
   int32_t* align_ws = nullptr;      // [moe_align_workspace_ints(E)]: a prefill align's block counts
   int32_t* route_counter = nullptr; // [1] moe_route_small's block counter (zeroed at start)
   uint32_t* norm_counter = nullptr; // [1] gemv_stream_combine_norm's ticket counter (zeroed at start)
-  uint32_t* head_counters = nullptr;// [nh + 2 nkv] gemv_stream_rope's rows stored per head (zeroed
-                                    //        at start; every launch leaves them zero)
   bf16* gate_up = nullptr;          // [max(S 2Ie, T 2I, T 2Is)]
   bf16* act = nullptr;              // half of gate_up
   size_t gate_up_elems = 0;         // elements of gate_up (act holds half as many)

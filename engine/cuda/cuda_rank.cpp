@@ -103,8 +103,6 @@ void CudaRank::build(const ModelConfig& cfg, const ModelPlan& wplan, const Memor
   buf = carve_step_buffers(buf_mem_, cfg, dims, cap);
   CUDA_CHECK(cudaMemsetAsync(buf.route_counter, 0, sizeof(int32_t), stream));
   CUDA_CHECK(cudaMemsetAsync(buf.norm_counter, 0, sizeof(uint32_t), stream));
-  CUDA_CHECK(cudaMemsetAsync(buf.head_counters, 0,
-                             static_cast<size_t>(dims.num_heads + 2 * dims.num_kv_heads) * sizeof(uint32_t), stream));
   CUDA_CHECK(cudaStreamSynchronize(stream));
   const size_t T = cap.tokens;
   pinned_bytes_ = sampling_staging_bytes() + (T * (7 + cap.table_width) + 1) * sizeof(int32_t);

@@ -95,14 +95,13 @@ class CudaRank {
   bool router_norm = true;           ///< CudaBackendOptions::router_norm
   bool wgmma_attention = true;       ///< CudaBackendOptions::wgmma_attention
   bool fused_rope_attention = true;     ///< CudaBackendOptions::fused_rope_attention
-  bool fused_rope_prefill = true;       ///< CudaBackendOptions::fused_rope_prefill
+  bool fused_rope_prefill = false;      ///< CudaBackendOptions::fused_rope_prefill
   bool cluster_attention_merge = true;  ///< CudaBackendOptions::cluster_attention_merge
   bool cluster_router = true;           ///< CudaBackendOptions::cluster_router
   bool pdl_trigger_early = true;        ///< CudaBackendOptions::pdl_trigger_early
   bool combine_norm_in_qkv = false;     ///< CudaBackendOptions::combine_norm_in_qkv (where qkv is on gemv_stream)
   bool mma_expert_gemv = true;          ///< CudaBackendOptions::mma_expert_gemv
   bool combine_in_down = true;          ///< CudaBackendOptions::combine_in_down
-  bool rope_in_qkv = false;             ///< CudaBackendOptions::rope_in_qkv (where qkv is on gemv_stream)
   bool w8a8_linear = false;          ///< FP8-block projections on kernels::Fp8BlockGemm (Hopper)
   cublasHandle_t cublas = nullptr;  ///< bound to `stream`, fixed workspace
 

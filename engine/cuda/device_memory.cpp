@@ -102,7 +102,6 @@ void carve(Carver& c, const ModelConfig& cfg, const ShardDims& d, const StepCapa
   b.align_ws = c.take<int32_t>(kernels::moe_align_workspace_ints(static_cast<int>(E)));
   b.route_counter = c.take<int32_t>(1);
   b.norm_counter = c.take<uint32_t>(1);
-  b.head_counters = c.take<uint32_t>(nh + 2 * nkv);
   b.gate_up = c.take<bf16>(gate_up);
   b.act = c.take<bf16>(gate_up / 2);
   b.gate_up_elems = gate_up;

@@ -208,49 +208,41 @@ void norm(const Step& s, bf16* branch, const DeviceTensor& w,
 void attention(const Step& s, const DeviceLayerWeights& L, const DeviceKvCache& kv, int64_t kv_layer,
                const k::MoeCombineParams* combine_norm = nullptr) {
   const StepBuffers& B = s.B;
-  // q/k per-head RMSNorm (Qwen3) + NEOX rope, in place inside the qkv rows, and the kv write
-  // in the same launch — for one token on gemv_stream in the qkv GEMV's epilogue (rope_in_qkv);
-  // else after the projection, or in decode steps inside the decode attention kernel (one
-  // launch less per layer); in prefill steps q's inside the attention kernel's Q load, the launch
-  // before it then taking the k and v heads alone
-  k::QkNormRopeParams rp = s.rope;
-  rp.q_norm = L.q_norm.optional_bf16();
-  rp.k_norm = L.k_norm.optional_bf16();
-  rp.k_cache = kv.k(kv_layer);
-  rp.v_cache = kv.v(kv_layer);
-  const int qkv_rows = static_cast<int>(L.wqkv.shape[0]);
-  const bool rope_in_qkv = s.r.rope_in_qkv && L.bqkv.empty() && linear_on_gemv_stream(s.gemm, L.wqkv, s.n) &&
-                           k::gemv_stream_rope_fits(rp, qkv_rows, s.H);
-
   // qkv projection: one GEMM over the fused [(nh + 2 nkv) hd, H] weight yields rows
   // [q | k | v]; + bias for Qwen2-MoE
   if (combine_norm != nullptr) {
     k::RmsNormParams n = s.norm;
     n.residual = B.x;
     n.weight = L.input_norm.as_bf16();
-    k::gemv_stream_combine_norm(B.qkv, *combine_norm, n, B.norm_counter, L.wqkv.as_bf16(), qkv_rows, s.H, s.st,
-                                s.r.pdl_trigger_early, rope_in_qkv ? &rp : nullptr, B.head_counters);
-  } else if (rope_in_qkv) {
-    k::gemv_stream_rope(B.qkv, B.h, L.wqkv.as_bf16(), qkv_rows, s.H, rp, B.head_counters, s.st,
-                        s.r.pdl_trigger_early);
+    k::gemv_stream_combine_norm(B.qkv, *combine_norm, n, B.norm_counter, L.wqkv.as_bf16(),
+                                static_cast<int>(L.wqkv.shape[0]), s.H, s.st, s.r.pdl_trigger_early);
   } else {
     linear(s.gemm, B.qkv, B.h, L.wqkv, s.n);
   }
   if (!L.bqkv.empty())
     k::add_bias(B.qkv, L.bqkv.as_bf16(), s.n, static_cast<int>(L.bqkv.shape[0]), s.st);
-  s.mark(rope_in_qkv ? "qkv_proj_rope" : "qkv_proj");
+  s.mark("qkv_proj");
 
+  // q/k per-head RMSNorm (Qwen3) + NEOX rope, in place inside the qkv rows, and the kv write
+  // in the same launch — or, in decode steps, inside the decode attention kernel (one launch
+  // less per layer); with fused_rope_prefill, in prefill steps q's inside the attention
+  // kernel's Q load, the launch before it then taking the k and v heads alone
+  k::QkNormRopeParams rp = s.rope;
+  rp.q_norm = L.q_norm.optional_bf16();
+  rp.k_norm = L.k_norm.optional_bf16();
+  rp.k_cache = kv.k(kv_layer);
+  rp.v_cache = kv.v(kv_layer);
   k::AttentionParams at = s.attn;
   at.k_cache = kv.k(kv_layer);
   at.v_cache = kv.v(kv_layer);
-  if (!rope_in_qkv && (s.decode ? s.r.fused_rope_attention : s.r.fused_rope_prefill)) {
+  if (s.decode ? s.r.fused_rope_attention : s.r.fused_rope_prefill) {
     at.rope = rp;
     at.fused_rope = s.decode ? k::attention_decode_fuses_rope(at) : k::attention_prefill_fuses_rope(at);
   }
-  if (!at.fused_rope && !rope_in_qkv) {  // rope_in_qkv: the qkv GEMV did all of it
+  if (!at.fused_rope) {
     k::qk_norm_rope(rp, s.st);
     s.mark("qk_norm_rope_kv_write");
-  } else if (at.fused_rope && !s.decode) {
+  } else if (!s.decode) {
     k::QkNormRopeParams kv_only = rp;  // no q heads: the k heads come first, then the v heads
     kv_only.q = rp.k;
     kv_only.n_q_heads = 0;

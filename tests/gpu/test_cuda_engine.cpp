@@ -415,26 +415,6 @@ TEST_P(CudaFixture, CombineInDownMatchesSeparateLaunch) {
   expect_decode_matches(GetParam(), fused, base, "combine in down vs launch", true);
 }
 
-// The q/k norm + rope + cache write in the qkv GEMV's epilogue (rope_in_qkv) against
-// qk_norm_rope's launch after it: bitwise (the GEMV rounds each output once either way, and the
-// epilogue runs the wide rope kernel's device functions). It applies where a one-token step's
-// qkv GEMV is gemv_stream (bf16 on a Hopper GPU) without a qkv bias: the bf16 Qwen3 fixtures must
-// take it there — qwen3_moe_tiny with the norm formed in that GEMV (combine_in_down), the dense
-// and Qwen3-Next ones (output-gate rows after the v heads, a quarter of each head rotating) on
-// gemv_stream_rope; Qwen2-MoE's bias and the compressed projections keep the launch.
-TEST_P(CudaFixture, RopeInQkvMatchesRopeLaunch) {
-  const CudaBackendOptions base = small_options();
-  CudaBackendOptions fused = base;
-  fused.rope_in_qkv = true;
-  const bool fuses = step_has_stage(GetParam(), fused, "qkv_proj_rope");
-  if (kernels::gemv_stream_available(0) &&
-      (GetParam() == "qwen3_moe_tiny" || GetParam() == "qwen3_dense_tiny" || GetParam() == "qwen3_next_tiny")) {
-    ASSERT_TRUE(fuses) << "the qkv GEMV took no rope";
-  }
-  if (!fuses) GTEST_SKIP() << "no one-token qkv GEMV here that takes the rope";
-  expect_decode_matches(GetParam(), fused, base, "rope in qkv vs launch", true);
-}
-
 // A default-on option whose form computes the same arithmetic in the same order as without it:
 // decode outputs equal to the bit with the option on (the default) and off.
 void expect_default_on_bitwise(const std::string& fixture, bool CudaBackendOptions::*option,
@@ -465,8 +445,8 @@ TEST_P(CudaFixture, EarlyTriggerMatchesTriggerAfterWait) {
   expect_default_on_bitwise(GetParam(), &CudaBackendOptions::pdl_trigger_early, "early trigger vs after the wait");
 }
 
-// Prefill attention on the wgmma kernel with q's norm + rope in its Q load (fused_rope_prefill,
-// the default) against qk_norm_rope over q before it: the same logits to the bit (the kernel
+// Prefill attention on the wgmma kernel with q's norm + rope in its Q load (fused_rope_prefill)
+// against qk_norm_rope over q before it: the same logits to the bit (the kernel
 // runs the rope kernel's device code on the same bf16 rows). The fixtures' heads of 16-64 dims
 // never reach the wgmma kernel, so random weights of the tiny MoE with Qwen3-30B's attention
 // (32 / 4 heads of 128) take it: a 300-token prompt is 2,400 rows of each kv head over 300 keys.
@@ -477,11 +457,11 @@ TEST(CudaPrefillRope, FusedQRopeMatchesRopeLaunch) {
   cfg.num_heads = 32;
   cfg.num_kv_heads = 4;
   cfg.head_dim = 128;
-  CudaBackendOptions on = small_options(false);
-  on.max_num_batched_tokens = 512;
-  ASSERT_TRUE(on.fused_rope_prefill) << "on by default";
-  CudaBackendOptions off = on;
-  off.fused_rope_prefill = false;
+  CudaBackendOptions off = small_options(false);
+  off.max_num_batched_tokens = 512;
+  off.max_model_len = 512;
+  CudaBackendOptions on = off;
+  on.fused_rope_prefill = true;
   StepBatch prompt;  // 300 tokens of one sequence in blocks 0..18
   std::mt19937 rng(std::random_device{}());
   prompt.tokens = random_prompt(rng, 300, cfg.vocab_size);

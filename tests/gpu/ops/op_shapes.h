@@ -297,24 +297,6 @@ struct GemvCombineNormShape {
 };
 OpCaseDef gemv_combine_norm_case(const GemvCombineNormShape& s);
 
-/// kernels::gemv_stream_rope (cases_gemv_rope.cpp): one token's qkv row out = x · W [n, hidden]ᵀ
-/// with q | k | v heads (| one output gate per q head) and qk_norm_rope's work on it in the same
-/// launch, checked bit for bit against gemv_stream + qk_norm_rope, twice on the same head counters.
-struct GemvRopeShape {
-  int hidden, n_q_heads, n_kv_heads, head_dim;
-  int rotary_dim = 0;         ///< partial rotary (Qwen3-Next); 0: the whole head
-  bool combine_norm = false;  ///< x formed by gemv_stream_combine_norm's prologue from top_k rows
-  int top_k = 8;
-  bool norm = true;           ///< per-head RMSNorm weights (Qwen3)
-  float norm_offset = 0.f;    ///< 1: zero-centred weights (Qwen3-Next), the input norm's too
-  bool gate = false;          ///< output-gate rows after the v heads (Qwen3-Next's qkv)
-  bool table = true;          ///< (cos, sin) from rope_rotation_table; false: computed in the kernel
-  bool cache = true;          ///< k and v written to a nonzero slot of a small paged cache
-  /// run() rotates over device copies of W covering at least this many bytes (the benchmark:
-  /// more than L2 holds); 0: one copy.
-  int64_t rotate_bytes = 0;
-};
-OpCaseDef gemv_rope_case(const GemvRopeShape& s);
 /// The path quant_linear takes for s ("gemv", "dequant+cuBLAS", "cuBLAS"), or "gemv_stream":
 /// benchmark row names.
 const char* quant_linear_path_name(const QuantLinearShape& s);

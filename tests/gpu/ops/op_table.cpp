@@ -576,21 +576,6 @@ std::vector<OpCaseDef> op_cases_test() {
   for (GemvCombineNormShape c : {GemvCombineNormShape{8, 2048, 5120}, {8, 4096, 5120}, {10, 2048, 1000, 1.f},
                                  {4, 520, 37}})
     t.push_back(gemv_combine_norm_case(c));
-  // The q/k norm + rope + cache write in its epilogue (gemv_stream_rope, and with the combine-norm
-  // prologue), bit for bit against gemv_stream + qk_norm_rope: the 30B layer's qkv (32 q / 4 kv
-  // heads of 128: 5120 rows over 132 CTAs, a head's rows in four or five of them) in both forms;
-  // Qwen3-Next-like heads of 64 and 256 with a quarter rotating, 1 + w and output-gate rows after
-  // the v heads (not counted), (cos, sin) computed in the kernel for one; the tiny fixtures' heads
-  // of 32 without a cache write (v heads not counted); heads of 16 without norms, 4100 of them,
-  // so that a CTA's ~512 rows touch 33 heads on 132 SMs (a second round of counters).
-  t.push_back(gemv_rope_case({.hidden = 2048, .n_q_heads = 32, .n_kv_heads = 4, .head_dim = 128, .combine_norm = true}));
-  t.push_back(gemv_rope_case({.hidden = 2048, .n_q_heads = 32, .n_kv_heads = 4, .head_dim = 128}));
-  t.push_back(gemv_rope_case({.hidden = 256, .n_q_heads = 4, .n_kv_heads = 2, .head_dim = 64, .rotary_dim = 16,
-                              .combine_norm = true, .top_k = 4, .norm_offset = 1.f, .gate = true, .table = false}));
-  t.push_back(gemv_rope_case({.hidden = 512, .n_q_heads = 4, .n_kv_heads = 1, .head_dim = 256, .rotary_dim = 64,
-                              .norm_offset = 1.f, .gate = true}));
-  t.push_back(gemv_rope_case({.hidden = 128, .n_q_heads = 8, .n_kv_heads = 4, .head_dim = 32, .cache = false}));
-  t.push_back(gemv_rope_case({.hidden = 64, .n_q_heads = 4100, .n_kv_heads = 64, .head_dim = 16, .norm = false}));
   for (auto [f, cols] : {std::pair{WeightFormat::fp8_block, 1040}, {WeightFormat::fp8_block, 2048},
                          {WeightFormat::nvfp4, 1056}, {WeightFormat::nvfp4, 2048}, {WeightFormat::bf16, 272},
                          {WeightFormat::int8, 1056}, {WeightFormat::int8, 2048}, {WeightFormat::int4, 1056},
@@ -783,11 +768,6 @@ std::vector<OpCaseDef> op_cases_bench() {
                                           .stream = stream}),
                        std::string(proj) + " bf16 " + (resident ? "L2-resident " : "") + "(" +
                            (stream ? "gemv_stream" : "gemv") + ")"));
-      // the same qkv with the rope in its epilogue (the engine's rope_in_qkv): against "qkv bf16
-      // (gemv_stream)" + "qk_norm_rope table"
-      add(B, named(gemv_rope_case({.hidden = kH, .n_q_heads = kNq, .n_kv_heads = kNkv, .head_dim = kD,
-                                   .rotate_bytes = kRotateBytes}),
-                   "qkv bf16 + rope (gemv_stream_rope)"));
       add(B, named(quant_linear_case({.m = B,
                                       .n = kV,
                                       .k = kH,
