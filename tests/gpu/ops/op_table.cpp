@@ -809,6 +809,12 @@ std::vector<OpCaseDef> op_cases_bench() {
                                                .mma_sync = mma_sync}),
                                "attn_prefill " + std::to_string(prompts) + "x" + std::to_string(len) + " causal" +
                                    (mma_sync ? " mma_sync" : "")));
+  // 8 x 1024 with q's norm + rope in the wgmma kernel's Q load (CudaBackendOptions::
+  // fused_rope_prefill; q rows as wide as the engine's qkv rows).
+  add(8 * 1024, named(attention_case({.head_dim = kD, .n_q_heads = kNq, .n_kv_heads = kNkv,
+                                      .q_lens = std::vector<int>(8, 1024), .kv_lens = std::vector<int>(8, 1024),
+                                      .q_pad = 0, .fused_rope = true}),
+                      "attn_prefill 8x1024 causal fused_rope"));
   // Qwen3-Next-80B's full-attention layers (16 q / 2 kv heads of 256): the wgmma kernel against
   // the CUDA-core one it replaces there.
   for (auto [prompts, len] : {std::pair{64, 128}, {8, 1024}})
