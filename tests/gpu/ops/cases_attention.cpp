@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "kernels/attention.cuh"
+#include "kernels/moe_wgmma.cuh"
 #include "kernels/rope.cuh"
 #include "tests/gpu/ops/op_shapes.h"
 
@@ -399,7 +400,9 @@ OpCaseDef attention_case(const AttentionShape& s) {
       (s.fused_rope ? (s.rope_norm ? " fused_rope" : " fused_rope no_norm") : "") +
       (s.rotary_dim > 0 ? " rotary " + std::to_string(s.rotary_dim) : "") +
       (s.cluster_merge ? " cluster_merge" : "");
-  return op_case_def<AttentionCase>(s.decode ? "attn_decode" : "attn_prefill", shape, OpFamily::attention, 5e-3, s);
+  OpCaseDef d = op_case_def<AttentionCase>(s.decode ? "attn_decode" : "attn_prefill", shape, OpFamily::attention, 5e-3, s);
+  if (s.fused_rope && !s.decode) d.available = &kernels::moe_wgmma_available;  // the wgmma kernel's Q load
+  return d;
 }
 
 }  // namespace moebatch::ops
