@@ -625,20 +625,8 @@ int attention_decode_splits(int num_seqs, int n_kv_heads, int max_kv_len, int nu
   return std::max(splits, 1);
 }
 
-bool attention_prefill_fuses_rope(const AttentionParams& p) {
-  const QkNormRopeParams& r = p.rope;
-  const int rd = rope_rotated_dims(r.rotary_dim, r.head_dim);
-  return (p.head_dim == 128 || p.head_dim == 256) && p.n_kv_heads > 0 && on_wgmma(p) && r.q == p.q &&
-         r.q_stride == p.q_stride && r.n_q_heads == p.n_q_heads && r.head_dim == p.head_dim &&
-         r.tokens == p.num_tokens && r.rotation != nullptr && rd % 16 == 0 && rd > 0 && rd <= p.head_dim &&
-         aligned(r.rotation, 16) && (r.q_norm == nullptr || aligned(r.q_norm, 16)) && prefill_wgmma_rope_fits(p);
-}
-
 void attention_prefill(const AttentionParams& p, cudaStream_t stream) {
   check(p);
-  MB_CHECK(!p.fused_rope || attention_prefill_fuses_rope(p),
-           "attention_prefill: fused_rope where the wgmma kernel cannot take it (attention_prefill_fuses_rope); run "
-           "qk_norm_rope over q before it");
   if (p.num_seqs == 0 || p.num_tokens == 0 || p.max_q_len == 0) return;
   if (on_wgmma(p)) return attention_prefill_wgmma(p, stream);
   if (!on_tensor_cores(p)) return dispatch<8>(p, stream);

@@ -48,10 +48,6 @@ struct AttentionParams {
   /// norm and rotation, the new k and v written to their cache slot — so that a decode layer has
   /// one launch less. `rope` then describes the same rows as q (its
   /// q, q_stride and caches equal this struct's) with the forward's rotation table.
-  /// Prefill, where attention_prefill_fuses_rope says so: q alone is raw, normalised and rotated
-  /// as the kernel loads it (the same bits as qk_norm_rope's); the k and v heads must be in the
-  /// cache already (qk_norm_rope over them alone), so the rope pass before it moves a fifth of
-  /// the bytes at the 30B shape.
   bool fused_rope = false;
   QkNormRopeParams rope = {};
   /// Decode kernels: let the next kernel launch at this one's start (kernels/launch.cuh,
@@ -96,14 +92,6 @@ int attention_decode_splits(int num_seqs, int n_kv_heads, int max_kv_len, int nu
 /// cache or out pointers not 16-byte aligned take the CUDA-core kernel of attention_decode with
 /// tiles of 32 rows.
 void attention_prefill(const AttentionParams& p, cudaStream_t stream);
-
-/// Whether attention_prefill can take `p` with fused_rope set: it runs on the wgmma kernel (on
-/// Hopper: head_dim 256, or 128 with long prompts; see attention_prefill), `rope` describes q as
-/// this struct does (q, q_stride, n_q_heads, head_dim, tokens) with the forward's rotation table,
-/// a rotated part of whole 16-dim steps, 16-byte aligned rows, table and norm weights, and the
-/// (cos, sin) rows of a block's tokens fit one K/V stage. Elsewhere the caller runs qk_norm_rope
-/// over q too.
-bool attention_prefill_fuses_rope(const AttentionParams& p);
 
 /// Diagnostic builds (MOEBATCH_PHASE_CLOCKS, kernels/phase_clock.cuh): the cycles every row block
 /// of the prefill kernel on wgmma spent per warpgroup in each AttentionPhase since the last call,

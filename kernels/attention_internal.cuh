@@ -44,8 +44,5 @@ void attention_decode_split_warps(const AttentionParams& p, cudaStream_t stream)
 bool prefill_on_wgmma(const AttentionParams& p);
 /// That kernel: blocks of 128 rows (two warpgroups) × 128-key tiles (64 at head_dim 256).
 void attention_prefill_wgmma(const AttentionParams& p, cudaStream_t stream);
-/// Whether that kernel's Q-tile rope pass takes p.rope (attention_prefill_fuses_rope checks the
-/// rest): the (cos, sin) rows of a block's tokens fit the stage they are staged in.
-bool prefill_wgmma_rope_fits(const AttentionParams& p);
 
 }  // namespace moebatch::kernels

@@ -20,16 +20,8 @@
 // 128-byte swizzle (kernels/wgmma.cuh): Q, K and V tiles are head_dim / 64 slabs each, in the
 // one layout that TMA, cp.async and both operand descriptors share.
 //
-// With AttentionParams::fused_rope (kRope) q arrives raw from the qkv projection and the block
-// normalises and rotates its Q tile in shared memory before the first MMA, as qk_norm_rope would
-// have in global memory (the same device code, kernels/rope_device.cuh: the same bits), so a
-// prefill layer's rope pass moves only the k and v heads (docs/kernels.md). The (cos, sin) rows
-// of the block's tokens are copied from the forward's table into the last K/V stage, which no
-// tile occupies before the loop's first refill.
-//
 // Built for sm_90a only (MOEBATCH_WGMMA, kernels/CMakeLists.txt); without it prefill_on_wgmma
 // says false.
-#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -42,7 +34,6 @@
 #include "kernels/launch.cuh"
 #include "kernels/moe_wgmma.cuh"
 #include "kernels/phase_clock.cuh"
-#include "kernels/rope_device.cuh"
 #include "kernels/tensor_map.cuh"
 #if MOEBATCH_WGMMA
 #include "kernels/wgmma.cuh"
@@ -110,7 +101,7 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 // key 0 is valid for every row and a warpgroup's first tile leaves each row max finite. Rows past
 // the sequence take the last row's bound and zero q, and are not stored. A warpgroup stops
 // multiplying after the last tile its own rows reach (wg_tiles) but keeps releasing the stages.
-template <int D, bool kRope>
+template <int D>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_prefill_wgmma_kernel(AttentionParams p, const __grid_constant__ CUtensorMap k_map,
                                    const __grid_constant__ CUtensorMap v_map) {
@@ -166,22 +157,6 @@ __global__ void __launch_bounds__(kThreads, 1)
              ok ? p.q + static_cast<size_t>(q0 + row / group) * p.q_stride + (kvh * group + row % group) * D : p.q, ok);
     cp_async_commit();
   }
-  // kRope: the (cos, sin) rows of the block's tokens into the last stage (in the same committed
-  // group as Q), and this lane's q-norm weights.
-  constexpr int kG = D / 8;  // lanes per Q row in the rope pass: 8 dims each
-  [[maybe_unused]] const int rd = rope_rotated_dims(p.rope.rotary_dim, D), half = rd / 2;
-  [[maybe_unused]] const int tok0 = q0 + row0 / group;
-  [[maybe_unused]] float2* const cs_rows = reinterpret_cast<float2*>(smem + kQBytes + (kStages - 1) * kStageBytes);
-  [[maybe_unused]] float qw[8];
-  if constexpr (kRope) {
-    const int tok_end = q0 + (min(row0 + kRows, n_rows) - 1) / group + 1;
-    const int granules = (tok_end - tok0) * half / 2;  // 16 bytes: two pairs
-    const float2* src = p.rope.rotation + static_cast<size_t>(tok0) * half;
-    for (int i = threadIdx.x; i < granules; i += kThreads)
-      cp_async16(cs_rows + 2 * i, src + 2 * i, 16);
-    cp_async_commit();
-    if (p.rope.q_norm != nullptr) load8(p.rope.q_norm + 8 * (threadIdx.x % kG), qw);
-  }
   // K/V tile kt into stage kt % kStages. The cache blocks wholly below block_limit come by TMA
   // (lane b of the loaders' first warp brings block b of the tile: a box of block_size rows × 64
   // dims per slab, for K and for V; lane 0 first announces their bytes). Keys from full_end on —
@@ -225,40 +200,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   if (loader)
     for (int kt = 0; kt < kStages - 1 && kt < n_tiles; ++kt) load_tile(kt);
-  cp_async_wait<0>();  // this thread's Q (and table) copies; the tiles are paced by mbarriers
-  if constexpr (kRope) {
-    // Each group of kG lanes takes one row of the tile at a time, lane l its 8 dims of 16-byte
-    // chunk l, and does what qk_norm_rope's wide form does to that row (rope_device.cuh).
-    __syncthreads();
-    const RopeLane lane = rope_lane<kG>(rd);
-    const int c = lane.lane;
-    constexpr int kRowsPerPass = kThreads / kG;
-#pragma unroll 1
-    for (int r = static_cast<int>(threadIdx.x) / kG; r < kRows; r += kRowsPerPass) {
-      const int row = row0 + r;
-      if (row >= n_rows) break;  // the same for the whole group; rows past the sequence stay zero
-      uint4* at = reinterpret_cast<uint4*>(smem + (c >> 3) * kQSlab + wgmma::sw128_offset(r, c & 7));
-      float x[8];
-      unpack8(*at, x);
-      float2 cs[8];
-      if (lane.rotates) {
-        const float4* cs4 = reinterpret_cast<const float4*>(cs_rows + (q0 + row / group - tok0) * half + lane.pair0);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float4 v = cs4[e];
-          cs[2 * e] = make_float2(v.x, v.y);
-          cs[2 * e + 1] = make_float2(v.z, v.w);
-        }
-      }
-      if (p.rope.q_norm != nullptr)  // two calls: a pointer chosen at run time puts qw on the stack
-        norm_rope_lane<kG>(x, qw, p.rope, lane, cs);
-      else
-        norm_rope_lane<kG>(x, nullptr, p.rope, lane, cs);
-      store8(reinterpret_cast<bf16*>(at), x);
-    }
-  }
-  // cp.async (and kRope's pass) wrote through the generic proxy, the tensor cores read through
-  // the async one: fenced by each writer before the barrier and by each reader after it.
+  cp_async_wait<0>();  // this thread's Q copies (the one committed group; the tiles are paced by mbarriers)
+  // cp.async wrote through the generic proxy, the tensor cores read through the async one:
+  // fenced by each writer before the barrier and by each reader after it.
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   __syncthreads();
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -457,20 +401,10 @@ bool prefill_on_wgmma(const AttentionParams& p) {
   return moe_wgmma_available(device);
 }
 
-// A block's rows are (token, head) pairs, heads inner: its 128 rows span at most
-// ceil(127 / group) + 1 tokens, whose (cos, sin) rows (rotated dims / 2 pairs of 8 bytes each)
-// the rope pass stages in one K/V stage.
-bool prefill_wgmma_rope_fits(const AttentionParams& p) {
-  const int group = p.n_q_heads / p.n_kv_heads;
-  const int64_t tokens = std::min<int64_t>(kRows, CEIL_DIV(kRows - 1, group) + 1);
-  const int64_t bytes = tokens * rope_rotated_dims(p.rope.rotary_dim, p.head_dim) / 2 * 8;
-  return p.head_dim == 256 ? bytes <= Tiles<256>::kStageBytes : bytes <= Tiles<128>::kStageBytes;
-}
-
 #if MOEBATCH_WGMMA
 namespace {
 
-template <int D, bool kRope>
+template <int D>
 void launch(const AttentionParams& p, cudaStream_t stream) {
   const int group = p.n_q_heads / p.n_kv_heads;
   const int64_t row_tiles = CEIL_DIV(static_cast<int64_t>(p.max_q_len) * group, kRows);
@@ -482,7 +416,7 @@ void launch(const AttentionParams& p, cudaStream_t stream) {
   const CUtensorMap k_map = tensor_map_3d_bf16(p.k_cache, kSlotExtent, p.n_kv_heads, D, p.block_size);
   const CUtensorMap v_map = tensor_map_3d_bf16(p.v_cache, kSlotExtent, p.n_kv_heads, D, p.block_size);
   // Above the 48 KB default; set per launch, as attributes are per device.
-  const auto kernel = attention_prefill_wgmma_kernel<D, kRope>;
+  const auto kernel = attention_prefill_wgmma_kernel<D>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tiles<D>::kSmemBytes));
   launch_dependent(kernel, dim3(p.n_kv_heads, static_cast<unsigned>(row_tiles), p.num_seqs), kThreads,
                    Tiles<D>::kSmemBytes, stream, p, k_map, v_map);
@@ -503,9 +437,9 @@ std::vector<uint64_t> attention_prefill_take_phase_clocks() {
 void attention_prefill_wgmma(const AttentionParams& p, cudaStream_t stream) {
 #if MOEBATCH_WGMMA
   if (p.head_dim == 256)
-    p.fused_rope ? launch<256, true>(p, stream) : launch<256, false>(p, stream);
+    launch<256>(p, stream);
   else
-    p.fused_rope ? launch<128, true>(p, stream) : launch<128, false>(p, stream);
+    launch<128>(p, stream);
 #else
   (void)p;
   (void)stream;

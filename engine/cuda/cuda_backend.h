@@ -105,13 +105,6 @@ struct CudaBackendOptions {
   /// (kernels::AttentionParams::fused_rope, where attention_decode_fuses_rope allows it: the
   /// warp kernel of large batches) instead of a qk_norm_rope launch before it.
   bool fused_rope_attention = true;
-  /// Prefill steps' q norm + rotation inside the wgmma prefill attention's Q load
-  /// (kernels::AttentionParams::fused_rope, where attention_prefill_fuses_rope allows it), the
-  /// qk_norm_rope launch before it then moving only the k and v heads into the cache. Off: the
-  /// rope launch saves 2.8 ms of an 8 × 1024 prefill but the attention takes 4.6 ms more (H100,
-  /// 2026-12-06, bench/RESULTS.md) — more than the Q-tile pass's arithmetic explains, not yet
-  /// understood (docs/design.md, "Where the prefill stands").
-  bool fused_rope_prefill = false;
   /// Decode steps' split attention (2..8 splits, a GPU with clusters) merges its splits through
   /// a thread block cluster's shared memory instead of the workspace and a ticket
   /// (kernels::AttentionParams::cluster_merge; the same bits). Batch 1 3.17-3.18 → 3.08 ms (H100,

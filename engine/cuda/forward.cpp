@@ -225,8 +225,7 @@ void attention(const Step& s, const DeviceLayerWeights& L, const DeviceKvCache& 
 
   // q/k per-head RMSNorm (Qwen3) + NEOX rope, in place inside the qkv rows, and the kv write
   // in the same launch — or, in decode steps, inside the decode attention kernel (one launch
-  // less per layer); with fused_rope_prefill, in prefill steps q's inside the attention
-  // kernel's Q load, the launch before it then taking the k and v heads alone
+  // less per layer)
   k::QkNormRopeParams rp = s.rope;
   rp.q_norm = L.q_norm.optional_bf16();
   rp.k_norm = L.k_norm.optional_bf16();
@@ -235,19 +234,13 @@ void attention(const Step& s, const DeviceLayerWeights& L, const DeviceKvCache& 
   k::AttentionParams at = s.attn;
   at.k_cache = kv.k(kv_layer);
   at.v_cache = kv.v(kv_layer);
-  if (s.decode ? s.r.fused_rope_attention : s.r.fused_rope_prefill) {
+  if (s.decode && s.r.fused_rope_attention) {
     at.rope = rp;
-    at.fused_rope = s.decode ? k::attention_decode_fuses_rope(at) : k::attention_prefill_fuses_rope(at);
+    at.fused_rope = k::attention_decode_fuses_rope(at);
   }
   if (!at.fused_rope) {
     k::qk_norm_rope(rp, s.st);
     s.mark("qk_norm_rope_kv_write");
-  } else if (!s.decode) {
-    k::QkNormRopeParams kv_only = rp;  // no q heads: the k heads come first, then the v heads
-    kv_only.q = rp.k;
-    kv_only.n_q_heads = 0;
-    k::qk_norm_rope(kv_only, s.st);
-    s.mark("k_norm_rope_kv_write");
   }
 
   // attention over the paged cache: decode kernel (split-K) for one token per sequence,

@@ -28,7 +28,6 @@
 #include "engine/cuda/rank_threads.h"
 #include "engine/engine.h"
 #include "engine/model_files.h"
-#include "engine/model_shapes.h"
 #include "kernels/gemm.cuh"
 #include "kernels/gemm_fp8.cuh"
 #include "kernels/gemv_stream.cuh"
@@ -443,48 +442,6 @@ TEST_P(CudaFixture, ClusterRouterMatchesTicketRouter) {
 // after their wait: only when blocks become resident changes.
 TEST_P(CudaFixture, EarlyTriggerMatchesTriggerAfterWait) {
   expect_default_on_bitwise(GetParam(), &CudaBackendOptions::pdl_trigger_early, "early trigger vs after the wait");
-}
-
-// Prefill attention on the wgmma kernel with q's norm + rope in its Q load (fused_rope_prefill)
-// against qk_norm_rope over q before it: the same logits to the bit (the kernel
-// runs the rope kernel's device code on the same bf16 rows). The fixtures' heads of 16-64 dims
-// never reach the wgmma kernel, so random weights of the tiny MoE with Qwen3-30B's attention
-// (32 / 4 heads of 128) take it: a 300-token prompt is 2,400 rows of each kv head over 300 keys.
-TEST(CudaPrefillRope, FusedQRopeMatchesRopeLaunch) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  if (!kernels::moe_wgmma_available(0)) GTEST_SKIP() << "the wgmma attention needs a Hopper GPU and sm_90a code";
-  ModelConfig cfg = named_model_shape("tiny-moe");
-  cfg.num_heads = 32;
-  cfg.num_kv_heads = 4;
-  cfg.head_dim = 128;
-  CudaBackendOptions off = small_options(false);
-  off.max_num_batched_tokens = 512;
-  off.max_model_len = 512;
-  CudaBackendOptions on = off;
-  on.fused_rope_prefill = true;
-  StepBatch prompt;  // 300 tokens of one sequence in blocks 0..18
-  std::mt19937 rng(std::random_device{}());
-  prompt.tokens = random_prompt(rng, 300, cfg.vocab_size);
-  const int bs = static_cast<int>(on.block_size);
-  for (int32_t t = 0; t < 300; ++t) {
-    prompt.positions.push_back(t);
-    prompt.seq_index.push_back(0);
-    prompt.slot_mapping.push_back(t);
-    prompt.logits_rows.push_back(t);
-  }
-  prompt.max_blocks_per_seq = (300 + bs - 1) / bs;
-  for (int32_t b = 0; b < prompt.max_blocks_per_seq; ++b) prompt.block_tables.push_back(b);
-  prompt.state_slots = {0};
-  CudaBackend a(cfg, 20261206, on), b(cfg, 20261206, off);
-  const auto stages = a.profile(prompt);
-  ASSERT_TRUE(std::any_of(stages.begin(), stages.end(), [](const auto& st) { return st.first == "k_norm_rope_kv_write"; }))
-      << "the prefill attention took no rope";
-  std::vector<float> la, lb;
-  a.forward(prompt, la);
-  b.forward(prompt, lb);
-  ASSERT_EQ(la.size(), static_cast<size_t>(300 * cfg.vocab_size));
-  EXPECT_TRUE(std::any_of(la.begin(), la.end(), [](float x) { return x != 0.f; })) << "all-zero logits";
-  EXPECT_TRUE(la == lb) << "fused q rope in the prefill attention vs qk_norm_rope: logits differ";
 }
 
 // Logits of each decode step (paged cache, decode kernel, graphs) against a full recompute of

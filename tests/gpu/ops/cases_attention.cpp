@@ -8,7 +8,6 @@
 #include <numeric>
 
 #include "kernels/attention.cuh"
-#include "kernels/moe_wgmma.cuh"
 #include "kernels/rope.cuh"
 #include "tests/gpu/ops/op_shapes.h"
 
@@ -157,12 +156,7 @@ class AttentionCase final : public OpCase {
     const std::vector<uint16_t> out = out_.download<uint16_t>();
     const std::vector<float> outf = to_float(out);
     c.rel_l2("out", outf, ref, tol);
-    if (s_.fused_rope && s_.decode) check_cache(kc, vc, q, roped, tol, c);
-    if (s_.fused_rope && !s_.decode) {
-      c.equal("k cache", kc_.current(), kc);
-      c.equal("v cache", vc_.current(), vc);
-      check_unfused_prefill(env, q, out, c);
-    }
+    if (s_.fused_rope) check_cache(kc, vc, q, roped, tol, c);
     if (std::count(kv_lens_.begin(), kv_lens_.end(), 0) > 0) {
       bool zero = true;
       for (int s = 0; s < p_.num_seqs; ++s)
@@ -214,18 +208,12 @@ class AttentionCase final : public OpCase {
   // The fused rope's operands as the engine passes them: positions kv_len - 1, the forward's
   // rotation table, each new token's slot (that of its position in the block table; none for
   // an empty context), random norm weights.
-  // Prefill: every token's position, no cache write (the k / v heads are in the cache already).
   void setup_rope(const OpEnv& env, std::mt19937& rng) {
     const int hd = s_.head_dim, nq = s_.n_q_heads, nkv = s_.n_kv_heads, tokens = p_.num_tokens;
-    const int rd = kernels::rope_rotated_dims(s_.rotary_dim, hd);
     std::vector<int32_t> pos(tokens, 0);
     slots_.assign(tokens, -1);
     for (int s = 0; s < p_.num_seqs; ++s) {
       const int tok = q_start_[s], last = kv_lens_[s] - 1;
-      if (!s_.decode) {
-        for (int i = 0; i < s_.q_lens[s]; ++i) pos[tok + i] = kv_lens_[s] - s_.q_lens[s] + i;
-        continue;
-      }
       if (last < 0) continue;
       pos[tok] = last;
       slots_[tok] = tables_[s * max_blocks_ + last / s_.block_size] * s_.block_size + last % s_.block_size;
@@ -233,8 +221,8 @@ class AttentionCase final : public OpCase {
     positions_ = pos;
     d_pos_ = DevBuf<int32_t>(pos);
     d_slots_ = DevBuf<int32_t>(slots_);
-    rotation_ = DevBuf<float2>(static_cast<size_t>(tokens) * (rd / 2));
-    kernels::rope_rotation_table(d_pos_.get(), tokens, rd, kTheta, rotation_.get(), env.stream);
+    rotation_ = DevBuf<float2>(static_cast<size_t>(tokens) * (hd / 2));
+    kernels::rope_rotation_table(d_pos_.get(), tokens, hd, kTheta, rotation_.get(), env.stream);
     if (s_.rope_norm) {
       qn_ = RandomBf16(hd, 1.5f, rng, env.stream);
       kn_ = RandomBf16(hd, 1.5f, rng, env.stream);
@@ -252,7 +240,6 @@ class AttentionCase final : public OpCase {
     r.n_q_heads = nq;
     r.n_kv_heads = nkv;
     r.head_dim = hd;
-    r.rotary_dim = s_.rotary_dim;
     r.theta = kTheta;
     r.eps = kEps;
     r.k_cache = kc_.get();
@@ -260,43 +247,14 @@ class AttentionCase final : public OpCase {
     r.v = q_.get() + static_cast<size_t>(nq + nkv) * hd;
     r.slot_mapping = d_slots_.get();
     p_.fused_rope = true;
-    if (s_.decode)
-      MB_CHECK(kernels::attention_decode_fuses_rope(p_),
-               "attention case: the decode kernels cannot fuse this rope (the warp kernel only: >= 512 pairs, one split)");
-    else
-      MB_CHECK(kernels::attention_prefill_fuses_rope(p_),
-               "attention case: the prefill kernels cannot fuse this rope (the wgmma kernel on Hopper only)");
-  }
-
-  // Prefill with the fused rope: the same bits as qk_norm_rope over the q heads (a copy of the
-  // raw rows) followed by the unfused kernel.
-  void check_unfused_prefill(const OpEnv& env, const std::vector<uint16_t>& q, const std::vector<uint16_t>& out,
-                             OpCheck& c) const {
-    DevBuf<bf16> q2(q);
-    kernels::QkNormRopeParams r = p_.rope;
-    r.q = q2.get();
-    r.k = q2.get();  // no k heads: r.n_kv_heads 0, no cache
-    r.k_norm = r.q_norm;
-    r.n_kv_heads = 0;
-    r.k_cache = r.v_cache = nullptr;
-    kernels::qk_norm_rope(r, env.stream);
-    kernels::AttentionParams p = p_;
-    p.q = q2.get();
-    p.fused_rope = false;
-    p.rope = {};
-    DevBuf<bf16> out2(out.size());
-    out2.poison();
-    p.out = out2.get();
-    kernels::attention_prefill(p, env.stream);
-    CUDA_CHECK(cudaStreamSynchronize(env.stream));
-    c.expect(out2.download<uint16_t>() == out, "the fused rope gives the bits of qk_norm_rope + the unfused kernel");
+    MB_CHECK(kernels::attention_decode_fuses_rope(p_),
+             "attention case: the decode kernels cannot fuse this rope (the warp kernel only: >= 512 pairs, one split)");
   }
 
   // roped[(token · (nq + nkv) + row) · hd + d]: q heads then k heads, normalised and rotated in
   // fp64 from the raw rows (qk_norm_rope's reference).
   void rope_ref(const std::vector<uint16_t>& q, std::vector<double>& roped, cudaStream_t stream) const {
-    const int hd = s_.head_dim, nq = s_.n_q_heads, nkv = s_.n_kv_heads;
-    const int rd = kernels::rope_rotated_dims(s_.rotary_dim, hd), half = rd / 2;
+    const int hd = s_.head_dim, nq = s_.n_q_heads, nkv = s_.n_kv_heads, half = hd / 2;
     const std::vector<uint16_t> qn = s_.rope_norm ? qn_.original(stream) : std::vector<uint16_t>{};
     const std::vector<uint16_t> kn = s_.rope_norm ? kn_.original(stream) : std::vector<uint16_t>{};
     for (int tok = 0; tok < p_.num_tokens; ++tok)
@@ -310,11 +268,10 @@ class AttentionCase final : public OpCase {
         double* out = &roped[(static_cast<size_t>(tok) * (nq + nkv) + row) * hd];
         for (int i = 0; i < half; ++i) {
           const double a = normed(i), b = normed(i + half);
-          const double ang = positions_[tok] * std::pow(static_cast<double>(kTheta), -2.0 * i / rd);
+          const double ang = positions_[tok] * std::pow(static_cast<double>(kTheta), -2.0 * i / hd);
           out[i] = a * std::cos(ang) - b * std::sin(ang);
           out[i + half] = b * std::cos(ang) + a * std::sin(ang);
         }
-        for (int d = rd; d < hd; ++d) out[d] = normed(d);
       }
   }
 
@@ -388,8 +345,7 @@ OpCaseDef attention_case(const AttentionShape& s) {
              "decode token)");
   }
   MB_CHECK(s.block_size > 0 && s.kv_bound >= 0, "attention case: bad block size or kv bound");
-  MB_CHECK(!s.fused_rope || s.q_pad % 8 == 0, "attention case: the fused rope takes 16-byte rows");
-  MB_CHECK(s.rotary_dim == 0 || (s.fused_rope && !s.decode), "attention case: partial rotary is a fused prefill case");
+  MB_CHECK(!s.fused_rope || (s.decode && s.q_pad % 8 == 0), "attention case: the fused rope is a decode case with 16-byte rows");
   const std::string shape =
       "d" + std::to_string(s.head_dim) + " q" + std::to_string(s.n_q_heads) + "/kv" +
       std::to_string(s.n_kv_heads) + " seqs" + std::to_string(s.q_lens.size()) + " qlen " +
@@ -398,11 +354,8 @@ OpCaseDef attention_case(const AttentionShape& s) {
       (s.kv_bound > 0 ? " bound " + std::to_string(s.kv_bound) : "") +
       (s.block_size != 16 ? " block " + std::to_string(s.block_size) : "") + (s.mma_sync ? " mma_sync" : "") +
       (s.fused_rope ? (s.rope_norm ? " fused_rope" : " fused_rope no_norm") : "") +
-      (s.rotary_dim > 0 ? " rotary " + std::to_string(s.rotary_dim) : "") +
       (s.cluster_merge ? " cluster_merge" : "");
-  OpCaseDef d = op_case_def<AttentionCase>(s.decode ? "attn_decode" : "attn_prefill", shape, OpFamily::attention, 5e-3, s);
-  if (s.fused_rope && !s.decode) d.available = &kernels::moe_wgmma_available;  // the wgmma kernel's Q load
-  return d;
+  return op_case_def<AttentionCase>(s.decode ? "attn_decode" : "attn_prefill", shape, OpFamily::attention, 5e-3, s);
 }
 
 }  // namespace moebatch::ops

@@ -105,13 +105,9 @@ struct AttentionShape {
   /// Decode with AttentionParams::fused_rope (the warp kernel only: >= kWarpDecodeMinUnits
   /// (sequence, kv head) pairs, one split): q and the new tokens' k / v come raw in fused qkv
   /// rows (q_pad after them), normalised (with rope_norm) and rotated by the kernel, which also
-  /// writes the new k / v to their cache slots; checked with the cache against fp64. Prefill
-  /// (the wgmma kernel, attention_prefill_fuses_rope): q alone raw, normalised and rotated as the
-  /// kernel loads it; checked against fp64 and bit for bit against qk_norm_rope over q and the
-  /// unfused kernel, the cache untouched.
+  /// writes the new k / v to their cache slots; checked with the cache against fp64.
   bool fused_rope = false;
   bool rope_norm = true;
-  int rotary_dim = 0;  ///< fused rope: leading dims that rotate (0: all of head_dim)
   /// AttentionParams::cluster_merge (decode, 2..8 splits): the splits merged across a cluster.
   bool cluster_merge = false;
 };
@@ -296,7 +292,6 @@ struct GemvCombineNormShape {
   float weight_offset = 0.f;
 };
 OpCaseDef gemv_combine_norm_case(const GemvCombineNormShape& s);
-
 /// The path quant_linear takes for s ("gemv", "dequant+cuBLAS", "cuBLAS"), or "gemv_stream":
 /// benchmark row names.
 const char* quant_linear_path_name(const QuantLinearShape& s);

@@ -106,20 +106,6 @@ std::vector<OpCaseDef> op_cases_test() {
     t.push_back(attention_case({.head_dim = 128, .n_q_heads = 8, .n_kv_heads = 8, .q_lens = {513, 64},
                                 .kv_lens = {600, 900}, .block_size = 32, .mma_sync = mma_sync}));
   }
-  // Prefill with q's norm + rope in the wgmma kernel's Q load (AttentionParams::fused_rope):
-  // the engine's shape over wrapping stages, 4 q heads per kv head on cache blocks of 8, 1 head
-  // per kv head without norms (Qwen2-MoE; a block spans 128 tokens' rotation rows), and head_dim
-  // 256 with 64 rotating dims (Qwen3-Next) and whole.
-  t.push_back(attention_case({.head_dim = 128, .n_q_heads = 32, .n_kv_heads = 4, .q_lens = {700, 129, 1, 300},
-                              .kv_lens = {700, 1000, 40, 333}, .fused_rope = true}));
-  t.push_back(attention_case({.head_dim = 128, .n_q_heads = 16, .n_kv_heads = 4, .q_lens = {144, 16},
-                              .kv_lens = {400, 16}, .block_size = 8, .fused_rope = true}));
-  t.push_back(attention_case({.head_dim = 128, .n_q_heads = 8, .n_kv_heads = 8, .q_lens = {513, 64},
-                              .kv_lens = {600, 900}, .block_size = 32, .fused_rope = true, .rope_norm = false}));
-  for (int rotary : {64, 0})
-    t.push_back(attention_case({.head_dim = 256, .n_q_heads = 16, .n_kv_heads = 2, .q_lens = {300, 1, 129},
-                                .kv_lens = {300, 700, 200}, .block_size = 8, .fused_rope = true,
-                                .rotary_dim = rotary}));
   t.push_back(attention_case({.head_dim = 64, .n_q_heads = 16, .n_kv_heads = 4, .q_lens = {130, 7}, .kv_lens = {130, 71}}));
   t.push_back(attention_case({.head_dim = 32, .n_q_heads = 8, .n_kv_heads = 4, .q_lens = {50, 3}, .kv_lens = {50, 40}}));
   t.push_back(attention_case({.head_dim = 16, .n_q_heads = 8, .n_kv_heads = 4, .q_lens = {17, 33}, .kv_lens = {17, 33}}));
@@ -809,12 +795,6 @@ std::vector<OpCaseDef> op_cases_bench() {
                                                .mma_sync = mma_sync}),
                                "attn_prefill " + std::to_string(prompts) + "x" + std::to_string(len) + " causal" +
                                    (mma_sync ? " mma_sync" : "")));
-  // 8 x 1024 with q's norm + rope in the wgmma kernel's Q load (CudaBackendOptions::
-  // fused_rope_prefill; q rows as wide as the engine's qkv rows).
-  add(8 * 1024, named(attention_case({.head_dim = kD, .n_q_heads = kNq, .n_kv_heads = kNkv,
-                                      .q_lens = std::vector<int>(8, 1024), .kv_lens = std::vector<int>(8, 1024),
-                                      .q_pad = 0, .fused_rope = true}),
-                      "attn_prefill 8x1024 causal fused_rope"));
   // Qwen3-Next-80B's full-attention layers (16 q / 2 kv heads of 256): the wgmma kernel against
   // the CUDA-core one it replaces there.
   for (auto [prompts, len] : {std::pair{64, 128}, {8, 1024}})
