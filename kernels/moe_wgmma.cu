@@ -164,36 +164,50 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int s = 0; s < kStages - 1; ++s)
     if (s < kt_count) load_rows(s);
   clock.mark(kWgmmaFill);
-  for (int kt = 0; kt < kt_count; ++kt) {
-    const int slot = kt % kStages;
-    wgmma::mbarrier_wait(full0 + slot * 8, (kt / kStages) & 1);
-    clock.mark(kWgmmaFullWait);
-    // A's copies were made by the generic proxy; the tensor cores read through the async one
-    if constexpr (!kTmaRows) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    const uint32_t a_addr = smem_addr + slot * kStageBytes + wg * (kATile / 2);
-    const uint32_t b_addr = smem_addr + slot * kStageBytes + kATile;
+  // kMma false: a warpgroup whose 64-row slab lies wholly past the tile's rows (an expert's last
+  // tile of ≤ 64 rows) keeps its part of the pacing — its threads' row copies, its arrivals on
+  // the empty barriers — but issues no MMAs, leaving the SM's tensor cores to the other
+  // warpgroup: such a tile's k loop takes about half as long. The two loops are separate
+  // instantiations so that neither holds a branch around its MMAs (ptxas would serialize them).
+  auto k_loop = [&]<bool kMma>() {
+    for (int kt = 0; kt < kt_count; ++kt) {
+      const int slot = kt % kStages;
+      if constexpr (kMma) {
+        wgmma::mbarrier_wait(full0 + slot * 8, (kt / kStages) & 1);
+        clock.mark(kWgmmaFullWait);
+        // A's copies were made by the generic proxy; the tensor cores read through the async one
+        if constexpr (!kTmaRows) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        const uint32_t a_addr = smem_addr + slot * kStageBytes + wg * (kATile / 2);
+        const uint32_t b_addr = smem_addr + slot * kStageBytes + kATile;
 #pragma unroll
-    for (int i = 0; i < 128; ++i) wgmma::fence_operand(acc[i]);
-    wgmma::fence();
+        for (int i = 0; i < 128; ++i) wgmma::fence_operand(acc[i]);
+        wgmma::fence();
 #pragma unroll
-    for (int kk = 0; kk < kBK / 16; ++kk)
-      wgmma::mma_m64n256k16(acc, wgmma::smem_desc_sw128(a_addr + kk * 32), wgmma::smem_desc_sw128(b_addr + kk * 32), 1);
-    wgmma::commit();
-    clock.mark(kWgmmaMmaIssue);
+        for (int kk = 0; kk < kBK / 16; ++kk)
+          wgmma::mma_m64n256k16(acc, wgmma::smem_desc_sw128(a_addr + kk * 32), wgmma::smem_desc_sw128(b_addr + kk * 32),
+                                1);
+        wgmma::commit();
+        clock.mark(kWgmmaMmaIssue);
 #pragma unroll
-    for (int i = 0; i < 128; ++i) wgmma::fence_operand(acc[i]);
-    wgmma::wait<1>();
-    clock.mark(kWgmmaMmaWait);
-    if (kt > 0) wgmma::mbarrier_arrive(empty0 + ((kt - 1) % kStages) * 8);
-    const int next = kt + kStages - 1;
-    if (next < kt_count) {
-      if (next >= kStages) wgmma::mbarrier_wait(empty0 + (next % kStages) * 8, (next / kStages - 1) & 1);
-      clock.mark(kWgmmaEmptyWait);
-      load_weights(next);
-      load_rows(next);
-      clock.mark(kWgmmaRefill);
+        for (int i = 0; i < 128; ++i) wgmma::fence_operand(acc[i]);
+        wgmma::wait<1>();
+        clock.mark(kWgmmaMmaWait);
+      }
+      if (kt > 0) wgmma::mbarrier_arrive(empty0 + ((kt - 1) % kStages) * 8);
+      const int next = kt + kStages - 1;
+      if (next < kt_count) {
+        if (next >= kStages) wgmma::mbarrier_wait(empty0 + (next % kStages) * 8, (next / kStages - 1) & 1);
+        clock.mark(kWgmmaEmptyWait);
+        load_weights(next);
+        load_rows(next);
+        clock.mark(kWgmmaRefill);
+      }
     }
-  }
+  };
+  if (p.one_slab_tiles && wg * 64 >= t.rows)  // the same for the whole warpgroup
+    k_loop.template operator()<false>();
+  else
+    k_loop.template operator()<true>();
   wgmma::wait<0>();
 #pragma unroll
   for (int i = 0; i < 128; ++i) wgmma::fence_operand(acc[i]);

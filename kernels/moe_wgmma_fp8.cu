@@ -161,62 +161,80 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s)
     if (s < k_groups) load_stage(s);
-  for (int kt = 0; kt < k_groups; ++kt) {
-    const int slot = kt % kStages;
-    wgmma::mbarrier_wait(full0 + slot * 8, (kt / kStages) & 1);
-    // the copies were made by the generic proxy; the tensor cores read through the async one
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  // kMma false: a warpgroup whose 64-row slab lies wholly past the tile's rows (an expert's last
+  // tile of ≤ 64 rows) keeps its part of the pacing — its copies, its arrivals on the empty
+  // barriers — but issues no MMAs, leaving the tensor cores to the other warpgroup (as
+  // kernels/moe_wgmma.cu). Separate instantiations: no branch around the MMAs.
+  auto k_loop = [&]<bool kMma>() {
+    for (int kt = 0; kt < k_groups; ++kt) {
+      const int slot = kt % kStages;
+      if constexpr (kMma) {
+        wgmma::mbarrier_wait(full0 + slot * 8, (kt / kStages) & 1);
+        // the copies were made by the generic proxy; the tensor cores read through the async one
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 
-    const uint32_t a_addr = smem_addr + slot * kStageBytes + wg * (kATile / 2);
-    const uint32_t b_addr = smem_addr + slot * kStageBytes + kATile;
-    const float* scales = scale_smem + slot * (kBM + kBN);
-    const float sa0 = scales[r0], sa1 = scales[r0 + 8];
+        const uint32_t a_addr = smem_addr + slot * kStageBytes + wg * (kATile / 2);
+        const uint32_t b_addr = smem_addr + slot * kStageBytes + kATile;
+        const float* scales = scale_smem + slot * (kBM + kBN);
+        const float sa0 = scales[r0], sa1 = scales[r0 + 8];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
+        for (int h = 0; h < 2; ++h) {
 #pragma unroll
-      for (int i = 0; i < 64; ++i) wgmma::fence_operand(part[i]);
-      wgmma::fence();
+          for (int i = 0; i < 64; ++i) wgmma::fence_operand(part[i]);
+          wgmma::fence();
 #pragma unroll
-      for (int kk = 0; kk < kBK / 32; ++kk)
-        wgmma::mma_m64n128k32_e4m3(part, wgmma::smem_desc_sw128(a_addr + kk * 32),
-                                   wgmma::smem_desc_sw128(b_addr + h * (kHalf * kBK) + kk * 32), kk > 0);
-      wgmma::commit();
-      if (h == 0) {
-        // While the first half's MMAs run: refill the slot slice kt - 1 used, once the other
-        // warpgroup is done with it too. (Waiting for that before this slice's MMAs kept the two
-        // warpgroups in step, so that both promoted while the tensor cores idled.)
+          for (int kk = 0; kk < kBK / 32; ++kk)
+            wgmma::mma_m64n128k32_e4m3(part, wgmma::smem_desc_sw128(a_addr + kk * 32),
+                                       wgmma::smem_desc_sw128(b_addr + h * (kHalf * kBK) + kk * 32), kk > 0);
+          wgmma::commit();
+          if (h == 0) {
+            // While the first half's MMAs run: refill the slot slice kt - 1 used, once the other
+            // warpgroup is done with it too. (Waiting for that before this slice's MMAs kept the two
+            // warpgroups in step, so that both promoted while the tensor cores idled.)
+            const int next = kt + kStages - 1;
+            if (next < k_groups) {
+              if (next >= kStages) wgmma::mbarrier_wait(empty0 + (next % kStages) * 8, (next / kStages - 1) & 1);
+              load_stage(next);
+            }
+          }
+          wgmma::wait<0>();
+#pragma unroll
+          for (int i = 0; i < 64; ++i) wgmma::fence_operand(part[i]);
+          // promotion: this stage's sums times the row scale and the weight row's scale
+          if constexpr (kBlockScales) {
+            const float sb = scales[kBM + h], s0 = sa0 * sb, s1 = sa1 * sb;
+#pragma unroll
+            for (int j = 0; j < kHalf / 8; ++j) {
+              acc[64 * h + 4 * j + 0] = fmaf(part[4 * j + 0], s0, acc[64 * h + 4 * j + 0]);
+              acc[64 * h + 4 * j + 1] = fmaf(part[4 * j + 1], s0, acc[64 * h + 4 * j + 1]);
+              acc[64 * h + 4 * j + 2] = fmaf(part[4 * j + 2], s1, acc[64 * h + 4 * j + 2]);
+              acc[64 * h + 4 * j + 3] = fmaf(part[4 * j + 3], s1, acc[64 * h + 4 * j + 3]);
+            }
+          } else {
+#pragma unroll
+            for (int j = 0; j < kHalf / 8; ++j) {
+              const float2 sb = *reinterpret_cast<const float2*>(&scales[kBM + h * kHalf + 8 * j + c0]);
+              acc[64 * h + 4 * j + 0] = fmaf(part[4 * j + 0], sa0 * sb.x, acc[64 * h + 4 * j + 0]);
+              acc[64 * h + 4 * j + 1] = fmaf(part[4 * j + 1], sa0 * sb.y, acc[64 * h + 4 * j + 1]);
+              acc[64 * h + 4 * j + 2] = fmaf(part[4 * j + 2], sa1 * sb.x, acc[64 * h + 4 * j + 2]);
+              acc[64 * h + 4 * j + 3] = fmaf(part[4 * j + 3], sa1 * sb.y, acc[64 * h + 4 * j + 3]);
+            }
+          }
+        }
+      } else {
         const int next = kt + kStages - 1;
         if (next < k_groups) {
           if (next >= kStages) wgmma::mbarrier_wait(empty0 + (next % kStages) * 8, (next / kStages - 1) & 1);
           load_stage(next);
         }
       }
-      wgmma::wait<0>();
-#pragma unroll
-      for (int i = 0; i < 64; ++i) wgmma::fence_operand(part[i]);
-      // promotion: this stage's sums times the row scale and the weight row's scale
-      if constexpr (kBlockScales) {
-        const float sb = scales[kBM + h], s0 = sa0 * sb, s1 = sa1 * sb;
-#pragma unroll
-        for (int j = 0; j < kHalf / 8; ++j) {
-          acc[64 * h + 4 * j + 0] = fmaf(part[4 * j + 0], s0, acc[64 * h + 4 * j + 0]);
-          acc[64 * h + 4 * j + 1] = fmaf(part[4 * j + 1], s0, acc[64 * h + 4 * j + 1]);
-          acc[64 * h + 4 * j + 2] = fmaf(part[4 * j + 2], s1, acc[64 * h + 4 * j + 2]);
-          acc[64 * h + 4 * j + 3] = fmaf(part[4 * j + 3], s1, acc[64 * h + 4 * j + 3]);
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < kHalf / 8; ++j) {
-          const float2 sb = *reinterpret_cast<const float2*>(&scales[kBM + h * kHalf + 8 * j + c0]);
-          acc[64 * h + 4 * j + 0] = fmaf(part[4 * j + 0], sa0 * sb.x, acc[64 * h + 4 * j + 0]);
-          acc[64 * h + 4 * j + 1] = fmaf(part[4 * j + 1], sa0 * sb.y, acc[64 * h + 4 * j + 1]);
-          acc[64 * h + 4 * j + 2] = fmaf(part[4 * j + 2], sa1 * sb.x, acc[64 * h + 4 * j + 2]);
-          acc[64 * h + 4 * j + 3] = fmaf(part[4 * j + 3], sa1 * sb.y, acc[64 * h + 4 * j + 3]);
-        }
-      }
+      wgmma::mbarrier_arrive(empty0 + slot * 8);
     }
-    wgmma::mbarrier_arrive(empty0 + slot * 8);
-  }
+  };
+  if (p.one_slab_tiles && wg * 64 >= t.rows)  // the same for the whole warpgroup
+    k_loop.template operator()<false>();
+  else
+    k_loop.template operator()<true>();
   __syncthreads();  // every warpgroup is done with the stages (all copies landed): they hold the output tile now
 
   if constexpr (kSilu) {

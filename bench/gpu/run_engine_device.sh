@@ -17,8 +17,9 @@
 # projection rows, the engine benchmark in bf16, fp8 and fp8 with the projections decoded.
 # `prefill`: kernel and engine tests, the prefill expert GEMM rows (wgmma and its cuBLAS peer),
 # the engine benchmark on the 30B shape with the wgmma experts and without them.
-# `experts`: the bf16 wgmma expert GEMM in one call: its op cases (and the other MoE kernels'),
-#   the engine tests, the moe_wgmma rows and the 30B engine benchmark.
+# `experts`: the wgmma expert GEMMs in one call: their op cases (and the other MoE kernels'),
+#   the engine tests, the kernel rows matching EXPERT_ROWS (default moe_wgmma: bf16 and W8A8) and
+#   the 30B engine benchmark with each weight format of EXPERT_QUANT (default none).
 # `decode`: the decode step's op cases (moe_gemv, decode attention, router, rope, combine), the
 #   engine tests, batch 1 / 256 for each of DECODE_VARIANTS (default: default combine default
 #   combine; also unfused = --disable-fused-rope, combine = --combine-norm-in-qkv,
@@ -229,10 +230,14 @@ fi
 if [ "$WHAT" = experts ]; then
   echo "built at $(date +%T)"
   run_gpu_tests '*moe*:*Moe*:*expert*'
-  timeout 120 ./build-dev/moebatch_bench_kernels "/tmp/bench_kernels_wgmma.json" --filter "moe_wgmma " > "$OUT/bench_kernels_wgmma.log" 2>&1
+  timeout 120 ./build-dev/moebatch_bench_kernels "/tmp/bench_kernels_wgmma.json" --filter "${EXPERT_ROWS:-moe_wgmma}" \
+    > "$OUT/bench_kernels_wgmma.log" 2>&1
   echo "kernels rc=$?"; grep -E "moe_" "$OUT/bench_kernels_wgmma.log"
-  timeout 120 ./build-dev/moebatch_bench_engine_cuda "$OUT/bench_engine_cuda.json" > "$OUT/bench_engine.log" 2>&1
-  echo "bench rc=$?"; grep -E "moe_gemm|prefill of|^ *[0-9]+ \|" "$OUT/bench_engine.log" | head -30
+  for q in ${EXPERT_QUANT:-none}; do
+    timeout 120 ./build-dev/moebatch_bench_engine_cuda --quantization $q "$OUT/bench_engine_$q.json" \
+      > "$OUT/bench_engine_$q.log" 2>&1
+    echo "bench $q rc=$?"; grep -E "moe_gemm|prefill of|^ *[0-9]+ \|" "$OUT/bench_engine_$q.log" | head -30
+  done
   exit 0
 fi
 if [ "$WHAT" = gemv4 ]; then
