@@ -19,7 +19,9 @@
 # the engine benchmark on the 30B shape with the wgmma experts and without them.
 # `experts`: the wgmma expert GEMMs in one call: their op cases (and the other MoE kernels'),
 #   the engine tests, the kernel rows matching EXPERT_ROWS (default moe_wgmma: bf16 and W8A8) and
-#   the 30B engine benchmark with each weight format of EXPERT_QUANT (default none).
+#   the 30B engine benchmark (decode batches EXPERT_BATCHES, default 1,64,256) with each weight
+#   format of EXPERT_QUANT (default none; "fp8:noslab" = --disable-one-slab-tiles); EXPERT_TESTS=0
+#   skips the tests.
 # `decode`: the decode step's op cases (moe_gemv, decode attention, router, rope, combine), the
 #   engine tests, batch 1 / 256 for each of DECODE_VARIANTS (default: default combine default
 #   combine; also unfused = --disable-fused-rope, combine = --combine-norm-in-qkv,
@@ -229,14 +231,16 @@ if [ "$WHAT" = prefill ]; then
 fi
 if [ "$WHAT" = experts ]; then
   echo "built at $(date +%T)"
-  run_gpu_tests '*moe*:*Moe*:*expert*'
+  [ "${EXPERT_TESTS:-1}" = 1 ] && run_gpu_tests '*moe*:*Moe*:*expert*'
   timeout 120 ./build-dev/moebatch_bench_kernels "/tmp/bench_kernels_wgmma.json" --filter "${EXPERT_ROWS:-moe_wgmma}" \
     > "$OUT/bench_kernels_wgmma.log" 2>&1
   echo "kernels rc=$?"; grep -E "moe_" "$OUT/bench_kernels_wgmma.log"
-  for q in ${EXPERT_QUANT:-none}; do
-    timeout 120 ./build-dev/moebatch_bench_engine_cuda --quantization $q "$OUT/bench_engine_$q.json" \
-      > "$OUT/bench_engine_$q.log" 2>&1
-    echo "bench $q rc=$?"; grep -E "moe_gemm|prefill of|^ *[0-9]+ \|" "$OUT/bench_engine_$q.log" | head -30
+  # each of EXPERT_QUANT: a weight format, optionally ":noslab" (--disable-one-slab-tiles)
+  for v in ${EXPERT_QUANT:-none}; do
+    q=${v%%:*}; flag=""; [ "$v" != "$q" ] && [ "${v#*:}" = noslab ] && flag=--disable-one-slab-tiles
+    MOEBATCH_BENCH_BATCHES=${EXPERT_BATCHES:-1,64,256} timeout 120 ./build-dev/moebatch_bench_engine_cuda \
+      --quantization $q $flag "$OUT/bench_engine_$v.json" > "$OUT/bench_engine_$v.log" 2>&1
+    echo "bench $v rc=$?"; grep -E "moe_gemm|prefill of|^ *[0-9]+ \|" "$OUT/bench_engine_$v.log" | head -30
   done
   exit 0
 fi
