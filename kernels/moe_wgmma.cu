@@ -7,7 +7,9 @@
 // barrier inside the loop; a slice's MMAs overlap the next slice's, and slices are fetched
 // (slots - 1) ahead. The epilogue stages the tile in shared memory so that every row leaves in
 // 16-byte stores. With sorted_ids the A rows come straight from the tokens' rows (the gather of
-// the gate+up stage, fused).
+// the gate+up stage, fused). An expert's last tile of ≤ 64 rows multiplies on one warpgroup
+// (about a tenth of the tiles at 8192 tokens of the 30B shape: gate+up −3%, down −2.5% in the
+// engine, bench/RESULTS.md 2026-12-06).
 //
 // Measured and set aside (bench/RESULTS.md, 2026-12-04 and 12-05): a 9-slot ring of 32-wide
 // slices, TMA prefetch of weight slices into L2, two persistent forms (a block per SM walking the
@@ -204,7 +206,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   };
-  if (p.one_slab_tiles && wg * 64 >= t.rows)  // the same for the whole warpgroup
+  if (wg * 64 >= t.rows)  // the same for the whole warpgroup
     k_loop.template operator()<false>();
   else
     k_loop.template operator()<true>();

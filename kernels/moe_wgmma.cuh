@@ -41,9 +41,6 @@ struct MoeWgmmaParams {
   /// boxes, instead of every thread's cp.async: no load instructions in the k loop (the engine's
   /// down stage: 5–6% faster there, bench/RESULTS.md 2026-12-04).
   bool tma_rows = false;
-  /// A tile of ≤ 64 rows (an expert's last) multiplies on one warpgroup, the other keeping only
-  /// its loads: half the tensor work of such a tile.
-  bool one_slab_tiles = true;
 };
 
 /// Inputs per scale group of the W8A8 expert GEMM: FP8 block-128 weights (the checkpoint layout
@@ -77,7 +74,6 @@ struct MoeWgmmaFp8Params {
   int num_pairs = 0;
   int in_row_div = 1;
   int32_t* row_of_pair = nullptr;
-  bool one_slab_tiles = true;  ///< as MoeWgmmaParams
 };
 
 /// Whether moe_wgmma runs on `device`: this build holds its sm_90a code and the device is a

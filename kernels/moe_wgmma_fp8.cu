@@ -231,7 +231,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma::mbarrier_arrive(empty0 + slot * 8);
     }
   };
-  if (p.one_slab_tiles && wg * 64 >= t.rows)  // the same for the whole warpgroup
+  if (wg * 64 >= t.rows)  // the same for the whole warpgroup
     k_loop.template operator()<false>();
   else
     k_loop.template operator()<true>();

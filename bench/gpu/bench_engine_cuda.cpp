@@ -36,9 +36,7 @@
 // --disable-mma-gemv runs decode steps' 4-bit expert GEMVs on CUDA cores instead of tensor cores;
 // --attn-min-split-keys N gives each split of decode attention at least N keys (fewer splits);
 // --disable-combine-in-down keeps one token's MoE combine + residual add in the next norm's launch
-// instead of the down expert GEMV (CudaBackendOptions::combine_in_down);
-// --disable-one-slab-tiles runs every prefill expert tile on both warpgroups, also those of
-// ≤ 64 rows (CudaBackendOptions::one_slab_tiles).
+// instead of the down expert GEMV (CudaBackendOptions::combine_in_down).
 // A build with -DMOEBATCH_STEP_TRACE=ON also prints, per decode batch, where one graph-replayed
 // step's time goes kernel by kernel (kernels/step_trace.cuh): per call site, the time each kernel
 // adds to the step's critical path, and one layer's kernels in order.
@@ -48,8 +46,7 @@
 //                                   [--disable-stream-gemv] [--disable-tma-experts] [--disable-router-norm]
 //                                   [--disable-wgmma-attention]
 //                                   [--disable-fused-rope] [--disable-cluster-attention-merge]
-//                                   [--disable-cluster-router] [--disable-one-slab-tiles]
-//                                   [--disable-pdl-trigger-early]
+//                                   [--disable-cluster-router] [--disable-pdl-trigger-early]
 //                                   [--combine-norm-in-qkv]
 //                                   [--disable-mma-gemv] [--attn-min-split-keys N] [--disable-combine-in-down]
 //                                   [--disable-w8a8-linear]
@@ -228,7 +225,6 @@ struct Args {
   bool fused_rope = true;                ///< --disable-fused-rope: decode's rope in its own launch
   bool cluster_merge = true;             ///< --disable-cluster-attention-merge: the workspace merge
   bool cluster_router = true;            ///< --disable-cluster-router: the ticket form
-  bool one_slab_tiles = true;            ///< --disable-one-slab-tiles: every expert tile on both warpgroups
   bool trigger_early = true;             ///< --disable-pdl-trigger-early: after the wait
   bool combine_norm_in_qkv = false;      ///< --combine-norm-in-qkv: one token's layer norm in the qkv GEMV
   bool mma_gemv = true;                  ///< --disable-mma-gemv: 4-bit expert GEMVs on CUDA cores
@@ -263,8 +259,6 @@ Args parse_args(int argc, char** argv) {
       a.cluster_merge = false;
     } else if (arg == "--disable-cluster-router") {
       a.cluster_router = false;
-    } else if (arg == "--disable-one-slab-tiles") {
-      a.one_slab_tiles = false;
     } else if (arg == "--disable-pdl-trigger-early") {
       a.trigger_early = false;
     } else if (arg == "--disable-fused-rope") {
@@ -288,7 +282,7 @@ Args parse_args(int argc, char** argv) {
     } else if (arg == "--quantization" && i + 1 < argc) {
       a.quant = parse_quantization(argv[++i]);
     } else if (arg.rfind("--", 0) == 0) {
-      std::fprintf(stderr, "usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--disable-custom-all-reduce] [--disable-wgmma-experts] [--disable-w8a8-experts] [--disable-stream-gemv] [--disable-router-norm] [--disable-wgmma-attention] [--disable-fused-rope] [--disable-cluster-attention-merge] [--disable-cluster-router] [--disable-one-slab-tiles] [--disable-pdl-trigger-early] [--combine-norm-in-qkv] [--disable-mma-gemv] [--attn-min-split-keys N] [--disable-combine-in-down] [--disable-w8a8-linear] [--quantization Q] [--moe-sorted-min-rows N] [out.json] [peer.json]\n");
+      std::fprintf(stderr, "usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--disable-custom-all-reduce] [--disable-wgmma-experts] [--disable-w8a8-experts] [--disable-stream-gemv] [--disable-router-norm] [--disable-wgmma-attention] [--disable-fused-rope] [--disable-cluster-attention-merge] [--disable-cluster-router] [--disable-pdl-trigger-early] [--combine-norm-in-qkv] [--disable-mma-gemv] [--attn-min-split-keys N] [--disable-combine-in-down] [--disable-w8a8-linear] [--quantization Q] [--moe-sorted-min-rows N] [out.json] [peer.json]\n");
       std::exit(2);
     } else if (positional++ == 0) {
       a.out_path = arg;
@@ -387,7 +381,6 @@ int main(int argc, char** argv) {
   o.fused_rope_attention = args.fused_rope;
   o.cluster_attention_merge = args.cluster_merge;
   o.cluster_router = args.cluster_router;
-  o.one_slab_tiles = args.one_slab_tiles;
   o.pdl_trigger_early = args.trigger_early;
   o.combine_norm_in_qkv = args.combine_norm_in_qkv;
   o.mma_expert_gemv = args.mma_gemv;
@@ -427,7 +420,6 @@ int main(int argc, char** argv) {
   J["fused_rope_attention"] = o.fused_rope_attention;
   J["cluster_attention_merge"] = o.cluster_attention_merge;
   J["cluster_router"] = o.cluster_router;
-  J["one_slab_tiles"] = o.one_slab_tiles;
   J["pdl_trigger_early"] = o.pdl_trigger_early;
   J["combine_norm_in_qkv"] = o.combine_norm_in_qkv;
   J["mma_expert_gemv"] = o.mma_expert_gemv;

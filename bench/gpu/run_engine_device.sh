@@ -20,8 +20,7 @@
 # `experts`: the wgmma expert GEMMs in one call: their op cases (and the other MoE kernels'),
 #   the engine tests, the kernel rows matching EXPERT_ROWS (default moe_wgmma: bf16 and W8A8) and
 #   the 30B engine benchmark (decode batches EXPERT_BATCHES, default 1,64,256) with each weight
-#   format of EXPERT_QUANT (default none; "fp8:noslab" = --disable-one-slab-tiles); EXPERT_TESTS=0
-#   skips the tests.
+#   format of EXPERT_QUANT (default none, e.g. "none fp8"); EXPERT_TESTS=0 skips the tests.
 # `decode`: the decode step's op cases (moe_gemv, decode attention, router, rope, combine), the
 #   engine tests, batch 1 / 256 for each of DECODE_VARIANTS (default: default combine default
 #   combine; also unfused = --disable-fused-rope, combine = --combine-norm-in-qkv,
@@ -34,7 +33,9 @@
 #   a colon: "cc" = --disable-mma-gemv, "regs" = --disable-stream-gemv, "sep" = --disable-combine-in-down).
 # `ncu`: ncu's per-instruction warp-stall samples of one decode kernel each (NCU_KERNELS, default
 #   the router and the split attention kernel) from the batch-1 engine benchmark, with its
-#   duration and SM frequency, and nvidia-smi's clocks while it ran.
+#   duration and SM frequency, and nvidia-smi's clocks while it ran. NCU_SKIP: launches of the
+#   kernel skipped first (default 100); NCU_ARGS: the benchmark's flags (e.g. --quantization fp8,
+#   for the prefill's moe_wgmma_fp8_kernel).
 # `ab`: compile-time variants on one machine: the engine benchmark (AB_BATCHES, default 1) of
 #   the tree, then of the tree with each patch of AB_PATCHES applied (`git diff` output saved as
 #   untracked files of the tree; applied with `patch -p1`, rebuilt, reverted), AB_ROUNDS times
@@ -125,7 +126,7 @@ if [ "$WHAT" = ncu ]; then
      echo $! > /tmp/smi.pid)
     MOEBATCH_BENCH_BATCHES=1 timeout 240 ncu --section SourceCounters --section SpeedOfLight --import-source yes \
       -k regex:$k --launch-skip ${NCU_SKIP:-100} --launch-count 1 --clock-control none -o "/tmp/ncu_$k" -f \
-      ./build-dev/moebatch_bench_engine_cuda /tmp/ncu_bench.json > "$OUT/ncu_$k.log" 2>&1
+      ./build-dev/moebatch_bench_engine_cuda ${NCU_ARGS:-} /tmp/ncu_bench.json > "$OUT/ncu_$k.log" 2>&1
     echo "ncu $k rc=$?"; kill "$(cat /tmp/smi.pid)" 2>/dev/null
     sort "/tmp/clocks_$k.txt" | uniq -c | sort -rn | head -3
     ncu -i "/tmp/ncu_$k.ncu-rep" --page details > "$OUT/ncu_${k}_details.txt" 2>&1
@@ -235,12 +236,10 @@ if [ "$WHAT" = experts ]; then
   timeout 120 ./build-dev/moebatch_bench_kernels "/tmp/bench_kernels_wgmma.json" --filter "${EXPERT_ROWS:-moe_wgmma}" \
     > "$OUT/bench_kernels_wgmma.log" 2>&1
   echo "kernels rc=$?"; grep -E "moe_" "$OUT/bench_kernels_wgmma.log"
-  # each of EXPERT_QUANT: a weight format, optionally ":noslab" (--disable-one-slab-tiles)
-  for v in ${EXPERT_QUANT:-none}; do
-    q=${v%%:*}; flag=""; [ "$v" != "$q" ] && [ "${v#*:}" = noslab ] && flag=--disable-one-slab-tiles
+  for q in ${EXPERT_QUANT:-none}; do
     MOEBATCH_BENCH_BATCHES=${EXPERT_BATCHES:-1,64,256} timeout 120 ./build-dev/moebatch_bench_engine_cuda \
-      --quantization $q $flag "$OUT/bench_engine_$v.json" > "$OUT/bench_engine_$v.log" 2>&1
-    echo "bench $v rc=$?"; grep -E "moe_gemm|prefill of|^ *[0-9]+ \|" "$OUT/bench_engine_$v.log" | head -30
+      --quantization $q "$OUT/bench_engine_$q.json" > "$OUT/bench_engine_$q.log" 2>&1
+    echo "bench $q rc=$?"; grep -E "moe_gemm|prefill of|^ *[0-9]+ \|" "$OUT/bench_engine_$q.log" | head -30
   done
   exit 0
 fi

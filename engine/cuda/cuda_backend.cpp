@@ -172,7 +172,6 @@ void CudaBackend::init(const std::filesystem::path* model_dir, uint64_t seed) {
     ranks_[r]->tma_experts = o.tma_experts && kernels::moe_gemm_tma_available(devices_[r]);
     ranks_[r]->router_norm = o.router_norm;
     ranks_[r]->wgmma_attention = o.wgmma_attention;
-    ranks_[r]->one_slab_tiles = o.one_slab_tiles;
     ranks_[r]->fused_rope_attention = o.fused_rope_attention;
     ranks_[r]->cluster_attention_merge = o.cluster_attention_merge;
     ranks_[r]->cluster_router = o.cluster_router;

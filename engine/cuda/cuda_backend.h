@@ -101,10 +101,6 @@ struct CudaBackendOptions {
   /// (kernels/attention_wgmma.cu) where the GPU is a Hopper and the build has its sm_90a code;
   /// false: the mma.sync kernel (head_dim 256: the CUDA-core kernel).
   bool wgmma_attention = true;
-  /// The prefill expert GEMMs (wgmma, bf16 and W8A8) multiply a tile of ≤ 64 rows — an
-  /// expert's last — on one of their two warpgroups (kernels::MoeWgmmaParams::one_slab_tiles);
-  /// false: every tile on both (a check of what the one-slab tiles buy).
-  bool one_slab_tiles = true;
   /// Decode steps' q/k norm, rotation and cache write inside the decode attention kernel
   /// (kernels::AttentionParams::fused_rope, where attention_decode_fuses_rope allows it: the
   /// warp kernel of large batches) instead of a qk_norm_rope launch before it.

@@ -94,7 +94,6 @@ class CudaRank {
   bool tma_experts = false;          ///< decode steps' bf16 / W8A8 experts on kernels::moe_gemm_tma
   bool router_norm = true;           ///< CudaBackendOptions::router_norm
   bool wgmma_attention = true;       ///< CudaBackendOptions::wgmma_attention
-  bool one_slab_tiles = true;        ///< CudaBackendOptions::one_slab_tiles
   bool fused_rope_attention = true;     ///< CudaBackendOptions::fused_rope_attention
   bool cluster_attention_merge = true;  ///< CudaBackendOptions::cluster_attention_merge
   bool cluster_router = true;           ///< CudaBackendOptions::cluster_router

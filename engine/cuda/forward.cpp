@@ -377,29 +377,26 @@ std::optional<k::MoeCombineParams> moe(const Step& s, const DeviceLayerWeights& 
                              .expert_offsets = B.expert_offsets, .num_experts = experts, .n = 2 * s.gate_up.n,
                              .k = s.H, .rows_cap = B.sorted_rows, .silu_gate_up = true,
                              .sorted_ids = B.sorted_ids, .num_pairs = pairs,
-                             .in_row_div = s.gate_up.in_row_div, .row_of_pair = B.row_of_pair,
-                             .one_slab_tiles = s.r.one_slab_tiles},
+                             .in_row_div = s.gate_up.in_row_div, .row_of_pair = B.row_of_pair},
                             L.w_gate_up);
       s.mark("moe_gemm_gate_up_silu");
       expert_gemm_wgmma_fp8(s.gemm,
                             {.out = B.expert_out, .in = act.data, .in_scales = act.scales,
                              .expert_offsets = B.expert_offsets, .num_experts = experts, .n = s.H,
-                             .k = s.gate_up.n, .rows_cap = B.sorted_rows, .one_slab_tiles = s.r.one_slab_tiles},
+                             .k = s.gate_up.n, .rows_cap = B.sorted_rows},
                             L.w_down);
       s.mark("moe_gemm_down");
     } else if (s.r.wgmma_experts) {
       k::MoeWgmmaParams gate_up{.out = B.act, .in = B.h, .expert_offsets = B.expert_offsets,
                                 .num_experts = experts, .n = 2 * s.gate_up.n, .k = s.H, .rows_cap = B.sorted_rows,
                                 .silu_gate_up = true, .sorted_ids = B.sorted_ids, .num_pairs = pairs,
-                                .in_row_div = s.gate_up.in_row_div, .row_of_pair = B.row_of_pair,
-                                .one_slab_tiles = s.r.one_slab_tiles};
+                                .in_row_div = s.gate_up.in_row_div, .row_of_pair = B.row_of_pair};
       expert_gemm_wgmma(s.gemm, gate_up, L.w_gate_up);
       s.mark("moe_gemm_gate_up_silu");
       expert_gemm_wgmma(s.gemm,
                         {.out = B.expert_out, .in = B.act, .expert_offsets = B.expert_offsets,
                          .num_experts = experts, .n = s.H, .k = s.gate_up.n, .rows_cap = B.sorted_rows,
-                         .tma_rows = true,  // the sorted rows as TMA boxes: 5–6% faster than cp.async
-                         .one_slab_tiles = s.r.one_slab_tiles},
+                         .tma_rows = true},  // the sorted rows as TMA boxes: 5–6% faster than cp.async
                         L.w_down);
       s.mark("moe_gemm_down");
     } else {

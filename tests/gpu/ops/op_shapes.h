@@ -217,8 +217,6 @@ struct SortedExpertGemmShape {
   bool block_scales = false;
   /// bf16 wgmma without gather only: the sorted rows brought by TMA (tma_rows)
   bool tma_rows = false;
-  /// wgmma only: tiles of ≤ 64 rows on one warpgroup (the params' one_slab_tiles)
-  bool one_slab_tiles = true;
 };
 OpCaseDef sorted_expert_gemm_case(const SortedExpertGemmShape& s);
 

@@ -482,19 +482,6 @@ std::vector<OpCaseDef> op_cases_test() {
           s.tma_rows = false;
         }
       }
-  // ... and with every tile on both warpgroups (MoeWgmmaParams::one_slab_tiles off), the form
-  // the one-slab tiles are measured against
-  for (MoeGemmStage stage : {MoeGemmStage::gate_up_silu, MoeGemmStage::down}) {
-    SortedExpertGemmShape s = sorted_shapes[0];
-    s.stage = stage;
-    s.gather = stage == MoeGemmStage::gate_up_silu;
-    s.tma_rows = !s.gather;
-    s.one_slab_tiles = false;
-    t.push_back(sorted_expert_gemm_case(s));
-    s.tma_rows = false;
-    s.fp8 = true;
-    t.push_back(sorted_expert_gemm_case(s));
-  }
   // W8A8 (FP8 tensor cores; k and output columns multiples of 16): H 144 and I 80 end in a
   // partial 128-group of k and a partial last tile of columns (and of the activations' scale
   // group); a hot expert over several row tiles; the 30B shape.
@@ -793,16 +780,6 @@ std::vector<OpCaseDef> op_cases_bench() {
   for (MoeGemmStage stage : {MoeGemmStage::gate_up_silu, MoeGemmStage::down})
     add(8192, sorted_expert_gemm_case({.tokens = 8192, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
                                        .stage = stage, .tma_rows = true}));
-  // the engine's forms with every tile on both warpgroups (one_slab_tiles off), for comparison
-  for (MoeGemmStage stage : {MoeGemmStage::gate_up_silu, MoeGemmStage::down}) {
-    const bool gather = stage == MoeGemmStage::gate_up_silu;
-    add(8192, sorted_expert_gemm_case({.tokens = 8192, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
-                                       .stage = stage, .gather = gather, .tma_rows = !gather,
-                                       .one_slab_tiles = false}));
-    add(8192, sorted_expert_gemm_case({.tokens = 8192, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
-                                       .stage = stage, .gather = gather, .fp8 = true, .block_scales = true,
-                                       .one_slab_tiles = false}));
-  }
   for (MoeGemmStage stage : {MoeGemmStage::gate_up_silu, MoeGemmStage::down})
     for (bool block : {false, true})
       add(8192, sorted_expert_gemm_case({.tokens = 8192, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
