@@ -34,8 +34,9 @@
 # `ncu`: ncu's per-instruction warp-stall samples of one decode kernel each (NCU_KERNELS, default
 #   the router and the split attention kernel) from the batch-1 engine benchmark, with its
 #   duration and SM frequency, and nvidia-smi's clocks while it ran. NCU_SKIP: launches of the
-#   kernel skipped first (default 100); NCU_ARGS: the benchmark's flags (e.g. --quantization fp8,
-#   for the prefill's moe_wgmma_fp8_kernel).
+#   kernel skipped first (default 100); NCU_ARGS: the benchmark's flags; NCU_ROWS_FILTER: profile
+#   moebatch_bench_kernels' rows matching it instead (the prefill kernels: under ncu the engine
+#   benchmark's 8 × 1024 prefill launched no kernel ncu could match, 2026-12-06).
 # `ab`: compile-time variants on one machine: the engine benchmark (AB_BATCHES, default 1) of
 #   the tree, then of the tree with each patch of AB_PATCHES applied (`git diff` output saved as
 #   untracked files of the tree; applied with `patch -p1`, rebuilt, reverted), AB_ROUNDS times
@@ -118,15 +119,19 @@ if [ "$WHAT" = ncu ]; then
   # layers into the second timed step; the SM clock while it ran (nvidia-smi, sampled)
   cmake -S . -B build-dev -G Ninja -DMOEBATCH_ENGINE_ONLY=ON -DMOEBATCH_CUDA=ON -DMOEBATCH_BUILD_TESTS=OFF \
     > "$OUT/configure.log" 2>&1 || { tail -20 "$OUT/configure.log"; exit 1; }
-  cmake --build build-dev -j16 --target moebatch_bench_engine_cuda > "$OUT/build.log" 2>&1 ||
+  cmake --build build-dev -j16 --target moebatch_bench_engine_cuda moebatch_bench_kernels > "$OUT/build.log" 2>&1 ||
     { grep -E "error" -A3 "$OUT/build.log" | head -40; exit 1; }
   echo "built at $(date +%T)"
+  # NCU_ROWS_FILTER: profile the kernel rows matching it (moebatch_bench_kernels --filter) instead
+  # of the engine benchmark, e.g. a prefill kernel on its own
+  target=(./build-dev/moebatch_bench_engine_cuda ${NCU_ARGS:-} /tmp/ncu_bench.json)
+  [ -n "${NCU_ROWS_FILTER:-}" ] && target=(./build-dev/moebatch_bench_kernels /tmp/ncu_rows.json --filter "$NCU_ROWS_FILTER")
   for k in ${NCU_KERNELS:-route_small_kernel attention_decode_split_kernel}; do
     (nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw --format=csv,noheader -lms 100 > "/tmp/clocks_$k.txt" 2>&1 &
      echo $! > /tmp/smi.pid)
     MOEBATCH_BENCH_BATCHES=1 timeout 240 ncu --section SourceCounters --section SpeedOfLight --import-source yes \
       -k regex:$k --launch-skip ${NCU_SKIP:-100} --launch-count 1 --clock-control none -o "/tmp/ncu_$k" -f \
-      ./build-dev/moebatch_bench_engine_cuda ${NCU_ARGS:-} /tmp/ncu_bench.json > "$OUT/ncu_$k.log" 2>&1
+      "${target[@]}" > "$OUT/ncu_$k.log" 2>&1
     echo "ncu $k rc=$?"; kill "$(cat /tmp/smi.pid)" 2>/dev/null
     sort "/tmp/clocks_$k.txt" | uniq -c | sort -rn | head -3
     ncu -i "/tmp/ncu_$k.ncu-rep" --page details > "$OUT/ncu_${k}_details.txt" 2>&1
