@@ -93,6 +93,8 @@ void moe_wgmma(const MoeWgmmaParams& p, cudaStream_t stream);
 /// moe_wgmma tile's warpgroups spent in each MoeWgmmaPhase since the last call, then the number
 /// of warpgroup tiles summed (kWgmmaPhases + 1 values), and resets them. Other builds: empty.
 std::vector<uint64_t> moe_wgmma_take_phase_clocks();
+/// The same for moe_wgmma_fp8's tiles (MoeWgmmaFp8Phase; kFp8Phases + 1 values).
+std::vector<uint64_t> moe_wgmma_fp8_take_phase_clocks();
 
 /// The same for FP8 operands (MoeWgmmaFp8Params). Requires moe_wgmma_available and
 /// moe_wgmma_prepare; k and the output columns (n / 2 with silu_gate_up) multiples of 16,

@@ -22,6 +22,7 @@
 #include "kernels/device_common.cuh"
 #include "kernels/moe_tiles.cuh"
 #include "kernels/moe_wgmma.cuh"
+#include "kernels/phase_clock.cuh"
 #include "kernels/tensor_map.cuh"
 #if MOEBATCH_WGMMA
 #include "kernels/wgmma.cuh"
@@ -54,12 +55,19 @@ __device__ __forceinline__ uint8_t to_e4m3(float v) {
   return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
 }
 
+#if MOEBATCH_PHASE_CLOCKS
+// The phase totals of every tile since the last moe_wgmma_fp8_take_phase_clocks (diagnostic
+// builds only: kernels/phase_clock.cuh).
+__device__ unsigned long long g_fp8_phase_totals[kFp8Phases + 1];
+#endif
+
 // kBlockScales: the weight scales are uniform over aligned 128-row blocks (weight_scale_rows 128
 // and the launcher's alignment checks), so each half-tile has one weight scale per stage.
 template <bool kSilu, bool kBlockScales>
 __global__ void __launch_bounds__(kThreads, 1)
     moe_wgmma_fp8_kernel(MoeWgmmaFp8Params p, int n_tiles, const __grid_constant__ CUtensorMap weight_map) {
   extern __shared__ uint8_t smem_raw[];
+  PhaseClock<kFp8Phases> clock;
   const int m = static_cast<int>(blockIdx.x / n_tiles), n_tile = static_cast<int>(blockIdx.x % n_tiles);
   MoeTile t;
   if (!block_moe_tile<kBM>(p.expert_offsets, p.num_experts, m, t)) return;
@@ -165,11 +173,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   // tile of ≤ 64 rows) keeps its part of the pacing — its copies, its arrivals on the empty
   // barriers — but issues no MMAs, leaving the tensor cores to the other warpgroup (as
   // kernels/moe_wgmma.cu). Separate instantiations: no branch around the MMAs.
+  clock.mark(kFp8Tile);
   auto k_loop = [&]<bool kMma>() {
     for (int kt = 0; kt < k_groups; ++kt) {
       const int slot = kt % kStages;
       if constexpr (kMma) {
         wgmma::mbarrier_wait(full0 + slot * 8, (kt / kStages) & 1);
+        clock.mark(kFp8FullWait);
         // the copies were made by the generic proxy; the tensor cores read through the async one
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 
@@ -187,6 +197,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             wgmma::mma_m64n128k32_e4m3(part, wgmma::smem_desc_sw128(a_addr + kk * 32),
                                        wgmma::smem_desc_sw128(b_addr + h * (kHalf * kBK) + kk * 32), kk > 0);
           wgmma::commit();
+          clock.mark(kFp8MmaIssue);
           if (h == 0) {
             // While the first half's MMAs run: refill the slot slice kt - 1 used, once the other
             // warpgroup is done with it too. (Waiting for that before this slice's MMAs kept the two
@@ -194,12 +205,15 @@ __global__ void __launch_bounds__(kThreads, 1)
             const int next = kt + kStages - 1;
             if (next < k_groups) {
               if (next >= kStages) wgmma::mbarrier_wait(empty0 + (next % kStages) * 8, (next / kStages - 1) & 1);
+              clock.mark(kFp8EmptyWait);
               load_stage(next);
+              clock.mark(kFp8Refill);
             }
           }
           wgmma::wait<0>();
 #pragma unroll
           for (int i = 0; i < 64; ++i) wgmma::fence_operand(part[i]);
+          clock.mark(kFp8MmaWait);
           // promotion: this stage's sums times the row scale and the weight row's scale
           if constexpr (kBlockScales) {
             const float sb = scales[kBM + h], s0 = sa0 * sb, s1 = sa1 * sb;
@@ -220,12 +234,15 @@ __global__ void __launch_bounds__(kThreads, 1)
               acc[64 * h + 4 * j + 3] = fmaf(part[4 * j + 3], sa1 * sb.y, acc[64 * h + 4 * j + 3]);
             }
           }
+          clock.mark(kFp8Promote);
         }
       } else {
         const int next = kt + kStages - 1;
         if (next < k_groups) {
           if (next >= kStages) wgmma::mbarrier_wait(empty0 + (next % kStages) * 8, (next / kStages - 1) & 1);
+          clock.mark(kFp8EmptyWait);
           load_stage(next);
+          clock.mark(kFp8Refill);
         }
       }
       wgmma::mbarrier_arrive(empty0 + slot * 8);
@@ -236,6 +253,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   else
     k_loop.template operator()<true>();
   __syncthreads();  // every warpgroup is done with the stages (all copies landed): they hold the output tile now
+  clock.mark(kFp8Drain);
 
   if constexpr (kSilu) {
     // silu(gate)·up, then per row of this tile's 128 output columns (one scale group, held by
@@ -285,6 +303,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     store_tile<kBM, kThreads>(smem, kOutPitch * 2, static_cast<uint8_t*>(p.out), static_cast<size_t>(p.n) * 2, t.row0,
                               t.rows, n_tile * kBN * 2, kBN * 2, p.n * 2);
   }
+  clock.mark(kFp8Epilogue);
+#if MOEBATCH_PHASE_CLOCKS
+  clock.flush(g_fp8_phase_totals);
+#endif
 }
 
 template <bool kSilu, bool kBlockScales>
@@ -313,6 +335,14 @@ void moe_wgmma_fp8_prepare() {
 #endif
 }
 }  // namespace detail
+
+std::vector<uint64_t> moe_wgmma_fp8_take_phase_clocks() {
+#if MOEBATCH_WGMMA && MOEBATCH_PHASE_CLOCKS
+  return take_phase_totals(g_fp8_phase_totals);
+#else
+  return {};
+#endif
+}
 
 void moe_wgmma_fp8(const MoeWgmmaFp8Params& p, cudaStream_t stream) {
   const int out_cols = p.silu_gate_up ? p.n / 2 : p.n;

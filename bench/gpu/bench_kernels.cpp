@@ -60,12 +60,13 @@ std::vector<std::pair<std::string, double>> per_tile(const std::vector<uint64_t>
   return out;
 }
 
-// Both wgmma kernels' phase sums since the last call (a row runs one of them at most).
+// The wgmma kernels' phase sums since the last call (a row runs one of them at most).
 std::vector<std::pair<std::string, double>> take_phases() {
   auto phases = per_tile(moebatch::kernels::moe_wgmma_take_phase_clocks(), moebatch::kernels::kMoeWgmmaPhaseNames);
+  auto fp8 = per_tile(moebatch::kernels::moe_wgmma_fp8_take_phase_clocks(), moebatch::kernels::kMoeWgmmaFp8PhaseNames);
   auto attention = per_tile(moebatch::kernels::attention_prefill_take_phase_clocks(),
                             moebatch::kernels::kAttentionPhaseNames);
-  return phases.empty() ? attention : phases;
+  return !phases.empty() ? phases : !fp8.empty() ? fp8 : attention;
 }
 
 // Device-to-device copy of 2 GiB: bytes read + written per second, the bandwidth ceiling.

@@ -43,7 +43,8 @@
 #   (default 2) in turn; each with the weights of every AB_QUANT (default none; e.g. "none nvfp4
 #   fp8 int4").
 # `phases`: a diagnostic build (build-pc, -DMOEBATCH_PHASE_CLOCKS=ON -DMOEBATCH_STEP_TRACE=ON): the
-#   moe_wgmma and prefill attention rows with the cycles per tile in each phase, then the engine
+#   moe_wgmma, moe_wgmma_fp8 and prefill attention rows (PHASE_ROWS: the kernel-row filters, one
+#   word each) with the cycles per tile in each phase, then the engine
 #   benchmark (TRACE_BATCHES, default 1,256; TRACE_QUANT, default none, e.g. "none fp8") with
 #   each decode step's critical path kernel by kernel (kernels/step_trace.cuh; TRACE_ONLY=1 for
 #   that alone).
@@ -99,7 +100,7 @@ if [ "$WHAT" = phases ]; then
   build_diag || { tail -20 "$OUT/pc_configure.log"; grep -E "error" -A3 "$OUT/pc_build.log" | head -40; exit 1; }
   echo "built at $(date +%T)"
   if [ -z "${TRACE_ONLY:-}" ]; then  # TRACE_ONLY=1: the engine's step trace alone
-    for f in "moe_wgmma " "attn_prefill"; do
+    for f in ${PHASE_ROWS:-"moe_wgmma " moe_wgmma_fp8 attn_prefill}; do
       timeout 150 ./build-pc/moebatch_bench_kernels "/tmp/bench_kernels_pc.json" --filter "$f" >> "$OUT/bench_kernels_phases.log" 2>&1
       echo "phase clocks $f rc=$?"
     done
