@@ -174,6 +174,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   // barriers — but issues no MMAs, leaving the tensor cores to the other warpgroup (as
   // kernels/moe_wgmma.cu). Separate instantiations: no branch around the MMAs.
   clock.mark(kFp8Tile);
+  // Stage kt + kStages - 1 into the slot stage kt - 1 used, once both warpgroups are done with it.
+  auto refill = [&](int kt) {
+    const int next = kt + kStages - 1;
+    if (next >= k_groups) return;
+    if (next >= kStages) wgmma::mbarrier_wait(empty0 + (next % kStages) * 8, (next / kStages - 1) & 1);
+    clock.mark(kFp8EmptyWait);
+    load_stage(next);
+    clock.mark(kFp8Refill);
+  };
   auto k_loop = [&]<bool kMma>() {
     for (int kt = 0; kt < k_groups; ++kt) {
       const int slot = kt % kStages;
@@ -198,18 +207,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                                        wgmma::smem_desc_sw128(b_addr + h * (kHalf * kBK) + kk * 32), kk > 0);
           wgmma::commit();
           clock.mark(kFp8MmaIssue);
-          if (h == 0) {
-            // While the first half's MMAs run: refill the slot slice kt - 1 used, once the other
-            // warpgroup is done with it too. (Waiting for that before this slice's MMAs kept the two
-            // warpgroups in step, so that both promoted while the tensor cores idled.)
-            const int next = kt + kStages - 1;
-            if (next < k_groups) {
-              if (next >= kStages) wgmma::mbarrier_wait(empty0 + (next % kStages) * 8, (next / kStages - 1) & 1);
-              clock.mark(kFp8EmptyWait);
-              load_stage(next);
-              clock.mark(kFp8Refill);
-            }
-          }
+          // While the first half's MMAs run: the refill. (Waiting for the slot before this slice's
+          // MMAs kept the two warpgroups in step, so that both promoted while the tensor cores idled.)
+          if (h == 0) refill(kt);
           wgmma::wait<0>();
 #pragma unroll
           for (int i = 0; i < 64; ++i) wgmma::fence_operand(part[i]);
@@ -237,13 +237,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           clock.mark(kFp8Promote);
         }
       } else {
-        const int next = kt + kStages - 1;
-        if (next < k_groups) {
-          if (next >= kStages) wgmma::mbarrier_wait(empty0 + (next % kStages) * 8, (next / kStages - 1) & 1);
-          clock.mark(kFp8EmptyWait);
-          load_stage(next);
-          clock.mark(kFp8Refill);
-        }
+        refill(kt);
       }
       wgmma::mbarrier_arrive(empty0 + slot * 8);
     }
