@@ -206,7 +206,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   };
-  if (wg * 64 >= t.rows)  // the same for the whole warpgroup
+  if (wg * (kBM / 2) >= t.rows)  // the same for the whole warpgroup
     k_loop.template operator()<false>();
   else
     k_loop.template operator()<true>();

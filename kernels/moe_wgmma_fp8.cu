@@ -169,10 +169,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s)
     if (s < k_groups) load_stage(s);
-  // kMma false: a warpgroup whose 64-row slab lies wholly past the tile's rows (an expert's last
-  // tile of ≤ 64 rows) keeps its part of the pacing — its copies, its arrivals on the empty
-  // barriers — but issues no MMAs, leaving the tensor cores to the other warpgroup (as
-  // kernels/moe_wgmma.cu). Separate instantiations: no branch around the MMAs.
   clock.mark(kFp8Tile);
   // Stage kt + kStages - 1 into the slot stage kt - 1 used, once both warpgroups are done with it.
   auto refill = [&](int kt) {
@@ -183,6 +179,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     load_stage(next);
     clock.mark(kFp8Refill);
   };
+  // kMma false: a warpgroup whose 64-row slab lies wholly past the tile's rows (an expert's last
+  // tile of ≤ 64 rows) keeps its part of the pacing — its copies, its arrivals on the empty
+  // barriers — but issues no MMAs, leaving the tensor cores to the other warpgroup (as
+  // kernels/moe_wgmma.cu). Separate instantiations: no branch around the MMAs.
   auto k_loop = [&]<bool kMma>() {
     for (int kt = 0; kt < k_groups; ++kt) {
       const int slot = kt % kStages;
@@ -242,7 +242,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma::mbarrier_arrive(empty0 + slot * 8);
     }
   };
-  if (wg * 64 >= t.rows)  // the same for the whole warpgroup
+  if (wg * (kBM / 2) >= t.rows)  // the same for the whole warpgroup
     k_loop.template operator()<false>();
   else
     k_loop.template operator()<true>();
