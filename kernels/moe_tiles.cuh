@@ -95,14 +95,15 @@ __device__ __forceinline__ void stage_bf16_slab(const float (&acc)[128], bf16* t
   }
 }
 
-/// All threads of the block: a staged output tile (shared memory, `pitch` bytes per row) to rows
-/// [row0, row0 + rows) of `out` (`out_pitch` bytes per row), bytes [col0, col0 + tile_bytes) of
-/// each, 16 bytes per store; bytes at or past `out_bytes` (the row's width) are not written.
+/// kThreads threads (`thread` = 0..kThreads-1): a staged output tile (shared memory, `pitch` bytes
+/// per row) to rows [row0, row0 + rows) of `out` (`out_pitch` bytes per row), bytes
+/// [col0, col0 + tile_bytes) of each, 16 bytes per store; bytes at or past `out_bytes` (the row's
+/// width) are not written.
 template <int kRows, int kThreads>
 __device__ void store_tile(const uint8_t* tile, int pitch, uint8_t* out, size_t out_pitch, int row0, int rows,
-                           int col0, int tile_bytes, int out_bytes) {
+                           int col0, int tile_bytes, int out_bytes, int thread) {
   const int chunks = tile_bytes / 16;
-  for (int i = threadIdx.x; i < kRows * chunks; i += kThreads) {
+  for (int i = thread; i < kRows * chunks; i += kThreads) {
     const int row = i / chunks, col = (i % chunks) * 16;
     if (row < rows && col0 + col < out_bytes)
       *reinterpret_cast<uint4*>(out + static_cast<size_t>(row0 + row) * out_pitch + col0 + col) =

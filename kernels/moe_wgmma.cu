@@ -237,7 +237,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int tile_cols = kSilu ? kBN / 2 : kBN, out_cols = kSilu ? half : p.n;
   store_tile<kBM, kThreads>(reinterpret_cast<const uint8_t*>(out_tile), kOutPitch * 2, reinterpret_cast<uint8_t*>(p.out),
                             static_cast<size_t>(out_cols) * 2, t.row0, t.rows, n_tile * tile_cols * 2, tile_cols * 2,
-                            out_cols * 2);
+                            out_cols * 2, threadIdx.x);
   clock.mark(kWgmmaEpilogue);
 #if MOEBATCH_PHASE_CLOCKS
   clock.flush(g_phase_totals);

@@ -33,22 +33,20 @@ enum MoeWgmmaPhase : int {
 inline constexpr const char* kMoeWgmmaPhaseNames[kWgmmaPhases] = {
     "tile", "lookup", "fill", "full_wait", "mma_issue", "mma_wait", "empty_wait", "refill", "drain", "epilogue"};
 
-/// Phases of one tile of moe_wgmma_fp8 (W8A8), per warpgroup; a stage's two halves add to the
-/// same MMA, wait and promotion phases.
+/// Phases of one tile of moe_wgmma_fp8 (W8A8), per math warpgroup (the producer's are not
+/// counted); a stage's two halves add to the same MMA, wait and promotion phases.
 enum MoeWgmmaFp8Phase : int {
-  kFp8Tile,       ///< the tile found, its rows' ids and scales' sources, barriers, first stages issued
+  kFp8Tile,       ///< the tile found, barriers set up, the accumulators zeroed
   kFp8FullWait,   ///< waiting for a stage to land
   kFp8MmaIssue,   ///< fences and a half's MMAs issued
-  kFp8EmptyWait,  ///< waiting for both warpgroups to release the slot to refill
-  kFp8Refill,     ///< a stage's loads issued
   kFp8MmaWait,    ///< waiting for a half's MMAs
   kFp8Promote,    ///< a half's sums scaled into the accumulators
-  kFp8Drain,      ///< the block barrier after the last stage
+  kFp8Drain,      ///< the math warpgroups' barrier after the last stage
   kFp8Epilogue,   ///< SiLU·mul and quantization (gate+up) or bf16 staging, and the stores
   kFp8Phases
 };
 inline constexpr const char* kMoeWgmmaFp8PhaseNames[kFp8Phases] = {
-    "tile", "full_wait", "mma_issue", "empty_wait", "refill", "mma_wait", "promote", "drain", "epilogue"};
+    "tile", "full_wait", "mma_issue", "mma_wait", "promote", "drain", "epilogue"};
 
 /// Phases of one row block of the prefill attention on wgmma, per warpgroup.
 enum AttentionPhase : int {

@@ -321,6 +321,25 @@ __device__ __forceinline__ void init_pipeline_barriers(uint32_t full0, uint32_t 
   init_ring_barriers(full0, empty0, kStages, kThreads + 1, kThreads);
 }
 
+/// Warp specialization (PTX "setmaxnreg"): every warp of the warpgroup at once, the same count
+/// (a multiple of 8 in [24, 256]). A producer warpgroup gives registers back (dec) so that math
+/// warpgroups can take them (inc); ptxas compiles the code after each against the new count,
+/// which needs the kernel's entry count known (__launch_bounds__ with a minimum of 1 block).
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+
+/// Named barrier `kId` (1..15; 0 is __syncthreads') for kCount threads, whole warps.
+template <int kId, int kCount>
+__device__ __forceinline__ void named_barrier_sync() {
+  asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "n"(kCount) : "memory");
+}
+
 /// An arrival that also adds `bytes` to the transactions the current phase waits for (the
 /// bytes the TMA copies issued next will deliver).
 __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint32_t addr, uint32_t bytes) {
