@@ -212,6 +212,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const uint32_t b_addr = smem_addr + slot * kStageBytes + kATile;
       const float* scales = scale_smem + slot * (kBM + kBN);
       const float sa0 = scales[r0], sa1 = scales[r0 + 8];
+      const float sb_block[2] = {kBlockScales ? scales[kBM] : 0.f, kBlockScales ? scales[kBM + 1] : 0.f};
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
 #pragma unroll
@@ -227,9 +228,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int i = 0; i < 64; ++i) wgmma::fence_operand(part[i]);
         clock.mark(kFp8MmaWait);
+        // block scales: the slot is read in full (its scales are in registers) once the second
+        // half's MMAs are done; release it before the promotion
+        if (kBlockScales && h == 1) wgmma::mbarrier_arrive(empty0 + slot * 8);
         // promotion: this stage's sums times the row scale and the weight row's scale
         if constexpr (kBlockScales) {
-          const float sb = scales[kBM + h], s0 = sa0 * sb, s1 = sa1 * sb;
+          const float sb = sb_block[h], s0 = sa0 * sb, s1 = sa1 * sb;
 #pragma unroll
           for (int j = 0; j < kHalf / 8; ++j) {
             acc[64 * h + 4 * j + 0] = fmaf(part[4 * j + 0], s0, acc[64 * h + 4 * j + 0]);
@@ -249,7 +253,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         clock.mark(kFp8Promote);
       }
-      wgmma::mbarrier_arrive(empty0 + slot * 8);
+      if (!kBlockScales) wgmma::mbarrier_arrive(empty0 + slot * 8);
     }
   }
   // both math warpgroups are done with the stages (every copy landed: they waited for all):
