@@ -117,4 +117,11 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+/// Named barrier `kId` (1..15; 0 is __syncthreads') for kCount threads, whole warps: a
+/// warp-specialized kernel's consumers meet without its producer.
+template <int kId, int kCount>
+__device__ __forceinline__ void named_barrier_sync() {
+  asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "n"(kCount) : "memory");
+}
+
 }  // namespace moebatch::kernels

@@ -86,7 +86,7 @@ __device__ __forceinline__ void stream_load_x(uint4* dst, const bf16* src, int g
     cp_async16(dst + j, src + static_cast<size_t>(j) * 8, 16);
   cp_async_commit();
   cp_async_wait<0>();
-  asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumerThreads) : "memory");
+  named_barrier_sync<1, kConsumerThreads>();
 }
 
 // The first of a stage's groups that goes to `warp` when group j of the CTA (counted over all its
@@ -117,7 +117,7 @@ __device__ __forceinline__ void stream_combine_norm_x(const GemvStreamArgs& a, b
   }
   ss = warp_sum(ss);
   if ((tid & 31) == 0) partial[warp] = ss;
-  asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumerThreads) : "memory");
+  named_barrier_sync<1, kConsumerThreads>();
   float total = 0.f;
 #pragma unroll
   for (int i = 0; i < kConsumerWarps; ++i) total += partial[i];
@@ -144,7 +144,7 @@ __device__ __forceinline__ void stream_combine_norm_x(const GemvStreamArgs& a, b
       __threadfence();
     }
   }
-  asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumerThreads) : "memory");
+  named_barrier_sync<1, kConsumerThreads>();
   if (write_back && last) {
 #pragma unroll
     for (int h = 0; h < kHeld; ++h) {

@@ -258,7 +258,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   // both math warpgroups are done with the stages (every copy landed: they waited for all):
   // they hold the output tile now
-  wgmma::named_barrier_sync<kMathBarrier, kMathThreads>();
+  named_barrier_sync<kMathBarrier, kMathThreads>();
   clock.mark(kFp8Drain);
 
   if constexpr (kSilu) {
@@ -303,14 +303,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (r0 < t.rows) p.out_scales[static_cast<size_t>(t.row0 + r0) * groups + n_tile] = scale0;
       if (r0 + 8 < t.rows) p.out_scales[static_cast<size_t>(t.row0 + r0 + 8) * groups + n_tile] = scale1;
     }
-    wgmma::named_barrier_sync<kMathBarrier, kMathThreads>();
+    named_barrier_sync<kMathBarrier, kMathThreads>();
     store_tile<kBM, kMathThreads>(out_tile, kQuantPitch, static_cast<uint8_t*>(p.out), static_cast<size_t>(half),
                                   t.row0, t.rows, n_tile * kHalf, kHalf, half, math_thread);
   } else {
     // Accumulators → bf16 tile in shared memory, then 16-byte rows out.
     bf16* out_tile = reinterpret_cast<bf16*>(smem);
     stage_bf16_slab(acc, out_tile, kOutPitch, r0, c0);
-    wgmma::named_barrier_sync<kMathBarrier, kMathThreads>();
+    named_barrier_sync<kMathBarrier, kMathThreads>();
     store_tile<kBM, kMathThreads>(smem, kOutPitch * 2, static_cast<uint8_t*>(p.out), static_cast<size_t>(p.n) * 2,
                                   t.row0, t.rows, n_tile * kBN * 2, kBN * 2, p.n * 2, math_thread);
   }

@@ -313,14 +313,6 @@ __device__ __forceinline__ void init_ring_barriers(uint32_t full0, uint32_t empt
   __syncthreads();
 }
 
-/// The pacing barriers of a pipeline of kStages slots at full0 and empty0: full[s] expects one
-/// arrival per thread (its cp.async copies' arrival) plus thread 0's TMA arrival; empty[s] one
-/// arrival per thread (done reading slot s).
-template <int kStages, int kThreads>
-__device__ __forceinline__ void init_pipeline_barriers(uint32_t full0, uint32_t empty0) {
-  init_ring_barriers(full0, empty0, kStages, kThreads + 1, kThreads);
-}
-
 /// Warp specialization (PTX "setmaxnreg"): every warp of the warpgroup at once, the same count
 /// (a multiple of 8 in [24, 256]). A producer warpgroup gives registers back (dec) so that math
 /// warpgroups can take them (inc); ptxas compiles the code after each against the new count,
@@ -332,12 +324,6 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 template <int kRegs>
 __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
-}
-
-/// Named barrier `kId` (1..15; 0 is __syncthreads') for kCount threads, whole warps.
-template <int kId, int kCount>
-__device__ __forceinline__ void named_barrier_sync() {
-  asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "n"(kCount) : "memory");
 }
 
 /// An arrival that also adds `bytes` to the transactions the current phase waits for (the
