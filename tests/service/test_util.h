@@ -26,22 +26,10 @@
 #include "service/demo_model.h"
 #include "service/service.h"
 #include "tests/common/files.h"
+#include "tests/common/sanitizers.h"
 #include "tests/common/wait.h"
 
 namespace moebatch::test {
-
-/// True in a ThreadSanitizer build (GCC defines __SANITIZE_THREAD__, clang has the feature test).
-#if defined(__SANITIZE_THREAD__)
-inline constexpr bool kThreadSanitizer = true;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-inline constexpr bool kThreadSanitizer = true;
-#else
-inline constexpr bool kThreadSanitizer = false;
-#endif
-#else
-inline constexpr bool kThreadSanitizer = false;
-#endif
 
 /// Skips the test in a ThreadSanitizer build only, saying `why`. For tests that check what the
 /// service gets done within a time budget: the demo engine generates 5-17 tokens/s under TSan
