@@ -1,6 +1,10 @@
 #include "common/paths.h"
 
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "common/error.h"
 
 namespace moebatch {
 
@@ -13,6 +17,21 @@ std::filesystem::path default_db_path() {
     return std::filesystem::path(home) / ".local" / "share" / "moebatch" / "jobs.db";
   }
   return std::filesystem::path("moebatch-jobs.db");
+}
+
+std::string read_file_limited(const std::filesystem::path& path, std::size_t limit) {
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  if (ec) throw InputError(path.string() + ": cannot read: " + ec.message());
+  if (size > limit) {
+    throw InputError(path.string() + ": " + std::to_string(size) + " bytes, over the limit of " +
+                     std::to_string(limit));
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(path.string() + ": cannot open");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
 }
 
 }  // namespace moebatch

@@ -8,8 +8,10 @@
 #include <cerrno>
 #include <cstring>
 #include <regex>
+#include <string_view>
 
 #include "common/error.h"
+#include "common/json_parse.h"
 
 namespace moebatch {
 namespace {
@@ -18,6 +20,8 @@ using json = nlohmann::json;
 
 constexpr uint64_t kMaxCount = uint64_t{1} << 24;     // tensors, keys, array elements
 constexpr uint64_t kMaxString = uint64_t{1} << 26;    // 64 MiB (chat templates are long)
+constexpr uint64_t kMaxKey = 65535;                   // the GGUF spec's bound on a metadata key
+constexpr uint64_t kMaxTensorName = 256;              // ggml's own bound is 64 (GGML_MAX_NAME)
 constexpr uint64_t kMaxElements = uint64_t{1} << 44;  // per tensor
 constexpr uint32_t kMaxDims = 4;
 constexpr int kMaxArrayDepth = 3;
@@ -55,6 +59,14 @@ bool ggml_type(uint32_t id, DType& out) {
   }
 }
 
+// The pieces of a value's description, joined.
+template <class... Parts>
+std::string join(const Parts&... parts) {
+  std::string out;
+  (out.append(std::string_view(parts)), ...);
+  return out;
+}
+
 // A bounds-checked little-endian reader over the mapped bytes.
 class Cursor {
  public:
@@ -62,19 +74,25 @@ class Cursor {
       : path_(path), p_(data), end_(data + size), begin_(data) {}
   size_t offset() const { return static_cast<size_t>(p_ - begin_); }
   size_t left() const { return static_cast<size_t>(end_ - p_); }
-  template <class T>
-  T get(const std::string& what) {
+  // `what` names the value for the error message, in pieces joined only when a read fails: a
+  // long key read with each of an array's elements would otherwise be copied once per element.
+  template <class T, class... Parts>
+  T get(const Parts&... what) {
     if (left() < sizeof(T))
-      bad_gguf(path_, what + ": truncated at byte " + std::to_string(offset()));
+      bad_gguf(path_, join(what...) + ": truncated at byte " + std::to_string(offset()));
     T v;
     std::memcpy(&v, p_, sizeof(T));
     p_ += sizeof(T);
     return v;
   }
-  std::string string(const std::string& what) {
-    const auto n = get<uint64_t>(what + " length");
-    if (n > kMaxString || n > left())
-      bad_gguf(path_, what + ": string of " + std::to_string(n) + " bytes runs past the file");
+  // A length-prefixed string of at most max_len bytes (and the bytes left).
+  template <class... Parts>
+  std::string string(uint64_t max_len, const Parts&... what) {
+    const auto n = get<uint64_t>(what..., " length");
+    if (n > max_len || n > left())
+      bad_gguf(path_, join(what...) + ": string of " + std::to_string(n) +
+                          (n > left() ? " bytes runs past the file"
+                                      : " bytes is longer than " + std::to_string(max_len)));
     std::string s(reinterpret_cast<const char*>(p_), static_cast<size_t>(n));
     p_ += n;
     return s;
@@ -101,12 +119,12 @@ class Cursor {
         return b == 1;
       }
       case 8:
-        return string("metadata '" + key + "'");
+        return string(kMaxString, "metadata '", key, "'");
       case 9: {
         if (depth >= kMaxArrayDepth)
           bad_gguf(path_, "metadata '" + key + "': arrays nested too deep");
-        const auto etype = get<uint32_t>(key + " array type");
-        const auto n = get<uint64_t>(key + " array count");
+        const auto etype = get<uint32_t>(key, " array type");
+        const auto n = get<uint64_t>(key, " array count");
         // every element takes at least one byte: a count beyond the bytes left is a lie
         if (n > kMaxCount || n > left())
           bad_gguf(path_, "metadata '" + key + "': array of " + std::to_string(n) +
@@ -165,8 +183,8 @@ GgufFile::GgufFile(const std::filesystem::path& path) : path_(path.string()) {
     if (n_tensors > kMaxCount || n_kv > kMaxCount || n_kv > c.left() || n_tensors > c.left())
       bad_gguf(path_, "tensor/metadata counts larger than the file can hold");
     for (uint64_t i = 0; i < n_kv; ++i) {
-      std::string key = c.string("metadata key " + std::to_string(i));
-      const auto type = c.get<uint32_t>("metadata '" + key + "' type");
+      std::string key = c.string(kMaxKey, "metadata key ", std::to_string(i));
+      const auto type = c.get<uint32_t>("metadata '", key, "' type");
       json v = c.value(type, key, 0);
       if (meta_.contains(key)) bad_gguf(path_, "metadata key '" + key + "' appears twice");
       meta_[key] = std::move(v);
@@ -187,22 +205,22 @@ GgufFile::GgufFile(const std::filesystem::path& path) : path_(path.string()) {
     std::vector<Info> infos;
     for (uint64_t i = 0; i < n_tensors; ++i) {
       Info t;
-      t.name = c.string("tensor name " + std::to_string(i));
+      t.name = c.string(kMaxTensorName, "tensor name ", std::to_string(i));
       const std::string where = "tensor '" + t.name + "'";
-      const auto nd = c.get<uint32_t>(where + " dims");
+      const auto nd = c.get<uint32_t>(where, " dims");
       if (nd < 1 || nd > kMaxDims)
         bad_gguf(path_, where + ": " + std::to_string(nd) + " dimensions");
       uint64_t numel = 1;
       std::vector<int64_t> ne(nd);
       for (uint32_t d = 0; d < nd; ++d) {
-        const auto n = c.get<uint64_t>(where + " dim");
+        const auto n = c.get<uint64_t>(where, " dim");
         if (n == 0 || n > kMaxElements || numel > kMaxElements / n)
           bad_gguf(path_, where + ": dimensions overflow or are zero");
         numel *= n;
         ne[d] = static_cast<int64_t>(n);
       }
       t.shape.assign(ne.rbegin(), ne.rend());  // outermost first
-      const auto type = c.get<uint32_t>(where + " type");
+      const auto type = c.get<uint32_t>(where, " type");
       if (!ggml_type(type, t.dtype))
         bad_gguf(path_, where + ": ggml type " + std::to_string(type) +
                             " is not read (F32, F16, BF16, Q8_0, Q4_K, Q5_K, Q6_K are)");
@@ -211,7 +229,7 @@ GgufFile::GgufFile(const std::filesystem::path& path) : path_(path.string()) {
         bad_gguf(path_, where + ": rows of " + std::to_string(ne[0]) + " elements are not whole " +
                             dtype_name(t.dtype) + " blocks");
       t.nbytes = numel / blk.elems * static_cast<uint64_t>(blk.bytes);
-      t.offset = c.get<uint64_t>(where + " offset");
+      t.offset = c.get<uint64_t>(where, " offset");
       if (t.offset % align != 0)
         bad_gguf(path_, where + ": offset not aligned to " + std::to_string(align));
       infos.push_back(std::move(t));
@@ -263,10 +281,30 @@ GgufModel::GgufModel(const std::filesystem::path& path) {
   }
   for (const std::string& f : files) {
     parts_.push_back(std::make_unique<GgufFile>(f));
+    // llama.cpp's gguf-split records each part's place (split.no, from 0) and the part count:
+    // where present they must agree with the file names, so a part of another split is refused.
+    const nlohmann::json& meta = parts_.back()->metadata();
+    const auto split_key = [&](const char* key, uint64_t expected) {
+      auto it = meta.find(key);
+      if (it == meta.end()) return;
+      if (!it->is_number_unsigned() || it->get<uint64_t>() != expected)
+        throw InputError(
+            f + ": GGUF metadata '" + key + "' is " + json_excerpt(*it) + ", the file name says " +
+            std::to_string(expected) +
+            (files.size() == 1 ? " (open a split model by its -00001-of-0000N.gguf part)" : ""));
+    };
+    split_key("split.no", parts_.size() - 1);
+    split_key("split.count", files.size());
     for (const auto& [name, view] : parts_.back()->tensors()) {
       if (!index_.emplace(name, &view).second)
         throw InputError(f + ": tensor '" + name + "' is also in an earlier part");
     }
+  }
+  if (auto it = parts_.front()->metadata().find("split.tensors.count");
+      it != parts_.front()->metadata().end()) {
+    if (!it->is_number_integer() || it->get<int64_t>() != static_cast<int64_t>(index_.size()))
+      throw InputError(p + ": GGUF metadata 'split.tensors.count' is " + json_excerpt(*it) +
+                       " but the parts hold " + std::to_string(index_.size()) + " tensors");
   }
 }
 

@@ -7,6 +7,8 @@
 #include <string_view>
 
 #include "common/error.h"
+#include "common/json_parse.h"
+#include "common/paths.h"
 
 namespace moebatch {
 namespace {
@@ -29,7 +31,7 @@ int64_t get_int(const json& j, const std::string& src, const char* key, int64_t 
     if (def < lo) fail(src, key, "missing (required)");
     return def;
   }
-  if (!it->is_number_integer()) fail(src, key, "expected an integer, got " + it->dump());
+  if (!it->is_number_integer()) fail(src, key, "expected an integer, got " + json_excerpt(*it));
   int64_t v = it->get<int64_t>();
   if (v < lo || v > hi) {
     fail(src, key,
@@ -43,7 +45,7 @@ double get_double(const json& j, const std::string& src, const char* key, double
                   double def) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return def;
-  if (!it->is_number()) fail(src, key, "expected a number, got " + it->dump());
+  if (!it->is_number()) fail(src, key, "expected a number, got " + json_excerpt(*it));
   double v = it->get<double>();
   if (!(v >= lo && v <= hi)) {
     std::ostringstream os;
@@ -56,7 +58,7 @@ double get_double(const json& j, const std::string& src, const char* key, double
 bool get_bool(const json& j, const std::string& src, const char* key, bool def) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return def;
-  if (!it->is_boolean()) fail(src, key, "expected a boolean, got " + it->dump());
+  if (!it->is_boolean()) fail(src, key, "expected a boolean, got " + json_excerpt(*it));
   return it->get<bool>();
 }
 
@@ -68,7 +70,7 @@ ModelArch detect_arch(const json& j, const std::string& src, std::string& model_
   // Real files carry `architectures`; transformers-5 saves may omit it, then model_type decides.
   if (arch != j.end() && !arch->is_null()) {
     if (!arch->is_array() || arch->size() != 1 || !(*arch)[0].is_string()) {
-      fail(src, "architectures", "expected a one-element string array, got " + arch->dump());
+      fail(src, "architectures", "expected a one-element string array, got " + json_excerpt(*arch));
     }
     std::string a = (*arch)[0].get<std::string>();
     if (a == "Qwen3MoeForCausalLM") return ModelArch::Qwen3Moe;
@@ -117,7 +119,7 @@ void parse_rope(const json& j, const std::string& src, ModelConfig& c) {
     auto type = rp->find("rope_type");
     if (type != rp->end() && (!type->is_string() || type->get<std::string>() != "default")) {
       fail(src, "rope_parameters.rope_type",
-           "unsupported rope type " + type->dump() + " (only \"default\" is implemented)");
+           "unsupported rope type " + json_excerpt(*type) + " (only \"default\" is implemented)");
     }
     if (!rp->contains("rope_theta")) fail(src, "rope_parameters.rope_theta", "missing");
     c.rope_theta = get_double(*rp, src, "rope_theta", 1.0, 1e12, 0.0);
@@ -128,7 +130,8 @@ void parse_rope(const json& j, const std::string& src, ModelConfig& c) {
   if (rs != j.end() && !rs->is_null()) {
     std::string type = rs->is_object() ? rs->value("rope_type", rs->value("type", "")) : "";
     if (type != "default") {
-      fail(src, "rope_scaling", "unsupported rope scaling " + rs->dump() + " (not implemented)");
+      fail(src, "rope_scaling",
+           "unsupported rope scaling " + json_excerpt(*rs) + " (not implemented)");
     }
   }
   c.rope_theta = get_double(j, src, "rope_theta", 1.0, 1e12, 10000.0);
@@ -149,7 +152,7 @@ std::vector<MixerKind> parse_mixers(const json& j, const std::string& src, const
         out[i] = MixerKind::LinearAttention;
       } else if (t != "full_attention") {
         fail(src, "layer_types",
-             "unsupported layer type " + t.dump() + " (full_attention or linear_attention)");
+             "unsupported layer type " + json_excerpt(t) + " (full_attention or linear_attention)");
       }
     }
     return out;
@@ -318,7 +321,7 @@ ModelConfig parse_model_config(const json& j, const std::string& src) {
 
   auto act = j.find("hidden_act");
   if (act != j.end() && (!act->is_string() || act->get<std::string>() != "silu")) {
-    fail(src, "hidden_act", "unsupported activation " + act->dump() + " (only silu)");
+    fail(src, "hidden_act", "unsupported activation " + json_excerpt(*act) + " (only silu)");
   }
   if (get_bool(j, src, "use_sliding_window", false)) {
     fail(src, "use_sliding_window", "sliding-window attention is not implemented");
@@ -329,7 +332,8 @@ ModelConfig parse_model_config(const json& j, const std::string& src) {
     if (!lt->is_array()) fail(src, "layer_types", "expected an array");
     for (const auto& t : *lt) {
       if (!t.is_string() || t.get<std::string>() != "full_attention") {
-        fail(src, "layer_types", "unsupported layer type " + t.dump() + " (only full_attention)");
+        fail(src, "layer_types",
+             "unsupported layer type " + json_excerpt(t) + " (only full_attention)");
       }
     }
   }
@@ -355,7 +359,7 @@ ModelConfig parse_model_config(const json& j, const std::string& src) {
     if (!m->is_array()) fail(src, "mlp_only_layers", "expected an array of layer indices");
     for (const auto& v : *m) {
       if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= c.num_layers) {
-        fail(src, "mlp_only_layers", "entry " + v.dump() + " is not a layer index");
+        fail(src, "mlp_only_layers", "entry " + json_excerpt(v) + " is not a layer index");
       }
       c.mlp_only_layers.push_back(v.get<int64_t>());
     }
@@ -389,25 +393,15 @@ ModelConfig parse_model_config(const json& j, const std::string& src) {
 }
 
 ModelConfig load_model_config(const std::filesystem::path& dir) {
-  auto path = dir / "config.json";
-  std::error_code ec;
-  auto size = std::filesystem::file_size(path, ec);
-  if (ec) throw InputError(path.string() + ": cannot read model config: " + ec.message());
-  if (size > kMaxConfigBytes) {
-    throw InputError(path.string() + ": " + std::to_string(size) + " bytes exceeds the " +
-                     std::to_string(kMaxConfigBytes) + "-byte limit for a config");
-  }
-  std::ifstream in(path);
-  json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) throw InputError(path.string() + ": not valid JSON");
+  const auto path = dir / "config.json";
+  std::string problem;
+  json j = parse_json_bounded(read_file_limited(path, kMaxConfigBytes), &problem);
+  if (!problem.empty()) throw InputError(path.string() + ": " + problem);
   ModelConfig c = parse_model_config(j, path.string());
   // ModelOpt may state its quantization only in hf_quant_config.json.
   const auto hq = dir / "hf_quant_config.json";
   if (c.quant == QuantMethod::None && std::filesystem::exists(hq)) {
-    if (std::filesystem::file_size(hq, ec) > kMaxConfigBytes || ec)
-      throw InputError(hq.string() + ": unreadable or larger than a config may be");
-    std::ifstream qin(hq);
-    json qj = json::parse(qin, nullptr, /*allow_exceptions=*/false);
+    json qj = parse_json_bounded(read_file_limited(hq, kMaxConfigBytes));
     if (qj.is_discarded() || !qj.is_object() || !qj.contains("quantization") ||
         !qj["quantization"].is_object())
       throw InputError(hq.string() + ": expected {\"quantization\": {...}}");

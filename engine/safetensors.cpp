@@ -13,8 +13,12 @@
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <string_view>
+#include <unordered_set>
 
 #include "common/error.h"
+#include "common/json_parse.h"
+#include "common/paths.h"
 #include "engine/ggml_quants.h"
 
 namespace moebatch {
@@ -25,6 +29,7 @@ using nlohmann::json;
 // The format allows up to 100 MB of header; real checkpoints use a few hundred KB.
 constexpr uint64_t kMaxHeaderBytes = 100u << 20;
 constexpr int kMaxRank = 8;
+constexpr uint64_t kMaxElements = uint64_t{1} << 40;  // per tensor, and per dimension
 constexpr std::uintmax_t kMaxIndexBytes = 64u << 20;
 
 [[noreturn]] void bad_safetensors(const std::string& file, const std::string& what) {
@@ -226,9 +231,11 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
                                  "-byte file (truncated?)");
     }
     const char* hp = reinterpret_cast<const char*>(base + 8);
-    json h = json::parse(hp, hp + hlen, nullptr, /*allow_exceptions=*/false);
-    if (h.is_discarded() || !h.is_object())
-      bad_safetensors(path_, "header is not a valid JSON object");
+    std::string problem;
+    json h = parse_json_bounded(std::string_view(hp, hlen), &problem);
+    if (!problem.empty() || !h.is_object())
+      bad_safetensors(
+          path_, "header is not a valid JSON object" + (problem.empty() ? "" : ": " + problem));
     const size_t data_size = map_size_ - 8 - hlen;
     const std::byte* data = base + 8 + hlen;
     std::vector<std::pair<uint64_t, uint64_t>> ranges;
@@ -249,12 +256,15 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
         bad_safetensors(path_, where + "shape must be an array of rank <= 8");
       uint64_t numel = 1;
       for (const auto& d : sh) {
-        if (!d.is_number_unsigned() || d.get<uint64_t>() > (uint64_t{1} << 40)) {
-          bad_safetensors(path_, where + "shape entry " + d.dump() + " is not a valid dimension");
+        if (!d.is_number_unsigned() || d.get<uint64_t>() > kMaxElements) {
+          bad_safetensors(path_,
+                          where + "shape entry " + json_excerpt(d) + " is not a valid dimension");
         }
-        t.shape.push_back(d.get<int64_t>());
-        numel *= d.get<uint64_t>();
-        if (numel > (uint64_t{1} << 40)) bad_safetensors(path_, where + "too many elements");
+        const uint64_t n = d.get<uint64_t>();
+        // checked before multiplying: two dimensions of up to 2^40 would wrap 64 bits
+        if (n != 0 && numel > kMaxElements / n) bad_safetensors(path_, where + "too many elements");
+        t.shape.push_back(static_cast<int64_t>(n));
+        numel *= n;
       }
       const auto& off = e["data_offsets"];
       if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
@@ -303,14 +313,10 @@ const TensorView& SafetensorsFile::at(const std::string& name) const {
 
 Checkpoint::Checkpoint(const std::filesystem::path& dir) : dir_(dir.string()) {
   auto index = dir / "model.safetensors.index.json";
-  std::vector<std::string> names;
+  std::vector<std::string> names;  // shards in the index's order
+  std::unordered_set<std::string> seen;
   if (std::filesystem::exists(index)) {
-    std::error_code ec;
-    auto size = std::filesystem::file_size(index, ec);
-    if (ec || size > kMaxIndexBytes)
-      bad_safetensors(index.string(), "unreadable or larger than 64 MiB");
-    std::ifstream in(index);
-    json j = json::parse(in, nullptr, false);
+    json j = parse_json_bounded(read_file_limited(index, kMaxIndexBytes));
     if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") ||
         !j["weight_map"].is_object()) {
       bad_safetensors(index.string(), "expected a JSON object with a 'weight_map' object");
@@ -324,7 +330,7 @@ Checkpoint::Checkpoint(const std::filesystem::path& dir) : dir_(dir.string()) {
         bad_safetensors(index.string(),
                         "weight_map['" + tensor + "'] names an invalid shard '" + f + "'");
       }
-      if (std::find(names.begin(), names.end(), f) == names.end()) names.push_back(f);
+      if (seen.insert(f).second) names.push_back(f);
     }
     if (names.empty()) bad_safetensors(index.string(), "weight_map is empty");
   } else {

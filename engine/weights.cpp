@@ -267,8 +267,23 @@ void read_plan_bf16(const WeightSource& ckpt, const ModelConfig& cfg, const Tens
   read_plan(ckpt, cfg, plan, dst, [](float v) { return f32_to_bf16(v); });
 }
 
+void check_weight_plan(const WeightSource& src, const ModelConfig& cfg, const ModelPlan& plan) {
+  const auto check = [&](const TensorPlan& p) {
+    for (const auto& pc : p.pieces) (void)HubTensorReader(src, cfg, pc.name, pc.src_shape);
+  };
+  check(plan.embed);
+  check(plan.final_norm);
+  check(plan.lm_head);
+  for (const auto& layer : plan.layers) {
+    LayerWeightsT<bool> fields;  // zip pairs each field of the plan with one of these; unused
+    fields.zip(layer, [&](bool&, const TensorPlan& p) { check(p); });
+  }
+}
+
 ModelWeights load_weights(const WeightSource& ckpt, const ModelConfig& cfg, const ShardSpec& spec) {
   const ModelPlan plan = plan_weights(cfg, spec);
+  check_weight_plan(ckpt, cfg,
+                    plan);  // a wrong checkpoint is refused before gigabytes are allocated
   auto load = [&](HostTensor& t, const TensorPlan& p) {
     if (p.empty()) return;
     t.shape = p.shape;

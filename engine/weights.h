@@ -196,6 +196,11 @@ void read_plan_f32(const WeightSource& src, const ModelConfig& cfg, const Tensor
 void read_plan_bf16(const WeightSource& src, const ModelConfig& cfg, const TensorPlan& plan,
                     uint16_t* dst);
 
+/// Checks every piece of `plan` against `src` — present, shape, dtype, scales — without reading
+/// the weights: loaders call it before allocating, so a wrong checkpoint is refused naming the
+/// tensor before any large allocation or GPU work. Throws InputError.
+void check_weight_plan(const WeightSource& src, const ModelConfig& cfg, const ModelPlan& plan);
+
 /// Loads rank `spec.rank`'s fp32 weights.
 ModelWeights load_weights(const WeightSource& src, const ModelConfig& cfg, const ShardSpec& spec);
 

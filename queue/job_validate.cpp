@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "common/utf8.h"
 #include "queue/json_strict.h"
 
 namespace moebatch {
@@ -65,8 +66,8 @@ std::optional<std::string> find_metadata_error(std::string_view json) {
   // OpenAI's bounds: 16 pairs, keys up to 64 and values up to 512 characters.
   if (j.size() > 16) return "metadata: " + std::to_string(j.size()) + " keys exceeds 16";
   for (const auto& [k, v] : j.items()) {
-    if (k.size() > 64) return "metadata." + k.substr(0, 64) + "...: key longer than 64 bytes";
     if (!is_valid_utf8(k)) return "metadata: a key is not valid UTF-8";
+    if (k.size() > 64) return "metadata." + utf8_prefix(k, 64) + "...: key longer than 64 bytes";
     if (!v.is_string()) return "metadata." + k + ": must be a string";
     if (v.get_ref<const std::string&>().size() > 512) {
       return "metadata." + k + ": longer than 512 bytes";

@@ -3,6 +3,9 @@
 #include <set>
 #include <vector>
 
+#include "common/json_parse.h"
+#include "common/utf8.h"
+
 namespace moebatch {
 namespace {
 
@@ -10,8 +13,10 @@ using nlohmann::json;
 
 // Keys are quoted in messages with control bytes (NUL among them) made visible.
 std::string printable_key(const std::string& key) {
+  // At most 64 bytes, whole characters: the message goes into JSON replies and rows.
+  const std::string head = utf8_prefix(key, 64);
   std::string out;
-  for (char c : key.substr(0, 64)) {
+  for (char c : head) {
     const auto u = static_cast<unsigned char>(c);
     if (u < 0x20 || u == 0x7f) {
       static constexpr char kHex[] = "0123456789abcdef";
@@ -22,7 +27,7 @@ std::string printable_key(const std::string& key) {
       out.push_back(c);
     }
   }
-  return key.size() > 64 ? out + "..." : out;
+  return head.size() < key.size() ? out + "..." : out;
 }
 
 }  // namespace
@@ -32,8 +37,12 @@ json parse_json_strict(std::string_view text, std::string* problem) {
   // One key set per open object; arrays push nothing because their elements have no keys.
   std::vector<std::set<std::string>> open;
   std::string found;
-  const json::parser_callback_t check = [&](int /*depth*/, json::parse_event_t event,
-                                            json& parsed) {
+  bool too_deep = false;
+  const json::parser_callback_t check = [&](int depth, json::parse_event_t event, json& parsed) {
+    if (json_too_deep(depth, event)) {
+      too_deep = true;
+      return false;  // the deep value is skipped, not built
+    }
     if (event == json::parse_event_t::object_start) {
       open.emplace_back();
     } else if (event == json::parse_event_t::object_end) {
@@ -53,6 +62,7 @@ json parse_json_strict(std::string_view text, std::string* problem) {
     *problem = "not valid JSON";
     return j;
   }
+  if (too_deep) found = "nested deeper than " + std::to_string(kMaxJsonDepth) + " levels";
   if (!found.empty()) {
     *problem = found;
     return json(json::value_t::discarded);

@@ -85,7 +85,11 @@ HttpReply json_error(int status, std::string_view message, std::string_view type
                    {"type", type},
                    {"param", param.empty() ? nlohmann::json(nullptr) : nlohmann::json(param)},
                    {"code", code.empty() ? nlohmann::json(nullptr) : nlohmann::json(code)}};
-  return {status, "application/json", nlohmann::json{{"error", e}}.dump() + "\n", {}};
+  // Messages quote the request path, and Beast passes bytes 0x80-0xFF in a target through: a
+  // strict dump would throw on invalid UTF-8, so such bytes become U+FFFD instead.
+  const std::string body =
+      nlohmann::json{{"error", e}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return {status, "application/json", body + "\n", {}};
 }
 
 std::string HttpRequest::header(std::string_view lower_name) const {
@@ -194,7 +198,6 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
                             beast::bind_front_handler(&HttpSession::on_header, shared_from_this()));
   }
 
-  // Headers are in: route, authenticate and check the declared size before reading the body.
   void on_header(beast::error_code ec, size_t) {
     if (ec == http::error::header_limit) {
       keep_alive_ = false;
@@ -203,21 +206,25 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     }
     if (ec) return;  // closed, timed out, malformed or aborted: nothing to answer
     ++state_->counters.requests;
+    try {
+      route_request();
+    } catch (const std::exception& e) {
+      // Whatever a client sends must not take the daemon down (an exception here would leave
+      // io_context::run): this request fails alone, and the connection closes.
+      spdlog::error("http {}: {}", sv(parser_->get().target()), e.what());
+      keep_alive_ = false;
+      refuse(json_error(500, "internal error", "server_error"));
+    }
+  }
+
+  // Headers are in: route, authenticate and check the declared size before reading the body.
+  void route_request() {
     auto& req = parser_->get();
     keep_alive_ = req.keep_alive();
     head_ = req.method() == http::verb::head;
     const std::string target(sv(req.target()));
     const std::string path = target.substr(0, target.find('?'));
     const std::string method = head_ ? "GET" : std::string(sv(req.method_string()));
-    const bool has_body = req.has_content_length() || req.chunked();
-    // An error before the body is read leaves it unread on the socket: close afterwards.
-    auto refuse = [&](HttpReply r) {
-      if (has_body) {
-        keep_alive_ = false;
-        linger_ = true;
-      }
-      send(std::move(r));
-    };
     const HttpRoute* route = nullptr;
     bool path_known = false;
     std::string allow;
@@ -279,6 +286,17 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
       return;
     }
     read_body();
+  }
+
+  // Answers a request before its body is read. The body is then still unread on the socket:
+  // close afterwards.
+  void refuse(HttpReply r) {
+    const auto& req = parser_->get();
+    if (req.has_content_length() || req.chunked()) {
+      keep_alive_ = false;
+      linger_ = true;
+    }
+    send(std::move(r));
   }
 
   void read_body() {
@@ -350,6 +368,11 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     if (ec || !keep_alive_) {
       beast::error_code ignored;
       stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+      // A deferred reply's disconnect watch may still wait on the socket, holding this session,
+      // and no timer runs now: a client that keeps its end open would keep the session (and
+      // its place under max_connections) forever. End the watch; the session then goes as soon
+      // as the lingering close below is over, or at once.
+      stream_.socket().cancel(ignored);
       if (!ec && linger_) {
         // Refused with its body unread: closing now would reset the connection while the
         // client is still sending, and it might never read the reply. Read and drop what

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 
+#include "queue/json_strict.h"
 #include "queue/openai_content.h"
 
 namespace moebatch {
@@ -262,8 +263,13 @@ std::variant<ChatOptions, std::string> chat_options_from_kwargs(const json& kwar
 std::variant<ApiRequest, ApiError> parse_api_request(ApiKind kind, std::string_view body,
                                                      const std::string& served_model,
                                                      const JobLimits& limits) {
-  const json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return invalid_request("the request body is not valid JSON");
+  // Strict, as the queue's other doors (ZeroMQ, batch lines): duplicate keys and nesting past
+  // kMaxJsonDepth are refused.
+  std::string problem;
+  const json j = parse_json_strict(body, &problem);
+  if (!problem.empty())
+    return invalid_request("the request body is " +
+                           (problem == "not valid JSON" ? problem : "refused: " + problem));
   ApiRequest out;
   out.kind = kind;
   try {

@@ -435,11 +435,16 @@ void Service::add_routes() {
 
 HttpReply Service::metrics() {
   MetricsInputs in;
-  try {
-    in.queue_depth = service_db_->job_counts();
-  } catch (const std::exception& e) {
-    spdlog::warn("metrics: queue depth unavailable: {}", e.what());
+  if (const int64_t now = steady_now_ms(); queue_depth_ms_ < 0 || now - queue_depth_ms_ >= 1000) {
+    try {
+      queue_depth_ = service_db_->job_counts();
+      queue_depth_ms_ = now;
+    } catch (const std::exception& e) {
+      spdlog::warn("metrics: queue depth unavailable: {}", e.what());
+      queue_depth_.clear();
+    }
   }
+  in.queue_depth = queue_depth_;
   const EngineCounters& c = worker_engine_->counters();
   in.engine_steps = c.steps.load();
   in.engine_slot_steps = c.occupied_slots.load();

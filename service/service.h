@@ -246,12 +246,18 @@ class Service {
   std::map<std::string, std::pair<int64_t, int64_t>> batch_results_;
   std::set<std::string> batches_to_check_;
   int64_t last_batch_check_ms_ = 0;
+  // /metrics' jobs per state, at most once a second from the store: the count scans the job
+  // table, and /metrics answers anyone who asks.
+  std::map<std::string, int64_t> queue_depth_;
+  int64_t queue_depth_ms_ = -1;
 
   // OpenAI API state (io thread): one entry per open request, by job id.
   std::map<int64_t, std::unique_ptr<ApiCall>> api_calls_;
   std::string served_model_;
   int64_t last_api_resolve_ms_ = 0;
   int64_t last_batch_tick_ms_ = 0;
+  // Open batches whose last step threw, logged already: one line per batch, not one per tick.
+  std::set<std::string> batches_in_trouble_;
 };
 
 }  // namespace moebatch

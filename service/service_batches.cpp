@@ -13,6 +13,7 @@
 #include <set>
 
 #include "common/error.h"
+#include "common/utf8.h"
 #include "queue/batch_store.h"
 #include "queue/job_store.h"
 #include "queue/job_validate.h"
@@ -38,9 +39,23 @@ int64_t now_s() {
       .count();
 }
 
+// JSON holding text from users, printed: a split UTF-8 character (error messages cut what they
+// quote, keys at 64 bytes) becomes U+FFFD where a strict dump would throw.
+std::string dump_text(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
 HttpReply json_reply(const json& j, int status = 200) {
-  return {status, "application/json",
-          j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n"};
+  return {status, "application/json", dump_text(j) + "\n"};
+}
+
+// One entry of a batch's errors list.
+json batch_error(const std::string& code, const std::string& message,
+                 std::optional<size_t> line = std::nullopt) {
+  return {{"code", code},
+          {"message", message},
+          {"param", nullptr},
+          {"line", line ? json(*line) : json(nullptr)}};
 }
 
 HttpReply bad_request(const std::string& message, const std::string& param = "") {
@@ -143,8 +158,8 @@ void Service::files_upload(const std::shared_ptr<HttpExchange>& ex) {
     if (p.name == "purpose") purpose = p.body;
   }
   if (purpose != "batch") {
-    ex->reply(bad_request("purpose: only 'batch' is supported, got '" + purpose.substr(0, 64) + "'",
-                          "purpose"));
+    ex->reply(bad_request(
+        "purpose: only 'batch' is supported, got '" + utf8_prefix(purpose, 64) + "'", "purpose"));
     return;
   }
   if (!file || file->body.empty()) {
@@ -155,8 +170,18 @@ void Service::files_upload(const std::shared_ptr<HttpExchange>& ex) {
     ex->reply(bad_request("file: not valid UTF-8 (a batch file is JSONL)", "file"));
     return;
   }
-  const std::string name = file->filename.empty() ? "upload.jsonl" : file->filename.substr(0, 256);
-  ex->reply(json_reply(file_json(batches_->add_file("batch", name, file->body, now_s()))));
+  const std::string name =
+      file->filename.empty() ? "upload.jsonl" : utf8_prefix(file->filename, 256);
+  StoredFile stored;
+  try {
+    stored = batches_->add_file("batch", name, file->body, now_s());
+  } catch (const InputError& e) {
+    // What the store cannot hold (PostgreSQL text: a NUL byte), named by the store: the
+    // client's to fix, so not a 500, which the SDKs would retry.
+    ex->reply(bad_request(e.what(), "file"));
+    return;
+  }
+  ex->reply(json_reply(file_json(stored)));
 }
 
 void Service::files_list(const std::shared_ptr<HttpExchange>& ex) {
@@ -234,13 +259,18 @@ void Service::batches_create(const std::shared_ptr<HttpExchange>& ex) {
             "metadata"));
         return;
       }
-      b.metadata = v.dump();
+      b.metadata = dump_text(v);
     } else {
       ex->reply(bad_request(k + ": unknown field or wrong type (input_file_id, endpoint, "
                                 "completion_window: strings; metadata: object)",
                             k));
       return;
     }
+  }
+  if (b.input_file_id.empty()) {
+    ex->reply(json_error(400, "Missing required parameter: 'input_file_id'.",
+                         "invalid_request_error", "input_file_id", "missing_required_parameter"));
+    return;
   }
   if (b.endpoint != "/v1/chat/completions" && b.endpoint != "/v1/completions") {
     ex->reply(bad_request("endpoint: must be /v1/chat/completions or /v1/completions", "endpoint"));
@@ -269,8 +299,8 @@ void Service::batches_create(const std::shared_ptr<HttpExchange>& ex) {
 
 // Reads the input file; every line must be a request to the batch's endpoint with a unique
 // custom_id. All good: the jobs are queued in one transaction (idempotent by key, so a rerun
-// after a crash queues nothing twice) and the batch is in progress. Otherwise it failed, with
-// the lines' errors, and nothing was queued.
+// after a crash queues nothing twice) and the batch is in progress. Otherwise (bad lines, or
+// requests the store refuses) it failed, with the errors, and nothing was queued.
 void Service::batch_validate(const BatchRecord& b) {
   json errors = json::array();
   std::vector<JobSpec> specs;
@@ -293,8 +323,7 @@ void Service::batch_validate(const BatchRecord& b) {
       if (!line.empty() && line.back() == '\r') line.pop_back();
       if (line.find_first_not_of(" \t") == std::string::npos) continue;
       auto fail = [&](const std::string& msg) {
-        errors.push_back(
-            {{"code", "invalid_request"}, {"message", msg}, {"param", nullptr}, {"line", line_no}});
+        errors.push_back(batch_error("invalid_request", msg, line_no));
       };
       if (line.size() > file_limits.max_line_bytes) {
         fail("line " + std::to_string(line_no) + ": longer than 4 MiB");
@@ -319,19 +348,26 @@ void Service::batch_validate(const BatchRecord& b) {
       }
     }
     if (errors.empty() && specs.empty()) {
-      errors.push_back({{"code", "empty_file"},
-                        {"message", "the input file holds no requests"},
-                        {"param", nullptr},
-                        {"line", nullptr}});
+      errors.push_back(batch_error("empty_file", "the input file holds no requests"));
+    }
+  }
+  if (errors.empty()) {
+    try {
+      store_->submit_many(specs);
+    } catch (const InputError& e) {
+      // Lines the parser took but the store refuses (PostgreSQL text cannot hold a NUL byte; a
+      // key already naming another request): the batch fails as for a bad line. "#n" counts the
+      // requests from 0, blank lines left out.
+      errors.push_back(
+          batch_error("invalid_request", std::string("the requests were not queued: ") + e.what()));
     }
   }
   const int64_t now = now_s();
   if (!errors.empty()) {
-    batches_->transition(b.id, "validating", "failed", now, std::nullopt, errors.dump());
+    batches_->transition(b.id, "validating", "failed", now, std::nullopt, dump_text(errors));
     spdlog::info("batch {}: failed validation ({} errors)", b.id, errors.size());
     return;
   }
-  store_->submit_many(specs);
   batches_->transition(b.id, "validating", "in_progress", now, static_cast<int64_t>(specs.size()));
   spdlog::info("batch {}: {} requests queued", b.id, specs.size());
   claim_now_ = true;  // our own commit does not move data_version
@@ -374,15 +410,10 @@ void Service::batches_cancel(const std::shared_ptr<HttpExchange>& ex) {
     return;
   }
   batches_->transition(id, "in_progress", "cancelling", now_s());
-  // Every unfinished request is cancelled; finished ones keep their results for the output.
-  int64_t cancelled = 0;
-  for (JobState st : {JobState::Queued, JobState::Running}) {
-    ListFilter f;
-    f.state = st;
-    f.batch_id = id;
-    f.limit = 100000;
-    for (const Job& j : store_->list(f)) cancelled += store_->cancel(j.id) ? 1 : 0;
-  }
+  // Every unfinished request is cancelled, in one transaction: should it fail, none is, and the
+  // client's retry (a cancelling batch may be cancelled again) cancels them all. Finished ones
+  // keep their results for the output.
+  const int64_t cancelled = store_->cancel_batch(id);
   stop_lost_jobs();  // ours are cancels from this connection: data_version will not tell
   spdlog::info("batch {}: cancelling ({} requests cancelled)", id, cancelled);
   batches_tick(/*force=*/true);
@@ -390,16 +421,47 @@ void Service::batches_cancel(const std::shared_ptr<HttpExchange>& ex) {
 }
 
 // Open batches: a batch left validating by a crash is validated again; one whose jobs are all
-// final gets its output and error files and completes (or is cancelled).
+// final gets its output and error files and completes (or is cancelled). Each batch is a step of
+// its own: one that throws is logged once, by id, and never holds up the others.
 void Service::batches_tick(bool force) {
   if (!batches_) return;
   const int64_t now = steady_now_ms();
   if (!force && now - last_batch_tick_ms_ < kBatchTickMs) return;
   last_batch_tick_ms_ = now;
-  for (const BatchRecord& b : batches_->batches_with_status({"validating"})) batch_validate(b);
-  for (const BatchRecord& b : batches_->batches_with_status({"in_progress", "cancelling"})) {
-    if (store_->batch_counts(b.id).unfinished() == 0) batch_finalize(b);
+  // The batch's own content made a step throw (something the checks missed): it would throw
+  // again at every tick, so it fails with the reason.
+  auto broken = [&](const BatchRecord& b, const std::string& why) {
+    if (batches_in_trouble_.insert(b.id).second)
+      spdlog::error("batch {} ({}): {}; the batch fails", b.id, b.status, why);
+    try {
+      batches_->transition(b.id, b.status, "failed", now_s(), std::nullopt,
+                           dump_text(json::array({batch_error("batch_failed", why)})));
+    } catch (const std::exception&) {
+      // The store refused that too: the next tick tries again, without a new log line.
+    }
+  };
+  std::set<std::string> open;
+  for (const BatchRecord& b :
+       batches_->batches_with_status({"validating", "in_progress", "cancelling"})) {
+    open.insert(b.id);
+    try {
+      if (b.status == "validating") {
+        batch_validate(b);
+      } else if (store_->batch_counts(b.id).unfinished() == 0) {
+        batch_finalize(b);
+      }
+      batches_in_trouble_.erase(b.id);
+    } catch (const InputError& e) {
+      broken(b, e.what());
+    } catch (const Error& e) {
+      // The store (a held lock, a lost connection), not the batch: the next tick tries again.
+      if (batches_in_trouble_.insert(b.id).second)
+        spdlog::warn("batch {} ({}): {}; trying again", b.id, b.status, e.what());
+    } catch (const std::exception& e) {
+      broken(b, e.what());
+    }
   }
+  std::erase_if(batches_in_trouble_, [&](const std::string& id) { return !open.contains(id); });
 }
 
 void Service::batch_finalize(const BatchRecord& b) {
@@ -410,8 +472,7 @@ void Service::batch_finalize(const BatchRecord& b) {
   while (true) {
     const std::vector<Job> jobs = store_->list(f);
     for (const Job& j : jobs) {
-      const std::string line =
-          batch_output_line(j).dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+      const std::string line = dump_text(batch_output_line(j)) + "\n";
       (j.state == JobState::Done ? output : errors) += line;
     }
     if (static_cast<int64_t>(jobs.size()) < f.limit) break;

@@ -154,7 +154,10 @@ void CudaBackend::init(const std::filesystem::path* model_dir, uint64_t seed) {
   std::unique_ptr<WeightSource> ckpt;  // a checkpoint directory or a GGUF file
   if (model_dir) ckpt = open_model_files(*model_dir).weights;  // header errors before allocating
   // Which linear weights stay (or become) compressed; scale and shard errors before allocating.
-  for (ModelPlan& wp : wplans) assign_weight_formats(wp, cfg_, ckpt.get(), o.quantization);
+  for (ModelPlan& wp : wplans) {
+    assign_weight_formats(wp, cfg_, ckpt.get(), o.quantization);
+    if (ckpt) check_weight_plan(*ckpt, cfg_, wp);  // every tensor, before any device memory
+  }
   weight_groups_ = describe_weight_groups(wplans[0]);
 
   int count = 0;

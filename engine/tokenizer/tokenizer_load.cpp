@@ -3,10 +3,9 @@
 // refused with an error naming the field rather than tokenized differently from Hugging Face.
 #include <nlohmann/json.hpp>
 
-#include <fstream>
-#include <sstream>
-
 #include "common/error.h"
+#include "common/json_parse.h"
+#include "common/paths.h"
 #include "engine/tokenizer/byte_level.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "engine/tokenizer/tokenizer_impl.h"
@@ -25,26 +24,10 @@ constexpr std::string_view kGpt2Pattern =
 }
 
 json parse_json(std::string_view text, std::string_view file) {
-  try {
-    return json::parse(text.begin(), text.end());
-  } catch (const json::exception& e) {
-    bad(file, std::string("not valid JSON: ") + e.what());
-  }
-}
-
-std::string read_file(const std::filesystem::path& path, std::size_t limit) {
-  std::error_code ec;
-  const auto size = std::filesystem::file_size(path, ec);
-  if (ec) throw InputError(path.string() + ": cannot read: " + ec.message());
-  if (size > limit) {
-    throw InputError(path.string() + ": " + std::to_string(size) + " bytes, over the limit of " +
-                     std::to_string(limit));
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path.string() + ": cannot open");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  std::string problem;
+  json j = parse_json_bounded(text, &problem);
+  if (!problem.empty()) bad(file, problem);
+  return j;
 }
 
 /// `j[key]` when present and not null.
@@ -334,7 +317,8 @@ void load_config(std::string_view config_json, const Tokenizer& tk, Tokenizer::I
 }
 
 void load_generation_config(const std::filesystem::path& path, Tokenizer::Impl& t) {
-  const json g = parse_json(read_file(path, t.limits.max_json_bytes), "generation_config.json");
+  const json g =
+      parse_json(read_file_limited(path, t.limits.max_json_bytes), "generation_config.json");
   const json* e = g.is_object() ? field(g, "eos_token_id") : nullptr;
   if (e == nullptr) return;
   const json list = e->is_array() ? *e : json::array({*e});
@@ -373,10 +357,10 @@ Tokenizer Tokenizer::from_dir(const std::filesystem::path& dir, const TokenizerL
   if (!std::filesystem::exists(tok_path)) {
     throw InputError(tok_path.string() + ": not found (expected a Hugging Face tokenizer dir)");
   }
-  const std::string tok_json = read_file(tok_path, limits.max_json_bytes);
+  const std::string tok_json = read_file_limited(tok_path, limits.max_json_bytes);
   const auto cfg_path = dir / "tokenizer_config.json";
   std::string cfg_json =
-      std::filesystem::exists(cfg_path) ? read_file(cfg_path, limits.max_json_bytes) : "";
+      std::filesystem::exists(cfg_path) ? read_file_limited(cfg_path, limits.max_json_bytes) : "";
   // A chat_template.jinja beside the config takes precedence over its chat_template, as in
   // transformers; the config's then is not parsed at all.
   const auto jinja_path = dir / "chat_template.jinja";
@@ -388,8 +372,8 @@ Tokenizer Tokenizer::from_dir(const std::filesystem::path& dir, const TokenizerL
   }
   Tokenizer tk = from_json(tok_json, cfg_json, limits);
   if (has_jinja) {
-    tk.impl_->chat = load_chat_template(read_file(jinja_path, limits.max_json_bytes), *tk.impl_,
-                                        jinja_path.string());
+    tk.impl_->chat = load_chat_template(read_file_limited(jinja_path, limits.max_json_bytes),
+                                        *tk.impl_, jinja_path.string());
   }
   const auto gen_path = dir / "generation_config.json";
   if (std::filesystem::exists(gen_path)) load_generation_config(gen_path, *tk.impl_);

@@ -2,6 +2,7 @@
 #include <stdlib.h>
 
 #include "common/error.h"
+#include "common/json_parse.h"
 #include "common/log.h"
 #include "common/paths.h"
 
@@ -18,6 +19,45 @@ TEST(Check, ThrowsWithExpressionFileAndLine) {
     EXPECT_NE(what.find("n must be positive"), std::string::npos) << what;
     EXPECT_NE(what.find("(n > 0)"), std::string::npos) << what;
     EXPECT_NE(what.find("test_common.cpp:"), std::string::npos) << what;
+  }
+}
+
+std::string nested(int levels) { return std::string(levels, '[') + std::string(levels, ']'); }
+
+TEST(JsonParse, NestingIsBoundedAndDeepInputIsRefusedWithoutRecursion) {
+  std::string problem;
+  // kMaxJsonDepth containers in all: accepted, printable
+  nlohmann::json ok = parse_json_bounded(nested(kMaxJsonDepth), &problem);
+  EXPECT_EQ(problem, "");
+  EXPECT_EQ(ok.dump(), nested(kMaxJsonDepth));
+  // one more, and far more (printing or copying 10^6 levels would overflow the stack)
+  for (int levels : {kMaxJsonDepth + 1, 1'000'000}) {
+    const nlohmann::json j = parse_json_bounded(nested(levels), &problem);
+    EXPECT_TRUE(j.is_discarded());
+    EXPECT_EQ(problem, "nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+  }
+  // deep inside an object, beside ordinary fields
+  EXPECT_TRUE(
+      parse_json_bounded(R"({"a": 1, "b": )" + nested(5000) + "}", &problem).is_discarded());
+  EXPECT_FALSE(problem.empty());
+  // invalid JSON says where
+  EXPECT_TRUE(parse_json_bounded("{\"a\": ", &problem).is_discarded());
+  EXPECT_NE(problem.find("not valid JSON"), std::string::npos) << problem;
+  EXPECT_NE(problem.find("parse error"), std::string::npos) << problem;
+  // without a problem pointer it still never throws
+  EXPECT_TRUE(parse_json_bounded(nested(1'000'000)).is_discarded());
+}
+
+TEST(JsonParse, ExcerptsAreShortAndCutAtCharacterBoundaries) {
+  EXPECT_EQ(json_excerpt(nlohmann::json("short")), "\"short\"");
+  // "é" is two bytes: whatever the limit, the cut never falls between them
+  std::string accents;
+  for (int i = 0; i < 100; ++i) accents += "\xc3\xa9";
+  for (std::size_t max = 1; max < 40; ++max) {
+    const std::string e = json_excerpt(nlohmann::json(accents), max);
+    ASSERT_LE(e.size(), max + std::string("…").size());
+    // valid UTF-8: printing it as JSON (strict) must not throw
+    EXPECT_NO_THROW((void)nlohmann::json(e).dump()) << max;
   }
 }
 

@@ -4,6 +4,7 @@
 // fixture's oracle comparison is in test_reference.cpp.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 #include <random>
 #include <string>
@@ -14,6 +15,7 @@
 #include "engine/gguf.h"
 #include "engine/gguf_source.h"
 #include "tests/common/files.h"
+#include "tests/common/sanitizers.h"
 
 namespace moebatch {
 namespace {
@@ -124,6 +126,87 @@ TEST(Gguf, MalformedFilesGiveClearErrors) {
   nest.put<uint32_t>(9);
   for (int i = 0; i < 8; ++i) nest.put<uint32_t>(9).put<uint64_t>(1);
   EXPECT_NE(load_error(nest.b).find("nested"), std::string::npos);
+}
+
+TEST(Gguf, LongKeysAndNamesAreBounded) {
+  // A key over the spec's 65535 bytes, a tensor name over 256: refused by their lengths.
+  Bytes key;
+  key.b = "GGUF";
+  key.put<uint32_t>(3).put<uint64_t>(0).put<uint64_t>(1).str(std::string(70000, 'k'));
+  key.put<uint32_t>(4).put<uint32_t>(1);
+  EXPECT_NE(load_error(key.b).find("longer than 65535"), std::string::npos) << load_error(key.b);
+  Bytes name;
+  name.b = "GGUF";
+  name.put<uint32_t>(3).put<uint64_t>(1).put<uint64_t>(0).str(std::string(300, 'w'));
+  name.put<uint32_t>(1).put<uint64_t>(4).put<uint32_t>(0).put<uint64_t>(0);
+  EXPECT_NE(load_error(name.b).find("longer than 256"), std::string::npos) << load_error(name.b);
+
+  // The longest key with an array of a million strings (8 MB): the reader names the key only on
+  // an error, so this is one pass over the bytes — not a copy of the key per element (60 GB).
+  Bytes arr;
+  arr.b = "GGUF";
+  const std::string long_key(65535, 'a');
+  arr.put<uint32_t>(3).put<uint64_t>(0).put<uint64_t>(1).str(long_key);
+  arr.put<uint32_t>(9).put<uint32_t>(8).put<uint64_t>(1'000'000);
+  for (int i = 0; i < 1'000'000; ++i) arr.str("");
+  arr.b.resize((arr.b.size() + 31) / 32 * 32, '\0');  // the (empty) data section's alignment
+  TempDir tmp;
+  test::write_file(tmp.file("m.gguf"), arr.b);
+  const auto t0 = std::chrono::steady_clock::now();
+  GgufFile f(tmp.file("m.gguf"));
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(f.metadata().at(long_key).size(), 1'000'000u);
+  EXPECT_LT(secs, test::kSanitizerBuild ? 60.0 : 10.0);  // linear: well under a second
+}
+
+// A part of a split model as llama.cpp's gguf-split writes it: split.no (from 0), split.count,
+// split.tensors.count on the first part; one F32 tensor [4] per part.
+std::string split_part(uint16_t no, uint16_t count, int32_t tensors, const std::string& tensor) {
+  Bytes f;
+  f.b = "GGUF";
+  f.put<uint32_t>(3).put<uint64_t>(1).put<uint64_t>(no == 0 ? 3 : 2);
+  f.str("split.no").put<uint32_t>(2).put<uint16_t>(no);
+  f.str("split.count").put<uint32_t>(2).put<uint16_t>(count);
+  if (no == 0) f.str("split.tensors.count").put<uint32_t>(5).put<int32_t>(tensors);
+  f.str(tensor).put<uint32_t>(1).put<uint64_t>(4).put<uint32_t>(0).put<uint64_t>(0);
+  f.b.resize((f.b.size() + 31) / 32 * 32, '\0');
+  for (int i = 0; i < 4; ++i) f.put<float>(1.f);
+  return f.b;
+}
+
+TEST(Gguf, SplitPartsMustAgreeWithTheirNames) {
+  TempDir tmp;
+  const std::string first = tmp.file("m-00001-of-00002.gguf"),
+                    second = tmp.file("m-00002-of-00002.gguf");
+  const auto open = [&]() -> std::string {
+    try {
+      GgufModel m(first);
+      return "";
+    } catch (const InputError& e) {
+      return e.what();
+    }
+  };
+  test::write_file(first, split_part(0, 2, 2, "a"));
+  test::write_file(second, split_part(1, 2, 0, "b"));
+  EXPECT_EQ(open(), "");
+  // a part of another split (its place or count differ from the file name's)
+  test::write_file(second, split_part(0, 2, 0, "b"));
+  EXPECT_NE(open().find("split.no"), std::string::npos) << open();
+  test::write_file(second, split_part(1, 3, 0, "b"));
+  EXPECT_NE(open().find("split.count"), std::string::npos) << open();
+  // the first part's tensor count disagrees with the parts
+  test::write_file(first, split_part(0, 2, 7, "a"));
+  test::write_file(second, split_part(1, 2, 0, "b"));
+  EXPECT_NE(open().find("split.tensors.count"), std::string::npos) << open();
+  // one part of a split opened under a plain name
+  const std::string lone = tmp.file("lone.gguf");
+  test::write_file(lone, split_part(0, 2, 1, "a"));
+  try {
+    GgufModel m(lone);
+    ADD_FAILURE() << "a part of a split opened alone";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("-00001-of-"), std::string::npos) << e.what();
+  }
 }
 
 // Q8_0 and Q6_K decoded by hand from their definitions on random blocks.

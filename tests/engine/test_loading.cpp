@@ -108,6 +108,26 @@ TEST(ModelConfig, FileErrors) {
   EXPECT_THROW(load_model_config(tmp.path()), InputError);  // missing
   write_file(tmp.path() / "config.json", "{not json");
   EXPECT_THROW(load_model_config(tmp.path()), InputError);
+  // Deep nesting is refused at the parse: quoting such a value in the error message (or
+  // copying it) would overflow the stack.
+  write_file(tmp.path() / "config.json",
+             "{\"architectures\": " + std::string(100000, '[') + std::string(100000, ']') + "}");
+  try {
+    load_model_config(tmp.path());
+    ADD_FAILURE() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("nested deeper than"), std::string::npos) << e.what();
+  }
+  // A wrong value is quoted in short.
+  json j = base_moe_config();
+  j["hidden_act"] = std::string(10000, 'x');
+  write_file(tmp.path() / "config.json", j.dump());
+  try {
+    load_model_config(tmp.path());
+    ADD_FAILURE() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_LT(std::string(e.what()).size(), 400u) << e.what();
+  }
 }
 
 TEST(Dtype, ConversionsMatchDefinitions) {
@@ -196,6 +216,21 @@ TEST(Safetensors, MalformedFilesGiveClearErrors) {
        "not a valid dimension"},
       {"missing_offsets", file_bytes(json{{"w", {{"dtype", "U8"}, {"shape", {1}}}}}.dump(), 1),
        "data_offsets"},
+      // 2^40 · 2^24 wraps nothing: refused before the multiply
+      {"shape_overflow",
+       file_bytes(json{{"w",
+                        {{"dtype", "U8"},
+                         {"shape", {uint64_t{1} << 40, uint64_t{1} << 24}},
+                         {"data_offsets", {0, 0}}}}}
+                      .dump(),
+                  0),
+       "too many elements"},
+      // 100,000 levels parse in linear time, but printing or copying them would recurse
+      {"deep_shape",
+       file_bytes("{\"w\": {\"dtype\": \"U8\", \"shape\": " + std::string(100000, '[') +
+                      std::string(100000, ']') + ", \"data_offsets\": [0, 0]}}",
+                  0),
+       "nested deeper than"},
   };
   for (const auto& c : cases) {
     const std::string path = tmp.file(std::string(c.label) + ".safetensors");
@@ -242,6 +277,21 @@ TEST(Weights, ShapeMismatchNamesTensorExpectedAndActual) {
     EXPECT_NE(w.find("model.embed_tokens.weight"), std::string::npos) << w;
     EXPECT_NE(w.find("[1024, 128]"), std::string::npos) << w;
     EXPECT_NE(w.find("[1024, 64]"), std::string::npos) << w;
+  }
+}
+
+TEST(Weights, WrongCheckpointIsRefusedBeforeAllocating) {
+  // A config whose embedding alone is 512 GiB of fp32, over the tiny checkpoint: the tensor is
+  // named before anything that size is allocated.
+  auto cfg = load_model_config(test_data_dir() + "/qwen3_moe_tiny");
+  cfg.vocab_size = int64_t{1} << 30;
+  Checkpoint ck(test_data_dir() + "/qwen3_moe_tiny");
+  try {
+    load_weights(ck, cfg, {});
+    FAIL() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.embed_tokens.weight"), std::string::npos)
+        << e.what();
   }
 }
 

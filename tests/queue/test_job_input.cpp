@@ -48,6 +48,22 @@ TEST(QueueJobInput, DuplicateAndNulKeysAreRefused) {
   EXPECT_EQ(problem, "key 'a\\x00b' holds a NUL byte");
   EXPECT_TRUE(parse_json_strict("{oops", &problem).is_discarded());
   EXPECT_EQ(problem, "not valid JSON");
+  // Deep nesting (a ZeroMQ request or batch line of "[[[…"): refused, not built.
+  EXPECT_TRUE(
+      parse_json_strict(
+          R"({"metadata":)" + std::string(200000, '[') + std::string(200000, ']') + "}", &problem)
+          .is_discarded());
+  EXPECT_EQ(problem, "nested deeper than 128 levels");
+  // A long key is quoted cut at a character boundary ("é" is two bytes; 64 would split one).
+  const std::string accented = "a" + [] {
+    std::string s;
+    for (int i = 0; i < 40; ++i) s += "\xc3\xa9";
+    return s;
+  }();
+  EXPECT_TRUE(parse_json_strict("{\"" + accented + "\":1,\"" + accented + "\":2}", &problem)
+                  .is_discarded());
+  EXPECT_EQ(problem, "duplicate key '" + accented.substr(0, 63) + "...'");
+  EXPECT_NO_THROW((void)nlohmann::json(problem).dump());
 
   JobSpec chat = test::text_job(R"([{"role":"user","role":"system","content":"hi"}])");
   chat.prompt_kind = PromptKind::Chat;

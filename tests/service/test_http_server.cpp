@@ -1,11 +1,13 @@
 // The HTTP server alone, on its own io_context thread with test routes: routing, keep-alive,
 // body limits (413 before the body is read), bearer keys, the connection cap, 100-continue,
-// deferred and streamed replies, and the disconnect callback of a pending exchange.
+// deferred and streamed replies, the disconnect callback of a pending exchange, request paths
+// that are not UTF-8, and closing connections that end after a deferred reply.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/read.hpp>
 #include <boost/asio/read_until.hpp>
 #include <future>
 #include <nlohmann/json.hpp>
@@ -100,6 +102,24 @@ std::string raw_exchange(int port, const std::string& bytes, int ms = 2000) {
     if (ec) break;
     out.append(buf, n);
   }
+  return out;
+}
+
+/// The first response in raw bytes: its status line and body (by Content-Length); the rest of
+/// `raw` is left in `rest`.
+struct RawResponse {
+  std::string status_line, body, rest;
+};
+RawResponse first_response(const std::string& raw) {
+  RawResponse out;
+  const size_t head_end = raw.find("\r\n\r\n");
+  if (head_end == std::string::npos) return out;
+  out.status_line = raw.substr(0, raw.find("\r\n"));
+  const std::string head = raw.substr(0, head_end);
+  const size_t cl = head.find("Content-Length: ");
+  const size_t length = cl == std::string::npos ? 0 : std::stoul(head.substr(cl + 16));
+  out.body = raw.substr(head_end + 4, length);
+  out.rest = raw.substr(std::min(raw.size(), head_end + 4 + length));
   return out;
 }
 
@@ -248,6 +268,67 @@ TEST(HttpServer, StreamsAndNoticesAClientThatLeavesAPendingExchange) {
   EXPECT_TRUE(done);
   EXPECT_EQ(ts.disconnects.load(), 1);
   EXPECT_EQ(test::http_request(ts.port(), "GET", "/open").status, 200);
+}
+
+// Beast lets bytes 0x80-0xFF through in a request target, and the 404/405 messages quote the
+// path: the reply is still valid JSON (U+FFFD for the bad byte), and the server goes on serving,
+// on that connection and others.
+TEST(HttpServer, PathsThatAreNotUtf8GetJsonErrorsAndTheServerLivesOn) {
+  TestServer ts;
+  const std::string raw =
+      raw_exchange(ts.port(),
+                   "GET /\xff HTTP/1.1\r\nHost: x\r\n\r\n"
+                   "DELETE /items/\xff HTTP/1.1\r\nHost: x\r\n\r\n"
+                   "GET /open HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  const RawResponse nf = first_response(raw);
+  EXPECT_EQ(nf.status_line, "HTTP/1.1 404 Not Found") << raw;
+  nlohmann::json j;
+  ASSERT_NO_THROW(j = nlohmann::json::parse(nf.body)) << nf.body;  // parse checks UTF-8
+  EXPECT_EQ(j["error"]["message"], "no route for GET /\xEF\xBF\xBD");
+  EXPECT_EQ(j["error"]["code"], "not_found");
+  const RawResponse na = first_response(nf.rest);
+  EXPECT_EQ(na.status_line, "HTTP/1.1 405 Method Not Allowed") << raw;
+  ASSERT_NO_THROW(j = nlohmann::json::parse(na.body)) << na.body;
+  EXPECT_EQ(j["error"]["message"], "method DELETE is not allowed on /items/\xEF\xBF\xBD");
+  const RawResponse ok = first_response(na.rest);
+  EXPECT_EQ(ok.status_line, "HTTP/1.1 200 OK") << raw;
+  EXPECT_EQ(ok.body, "open\n");
+  EXPECT_EQ(test::http_request(ts.port(), "GET", "/open").status, 200);
+}
+
+// A deferred reply on a connection that closes after it (Connection: close, or HTTP/1.0): the
+// session ends even though the client keeps its socket open, so the count of open connections
+// goes back to 0 (it used to stay up until the cap refused everyone).
+TEST(HttpServer, AClosingConnectionEndsAfterADeferredReplyWhileTheClientStays) {
+  TestServer ts;
+  const auto open_connections = [&] {
+    size_t open = 0;
+    ts.on_io([&] { open = ts.server->counters().open; });
+    return open;
+  };
+  for (const std::string request :
+       {"POST /park HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 1\r\n\r\nx",
+        "POST /park HTTP/1.0\r\nHost: x\r\nContent-Length: 1\r\n\r\nx"}) {
+    ts.on_io([&] { ts.parked.reset(); });
+    test::HttpClient c(ts.port());
+    net::write(c.socket(), net::buffer(request));
+    ASSERT_TRUE(test::wait_until(
+        [&] {
+          bool have = false;
+          ts.on_io([&] { have = ts.parked != nullptr; });
+          return have;
+        },
+        5s));
+    ts.on_io([&] { ts.parked->reply({200, "text/plain", "later"}); });
+    std::string reply;
+    boost::system::error_code ec;
+    net::read(c.socket(), net::dynamic_buffer(reply), ec);  // to the server's FIN
+    EXPECT_EQ(ec, net::error::eof);
+    EXPECT_EQ(first_response(reply).body, "later") << reply;
+    // The client still holds its end open here.
+    EXPECT_TRUE(test::wait_until([&] { return open_connections() == 0; }, 5s)) << request;
+  }
+  EXPECT_EQ(ts.disconnects.load(), 0);
 }
 
 }  // namespace

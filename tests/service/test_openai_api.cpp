@@ -150,6 +150,22 @@ TEST(OpenAiParse, BadInputNamesTheField) {
   }
   EXPECT_EQ(parse_api_request(ApiKind::Chat, "{not json", "demo", {}).index(), 1u);
   EXPECT_EQ(parse_api_request(ApiKind::Chat, "[1]", "demo", {}).index(), 1u);
+  // Nesting past kMaxJsonDepth (here 100,000 levels, 200 KB, under the body limit) is refused
+  // at the parse: copying or printing it would overflow the stack. Duplicate keys too, as on the
+  // queue's other doors.
+  const std::string deep =
+      R"({"model":"demo","messages":[{"role":"user","content":"hi"}],"response_format":{"type":)" +
+      std::string(100000, '[') + std::string(100000, ']') + "}}";
+  const auto refused = parse_api_request(ApiKind::Chat, deep, "demo", {});
+  ASSERT_EQ(refused.index(), 1u);
+  EXPECT_EQ(std::get<ApiError>(refused).status, 400);
+  EXPECT_NE(std::get<ApiError>(refused).message.find("nested deeper than"), std::string::npos)
+      << std::get<ApiError>(refused).message;
+  const auto dup = parse_api_request(ApiKind::Completion,
+                                     R"({"model":"demo","prompt":"a","prompt":"b"})", "demo", {});
+  ASSERT_EQ(dup.index(), 1u);
+  EXPECT_NE(std::get<ApiError>(dup).message.find("duplicate key 'prompt'"), std::string::npos)
+      << std::get<ApiError>(dup).message;
   // A prompt over the queue's limit is refused with the queue's words.
   JobLimits small;
   small.max_prompt_bytes = 4;

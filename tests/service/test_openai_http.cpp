@@ -309,6 +309,18 @@ TEST(OpenAiHttp, MaintenanceAnswers503WhileTheStreamInFlightFinishes) {
 using OpenAiHttpStore = test::StoreKindTest;
 MB_INSTANTIATE_STORE_TESTS(OpenAiHttpStore);
 
+// POST /v1/files: `content` as the file part, `purpose` as its field.
+test::HttpResult upload_file(int port, const std::string& purpose, const std::string& content,
+                             const std::string& filename = "f.jsonl") {
+  const std::string body = "--b\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\n" +
+                           purpose +
+                           "\r\n--b\r\nContent-Disposition: form-data; name=\"file\"; "
+                           "filename=\"" +
+                           filename + "\"\r\n\r\n" + content + "\r\n--b--\r\n";
+  return test::http_request(port, "POST", "/v1/files", body,
+                            {{"Content-Type", "multipart/form-data; boundary=b"}});
+}
+
 TEST_P(OpenAiHttpStore, FilesAndBatchesRefuseBadInputNamingTheField) {
   ServiceConfig cfg = api_config(scratch());
   cfg.db = location();
@@ -316,13 +328,7 @@ TEST_P(OpenAiHttpStore, FilesAndBatchesRefuseBadInputNamingTheField) {
   test::SideConnection side(location());
   const int p = r.port();
   auto upload = [&](const std::string& purpose, const std::string& content) {
-    const std::string body = "--b\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\n" +
-                             purpose +
-                             "\r\n--b\r\nContent-Disposition: form-data; name=\"file\"; "
-                             "filename=\"f.jsonl\"\r\n\r\n" +
-                             content + "\r\n--b--\r\n";
-    return test::http_request(p, "POST", "/v1/files", body,
-                              {{"Content-Type", "multipart/form-data; boundary=b"}});
+    return upload_file(p, purpose, content);
   };
   auto param_of = [](const test::HttpResult& res) {
     return json::parse(res.body)["error"]["param"];
@@ -396,6 +402,130 @@ TEST_P(OpenAiHttpStore, FilesAndBatchesRefuseBadInputNamingTheField) {
   EXPECT_EQ(output.status, 200);
   EXPECT_EQ(json::parse(output.body)["custom_id"], "a") << output.body;
   EXPECT_EQ(side.query_i64("SELECT count(*) FROM jobs WHERE state = 'done'"), 1);
+  EXPECT_EQ(test::http_request(p, "GET", "/health").status, 200);
+}
+
+// A batch whose errors quote a UTF-8 character cut in two, or whose requests the store refuses,
+// fails with a readable error and holds up no other batch, also when the periodic check
+// validates it (a batch left validating by a crash). A cancel takes every unfinished request at
+// once. Client mistakes are 400s, not 500s (which the SDKs retry).
+TEST_P(OpenAiHttpStore, ABadBatchFailsAloneAndClientErrorsAre400) {
+  ServiceConfig cfg = api_config(scratch());
+  cfg.db = location();
+  Running r(cfg);
+  test::SideConnection side(location());
+  const int p = r.port();
+  const bool pg = GetParam() == StoreKind::Postgres;
+  auto file_id = [&](const test::HttpResult& res) -> std::string {
+    EXPECT_EQ(res.status, 200) << res.body;
+    return res.status == 200 ? json::parse(res.body)["id"].get<std::string>() : "";
+  };
+  auto line = [](const std::string& id, const json& body) {
+    return json{{"custom_id", id}, {"method", "POST"}, {"url", "/v1/completions"}, {"body", body}}
+        .dump();
+  };
+  auto create = [&](const std::string& file) {
+    return test::http_request(
+        p, "POST", "/v1/batches",
+        json{{"input_file_id", file}, {"endpoint", "/v1/completions"}, {"completion_window", "24h"}}
+            .dump());
+  };
+  auto get = [&](const std::string& id) {
+    return json::parse(test::http_request(p, "GET", "/v1/batches/" + id).body);
+  };
+  std::string e40;
+  for (int i = 0; i < 40; ++i) e40 += "\xc3\xa9";  // é
+  const json prompt = {{"model", "demo"}, {"prompt", "hi"}, {"max_tokens", 2}};
+
+  // Line 1 repeats an 81-byte key, line 2 has a metadata key over 64 bytes: messages quote the
+  // first 64 bytes of a key, which end inside an é.
+  json meta = prompt;
+  meta["metadata"] = {{"k: " + e40, "v"}};
+  const std::string dup_key = "\"a" + e40 + "\":1";
+  const std::string bad = file_id(upload_file(
+      p, "batch",
+      "{" + dup_key + "," + dup_key + "," + line("d", prompt).substr(1) + "\n" + line("m", meta)));
+  const std::string good = file_id(upload_file(p, "batch", line("a", prompt)));
+
+  const auto bad_reply = create(bad);
+  ASSERT_EQ(bad_reply.status, 200) << bad_reply.body;
+  auto expect_readable_failure = [&](const json& b) {
+    EXPECT_EQ(b["status"], "failed");
+    ASSERT_EQ(b["errors"]["data"].size(), 2u) << b.dump();
+    EXPECT_EQ(b["errors"]["data"][0]["line"], 1);
+    EXPECT_NE(b["errors"]["data"][0]["message"].get<std::string>().find("duplicate key 'a"),
+              std::string::npos);
+    EXPECT_EQ(b["errors"]["data"][1]["line"], 2);
+    EXPECT_NE(b["errors"]["data"][1]["message"].get<std::string>().find("longer than 64 bytes"),
+              std::string::npos);
+  };
+  const json failed = json::parse(bad_reply.body);  // throws on invalid UTF-8
+  expect_readable_failure(failed);
+  const std::string failed_id = failed["id"];
+  // As a crash before validation leaves it: the periodic check validates it again.
+  EXPECT_EQ(side.exec("UPDATE batches SET status = 'validating', errors = NULL, failed_at = NULL "
+                      "WHERE id = '" +
+                      failed_id + "'"),
+            "");
+  const json started = json::parse(create(good).body);
+  EXPECT_EQ(started["status"], "in_progress");
+  EXPECT_TRUE(test::wait_until(
+      [&] {
+        return get(started["id"].get<std::string>())["status"] == "completed" &&
+               get(failed_id)["status"] != "validating";
+      },
+      20s));
+  expect_readable_failure(get(failed_id));
+  EXPECT_EQ(side.query_i64("SELECT count(*) FROM jobs WHERE batch_id = '" + failed_id + "'"), 0);
+
+  // PostgreSQL text holds no NUL byte: a prompt with one fails its batch, naming it; a file with
+  // one is refused at upload. SQLite takes both.
+  json nul = prompt;
+  nul["prompt"] = std::string("h\0i", 3);
+  const json nul_batch = json::parse(create(file_id(upload_file(p, "batch", line("n", nul)))).body);
+  if (pg) {
+    EXPECT_EQ(nul_batch["status"], "failed");
+    EXPECT_NE(nul_batch["errors"]["data"][0]["message"].get<std::string>().find("NUL byte"),
+              std::string::npos)
+        << nul_batch.dump();
+  } else {
+    EXPECT_EQ(nul_batch["status"], "in_progress");
+  }
+  const auto nul_file = upload_file(p, "batch", std::string("{}\0", 3));
+  EXPECT_EQ(nul_file.status, pg ? 400 : 200) << nul_file.body;
+  if (pg) {
+    EXPECT_EQ(json::parse(nul_file.body)["error"]["type"], "invalid_request_error");
+  }
+
+  // A long filename is cut to 256 bytes at a character boundary.
+  const auto named = upload_file(p, "batch", line("a", prompt), "a" + e40 + e40 + e40 + e40);
+  ASSERT_EQ(named.status, 200) << named.body;
+  std::string cut = "a";
+  for (int i = 0; i < 127; ++i) cut += "\xc3\xa9";
+  EXPECT_EQ(json::parse(named.body)["filename"], cut);
+
+  const auto no_file = test::http_request(
+      p, "POST", "/v1/batches",
+      json{{"endpoint", "/v1/completions"}, {"completion_window", "24h"}}.dump());
+  EXPECT_EQ(no_file.status, 400);
+  EXPECT_EQ(json::parse(no_file.body)["error"]["param"], "input_file_id");
+  EXPECT_EQ(json::parse(no_file.body)["error"]["code"], "missing_required_parameter");
+
+  // Cancel: every unfinished request goes at once; the batch ends cancelled.
+  json slow = prompt;
+  slow["max_tokens"] = 200;
+  std::string lines;
+  for (int i = 0; i < 6; ++i) lines += line("s" + std::to_string(i), slow) + "\n";
+  const json to_cancel = json::parse(create(file_id(upload_file(p, "batch", lines))).body);
+  const std::string cancel_id = to_cancel["id"];
+  const auto cancelled = test::http_request(p, "POST", "/v1/batches/" + cancel_id + "/cancel");
+  EXPECT_EQ(cancelled.status, 200) << cancelled.body;
+  EXPECT_TRUE(test::wait_until([&] { return get(cancel_id)["status"] == "cancelled"; }, 20s));
+  const json counts = get(cancel_id)["request_counts"];
+  EXPECT_EQ(counts["completed"].get<int>() + counts["failed"].get<int>(), 6) << counts.dump();
+  EXPECT_EQ(side.query_i64("SELECT count(*) FROM jobs WHERE batch_id = '" + cancel_id +
+                           "' AND state IN ('queued', 'running')"),
+            0);
   EXPECT_EQ(test::http_request(p, "GET", "/health").status, 200);
 }
 

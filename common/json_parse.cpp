@@ -1,0 +1,33 @@
+#include "common/json_parse.h"
+
+#include "common/utf8.h"
+
+namespace moebatch {
+
+nlohmann::json parse_json_bounded(std::string_view text, std::string* problem) {
+  bool too_deep = false;
+  const nlohmann::json::parser_callback_t check =
+      [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& /*parsed*/) {
+        if (!json_too_deep(depth, event)) return true;
+        too_deep = true;
+        return false;  // the deep value is skipped, not built
+      };
+  nlohmann::json j;
+  std::string found;
+  try {
+    j = nlohmann::json::parse(text, check);
+  } catch (const nlohmann::json::parse_error& e) {
+    found = std::string("not valid JSON (") + e.what() + ")";
+  }
+  if (found.empty() && too_deep)
+    found = "nested deeper than " + std::to_string(kMaxJsonDepth) + " levels";
+  if (problem) *problem = found;
+  return found.empty() ? j : nlohmann::json(nlohmann::json::value_t::discarded);
+}
+
+std::string json_excerpt(const nlohmann::json& v, std::size_t max_chars) {
+  const std::string s = v.dump();
+  return s.size() <= max_chars ? s : utf8_prefix(s, max_chars) + "…";
+}
+
+}  // namespace moebatch
