@@ -9,10 +9,6 @@ namespace {
 
 using nlohmann::json;
 
-// Deeper nesting than any valid request needs (chat messages are depth 5) is refused before
-// parsing, so a hostile "[[[[..." cannot cost stack or time in the parser or destructor.
-constexpr int kMaxJsonDepth = 32;
-
 [[noreturn]] void fail(std::string_view code, std::string message,
                        std::optional<std::string> field = std::nullopt) {
   throw ProtocolException(ProtocolError{std::string(code), std::move(message), std::move(field)});
@@ -20,29 +16,6 @@ constexpr int kMaxJsonDepth = 32;
 
 [[noreturn]] void invalid(const std::string& field, const std::string& message) {
   fail(error_code::kInvalid, field + ": " + message, field);
-}
-
-/// True when brackets nest deeper than max_depth outside of strings.
-bool nests_deeper_than(std::string_view s, int max_depth) {
-  int depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < s.size(); ++i) {
-    const char c = s[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;  // skip the escaped character, which may be a quote
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > max_depth) return true;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return false;
 }
 
 std::string child(const std::string& path, std::string_view name) {
@@ -243,10 +216,7 @@ Request parse_request(std::string_view body, const ProtocolLimits& limits, json*
                                     " bytes exceeds the limit of " +
                                     std::to_string(limits.max_request_bytes));
   }
-  if (nests_deeper_than(body, kMaxJsonDepth)) {
-    fail(error_code::kBadJson, "JSON nests deeper than " + std::to_string(kMaxJsonDepth));
-  }
-  std::string problem;
+  std::string problem;  // strict: duplicate keys, NUL in keys, nesting past kMaxJsonDepth
   json doc = parse_json_strict(body, &problem);
   if (doc.is_discarded()) {
     if (problem == "not valid JSON") fail(error_code::kBadJson, "request is not valid JSON");

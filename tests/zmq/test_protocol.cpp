@@ -70,6 +70,11 @@ TEST(Protocol, EnvelopeErrorsHaveCodesAndFields) {
   EXPECT_EQ(parse_error("not json").code, "bad_json");
   EXPECT_EQ(parse_error("[1,2]").code, "bad_json");
   EXPECT_EQ(parse_error(std::string(100, '[')).code, "bad_json");
+  // Valid JSON nested past the bound, inside an otherwise good request: refused before use.
+  const ProtocolError deep = parse_error(R"({"v":1,"cmd":"stats","id":1,"x":)" + std::string(5000, '[') +
+                                         std::string(5000, ']') + "}");
+  EXPECT_EQ(deep.code, "bad_json");
+  EXPECT_NE(deep.message.find("nested deeper than 128 levels"), std::string::npos) << deep.message;
   json id;
   ProtocolError e = parse_error(R"({"v":2,"cmd":"stats","id":"x"})", &id);
   EXPECT_EQ(e.code, "bad_version");
