@@ -29,7 +29,7 @@ using nlohmann::json;
 // The format allows up to 100 MB of header; real checkpoints use a few hundred KB.
 constexpr uint64_t kMaxHeaderBytes = 100u << 20;
 constexpr int kMaxRank = 8;
-constexpr uint64_t kMaxElements = uint64_t{1} << 40;  // per tensor, and per dimension
+constexpr uint64_t kMaxTensorElements = uint64_t{1} << 40;  // per tensor, and per dimension
 constexpr std::uintmax_t kMaxIndexBytes = 64u << 20;
 
 [[noreturn]] void bad_safetensors(const std::string& file, const std::string& what) {
@@ -256,13 +256,13 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
         bad_safetensors(path_, where + "shape must be an array of rank <= 8");
       uint64_t numel = 1;
       for (const auto& d : sh) {
-        if (!d.is_number_unsigned() || d.get<uint64_t>() > kMaxElements) {
+        if (!d.is_number_unsigned() || d.get<uint64_t>() > kMaxTensorElements) {
           bad_safetensors(path_,
                           where + "shape entry " + json_excerpt(d) + " is not a valid dimension");
         }
         const uint64_t n = d.get<uint64_t>();
         // checked before multiplying: two dimensions of up to 2^40 would wrap 64 bits
-        if (n != 0 && numel > kMaxElements / n) bad_safetensors(path_, where + "too many elements");
+        if (n != 0 && numel > kMaxTensorElements / n) bad_safetensors(path_, where + "too many elements");
         t.shape.push_back(static_cast<int64_t>(n));
         numel *= n;
       }
