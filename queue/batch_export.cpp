@@ -44,6 +44,26 @@ BatchExportPage batch_export_page(JobStore& store, const std::string& batch_id, 
   return page;
 }
 
+BatchFiles batch_files(JobStore& store, const std::string& batch_id, size_t max_bytes) {
+  constexpr int64_t kPageJobs = 1000;
+  constexpr size_t kPageBytes = size_t{8} << 20;
+  BatchFiles f;
+  int64_t after_id = 0;
+  while (true) {
+    const BatchExportPage page = batch_export_page(store, batch_id, after_id, kPageJobs, kPageBytes);
+    for (const BatchExportLine& l : page.lines)
+      (l.done ? f.output : f.errors) +=
+          l.line.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+    if (f.output.size() + f.errors.size() > max_bytes) {
+      throw InputError("the batch's output passes " + std::to_string(max_bytes) +
+                       " bytes (batch_output_max_mb); its results stay in the job table: "
+                       "`moebatch export --batch " + batch_id + "` writes them");
+    }
+    if (!page.more || !page.last_id) return f;
+    after_id = *page.last_id;
+  }
+}
+
 json batch_export_page_to_json(const BatchExportPage& page) {
   json lines = json::array();
   for (const BatchExportLine& l : page.lines) lines.push_back({{"done", l.done}, {"line", l.line}});

@@ -36,6 +36,17 @@ struct BatchExportPage {
 BatchExportPage batch_export_page(JobStore& store, const std::string& batch_id, int64_t after_id,
                                   int64_t limit, size_t max_bytes);
 
+/// A finished batch's two files as OpenAI Batch JSONL: output lines of its done jobs, error
+/// lines of its failed and cancelled ones, in id order.
+struct BatchFiles {
+  std::string output, errors;
+};
+
+/// Builds them page by page (batch_export_page). Refused with InputError once the two together
+/// pass max_bytes (checked after each page, so memory stays within max_bytes plus a page): such a
+/// batch's results stay in the job table, where `moebatch export` writes files of any size.
+BatchFiles batch_files(JobStore& store, const std::string& batch_id, size_t max_bytes);
+
 /// The page as a reply member, and back; from_json throws Error on a malformed object.
 nlohmann::json batch_export_page_to_json(const BatchExportPage& page);
 BatchExportPage batch_export_page_from_json(const nlohmann::json& j);

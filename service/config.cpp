@@ -69,6 +69,10 @@ const IntKey kIntKeys[] = {
      "Queue priority of OpenAI API requests; batch jobs default to 0 (default 1000)"},
     {"api_max_pending", &ServiceConfig::api_max_pending, 1, 1000000,
      "OpenAI API requests open at once; beyond: 429 (default 256)"},
+    {"batch_output_max_mb", &ServiceConfig::batch_output_max_mb, 1, 900,
+     "A Batch API batch's output and error files together at most, MiB; a larger batch fails, "
+     "its results stay in the job table for `moebatch export` (default 512; SQLite holds a "
+     "file of up to ~950)"},
     {"store_busy_timeout_ms", &ServiceConfig::store_busy_timeout_ms, 100, 600000,
      "Job store locked by another writer this long: /health reports it unwritable (results "
      "are kept and retried meanwhile; the io thread waits at most 200 ms a try) (default 5000)"},

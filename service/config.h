@@ -56,6 +56,7 @@ struct ServiceConfig {
   std::string served_model_name;        ///< model id in the API; empty = model dir's name
   int64_t api_priority = 1000;          ///< queue priority of API requests (batch work: 0)
   int64_t api_max_pending = 256;        ///< API requests open at once; beyond: 429
+  int64_t batch_output_max_mb = 512;    ///< a Batch API batch's output + error files at most
   int64_t health_stall_s = 60;          ///< /health fails when busy and no step for this long
   std::string ready_file;               ///< written (JSON: pid, worker, http_port) once serving
   std::string synchronous = "normal";   ///< SQLite durability: normal | full

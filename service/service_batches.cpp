@@ -14,6 +14,7 @@
 
 #include "common/error.h"
 #include "common/utf8.h"
+#include "queue/batch_export.h"
 #include "queue/batch_store.h"
 #include "queue/job_store.h"
 #include "queue/job_validate.h"
@@ -465,21 +466,10 @@ void Service::batches_tick(bool force) {
 }
 
 void Service::batch_finalize(const BatchRecord& b) {
-  std::string output, errors;
-  ListFilter f;
-  f.batch_id = b.id;
-  f.limit = 10000;
-  while (true) {
-    const std::vector<Job> jobs = store_->list(f);
-    for (const Job& j : jobs) {
-      const std::string line = dump_text(batch_output_line(j)) + "\n";
-      (j.state == JobState::Done ? output : errors) += line;
-    }
-    if (static_cast<int64_t>(jobs.size()) < f.limit) break;
-    f.after_id = jobs.back().id;
-  }
+  // Over the bound: InputError, and batches_tick fails the batch with the reason.
+  const BatchFiles files = batch_files(*store_, b.id, static_cast<size_t>(cfg_.batch_output_max_mb) << 20);
   const std::string to = b.status == "cancelling" ? "cancelled" : "completed";
-  if (batches_->finish(b.id, b.status, to, output, errors, now_s()))
+  if (batches_->finish(b.id, b.status, to, files.output, files.errors, now_s()))
     spdlog::info("batch {}: {}", b.id, to);
 }
 

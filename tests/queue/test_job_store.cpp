@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <sstream>
 #include <thread>
 
 #include "common/error.h"
@@ -355,6 +356,44 @@ TEST_P(JobStoreTest, CompleteManyStoresEachResultAndLatencyExactly) {
     EXPECT_EQ(l->decode_ms, cs[i].latency.decode_ms);
     EXPECT_EQ(l->total_ms, cs[i].latency.total_ms);
     EXPECT_EQ(l->tokens_per_s, cs[i].latency.tokens_per_s);
+  }
+}
+
+TEST_P(JobStoreTest, BatchFilesSpanPagesAndAreBounded) {
+  // 100 jobs of 100 KB answers (10 MB: two of batch_files' 8 MiB pages), every tenth failed.
+  std::vector<JobSpec> specs;
+  for (int i = 0; i < 100; ++i) {
+    specs.push_back(text_job("p", "big" + std::to_string(i)));
+    specs.back().batch_id = "big";
+    specs.back().custom_id = "c" + std::to_string(i);
+  }
+  const auto ids = store.submit_many(specs);
+  ASSERT_EQ(store.claim("w", 100, milliseconds(60000)).size(), 100u);
+  for (int i = 0; i < 100; ++i) {
+    if (i % 10 == 9)
+      ASSERT_EQ(store.fail("w", ids[i].id, "boom", false), FailOutcome::Failed);
+    else
+      ASSERT_TRUE(store.complete("w", ids[i].id, JobResult{std::string(100'000, 'a' + i % 26), 1, 1, "stop", {}}, {}));
+  }
+  const BatchFiles f = batch_files(store, "big", size_t{64} << 20);
+  std::vector<std::string> out_ids, err_ids;
+  for (const auto& [text, to] : {std::pair{&f.output, &out_ids}, std::pair{&f.errors, &err_ids}}) {
+    std::istringstream lines(*text);
+    for (std::string line; std::getline(lines, line);)
+      to->push_back(nlohmann::json::parse(line)["custom_id"].get<std::string>());
+  }
+  ASSERT_EQ(out_ids.size(), 90u);
+  ASSERT_EQ(err_ids.size(), 10u);
+  EXPECT_EQ(out_ids.front(), "c0");
+  EXPECT_EQ(out_ids.back(), "c98");
+  EXPECT_EQ(err_ids.back(), "c99");
+  EXPECT_GT(f.output.size(), size_t{9'000'000});
+  // Past the bound: refused naming the way out.
+  try {
+    (void)batch_files(store, "big", size_t{1} << 20);
+    ADD_FAILURE() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("moebatch export --batch big"), std::string::npos) << e.what();
   }
 }
 
