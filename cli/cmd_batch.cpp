@@ -20,6 +20,7 @@
 #include "cli/commands.h"
 #include "cli/queue_cli.h"
 #include "common/error.h"
+#include "common/json_parse.h"
 #include "queue/batch_export.h"
 #include "queue/job_json.h"
 #include "queue/job_validate.h"
@@ -126,7 +127,7 @@ void print_counts(const std::string& name, const BatchCounts& c, bool as_json, j
     if (extra.is_object()) {
       for (auto& [k, v] : extra.items()) out[k] = v;
     }
-    std::cout << dump(out) << "\n";
+    std::cout << dump_json(out) << "\n";
     return;
   }
   std::cout << "batch " << printable(name) << ": " << c.total << " job(s)\n";
@@ -213,7 +214,7 @@ void run_verb(const std::string& verb, BatchFlags& f) {
   } else {
     const PurgeOutcome p = target->purge(f.name);
     if (f.common.json) {
-      std::cout << dump(
+      std::cout << dump_json(
                        {{"batch_id", f.name}, {"deleted", p.deleted}, {"unfinished", p.unfinished}})
                 << "\n";
     }
@@ -257,7 +258,7 @@ void run_export(const ExportFlags& f) {
     for (;;) {
       const BatchExportPage page = target->results(f.batch, after);
       for (const BatchExportLine& l : page.lines) {
-        (l.done ? out : err) << dump(l.line) << "\n";
+        (l.done ? out : err) << dump_json(l.line) << "\n";
         ++(l.done ? done : failed);
       }
       pending += static_cast<size_t>(page.unfinished);

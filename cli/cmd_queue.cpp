@@ -15,6 +15,7 @@
 #include "cli/commands.h"
 #include "cli/queue_cli.h"
 #include "common/error.h"
+#include "common/json_parse.h"
 #include "queue/job_json.h"
 #include "queue/job_store.h"
 #include "queue/openai_batch.h"
@@ -47,7 +48,7 @@ void write_error_file(const std::filesystem::path& path,
                       const std::vector<BatchLineError>& errors) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   if (!out) throw InputError("cannot write the error file '" + path.string() + "'");
-  for (const BatchLineError& e : errors) out << dump(batch_error_line(e)) << "\n";
+  for (const BatchLineError& e : errors) out << dump_json(batch_error_line(e)) << "\n";
   out.flush();
   if (!out) throw Error("writing the error file '" + path.string() + "' failed");
 }
@@ -138,7 +139,7 @@ void run_submit_file(SubmitFlags& f, JobStore* store) {
                 {"error_file", error_file ? json(error_file->string()) : json(nullptr)},
                 {"ids", json::array()}};
     for (const auto& r : ids) out["ids"].push_back(r.id);
-    std::cout << dump(out) << "\n";
+    std::cout << dump_json(out) << "\n";
   } else {
     std::cout << "batch " << printable(batch) << ": " << created << " job(s) queued";
     if (created != ids.size()) std::cout << ", " << ids.size() - created << " already present";
@@ -175,7 +176,7 @@ void run_submit(SubmitFlags& f) {
   }
   SubmitResult r = store ? store->submit(spec) : zmq_ingress::submit_remote(f.remote, spec);
   if (f.common.json) {
-    std::cout << dump({{"id", r.id}, {"created", r.created}}) << "\n";
+    std::cout << dump_json({{"id", r.id}, {"created", r.created}}) << "\n";
   } else {
     std::cout << (r.created ? "queued job " : "existing job ") << r.id << "\n";
   }
@@ -293,7 +294,7 @@ void register_queue_commands(CLI::App& app) {
     if (st->common.json) {
       json out = job_to_json(j);
       out["latency"] = latency ? latency_to_json(*latency) : json(nullptr);
-      std::cout << dump(out) << "\n";
+      std::cout << dump_json(out) << "\n";
     } else {
       print_status(j, latency);
     }
@@ -307,7 +308,7 @@ void register_queue_commands(CLI::App& app) {
     auto store = open_store(rs->common);
     Job j = find_job(*store, rs->id, "");
     if (rs->common.json) {
-      std::cout << dump(job_to_json(j)) << "\n";
+      std::cout << dump_json(job_to_json(j)) << "\n";
       if (j.state != JobState::Done) throw CLI::RuntimeError(1);
       return;
     }
@@ -372,7 +373,7 @@ void register_queue_commands(CLI::App& app) {
         break;
       }
     }
-    if (lf->common.json) std::cout << dump(out) << "\n";
+    if (lf->common.json) std::cout << dump_json(out) << "\n";
   });
 
   auto cf = std::make_shared<IdFlags>();
@@ -383,7 +384,7 @@ void register_queue_commands(CLI::App& app) {
     auto store = open_store(cf->common);
     bool ok = store->cancel(cf->id);
     Job j = find_job(*store, cf->id, "");
-    if (cf->common.json) std::cout << dump({{"id", j.id}, {"cancelled", ok}}) << "\n";
+    if (cf->common.json) std::cout << dump_json({{"id", j.id}, {"cancelled", ok}}) << "\n";
     if (!ok) {
       throw Error("job " + std::to_string(j.id) + " is already " +
                   std::string(job_state_to_string(j.state)) + "; not cancelled");
@@ -398,7 +399,7 @@ void register_queue_commands(CLI::App& app) {
     auto store = open_store(*sfl);
     QueueStats s = store->stats();
     if (sfl->json) {
-      std::cout << dump(stats_to_json(s)) << "\n";
+      std::cout << dump_json(stats_to_json(s)) << "\n";
     } else {
       print_stats(s);
     }

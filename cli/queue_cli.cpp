@@ -93,10 +93,6 @@ CLI::Validator decimal_int() {
       "INT");
 }
 
-std::string dump(const json& j, int indent) {
-  return j.dump(indent, ' ', false, json::error_handler_t::replace);
-}
-
 std::string format_time(std::optional<int64_t> ms) {
   if (!ms) return "-";
   std::time_t secs = static_cast<std::time_t>(*ms / 1000);

@@ -41,9 +41,6 @@ std::string printable(std::string_view s);
 /// and clamps "99999999999999999999"); failing it is a usage error (exit 2).
 CLI::Validator decimal_int();
 
-/// JSON text; arbitrary model bytes are replaced, never thrown on.
-std::string dump(const nlohmann::json& j, int indent = -1);
-
 /// "2026-11-30 12:00:00.000Z", or "-" for none.
 std::string format_time(std::optional<int64_t> ms);
 

@@ -25,6 +25,10 @@ nlohmann::json parse_json_bounded(std::string_view text, std::string* problem) {
   return found.empty() ? j : nlohmann::json(nlohmann::json::value_t::discarded);
 }
 
+std::string dump_json(const nlohmann::json& j, int indent) {
+  return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 std::string json_excerpt(const nlohmann::json& v, std::size_t max_chars) {
   const std::string s = v.dump();
   return s.size() <= max_chars ? s : utf8_prefix(s, max_chars) + "…";

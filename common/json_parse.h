@@ -28,6 +28,11 @@ inline bool json_too_deep(int depth, nlohmann::json::parse_event_t event) {
          depth >= kMaxJsonDepth;
 }
 
+/// `j` printed; bytes that are not UTF-8 become U+FFFD rather than an exception. For every JSON the
+/// process writes that may quote outside text (replies, rows, files, messages): a strict dump
+/// throws on a split character, which would fail whatever was being answered.
+std::string dump_json(const nlohmann::json& j, int indent = -1);
+
 /// `v` printed for an error message: at most `max_chars` characters, "…" marking a cut.
 std::string json_excerpt(const nlohmann::json& v, std::size_t max_chars = 120);
 

@@ -1,7 +1,6 @@
 #include "engine/model_config.h"
 
 #include <algorithm>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string_view>

@@ -262,7 +262,8 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
         }
         const uint64_t n = d.get<uint64_t>();
         // checked before multiplying: two dimensions of up to 2^40 would wrap 64 bits
-        if (n != 0 && numel > kMaxTensorElements / n) bad_safetensors(path_, where + "too many elements");
+        if (n != 0 && numel > kMaxTensorElements / n)
+          bad_safetensors(path_, where + "too many elements");
         t.shape.push_back(static_cast<int64_t>(n));
         numel *= n;
       }

@@ -282,8 +282,8 @@ void check_weight_plan(const WeightSource& src, const ModelConfig& cfg, const Mo
 
 ModelWeights load_weights(const WeightSource& ckpt, const ModelConfig& cfg, const ShardSpec& spec) {
   const ModelPlan plan = plan_weights(cfg, spec);
-  check_weight_plan(ckpt, cfg,
-                    plan);  // a wrong checkpoint is refused before gigabytes are allocated
+  // A wrong checkpoint is refused before gigabytes are allocated.
+  check_weight_plan(ckpt, cfg, plan);
   auto load = [&](HostTensor& t, const TensorPlan& p) {
     if (p.empty()) return;
     t.shape = p.shape;

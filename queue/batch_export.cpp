@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/error.h"
+#include "common/json_parse.h"
 #include "queue/job_store.h"
 #include "queue/openai_batch.h"
 
@@ -34,7 +35,7 @@ BatchExportPage batch_export_page(JobStore& store, const std::string& batch_id, 
         continue;
       }
       json line = batch_output_line(j);
-      bytes += line.dump(-1, ' ', false, json::error_handler_t::replace).size() + 1;
+      bytes += dump_json(line).size() + 1;
       page.lines.push_back({j.state == JobState::Done, std::move(line)});
     }
     if (static_cast<int64_t>(jobs.size()) < filter.limit) return page;  // the batch ends here
@@ -50,14 +51,15 @@ BatchFiles batch_files(JobStore& store, const std::string& batch_id, size_t max_
   BatchFiles f;
   int64_t after_id = 0;
   while (true) {
-    const BatchExportPage page = batch_export_page(store, batch_id, after_id, kPageJobs, kPageBytes);
+    const BatchExportPage page =
+        batch_export_page(store, batch_id, after_id, kPageJobs, kPageBytes);
     for (const BatchExportLine& l : page.lines)
-      (l.done ? f.output : f.errors) +=
-          l.line.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+      (l.done ? f.output : f.errors) += dump_json(l.line) + "\n";
     if (f.output.size() + f.errors.size() > max_bytes) {
       throw InputError("the batch's output passes " + std::to_string(max_bytes) +
                        " bytes (batch_output_max_mb); its results stay in the job table: "
-                       "`moebatch export --batch " + batch_id + "` writes them");
+                       "`moebatch export --batch " +
+                       batch_id + "` writes them");
     }
     if (!page.more || !page.last_id) return f;
     after_id = *page.last_id;

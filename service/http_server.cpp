@@ -13,6 +13,7 @@
 #include <optional>
 
 #include "common/error.h"
+#include "common/json_parse.h"
 
 namespace moebatch {
 
@@ -85,11 +86,8 @@ HttpReply json_error(int status, std::string_view message, std::string_view type
                    {"type", type},
                    {"param", param.empty() ? nlohmann::json(nullptr) : nlohmann::json(param)},
                    {"code", code.empty() ? nlohmann::json(nullptr) : nlohmann::json(code)}};
-  // Messages quote the request path, and Beast passes bytes 0x80-0xFF in a target through: a
-  // strict dump would throw on invalid UTF-8, so such bytes become U+FFFD instead.
-  const std::string body =
-      nlohmann::json{{"error", e}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  return {status, "application/json", body + "\n", {}};
+  // Messages quote the request path, and Beast passes bytes 0x80-0xFF in a target through.
+  return {status, "application/json", dump_json(nlohmann::json{{"error", e}}) + "\n", {}};
 }
 
 std::string HttpRequest::header(std::string_view lower_name) const {

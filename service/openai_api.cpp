@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 
+#include "common/json_parse.h"
 #include "queue/json_strict.h"
 #include "queue/openai_content.h"
 
@@ -223,10 +224,6 @@ void parse_fields(const json& body, const std::string& served_model, const JobLi
   if (out.include_usage && !out.stream) bad("stream_options", "only allowed with stream: true");
 }
 
-// Text from the model or the client is valid UTF-8 by construction; replace rather than throw
-// should that ever not hold.
-std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
-
 json usage_json(int64_t prompt_tokens, int64_t completion_tokens) {
   return {{"prompt_tokens", prompt_tokens},
           {"completion_tokens", completion_tokens},
@@ -299,7 +296,7 @@ std::string render_response(const ApiResponseId& rid, const ApiResult& r) {
   }
   j["choices"] = json::array({choice});
   j["usage"] = usage_json(r.prompt_tokens, r.completion_tokens);
-  return dump(j);
+  return dump_json(j);
 }
 
 std::string render_chunk(const ApiResponseId& rid, std::string_view delta, bool first,
@@ -317,7 +314,7 @@ std::string render_chunk(const ApiResponseId& rid, std::string_view delta, bool 
   choice["finish_reason"] = finish_reason ? json(*finish_reason) : json(nullptr);
   j["choices"] = json::array({choice});
   if (with_usage) j["usage"] = nullptr;
-  return "data: " + dump(j) + "\n\n";
+  return "data: " + dump_json(j) + "\n\n";
 }
 
 std::string render_usage_chunk(const ApiResponseId& rid, int64_t prompt_tokens,
@@ -325,7 +322,7 @@ std::string render_usage_chunk(const ApiResponseId& rid, int64_t prompt_tokens,
   json j = envelope(rid, true);
   j["choices"] = json::array();
   j["usage"] = usage_json(prompt_tokens, completion_tokens);
-  return "data: " + dump(j) + "\n\n";
+  return "data: " + dump_json(j) + "\n\n";
 }
 
 std::string render_error(const ApiError& e) {
@@ -333,7 +330,7 @@ std::string render_error(const ApiError& e) {
            {"type", e.type},
            {"param", e.param.empty() ? json(nullptr) : json(e.param)},
            {"code", e.code.empty() ? json(nullptr) : json(e.code)}};
-  return dump(json{{"error", err}});
+  return dump_json(json{{"error", err}});
 }
 
 std::string render_stream_error(const ApiError& e) { return "data: " + render_error(e) + "\n\n"; }
@@ -355,12 +352,12 @@ json model_json(const std::string& model, int64_t created, int64_t max_model_len
 }  // namespace
 
 std::string render_models(const std::string& model, int64_t created, int64_t max_model_len) {
-  return dump(
+  return dump_json(
       json{{"object", "list"}, {"data", json::array({model_json(model, created, max_model_len)})}});
 }
 
 std::string render_model(const std::string& model, int64_t created, int64_t max_model_len) {
-  return dump(model_json(model, created, max_model_len));
+  return dump_json(model_json(model, created, max_model_len));
 }
 
 }  // namespace moebatch

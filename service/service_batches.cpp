@@ -13,6 +13,7 @@
 #include <set>
 
 #include "common/error.h"
+#include "common/json_parse.h"
 #include "common/utf8.h"
 #include "queue/batch_export.h"
 #include "queue/batch_store.h"
@@ -40,14 +41,8 @@ int64_t now_s() {
       .count();
 }
 
-// JSON holding text from users, printed: a split UTF-8 character (error messages cut what they
-// quote, keys at 64 bytes) becomes U+FFFD where a strict dump would throw.
-std::string dump_text(const json& j) {
-  return j.dump(-1, ' ', false, json::error_handler_t::replace);
-}
-
 HttpReply json_reply(const json& j, int status = 200) {
-  return {status, "application/json", dump_text(j) + "\n"};
+  return {status, "application/json", dump_json(j) + "\n"};
 }
 
 // One entry of a batch's errors list.
@@ -260,7 +255,7 @@ void Service::batches_create(const std::shared_ptr<HttpExchange>& ex) {
             "metadata"));
         return;
       }
-      b.metadata = dump_text(v);
+      b.metadata = dump_json(v);
     } else {
       ex->reply(bad_request(k + ": unknown field or wrong type (input_file_id, endpoint, "
                                 "completion_window: strings; metadata: object)",
@@ -365,7 +360,7 @@ void Service::batch_validate(const BatchRecord& b) {
   }
   const int64_t now = now_s();
   if (!errors.empty()) {
-    batches_->transition(b.id, "validating", "failed", now, std::nullopt, dump_text(errors));
+    batches_->transition(b.id, "validating", "failed", now, std::nullopt, dump_json(errors));
     spdlog::info("batch {}: failed validation ({} errors)", b.id, errors.size());
     return;
   }
@@ -436,7 +431,7 @@ void Service::batches_tick(bool force) {
       spdlog::error("batch {} ({}): {}; the batch fails", b.id, b.status, why);
     try {
       batches_->transition(b.id, b.status, "failed", now_s(), std::nullopt,
-                           dump_text(json::array({batch_error("batch_failed", why)})));
+                           dump_json(json::array({batch_error("batch_failed", why)})));
     } catch (const std::exception&) {
       // The store refused that too: the next tick tries again, without a new log line.
     }
@@ -467,7 +462,8 @@ void Service::batches_tick(bool force) {
 
 void Service::batch_finalize(const BatchRecord& b) {
   // Over the bound: InputError, and batches_tick fails the batch with the reason.
-  const BatchFiles files = batch_files(*store_, b.id, static_cast<size_t>(cfg_.batch_output_max_mb) << 20);
+  const BatchFiles files =
+      batch_files(*store_, b.id, static_cast<size_t>(cfg_.batch_output_max_mb) << 20);
   const std::string to = b.status == "cancelling" ? "cancelled" : "completed";
   if (batches_->finish(b.id, b.status, to, files.output, files.errors, now_s()))
     spdlog::info("batch {}: {}", b.id, to);

@@ -307,10 +307,6 @@ Request parse_request(std::string_view body, const ProtocolLimits& limits, json*
   return r;
 }
 
-std::string dump_json(const json& j) {
-  return j.dump(-1, ' ', false, json::error_handler_t::replace);
-}
-
 std::string ok_reply(const json& id, json body) {
   json out = {{"v", kProtocolVersion}, {"id", id}, {"ok", true}};
   for (auto& [k, v] : body.items()) out[k] = std::move(v);

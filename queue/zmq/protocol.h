@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/json_parse.h"
 #include "queue/job.h"
 #include "queue/job_validate.h"
 
@@ -126,8 +127,5 @@ std::string error_reply(const nlohmann::json& id, const ProtocolError& err);
 
 /// The compact view of a job in status replies: no prompt, no result text.
 nlohmann::json job_status_json(const Job& job);
-
-/// Serializes j; invalid UTF-8 coming from model output is replaced, never thrown on.
-std::string dump_json(const nlohmann::json& j);
 
 }  // namespace moebatch::zmq_ingress
