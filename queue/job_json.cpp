@@ -1,6 +1,7 @@
 #include "queue/job_json.h"
 
 #include "common/error.h"
+#include "common/json_parse.h"
 
 namespace moebatch {
 namespace {
@@ -12,6 +13,16 @@ json opt(const std::optional<T>& v) {
   return v ? json(*v) : json(nullptr);
 }
 
+// Stored JSON text (a chat prompt, metadata, chat_template_kwargs) as a value, parsed with the
+// depth bound: a row written with plain SQL may hold anything, and a document nested 200,000
+// deep parses fine but overflows the stack when printed. What does not parse comes back as the
+// raw string.
+json stored_json_or_text(const std::string& text) {
+  json parsed = parse_json_bounded(text);
+  if (parsed.is_discarded()) return json(text);
+  return parsed;
+}
+
 json percentiles_to_json(const Percentiles& p) {
   return {{"count", p.count}, {"p50", p.p50}, {"p90", p.p90}, {"p99", p.p99}, {"max", p.max}};
 }
@@ -20,12 +31,8 @@ json percentiles_to_json(const Percentiles& p) {
 
 json job_to_json(const Job& job) {
   const JobSpec& s = job.spec;
-  json prompt = s.prompt;
-  if (s.prompt_kind == PromptKind::Chat) {
-    // Stored chat prompts are validated JSON; fall back to the raw text for a row that is not.
-    json parsed = json::parse(s.prompt, nullptr, false);
-    if (!parsed.is_discarded()) prompt = std::move(parsed);
-  }
+  // Chat prompts are stored as JSON; a row that is not (or nests too deep) shows the raw text.
+  json prompt = s.prompt_kind == PromptKind::Chat ? stored_json_or_text(s.prompt) : json(s.prompt);
   json j = {
       {"id", job.id},
       {"state", job_state_to_string(job.state)},
@@ -34,13 +41,12 @@ json job_to_json(const Job& job) {
       {"custom_id", opt(s.custom_id)},
       {"model", opt(s.model)},
       {"user", opt(s.user)},
-      {"metadata", s.metadata ? json::parse(*s.metadata, nullptr, false) : json(nullptr)},
+      {"metadata", s.metadata ? stored_json_or_text(*s.metadata) : json(nullptr)},
       {"priority", s.priority},
       {"prompt_kind", prompt_kind_to_string(s.prompt_kind)},
       {"prompt", prompt},
-      {"chat_template_kwargs", s.chat_template_kwargs
-                                   ? json::parse(*s.chat_template_kwargs, nullptr, false)
-                                   : json(nullptr)},
+      {"chat_template_kwargs",
+       s.chat_template_kwargs ? stored_json_or_text(*s.chat_template_kwargs) : json(nullptr)},
       {"sampling",
        {{"max_tokens", s.sampling.max_tokens},
         {"temperature", s.sampling.temperature},

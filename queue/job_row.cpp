@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include "common/json_parse.h"
+#include "common/utf8.h"
+
 namespace moebatch {
 
 const char* const kJobColumns =
@@ -51,6 +54,10 @@ enum Col {
   kMetadata
 };
 
+// prompt_kind: values longer than this are not read; bad ones are quoted up to kRowKindQuoteMax.
+constexpr size_t kRowKindReadMax = 64;
+constexpr size_t kRowKindQuoteMax = 32;
+
 const char* type_name(RowSource::Type t) {
   switch (t) {
     case RowSource::Type::Integer:
@@ -87,6 +94,7 @@ class SqliteRow : public RowSource {
   int64_t i64(int col) const override { return s_.i64(col); }
   double f64(int col) const override { return s_.f64(col); }
   std::string text(int col) const override { return s_.text(col); }
+  size_t text_bytes(int col) const override { return s_.text_bytes(col); }
 
  private:
   const Stmt& s_;
@@ -118,17 +126,26 @@ class Reader {
     }
     return s_.f64(col);
   }
-  std::string req_text(int col, const char* name) {
+  // Text of at most max_bytes: a longer value is refused without being copied ("" or nullopt),
+  // with the message validation would give it.
+  std::string req_text(int col, const char* name, size_t max_bytes) {
     if (s_.type(col) != Type::Text) {
       bad(col, name, "text");
       return {};
     }
+    if (!fits(col, name, max_bytes)) return {};
     return s_.text(col);
   }
-  std::optional<std::string> opt_text(int col, const char* name) {
+  std::optional<std::string> opt_text(int col, const char* name, size_t max_bytes) {
     if (s_.type(col) == Type::Null) return std::nullopt;
-    return req_text(col, name);
+    if (s_.type(col) == Type::Text && !fits(col, name, max_bytes)) return std::nullopt;
+    return req_text(col, name, max_bytes);
   }
+  // Columns the service writes itself (results, errors, lease owners): read whole.
+  std::optional<std::string> opt_own_text(int col, const char* name) {
+    return opt_text(col, name, std::string::npos);
+  }
+  size_t bytes(int col) const { return s_.text_bytes(col); }
   void fail(std::string msg) {
     if (!error) error = std::move(msg);
   }
@@ -139,42 +156,70 @@ class Reader {
   void bad(int col, const char* name, const char* want) {
     fail(std::string(name) + ": expected " + want + ", found " + type_name(s_.type(col)));
   }
+  bool fits(int col, const char* name, size_t max_bytes) {
+    const size_t n = s_.text_bytes(col);
+    if (n <= max_bytes) return true;
+    fail(std::string(name) + ": " + std::to_string(n) + " bytes exceeds the limit of " +
+         std::to_string(max_bytes));
+    return false;
+  }
   const RowSource& s_;
 };
 
 }  // namespace
 
-JobRow read_job_row(const Stmt& s) { return decode_job_row(SqliteRow(s)); }
+size_t stored_stop_max_bytes(const JobLimits& limits) {
+  return limits.max_stop * (6 * limits.max_stop_bytes + 8) + 8;
+}
 
-JobRow decode_job_row(const RowSource& s) {
+size_t stored_metadata_max_bytes() { return 16 * (6 * (64 + 512) + 8) + 8; }
+
+JobRow read_job_row(const Stmt& s, const JobLimits& limits) {
+  return decode_job_row(SqliteRow(s), limits);
+}
+
+JobRow decode_job_row(const RowSource& s, const JobLimits& limits) {
   Reader r(s);
   JobRow row;
   Job& j = row.job;
   j.id = s.i64(kId);
   JobSpec& spec = j.spec;
-  spec.client_key = r.opt_text(kClientKey, "client_key");
-  spec.batch_id = r.opt_text(kBatchId, "batch_id");
-  spec.custom_id = r.opt_text(kCustomId, "custom_id");
-  spec.model = r.opt_text(kModel, "model");
-  spec.user = r.opt_text(kEndUser, "end_user");
-  spec.metadata = r.opt_text(kMetadata, "metadata");
+  const size_t id_max = limits.max_id_bytes;
+  spec.client_key = r.opt_text(kClientKey, "client_key", id_max);
+  spec.batch_id = r.opt_text(kBatchId, "batch_id", id_max);
+  spec.custom_id = r.opt_text(kCustomId, "custom_id", id_max);
+  spec.model = r.opt_text(kModel, "model", id_max);
+  spec.user = r.opt_text(kEndUser, "end_user", id_max);
+  spec.metadata = r.opt_text(kMetadata, "metadata", stored_metadata_max_bytes());
   spec.priority = r.req_int(kPriority, "priority");
-  std::string kind = r.req_text(kPromptKind, "prompt_kind");
-  if (auto k = prompt_kind_from_string(kind)) {
-    spec.prompt_kind = *k;
+  // The kind is quoted in the row's error, which the claim writes back: only a short excerpt, or
+  // a huge value would make that UPDATE too big and the same row would stop every claim.
+  if (s.type(kPromptKind) == RowSource::Type::Text && r.bytes(kPromptKind) > kRowKindReadMax) {
+    r.fail("prompt_kind: a " + std::to_string(r.bytes(kPromptKind)) +
+           "-byte value is not one of text|chat");
   } else {
-    r.fail("prompt_kind: '" + kind + "' is not one of text|chat");
+    const std::string kind = r.req_text(kPromptKind, "prompt_kind", kRowKindReadMax);
+    if (auto k = prompt_kind_from_string(kind)) {
+      spec.prompt_kind = *k;
+    } else {
+      const std::string shown = utf8_prefix(kind, kRowKindQuoteMax);
+      r.fail("prompt_kind: '" + shown + (shown.size() < kind.size() ? "…" : "") +
+             "' is not one of text|chat");
+    }
   }
-  spec.prompt = r.req_text(kPrompt, "prompt");
-  spec.chat_template_kwargs = r.opt_text(kChatTemplateKwargs, "chat_template_kwargs");
+  spec.prompt = r.req_text(kPrompt, "prompt", limits.max_prompt_bytes);
+  spec.chat_template_kwargs =
+      r.opt_text(kChatTemplateKwargs, "chat_template_kwargs", limits.max_template_kwargs_bytes);
   SamplingParams& p = spec.sampling;
   p.max_tokens = r.req_int(kMaxTokens, "max_tokens");
   p.temperature = r.req_real(kTemperature, "temperature");
   p.top_p = r.req_real(kTopP, "top_p");
   p.top_k = r.req_int(kTopK, "top_k");
   p.seed = r.opt_int(kSeed, "seed");
-  if (auto stop = r.opt_text(kStop, "stop")) {
-    auto js = nlohmann::json::parse(*stop, nullptr, false);
+  // Measured before parsing: 100 MB of ["","",...] would be millions of strings before the
+  // max_stop check could see them.
+  if (auto stop = r.opt_text(kStop, "stop", stored_stop_max_bytes(limits))) {
+    const nlohmann::json js = parse_json_bounded(*stop);
     if (js.is_array() && std::all_of(js.begin(), js.end(), [](auto& e) { return e.is_string(); })) {
       for (const auto& e : js) p.stop.push_back(e.get<std::string>());
     } else {
@@ -186,9 +231,9 @@ JobRow decode_job_row(const RowSource& s) {
   j.lease_token = s.type(kLeaseToken) == RowSource::Type::Integer ? s.i64(kLeaseToken) : 0;
   j.attempts = r.req_int(kAttempts, "attempts");
   spec.max_attempts = r.req_int(kMaxAttempts, "max_attempts");
-  j.lease_owner = r.opt_text(kLeaseOwner, "lease_owner");
+  j.lease_owner = r.opt_own_text(kLeaseOwner, "lease_owner");
   j.lease_expires_at = r.opt_int(kLeaseExpires, "lease_expires_at");
-  j.error = r.opt_text(kError, "error");
+  j.error = r.opt_own_text(kError, "error");
   j.enqueued_at = r.req_int(kEnqueuedAt, "enqueued_at");
   j.not_before = r.req_int(kNotBefore, "not_before");
   j.started_at = r.opt_int(kStartedAt, "started_at");
@@ -196,10 +241,10 @@ JobRow decode_job_row(const RowSource& s) {
   j.finished_at = r.opt_int(kFinishedAt, "finished_at");
   if (j.state == JobState::Done) {
     JobResult res;
-    res.text = r.opt_text(kResultText, "result_text").value_or("");
+    res.text = r.opt_own_text(kResultText, "result_text").value_or("");
     res.prompt_tokens = r.opt_int(kPromptTokens, "prompt_tokens").value_or(0);
     res.completion_tokens = r.opt_int(kCompletionTokens, "completion_tokens").value_or(0);
-    res.finish_reason = r.opt_text(kFinishReason, "finish_reason").value_or("stop");
+    res.finish_reason = r.opt_own_text(kFinishReason, "finish_reason").value_or("stop");
     res.first_token_at = j.first_token_at;
     j.result = std::move(res);
   }

@@ -35,6 +35,14 @@ std::optional<std::string> check_stop_strings(const std::vector<std::string>& st
   return std::nullopt;
 }
 
+// Text from a prompt quoted in a message: the first 32 bytes, "…" marking a cut (a prompt may
+// hold a megabyte-long role or key, and the message goes back to the client or into the row).
+std::string chat_field_excerpt(std::string_view v) {
+  std::string shown = utf8_prefix(v, 32);
+  if (shown.size() < v.size()) shown += "…";
+  return shown;
+}
+
 // True when v, converted to the engine's float, is a normal (not 0, not subnormal) number.
 bool float_is_normal(double v) { return std::fpclassify(static_cast<float>(v)) == FP_NORMAL; }
 
@@ -135,7 +143,7 @@ std::optional<std::string> find_chat_messages_error(std::string_view json,
     if (!m.is_object()) return where + ": must be an object";
     for (const auto& [key, value] : m.items()) {
       if (key != "role" && key != "content" && key != "name") {
-        return where + "." + key + ": unknown field";
+        return where + "." + chat_field_excerpt(key) + ": unknown field";
       }
       (void)value;
     }
@@ -143,7 +151,8 @@ std::optional<std::string> find_chat_messages_error(std::string_view json,
     if (role == m.end() || !role->is_string()) return where + ".role: missing or not a string";
     const auto& r = role->get_ref<const std::string&>();
     if (r != "system" && r != "user" && r != "assistant" && r != "developer") {
-      return where + ".role: '" + r + "' is not one of system|developer|user|assistant";
+      return where + ".role: '" + chat_field_excerpt(r) +
+             "' is not one of system|developer|user|assistant";
     }
     auto content = m.find("content");
     if (content == m.end() || !content->is_string()) {

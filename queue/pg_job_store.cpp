@@ -51,6 +51,9 @@ class PgRow : public RowSource {
   int64_t i64(int col) const override { return r_.i64(row_, col); }
   double f64(int col) const override { return r_.f64(row_, col); }
   std::string text(int col) const override { return r_.text(row_, col); }
+  size_t text_bytes(int col) const override {
+    return static_cast<size_t>(PQgetlength(raw_, row_, col));
+  }
 
  private:
   const PgResult& r_;
@@ -83,8 +86,8 @@ void check_storable(const JobSpec& s, size_t index, size_t count) {
 
 }  // namespace
 
-JobRow read_pg_job_row(const PgResult& r, int row) {
-  return decode_job_row(PgRow(r, r.raw(), row));
+JobRow read_pg_job_row(const PgResult& r, int row, const JobLimits& limits) {
+  return decode_job_row(PgRow(r, r.raw(), row), limits);
 }
 
 int64_t pg_schema_version(PgConn& conn) {
@@ -138,7 +141,7 @@ std::unique_ptr<JobStoreBackend> make_pg_job_store(const std::string& url,
 }
 
 PgJobStore::PgJobStore(const std::string& url, const StoreOptions& options)
-    : conn_(std::make_unique<PgConn>(url)) {
+    : conn_(std::make_unique<PgConn>(url)), limits_(options.limits) {
   // lock_timeout is PostgreSQL's counterpart of SQLite's busy_timeout: how long a statement
   // waits for another session's lock (a row being cancelled, a migration) before failing.
   const std::string setup = "SET lock_timeout = " + std::to_string(options.busy_timeout.count()) +
@@ -222,7 +225,7 @@ std::vector<Job> PgJobStore::read_jobs(const std::string& sql_suffix, const PgPa
       conn_->exec(std::string("SELECT ") + kJobColumns + " FROM jobs " + sql_suffix, params);
   std::vector<Job> out;
   out.reserve(static_cast<size_t>(r.rows()));
-  for (int i = 0; i < r.rows(); ++i) out.push_back(read_pg_job_row(r, i).job);
+  for (int i = 0; i < r.rows(); ++i) out.push_back(read_pg_job_row(r, i, limits_).job);
   return out;
 }
 

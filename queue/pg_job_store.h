@@ -60,11 +60,12 @@ class PgJobStore : public JobStoreBackend {
   std::vector<Job> read_jobs(const std::string& sql_suffix, const PgParams& params);
 
   std::unique_ptr<PgConn> conn_;
+  JobLimits limits_;     // the sizes a row read by get and list may have (claims get theirs)
   int64_t notices_ = 0;  // NOTIFYs from other sessions seen so far: the data_version
 };
 
-/// Decodes row `row` of a result that selected kJobColumns.
-JobRow read_pg_job_row(const PgResult& r, int row);
+/// Decodes row `row` of a result that selected kJobColumns (see decode_job_row).
+JobRow read_pg_job_row(const PgResult& r, int row, const JobLimits& limits);
 
 /// Runs the migrations of schemas/jobs_pg.sql above the database's version, each in its own
 /// transaction under the queue's advisory lock (so concurrent openers migrate once), and

@@ -79,7 +79,7 @@ std::vector<Job> PgJobStore::claim(const std::string& worker, int64_t n, int64_t
     std::vector<Job> good;
     std::vector<int64_t> good_ids;
     for (int i = 0; i < sel.rows(); ++i) {
-      JobRow row = read_pg_job_row(sel, i);
+      JobRow row = read_pg_job_row(sel, i, limits);
       if (std::optional<std::string> err = claim_problem(row, limits)) {
         conn_->exec("UPDATE jobs SET state = 'failed', error = $2, finished_at = $3 WHERE id = $1",
                     PgParams().add(row.job.id).add(pg_text("invalid job row: " + *err)).add(now));

@@ -80,6 +80,10 @@ std::string Stmt::text(int col) const {
   return p ? std::string(reinterpret_cast<const char*>(p), static_cast<size_t>(n)) : std::string();
 }
 
+size_t Stmt::text_bytes(int col) const {
+  return static_cast<size_t>(sqlite3_column_bytes(stmt_, col));
+}
+
 std::optional<int64_t> Stmt::opt_i64(int col) const {
   if (type(col) == SQLITE_NULL) return std::nullopt;
   return i64(col);

@@ -62,6 +62,8 @@ class Stmt {
   int64_t i64(int col) const;
   double f64(int col) const;
   std::string text(int col) const;
+  /// Bytes of a TEXT value (sqlite3_column_bytes), without copying it.
+  size_t text_bytes(int col) const;
   std::optional<int64_t> opt_i64(int col) const;
   std::optional<double> opt_f64(int col) const;
   std::optional<std::string> opt_text(int col) const;

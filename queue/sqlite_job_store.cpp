@@ -14,7 +14,9 @@ std::unique_ptr<JobStoreBackend> make_sqlite_job_store(const StoreOptions& optio
 }
 
 SqliteJobStore::SqliteJobStore(const StoreOptions& options)
-    : path_(options.path.string()), db_(std::make_unique<Db>(options.path)) {
+    : path_(options.path.string()),
+      db_(std::make_unique<Db>(options.path)),
+      limits_(options.limits) {
   // busy_timeout first: the pragmas and migrations below may wait on another process's lock.
   SQLITE_CHECK(db_->get(),
                sqlite3_busy_timeout(db_->get(), static_cast<int>(options.busy_timeout.count())));
@@ -121,7 +123,7 @@ std::vector<Job> SqliteJobStore::read_jobs(const std::string& sql_suffix,
   Stmt& s = db_->prepare(std::string("SELECT ") + kJobColumns + " FROM jobs " + sql_suffix);
   bind(s);
   std::vector<Job> out;
-  while (s.step()) out.push_back(read_job_row(s).job);
+  while (s.step()) out.push_back(read_job_row(s, limits_).job);
   s.reset();
   return out;
 }

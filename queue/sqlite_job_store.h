@@ -54,6 +54,7 @@ class SqliteJobStore : public JobStoreBackend {
 
   std::string path_;  // for messages
   std::unique_ptr<Db> db_;
+  JobLimits limits_;  // the sizes a row read by get and list may have (claims get theirs)
 };
 
 }  // namespace moebatch

@@ -60,7 +60,7 @@ std::vector<Job> SqliteJobStore::claim(const std::string& worker, int64_t n, int
                              "ORDER BY priority DESC, enqueued_at, id LIMIT ?2");
     sel.bind(1, now).bind(2, n - static_cast<int64_t>(claimed.size()));
     std::vector<JobRow> rows;
-    while (sel.step()) rows.push_back(read_job_row(sel));
+    while (sel.step()) rows.push_back(read_job_row(sel, limits));
     sel.reset();
     if (rows.empty()) break;
     for (JobRow& row : rows) {

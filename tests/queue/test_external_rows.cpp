@@ -6,6 +6,9 @@
 
 #include <thread>
 
+#include "common/json_parse.h"
+#include "queue/job_json.h"
+#include "queue/job_row.h"
 #include "queue/job_store.h"
 #include "queue/schema.h"
 #include "tests/common/files.h"
@@ -26,6 +29,13 @@ class ExternalRowsTest : public test::StoreKindTest {
   JobStore store{store_options(location(), clock)};
   // A separate raw connection, as an external producer has.
   test::SideConnection producer{location()};
+
+  // SQL for `n` copies of `piece` (a few ASCII characters without quotes), in either dialect.
+  std::string repeat_sql(const std::string& piece, size_t n) const {
+    const std::string count = std::to_string(n);
+    if (postgres()) return "repeat('" + piece + "', " + count + ")";
+    return "replace(printf('%.*c', " + count + ", '~'), '~', '" + piece + "')";
+  }
 };
 
 MB_INSTANTIATE_STORE_TESTS(ExternalRowsTest);
@@ -113,6 +123,149 @@ TEST_P(ExternalRowsTest, InvalidRowsFailWithReasonAndValidOnesAreClaimed) {
         << "expected '" << bad[i].reason << "' in '" << *j->error << "'";
   }
   EXPECT_EQ(store.stats().counts[JobState::Failed], static_cast<int64_t>(bad.size()));
+}
+
+TEST_P(ExternalRowsTest, ABadPromptKindIsQuotedInShortAndClaimingGoesOn) {
+  // The failed row's error quotes the kind: whole, a huge kind made the UPDATE writing it too big
+  // (near SQLite's 1 GB limit), rolled the claim back and came first again every tick.
+  const std::string straddling = std::string(31, 'a') + "\xc3\xa9" + std::string(20, 'b');
+  ASSERT_EQ(
+      producer.exec("INSERT INTO jobs (client_key, prompt, prompt_kind) VALUES ('huge', 'p', " +
+                    repeat_sql("x", 4 << 20) + ")"),
+      "");
+  ASSERT_EQ(producer.exec("INSERT INTO jobs (client_key, prompt, prompt_kind) VALUES "
+                          "('cut', 'p', '" +
+                          straddling + "'), ('good', 'ok', 'text')"),
+            "");
+  auto got = store.claim("w", 10, milliseconds(60000));
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].spec.client_key, "good");
+
+  auto huge = store.get_by_key("huge");
+  ASSERT_TRUE(huge && huge->error);
+  EXPECT_EQ(huge->state, JobState::Failed);
+  EXPECT_LT(huge->error->size(), 200u);
+  EXPECT_NE(huge->error->find("prompt_kind: a 4194304-byte value is not one of text|chat"),
+            std::string::npos)
+      << huge->error->substr(0, 200);
+
+  // Cut at 32 bytes, before the character that straddles them: still valid UTF-8.
+  auto cut = store.get_by_key("cut");
+  ASSERT_TRUE(cut && cut->error);
+  EXPECT_EQ(cut->state, JobState::Failed);
+  EXPECT_NE(cut->error->find("prompt_kind: '" + std::string(31, 'a') + "…' is not one of"),
+            std::string::npos)
+      << *cut->error;
+  EXPECT_EQ(cut->error->find("bbb"), std::string::npos) << *cut->error;
+  EXPECT_TRUE(is_valid_utf8(*cut->error));
+}
+
+TEST_P(ExternalRowsTest, AStopListTooLongToBeValidIsRefusedUnparsedAndFailsOnlyItsRow) {
+  // 400,001 empty strings: parsed whole, they became that many strings before the 8-stop limit
+  // was checked (a 100 MB value, millions). The text is measured first.
+  const size_t n = 400'000;
+  ASSERT_EQ(
+      producer.exec("INSERT INTO jobs (client_key, prompt, stop) VALUES ('many', 'p', '[' || " +
+                    repeat_sql("\"\",", n) + " || '\"\"]')"),
+      "");
+  // The longest list that can be valid is still read: 8 stops of 256 bytes, each escaped.
+  std::string escaped;
+  for (int i = 0; i < 256; ++i) escaped += "\\u0041";
+  std::string longest = "[";
+  for (int i = 0; i < 8; ++i) longest += std::string(i ? ", " : "") + "\"" + escaped + "\"";
+  longest += "]";
+  ASSERT_LE(longest.size(), stored_stop_max_bytes(JobLimits{}));
+  ASSERT_EQ(producer.exec("INSERT INTO jobs (client_key, prompt, stop) VALUES ('longest', 'p', '" +
+                          longest + "')"),
+            "");
+
+  const size_t bytes = 2 + 3 * n + 2;
+  const std::string limit = std::to_string(stored_stop_max_bytes(JobLimits{}));
+  auto listed = store.list({});
+  ASSERT_EQ(listed.size(), 2u);
+  EXPECT_TRUE(listed[0].spec.sampling.stop.empty()) << "the list was parsed";
+  ASSERT_EQ(listed[1].spec.sampling.stop.size(), 8u);
+  EXPECT_EQ(listed[1].spec.sampling.stop[0], std::string(256, 'A'));
+
+  auto got = store.claim("w", 10, milliseconds(60000));
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].spec.client_key, "longest");
+  auto many = store.get_by_key("many");
+  ASSERT_TRUE(many && many->error);
+  EXPECT_EQ(many->state, JobState::Failed);
+  EXPECT_NE(many->error->find("invalid job row: stop: " + std::to_string(bytes) +
+                              " bytes exceeds the limit of " + limit),
+            std::string::npos)
+      << *many->error;
+}
+
+TEST_P(ExternalRowsTest, OversizedTextColumnsAreMeasuredBeforeTheyAreCopied) {
+  // Over the limits, a column is not read at all: get and list leave it out, a claim fails the
+  // row naming it (in the words validation uses).
+  const JobLimits limits;
+  ASSERT_EQ(producer.exec("INSERT INTO jobs (custom_id, model, prompt, metadata) VALUES (" +
+                          repeat_sql("c", 1 << 20) + ", 'm', " +
+                          repeat_sql("p", limits.max_prompt_bytes + 1) + ", '{\"k\":\"' || " +
+                          repeat_sql("v", 1 << 20) + " || '\"}')"),
+            "");
+  ASSERT_EQ(producer.exec("INSERT INTO jobs (prompt, prompt_kind, chat_template_kwargs) VALUES "
+                          "('[{\"role\":\"user\",\"content\":\"hi\"}]', 'chat', '{\"a\":\"' || " +
+                          repeat_sql("k", limits.max_template_kwargs_bytes) + " || '\"}')"),
+            "");
+  auto listed = store.list({});
+  ASSERT_EQ(listed.size(), 2u);
+  EXPECT_FALSE(listed[0].spec.custom_id.has_value());
+  EXPECT_EQ(listed[0].spec.model, "m");
+  EXPECT_TRUE(listed[0].spec.prompt.empty());
+  EXPECT_FALSE(listed[0].spec.metadata.has_value());
+  EXPECT_FALSE(listed[1].spec.chat_template_kwargs.has_value());
+  EXPECT_EQ(listed[1].spec.prompt_kind, PromptKind::Chat);
+
+  EXPECT_TRUE(store.claim("w", 10, milliseconds(60000)).empty());
+  auto first = store.get(listed[0].id);
+  ASSERT_TRUE(first && first->error);
+  EXPECT_NE(first->error->find("invalid job row: custom_id: 1048576 bytes exceeds the limit of " +
+                               std::to_string(limits.max_id_bytes)),
+            std::string::npos)
+      << *first->error;
+  auto second = store.get(listed[1].id);
+  ASSERT_TRUE(second && second->error);
+  EXPECT_NE(second->error->find(
+                "chat_template_kwargs: " + std::to_string(limits.max_template_kwargs_bytes + 8) +
+                " bytes exceeds the limit of " + std::to_string(limits.max_template_kwargs_bytes)),
+            std::string::npos)
+      << *second->error;
+}
+
+TEST_P(ExternalRowsTest, StoredJsonNestedPastTheBoundIsShownAsItsText) {
+  // job_to_json (status, result and list --json, the ZeroMQ and HTTP replies) parses a chat
+  // prompt, metadata and chat_template_kwargs: nested too deep, each is shown as the raw text.
+  auto nested = [](size_t depth) { return std::string(depth, '[') + std::string(depth, ']'); };
+  const std::string prompt = nested(5000), metadata = nested(1000), kwargs = nested(1000);
+  ASSERT_EQ(producer.exec("INSERT INTO jobs (prompt, prompt_kind, metadata, chat_template_kwargs) "
+                          "VALUES ('" +
+                          prompt + "', 'chat', '" + metadata + "', '" + kwargs + "')"),
+            "");
+  auto check = [&](const Job& j) {
+    const nlohmann::json out = job_to_json(j);
+    EXPECT_EQ(out["prompt"], prompt);
+    EXPECT_EQ(out["metadata"], metadata);
+    EXPECT_EQ(out["chat_template_kwargs"], kwargs);
+    EXPECT_FALSE(dump_json(out).empty());
+  };
+  auto listed = store.list({});
+  ASSERT_EQ(listed.size(), 1u);
+  check(listed[0]);
+  // Claimed, it fails (metadata is not an object), and stays in the table to be shown.
+  EXPECT_TRUE(store.claim("w", 10, milliseconds(60000)).empty());
+  auto failed = store.get(listed[0].id);
+  ASSERT_TRUE(failed);
+  EXPECT_EQ(failed->state, JobState::Failed);
+  check(*failed);
+  // Within the bound, stored JSON is still shown as JSON.
+  Job shallow = *failed;
+  shallow.spec.metadata = R"({"team":"x"})";
+  EXPECT_EQ(job_to_json(shallow)["metadata"]["team"], "x");
 }
 
 TEST_P(ExternalRowsTest, ConstraintsRejectWhatTheContractSays) {

@@ -10,6 +10,7 @@
 #include "common/error.h"
 #include "queue/batch_export.h"
 #include "queue/job_store.h"
+#include "queue/job_validate.h"
 #include "tests/common/files.h"
 #include "tests/queue/pg_test_util.h"
 #include "tests/queue/queue_test_util.h"
@@ -123,6 +124,24 @@ TEST_P(JobStoreTest, SubmitRejectsBadSpecsNamingTheField) {
   s = text_job("\xff\xfe");
   expect_field(s, "prompt");
   EXPECT_TRUE(store.list({}).empty());
+}
+
+TEST(JobValidate, ChatTextIsQuotedInShort) {
+  // A prompt may hold a megabyte-long role or key; the message (to the client, or into a failed
+  // row's error) quotes 32 bytes of it.
+  const std::string big(100000, 'r');
+  auto e = find_chat_messages_error(R"([{"role":")" + big + R"(","content":"x"}])", JobLimits{});
+  ASSERT_TRUE(e);
+  EXPECT_LT(e->size(), 200u);
+  EXPECT_NE(e->find("messages[0].role: '" + std::string(32, 'r') + "…' is not one of"),
+            std::string::npos)
+      << e->substr(0, 200);
+  e = find_chat_messages_error(R"([{"role":"user","content":"x",")" + big + R"(":1}])",
+                               JobLimits{});
+  ASSERT_TRUE(e);
+  EXPECT_LT(e->size(), 200u);
+  EXPECT_NE(e->find("messages[0]." + std::string(32, 'r') + "…: unknown field"), std::string::npos)
+      << e->substr(0, 200);
 }
 
 TEST_P(JobStoreTest, ChatTemplateKwargsAreStoredForChatJobsOnly) {

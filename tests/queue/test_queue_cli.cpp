@@ -416,6 +416,31 @@ TEST_P(QueueCli, ListAndStatusShowControlCharactersEscaped) {
   EXPECT_EQ(json::parse(r.out)["client_key"], key);
 }
 
+TEST_P(QueueCli, JsonOfARowNestedDeepPrintsItsText) {
+  // A row written with plain SQL, nested 200,000 deep: parsed whole, printing it overflowed the
+  // stack and status, result and list --json crashed.
+  ASSERT_EQ(mb({"list"}).exit_code, 0);  // creates the database
+  const size_t depth = 200'000;
+  const std::string open = postgres() ? "repeat('[', 200000)" : "printf('%.*c', 200000, '[')";
+  const std::string close = postgres() ? "repeat(']', 200000)" : "printf('%.*c', 200000, ']')";
+  test::SideConnection producer(db);
+  ASSERT_EQ(producer.exec("INSERT INTO jobs (prompt, prompt_kind) VALUES (" + open + " || " +
+                          close + ", 'chat')"),
+            "");
+  const std::string prompt = std::string(depth, '[') + std::string(depth, ']');
+  RunResult r = mb({"status", "1", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err.substr(0, 2000);
+  EXPECT_EQ(json::parse(r.out)["prompt"], prompt);
+  r = mb({"result", "1", "--json"});  // not done: exit 1, the job printed all the same
+  EXPECT_EQ(r.exit_code, 1) << r.err.substr(0, 2000);
+  EXPECT_EQ(json::parse(r.out)["prompt"], prompt);
+  r = mb({"list", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err.substr(0, 2000);
+  const json listed = json::parse(r.out);
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0]["prompt"], prompt);
+}
+
 TEST_P(QueueCli, KeyReusedWithAnotherPayloadExitsTwo) {
   RunResult r = mb({"submit", "first prompt", "--key", "k", "--json"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
