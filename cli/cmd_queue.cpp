@@ -18,6 +18,7 @@
 #include "common/json_parse.h"
 #include "queue/job_json.h"
 #include "queue/job_store.h"
+#include "queue/job_validate.h"
 #include "queue/openai_batch.h"
 #include "queue/zmq/client.h"
 
@@ -170,6 +171,7 @@ void run_submit(SubmitFlags& f) {
   if (!f.key.empty()) spec.client_key = f.key;
   if (f.chat) {
     spec.prompt_kind = PromptKind::Chat;
+    if (!is_valid_utf8(f.prompt)) throw InputError("the prompt is not valid UTF-8");
     spec.prompt = json::array({{{"role", "user"}, {"content", f.prompt}}}).dump();
   } else {
     spec.prompt = f.prompt;

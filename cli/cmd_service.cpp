@@ -15,6 +15,7 @@
 
 #include "cli/commands.h"
 #include "common/error.h"
+#include "common/json_parse.h"
 #include "common/paths.h"
 #include "queue/job_store.h"
 #include "queue/openai_batch.h"
@@ -240,7 +241,7 @@ void register_maintenance_command(CLI::App& app) {
                       {"error", c.error}});
     }
     if (*as_json) {
-      std::cout << rows.dump() << "\n";
+      std::cout << dump_json(rows) << "\n";
       return;
     }
     std::cout << fmt::format("{:>4}  {:<8} {:>11} {:>8} {:>8} {:>10} {:>10}  {}\n", "id", "trigger",

@@ -2,17 +2,17 @@
 //   moebatch tokenize   --tokenizer DIR (--text S | --file F) [--json] [--no-special]
 //   moebatch detokenize --tokenizer DIR --ids 1,2,3 [--json] [--skip-special]
 // Both print to stdout only the result; errors go through main()'s mapping (bad input: exit 2).
-#include <nlohmann/json.hpp>
-
 #include <charconv>
-#include <filesystem>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "cli/commands.h"
 #include "common/error.h"
+#include "common/json_parse.h"
 #include "engine/tokenizer/tokenizer.h"
 
 namespace moebatch::cli {
@@ -38,8 +38,8 @@ std::string read_text_file(const std::string& path, std::size_t limit) {
   const auto size = std::filesystem::file_size(path, ec);
   if (ec) throw InputError("--file " + path + ": cannot read: " + ec.message());
   if (size > limit) {
-    throw InputError("--file " + path + ": " + std::to_string(size) +
-                     " bytes, over the limit of " + std::to_string(limit));
+    throw InputError("--file " + path + ": " + std::to_string(size) + " bytes, over the limit of " +
+                     std::to_string(limit));
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError("--file " + path + ": cannot open");
@@ -80,7 +80,8 @@ std::vector<TokenId> parse_ids(std::string_view s) {
 
 void run_tokenize(const TokenizeArgs& a) {
   const Tokenizer tk = Tokenizer::from_dir(a.dir);
-  const std::string text = a.file.empty() ? a.text : read_text_file(a.file, tk.limits().max_text_bytes);
+  const std::string text =
+      a.file.empty() ? a.text : read_text_file(a.file, tk.limits().max_text_bytes);
   const std::vector<TokenId> ids = tk.encode(text, !a.no_special);
   if (a.json) {
     nlohmann::json out = {{"ids", ids}, {"num_tokens", ids.size()}, {"num_bytes", text.size()}};
@@ -94,7 +95,8 @@ void run_detokenize(const DetokenizeArgs& a) {
   const Tokenizer tk = Tokenizer::from_dir(a.dir);
   const std::string text = tk.decode(parse_ids(a.ids), a.skip_special);
   if (a.json) {
-    std::printf("%s\n", nlohmann::json{{"text", text}}.dump().c_str());
+    // A decode may end inside a character: printed as U+FFFD, as Hugging Face decodes it.
+    std::printf("%s\n", dump_json(nlohmann::json{{"text", text}}).c_str());
   } else {
     std::fwrite(text.data(), 1, text.size(), stdout);
   }
@@ -127,8 +129,7 @@ void register_tokenizer_commands(CLI::App& app) {
   detok->add_option("--tokenizer", detok_args->dir, "Directory holding tokenizer.json")
       ->required()
       ->check(CLI::ExistingDirectory);
-  detok->add_option("--ids", detok_args->ids, "Comma-separated ids, e.g. 9707,11,1879")
-      ->required();
+  detok->add_option("--ids", detok_args->ids, "Comma-separated ids, e.g. 9707,11,1879")->required();
   detok->add_flag("--json", detok_args->json, "Print {\"text\": ...}");
   detok->add_flag("--skip-special", detok_args->skip_special, "Leave special tokens out");
   detok->callback([detok_args] { run_detokenize(*detok_args); });

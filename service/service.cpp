@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "common/json_parse.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "queue/batch_store.h"
 #include "queue/job_store.h"
@@ -100,8 +101,9 @@ Service::Service(ServiceConfig cfg, ServiceHooks hooks)
   notifier_.status("loading the model");
   {
     LoadProgress progress(cfg_.model);
-    worker_engine_ = std::make_unique<EngineWorker>(
-        cfg_, [this] { boost::asio::post(io_, [this] { on_notify(); }); });
+    worker_engine_ = std::make_unique<EngineWorker>(cfg_, [this] {
+      boost::asio::post(io_, [this] { guarded("results", [this] { on_notify(); }); });
+    });
     progress.done();
   }
   tokenizer_ = tokenizer.get();
@@ -157,7 +159,7 @@ void Service::log_start() const {
   const EngineInfo info = worker_engine_->info();
   nlohmann::json shown = config_to_json(cfg_);
   shown["db"] = store_location_for_display(cfg_.db);  // a URL's password stays out of logs
-  spdlog::info("moebatch service {} starting; effective config: {}", worker_, shown.dump());
+  spdlog::info("moebatch service {} starting; effective config: {}", worker_, dump_json(shown));
   spdlog::info("engine: {}; {}", info.model, info.backend.description);
   for (const DeviceUsage& d : info.backend.devices) {
     spdlog::info(
@@ -192,7 +194,7 @@ void Service::write_ready_file() const {
   const std::string tmp = cfg_.ready_file + ".tmp";
   {
     std::ofstream out(tmp);
-    out << j.dump() << "\n";
+    out << dump_json(j) << "\n";
     if (!out) throw Error("cannot write ready file " + tmp);
   }
   std::filesystem::rename(tmp, cfg_.ready_file);
@@ -239,7 +241,7 @@ void Service::stop() {
 void Service::wake() {
   boost::asio::post(io_, [this] {
     claim_now_ = true;
-    claim();
+    guarded("intake", [this] { claim(); });
   });
 }
 
@@ -381,28 +383,28 @@ HttpReply Service::health() {
   if (worker_engine_->dead() || done_) {
     j["status"] = "dead";
     j["reason"] = worker_engine_->death_reason();
-    return {503, "application/json", j.dump() + "\n"};
+    return {503, "application/json", dump_json(j) + "\n"};
   }
   const int64_t idle_ms = steady_now_ms() - worker_engine_->counters().last_progress_ms.load();
   if (idle_ms > cfg_.health_stall_s * 1000) {
     j["status"] = "stalled";
     j["reason"] = "engine thread made no progress for " + std::to_string(idle_ms) + " ms";
-    return {503, "application/json", j.dump() + "\n"};
+    return {503, "application/json", dump_json(j) + "\n"};
   }
   if (store_health_.unwritable(steady_now_ms())) {
     j["status"] = "store_unwritable";
     j["reason"] = "the job store refuses writes (" +
                   std::to_string(store_health_.failures_in_a_row()) +
                   " failed in a row; intake paused, results kept): " + store_health_.last_error();
-    return {503, "application/json", j.dump() + "\n"};
+    return {503, "application/json", dump_json(j) + "\n"};
   }
   if (stopping_) {
     j["status"] = "stopping";
-    return {503, "application/json", j.dump() + "\n"};
+    return {503, "application/json", dump_json(j) + "\n"};
   }
   // Maintenance is planned downtime of a live process: healthy, just not admitting.
   j["status"] = maintenance_ ? "maintenance" : "ok";
-  return {200, "application/json", j.dump() + "\n"};
+  return {200, "application/json", dump_json(j) + "\n"};
 }
 
 void Service::add_routes() {

@@ -166,13 +166,15 @@ class Service {
   void on_notify();
   void drain_results();
   bool flush_results();
+  void guarded(const char* what, const std::function<void()>& step);
   bool store_write(const char* what, const std::function<void()>& write);
+  bool store_read(const char* what, const std::function<void()>& read);
   void store_failed(const char* what, const std::string& error);
   bool result_pending(int64_t job_id) const;
   void publish_finals();
   void prune_finals();
   bool store_refuses(const std::shared_ptr<HttpExchange>& ex);
-  void stop_lost_jobs();
+  bool stop_lost_jobs();
   bool give_up_claims(const std::vector<int64_t>& job_ids);
   void arm_renew();
   int64_t release_handoff();
@@ -229,7 +231,7 @@ class Service {
   StoreHealth store_health_;
   int64_t final_seq_ = 0;  // the last final event announced
   int64_t last_prune_ms_ = 0;
-  int64_t last_finals_warn_ms_ = 0;
+  int64_t last_read_warn_ms_ = -1;   // store_read logs a failure at most every 10 s
   int64_t give_up_results_ms_ = -1;  // stopping: pending results are dropped after this
   bool admitting_ = true;
   bool stopping_ = false;

@@ -264,7 +264,8 @@ void Service::api_resolve(bool force) {
   for (const auto& [id, call] : api_calls_)
     if (!in_flight_.count(id)) ids.push_back(id);
   for (int64_t id : ids) {
-    std::optional<Job> job = store_->get(id);
+    std::optional<Job> job;
+    if (!store_read("looking up an API request's job", [&] { job = store_->get(id); })) return;
     if (!job) {
       api_failed(id, {500, "the job of this request is gone", "", "job_missing", "server_error"});
     } else if (job->state == JobState::Done && job->result) {

@@ -78,6 +78,13 @@ json file_json(const StoredFile& f) {
           {"status_details", nullptr}};
 }
 
+// Stored by batches_create from a checked request; a row that does not parse shows none.
+json batch_metadata_json(const std::optional<std::string>& stored) {
+  if (!stored) return nullptr;
+  json m = parse_json_bounded(*stored);
+  return m.is_discarded() ? json(nullptr) : m;
+}
+
 json batch_json(const BatchRecord& b, const BatchCounts& counts) {
   auto count = [&](JobState s) { return counts.counts.at(s); };
   json errors = nullptr;
@@ -104,7 +111,7 @@ json batch_json(const BatchRecord& b, const BatchCounts& counts) {
            {{"total", b.total},
             {"completed", count(JobState::Done)},
             {"failed", count(JobState::Failed) + count(JobState::Cancelled)}}},
-          {"metadata", b.metadata ? json::parse(*b.metadata, nullptr, false) : json(nullptr)}};
+          {"metadata", batch_metadata_json(b.metadata)}};
 }
 
 // "a=1&b=x" → value of `key`, or nullopt (no percent-decoding: ids and numbers only).
@@ -436,9 +443,13 @@ void Service::batches_tick(bool force) {
       // The store refused that too: the next tick tries again, without a new log line.
     }
   };
+  std::vector<BatchRecord> batches;
+  if (!store_read("listing open batches", [&] {
+        batches = batches_->batches_with_status({"validating", "in_progress", "cancelling"});
+      }))
+    return;
   std::set<std::string> open;
-  for (const BatchRecord& b :
-       batches_->batches_with_status({"validating", "in_progress", "cancelling"})) {
+  for (const BatchRecord& b : batches) {
     open.insert(b.id);
     try {
       if (b.status == "validating") {

@@ -36,9 +36,9 @@ void Service::arm_poll() {
 }
 
 void Service::poll() {
-  on_notify();
+  guarded("results", [this] { on_notify(); });
   if (done_) return;
-  try {
+  guarded("intake", [this] {
     check_schedule();
     flush_results();
     claim();
@@ -47,8 +47,17 @@ void Service::poll() {
     api_resolve(/*force=*/false);
     if (!store_health_.failing()) batches_tick(/*force=*/false);
     check_batches();
+  });
+}
+
+// Every io-thread handler runs its work through this: an exception leaving a handler would
+// leave io_context::run and end the daemon, and a timer's handler that throws before re-arming
+// would stop that timer for good. The work is retried by the next poll.
+void Service::guarded(const char* what, const std::function<void()>& step) {
+  try {
+    step();
   } catch (const std::exception& e) {
-    spdlog::error("intake: {} (retrying at the next poll)", e.what());
+    spdlog::error("{}: {} (retrying at the next poll)", what, e.what());
   }
 }
 
@@ -82,24 +91,28 @@ void Service::on_notify() {
 
 void Service::claim() {
   if (done_) return;
-  const int64_t version = store_->data_version();
+  int64_t version = 0;
+  if (!store_read("reading the data version", [&] { version = store_->data_version(); })) return;
   const bool changed = version != last_data_version_;
   if (changed) {
     // Operator requests arrive as rows from another connection, so they move data_version too.
     // Taking one is a write (only when there is one, so a success here says nothing about the
     // store): when it is refused, the version is not marked seen and the request is looked at
     // again at the next poll.
+    bool seen = true;
     try {
       if (auto req = service_db_->take_request("maintenance", worker_, hooks_.clock->now_ms())) {
         spdlog::info("maintenance requested (request {})", *req);
         start_maintenance("request");
       }
-      last_data_version_ = version;
     } catch (const std::exception& e) {
       store_failed("taking an operator request", e.what());
+      seen = false;
     }
-    // A cancel is a commit from another connection too: stop the engine's work on it now.
-    stop_lost_jobs();
+    // A cancel is a commit from another connection too: stop the engine's work on it now. A
+    // store that cannot say which leases are lost leaves the version unseen, to look again.
+    seen = stop_lost_jobs() && seen;
+    if (seen) last_data_version_ = version;
   }
   if (!admitting_) return;
   // Results first: no new work while finished work waits for the store. This is also what
@@ -312,6 +325,24 @@ bool Service::store_write(const char* what, const std::function<void()>& write) 
   return true;
 }
 
+// A store read the io thread's loop depends on (the data version, lease checks, final events,
+// API calls' jobs): false when it failed, logged at most every 10 s; the caller retries at a
+// later poll. Reads are not held back by StoreHealth's write backoff: a store that refuses
+// writes (a held lock, a full disk) usually still reads.
+bool Service::store_read(const char* what, const std::function<void()>& read) {
+  try {
+    read();
+    return true;
+  } catch (const std::exception& e) {
+    const int64_t now = steady_now_ms();
+    if (last_read_warn_ms_ < 0 || now - last_read_warn_ms_ >= 10000) {
+      last_read_warn_ms_ = now;
+      spdlog::warn("store: {} failed: {} (retrying at the next poll)", what, e.what());
+    }
+    return false;
+  }
+}
+
 bool Service::result_pending(int64_t job_id) const {
   return std::any_of(pending_.begin(), pending_.end(),
                      [&](const PendingResult& p) { return p.job_id == job_id; });
@@ -331,24 +362,18 @@ void Service::store_failed(const char* what, const std::string& error) {
 void Service::publish_finals() {
   if (!hooks_.on_final || done_) return;
   constexpr int64_t kBatch = 256;
-  try {
-    while (true) {
-      const std::vector<FinalEvent> events = service_db_->final_events_after(final_seq_, kBatch);
-      for (const FinalEvent& e : events) {
-        final_seq_ = e.seq;
-        const auto state = job_state_from_string(e.state);
-        if (!state) continue;
-        hooks_.on_final({e.job_id, *state, e.client_key, e.batch_id, e.error});
-      }
-      if (static_cast<int64_t>(events.size()) < kBatch) break;
+  std::vector<FinalEvent> events;
+  do {
+    if (!store_read("reading the final-event log",
+                    [&] { events = service_db_->final_events_after(final_seq_, kBatch); }))
+      return;
+    for (const FinalEvent& e : events) {
+      final_seq_ = e.seq;
+      const auto state = job_state_from_string(e.state);
+      if (!state) continue;
+      hooks_.on_final({e.job_id, *state, e.client_key, e.batch_id, e.error});
     }
-  } catch (const std::exception& e) {
-    const int64_t now = steady_now_ms();
-    if (now - last_finals_warn_ms_ >= 10000) {
-      last_finals_warn_ms_ = now;
-      spdlog::warn("final notices: reading the log: {} (retrying at the next poll)", e.what());
-    }
-  }
+  } while (static_cast<int64_t>(events.size()) == kBatch);
 }
 
 // The log only needs to outlive the slowest reader's poll: an hour is plenty.
@@ -361,17 +386,20 @@ void Service::prune_finals() {
 
 // Jobs in flight whose lease this worker no longer holds (cancelled, or expired and taken over)
 // leave the engine at once, freeing their slots; their results could not be recorded anyway.
-void Service::stop_lost_jobs() {
-  if (in_flight_.empty()) return;
+// False when the store could not say which (checked again at a later poll).
+bool Service::stop_lost_jobs() {
+  if (in_flight_.empty()) return true;
   std::vector<int64_t> ids;
   for (const auto& [id, job] : in_flight_) ids.push_back(id);
-  const std::vector<int64_t> lost = store_->not_held(worker_, ids);
-  if (lost.empty()) return;
+  std::vector<int64_t> lost;
+  if (!store_read("checking leases", [&] { lost = store_->not_held(worker_, ids); })) return false;
+  if (lost.empty()) return true;
   for (int64_t id : lost)
     spdlog::info("job {}: lease no longer held (cancelled or taken over); engine work stopped", id);
   give_up_claims(lost);
   claim_now_ = true;            // the freed slots can take queued jobs
   api_resolve(/*force=*/true);  // an API request whose job was cancelled or taken over
+  return true;
 }
 
 // The one way a claim leaves in_flight_ without a result: its engine work is cancelled by
@@ -395,20 +423,23 @@ void Service::arm_renew() {
   renew_timer_.expires_after(std::chrono::milliseconds(std::max<int64_t>(200, cfg_.lease_s * 333)));
   renew_timer_.async_wait([this](const boost::system::error_code& ec) {
     if (ec) return;
-    // Jobs whose result waits for the store keep their lease too: the result is still ours
-    // to write, and no other worker should run them meanwhile.
-    std::vector<int64_t> ids;
-    for (const auto& [id, job] : in_flight_) ids.push_back(id);
-    for (const PendingResult& p : pending_) ids.push_back(p.job_id);
-    int64_t n = 0;
-    if (!ids.empty() &&
-        store_write("renewing leases",
-                    [&] { n = store_->renew(worker_, ids, std::chrono::seconds(cfg_.lease_s)); }) &&
-        n < static_cast<int64_t>(ids.size())) {
-      spdlog::warn("lease renewal: {} of {} leases were no longer ours", ids.size() - n,
-                   ids.size());
-      stop_lost_jobs();
-    }
+    guarded("lease renewal", [this] {
+      // Jobs whose result waits for the store keep their lease too: the result is still ours
+      // to write, and no other worker should run them meanwhile.
+      std::vector<int64_t> ids;
+      for (const auto& [id, job] : in_flight_) ids.push_back(id);
+      for (const PendingResult& p : pending_) ids.push_back(p.job_id);
+      int64_t n = 0;
+      if (!ids.empty() &&
+          store_write(
+              "renewing leases",
+              [&] { n = store_->renew(worker_, ids, std::chrono::seconds(cfg_.lease_s)); }) &&
+          n < static_cast<int64_t>(ids.size())) {
+        spdlog::warn("lease renewal: {} of {} leases were no longer ours", ids.size() - n,
+                     ids.size());
+        stop_lost_jobs();
+      }
+    });
     arm_renew();
   });
 }

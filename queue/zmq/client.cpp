@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "common/json_parse.h"
 #include "queue/zmq/protocol.h"
 
 namespace moebatch::zmq_ingress {
@@ -78,7 +79,7 @@ json LazyPirateClient::call(json request) {
     }
     zmq::message_t msg;
     if (!socket_->recv(msg, zmq::recv_flags::none)) continue;
-    json reply = json::parse(msg.to_string_view(), nullptr, false);
+    json reply = parse_json_bounded(msg.to_string_view());
     if (reply.is_discarded() || !reply.is_object() || !reply.contains("ok") ||
         !reply["ok"].is_boolean()) {
       throw Error("malformed reply from " + options_.endpoint);

@@ -25,9 +25,11 @@ using namespace std::chrono_literals;
 
 // ---- a disk that can be made full -------------------------------------------------------
 
-// Whether writes fail now. File scope because SQLite calls the VFS through plain function
-// pointers; only this test file sets it.
+// Whether writes fail now, and whether reads and locks fail too (a lost disk, an NFS mount
+// gone). File scope because SQLite calls the VFS through plain function pointers; only this
+// test file sets them.
 std::atomic<bool> g_disk_full{false};
+std::atomic<bool> g_disk_gone{false};
 sqlite3_vfs* g_real_vfs = nullptr;
 
 struct ShimFile {
@@ -39,9 +41,11 @@ sqlite3_file* real_of(sqlite3_file* f) { return reinterpret_cast<ShimFile*>(f)->
 
 int shim_close(sqlite3_file* f) { return real_of(f)->pMethods->xClose(real_of(f)); }
 int shim_read(sqlite3_file* f, void* b, int n, sqlite3_int64 off) {
+  if (g_disk_gone) return SQLITE_IOERR_READ;
   return real_of(f)->pMethods->xRead(real_of(f), b, n, off);
 }
 int shim_write(sqlite3_file* f, const void* b, int n, sqlite3_int64 off) {
+  if (g_disk_gone) return SQLITE_IOERR_WRITE;
   if (g_disk_full) return SQLITE_FULL;
   return real_of(f)->pMethods->xWrite(real_of(f), b, n, off);
 }
@@ -52,7 +56,10 @@ int shim_sync(sqlite3_file* f, int flags) { return real_of(f)->pMethods->xSync(r
 int shim_file_size(sqlite3_file* f, sqlite3_int64* size) {
   return real_of(f)->pMethods->xFileSize(real_of(f), size);
 }
-int shim_lock(sqlite3_file* f, int l) { return real_of(f)->pMethods->xLock(real_of(f), l); }
+int shim_lock(sqlite3_file* f, int l) {
+  if (g_disk_gone) return SQLITE_IOERR_LOCK;
+  return real_of(f)->pMethods->xLock(real_of(f), l);
+}
 int shim_unlock(sqlite3_file* f, int l) { return real_of(f)->pMethods->xUnlock(real_of(f), l); }
 int shim_check_reserved(sqlite3_file* f, int* out) {
   return real_of(f)->pMethods->xCheckReservedLock(real_of(f), out);
@@ -68,6 +75,8 @@ int shim_shm_map(sqlite3_file* f, int pg, int sz, int extend, void volatile** ou
   return real_of(f)->pMethods->xShmMap(real_of(f), pg, sz, extend, out);
 }
 int shim_shm_lock(sqlite3_file* f, int off, int n, int flags) {
+  // Taking a WAL-index lock fails (every read transaction takes one); releasing one works.
+  if (g_disk_gone && (flags & SQLITE_SHM_LOCK)) return SQLITE_IOERR_SHMLOCK;
   return real_of(f)->pMethods->xShmLock(real_of(f), off, n, flags);
 }
 void shim_shm_barrier(sqlite3_file* f) { real_of(f)->pMethods->xShmBarrier(real_of(f)); }
@@ -124,6 +133,7 @@ class FullDiskVfs {
   }
   ~FullDiskVfs() {
     g_disk_full = false;
+    g_disk_gone = false;
     sqlite3_vfs_unregister(&vfs_);
     sqlite3_vfs_register(g_real_vfs, 1);
   }
@@ -264,6 +274,35 @@ TEST(ServiceStoreOutage, FullDiskKeepsResultsAndIntakeResumesAfterwards) {
         test::wait_until([&] { return count(cfg.db, "state = 'done'") == kJobs + 2; }, 10s));
     EXPECT_EQ(run.stop(), 0);
   }
+}
+
+// A store that cannot even be read (data_version, lease checks, the final-event log) fails
+// each io-thread step that needs it, never the daemon: a ZeroMQ submit's wake-up claims at once,
+// outside the poll, and must survive it too. Once the disk is back every job finishes once.
+TEST(ServiceStoreOutage, UnreadableStoreNeverEndsTheDaemon) {
+  FullDiskVfs vfs;  // before any connection opens: the service's use it too
+  test::TempDir dir;
+  const ServiceConfig cfg = outage_config(dir.path());
+  test::RunningService run(cfg);
+  JobStore store(test::store_options(cfg.db));
+  constexpr int kJobs = 8;
+  start_jobs(store, cfg.db, kJobs);
+  g_disk_gone = true;
+  // Wake-ups and polls for a while, across the jobs' ends (their results cannot be written).
+  for (int i = 0; i < 20; ++i) {
+    run.svc.wake();
+    std::this_thread::sleep_for(50ms);
+  }
+  const auto [status, body] = test::http_get(run.port(), "/health");
+  EXPECT_NE(status, -1) << "the daemon stopped answering while the store was unreadable";
+  g_disk_gone = false;
+  ASSERT_TRUE(test::wait_until([&] { return count(cfg.db, "state = 'done'") == kJobs; }, 30s))
+      << "done " << count(cfg.db, "state = 'done'") << " of " << kJobs;
+  EXPECT_EQ(count(cfg.db, "attempts = 1"), kJobs) << "a result was lost and its job ran again";
+  // Intake goes on: new work runs.
+  submit_jobs(store, 2, 4);
+  ASSERT_TRUE(test::wait_until([&] { return count(cfg.db, "state = 'done'") == kJobs + 2; }, 30s));
+  EXPECT_EQ(run.stop(), 0);
 }
 
 }  // namespace
