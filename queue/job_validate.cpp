@@ -162,18 +162,6 @@ std::optional<std::string> find_chat_messages_error(std::string_view json,
   return std::nullopt;
 }
 
-std::optional<std::string> find_stop_json_error(std::string_view json, const JobLimits& limits) {
-  nlohmann::json j = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return "stop: not valid JSON";
-  if (!j.is_array()) return "stop: must be a JSON array of strings";
-  std::vector<std::string> stop;
-  for (const auto& s : j) {
-    if (!s.is_string()) return "stop: every element must be a string";
-    stop.push_back(s.get<std::string>());
-  }
-  return check_stop_strings(stop, limits);
-}
-
 std::optional<std::string> find_job_spec_error(const JobSpec& spec, const JobLimits& limits) {
   if (auto e = check_id("client_key", spec.client_key, limits)) return e;
   if (auto e = check_id("batch_id", spec.batch_id, limits)) return e;

@@ -41,9 +41,6 @@ std::optional<std::string> find_id_error(const char* field, std::string_view v,
 /// values <= 512 bytes, as OpenAI bounds it), or nullopt.
 std::optional<std::string> find_metadata_error(std::string_view json);
 
-/// First problem with a stored stop list (a JSON array of strings), or nullopt.
-std::optional<std::string> find_stop_json_error(std::string_view json, const JobLimits& limits);
-
 /// First problem with a job, as "field: reason", or nullopt when the job is acceptable.
 std::optional<std::string> find_job_spec_error(const JobSpec& spec, const JobLimits& limits);
 
