@@ -230,6 +230,8 @@ void print_stats(const QueueStats& st) {
     total += n;
   }
   std::cout << fmt::format("{:<10} {:>10}\n\n", "total", total);
+  std::cout << fmt::format("latency of the newest {} done jobs (highest ids)\n",
+                           st.latency_window);
   std::cout << fmt::format("{:<14} {:>7} {:>10} {:>10} {:>10} {:>10}\n", "latency", "n", "p50",
                            "p90", "p99", "max");
   auto line = [](const char* name, const Percentiles& p) {
@@ -348,8 +350,10 @@ void register_queue_commands(CLI::App& app) {
     filter.limit = lf->limit;
     filter.after_id = lf->after;
     auto store = open_store(lf->common);
-    // Pages are read one at a time and printed as they come, so --all holds one page in memory.
-    json out = json::array();
+    // Pages are read one at a time and printed as they come, so --all holds one page in memory;
+    // with --json the array is written element by element (the same text as one dump).
+    bool first_row = true;
+    if (lf->common.json) std::cout << "[";
     if (!lf->common.json) {
       std::cout << fmt::format("{:>8}  {:<9} {:>5} {:>4}  {:<16} {:<24} {}\n", "id", "state",
                                "prio", "try", "batch", "key", "enqueued");
@@ -358,7 +362,8 @@ void register_queue_commands(CLI::App& app) {
       std::vector<Job> jobs = store->list(filter);
       for (const Job& j : jobs) {
         if (lf->common.json) {
-          out.push_back(job_to_json(j));
+          std::cout << (first_row ? "" : ",") << dump_json(job_to_json(j));
+          first_row = false;
           continue;
         }
         std::cout << fmt::format(
@@ -375,7 +380,7 @@ void register_queue_commands(CLI::App& app) {
         break;
       }
     }
-    if (lf->common.json) std::cout << dump_json(out) << "\n";
+    if (lf->common.json) std::cout << "]\n";
   });
 
   auto cf = std::make_shared<IdFlags>();
@@ -395,7 +400,8 @@ void register_queue_commands(CLI::App& app) {
   });
 
   auto sfl = std::make_shared<CommonFlags>();
-  auto* stats = app.add_subcommand("stats", "Counts by state and latency percentiles");
+  auto* stats = app.add_subcommand(
+      "stats", "Counts by state, and latency percentiles of the newest done jobs");
   add_common(stats, *sfl);
   stats->callback([sfl] {
     auto store = open_store(*sfl);
