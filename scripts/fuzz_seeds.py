@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Seed corpora for the libFuzzer targets (scripts/fuzz.sh): small valid inputs of each format.
 Model files are written from scratch (the tests' fixtures are megabytes; a fuzzer mutates small
-files faster); chat templates, batch lines, ZeroMQ requests and SQL rows come from the tests'
-data, the examples and the schemas.
+files faster); chat templates, batch lines, ZeroMQ requests, API request bodies and SQL rows
+come from the tests' data, the examples and the schemas.
 Usage: fuzz_seeds.py OUT_DIR REPO_DIR"""
 import json
 import os
@@ -142,6 +142,51 @@ write("fuzz_zmq_request", "full_job", json.dumps({
         "prompt": "p", "key": "k", "custom_id": "c", "model": "m", "priority": -3,
         "max_tokens": 9, "temperature": 0.5, "top_p": 0.9, "top_k": 5, "seed": 1,
         "stop": ["a", "b"], "max_attempts": 2}]}))
+
+
+# OpenAI API request bodies (fuzz_api_request): the first byte picks the endpoint ('0' chat,
+# '1' completions), the rest is the body, as the tests and OpenAI's SDKs send them.
+def api(name, kind, body):
+    write("fuzz_api_request", name, kind + json.dumps(body))
+
+
+msgs = [{"role": "system", "content": "Answer in one line."},
+        {"role": "user", "content": "What is a mixture of experts?"}]
+api("chat_min", "0", {"model": "demo", "messages": [{"role": "user", "content": "Hi"}]})
+api("chat_all", "0", {
+    "model": "demo", "messages": msgs, "temperature": 0.5, "top_p": 0.9, "top_k": 40, "seed": -7,
+    "stop": "END", "max_completion_tokens": 12, "n": 1, "stream": True,
+    "stream_options": {"include_usage": True, "continuous_usage_stats": False},
+    "chat_template_kwargs": {"enable_thinking": False}, "user": "u1"})
+api("chat_parts", "0", {"model": "demo", "messages": [
+    {"role": "developer", "content": [{"type": "text", "text": "Be brief."}], "name": "ops"},
+    {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+    {"role": "assistant", "content": "ok"}]})
+# What SDKs and Dify send by default, and fields only some servers take (refused here).
+api("chat_defaults", "0", {
+    "model": "demo", "messages": msgs, "max_tokens": 64, "presence_penalty": 0,
+    "frequency_penalty": 0.0, "logprobs": False, "top_logprobs": 0, "logit_bias": {},
+    "response_format": {"type": "text"}, "stop": ["\n\n", "###"], "temperature": None,
+    "stream": False, "stream_options": None, "chat_template_kwargs": None})
+api("chat_refused", "0", {
+    "model": "demo", "messages": msgs + [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+    "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "string"}}}}}],
+    "tool_choice": "auto", "response_format": {"type": "json_schema", "json_schema": {}},
+    "logit_bias": {"50256": -100}, "logprobs": True, "top_logprobs": 5})
+api("chat_both_max", "0", {"model": "demo", "messages": msgs, "max_tokens": 5,
+                           "max_completion_tokens": 9})
+write("fuzz_api_request", "chat_dup_key",
+      '0{"model":"demo","messages":[{"role":"user","content":"hi"}],"seed":1,"seed":2}')
+api("completion_min", "1", {"model": "demo", "prompt": "Once upon a time"})
+api("completion_all", "1", {
+    "model": "demo", "prompt": ["Once"], "max_tokens": 3, "top_k": -1, "stop": ["a", "b"],
+    "echo": False, "best_of": 1, "suffix": None, "seed": 9223372036854775807, "n": 1,
+    "stream": True, "stream_options": {"include_usage": True}, "logprobs": None,
+    "user": "u\u00e9"})
+api("completion_refused", "1", {"model": "gpt-3.5-turbo-instruct", "prompt": [1, 2, 3],
+                                "echo": True, "best_of": 2, "suffix": "end"})
 
 
 # Producer rows (fuzz_sql_row's "column=value" lines): schemas/example_external_insert.sql's two
