@@ -113,7 +113,8 @@ void parse_stop(const json& v, SamplingParams& sp) {
     sp.stop = {v.get<std::string>()};
     return;
   }
-  if (!v.is_array()) bad("stop", "expected a string or an array of strings, got " + json_type_name(v));
+  if (!v.is_array())
+    bad("stop", "expected a string or an array of strings, got " + json_type_name(v));
   for (size_t i = 0; i < v.size(); ++i) sp.stop.push_back(string_of(v[i], "stop"));
 }
 
@@ -202,7 +203,7 @@ void parse_fields(const json& body, const std::string& served_model, const JobLi
       out.chat_options = std::get<ChatOptions>(opts);
       out.spec.chat_template_kwargs = v.dump();
     } else if (key == "user") {
-      string_of(v, key);
+      out.spec.user = string_of(v, key);  // kept with the job, as a batch line's is
     } else if (key == "presence_penalty" || key == "frequency_penalty" || key == "logprobs" ||
                key == "logit_bias" || (chat && key == "top_logprobs") ||
                (chat && key == "response_format") || (!chat && key == "echo") ||

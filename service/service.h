@@ -188,6 +188,7 @@ class Service {
   bool api_run_starts(int64_t job_id, const ApiError& e);
   void api_client_gone(int64_t job_id);
   void api_resolve(bool force);
+  bool api_resolve_job(int64_t id);
   void api_close_all(const std::string& why);
   bool api_streaming(int64_t job_id) const;
 

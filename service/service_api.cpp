@@ -17,9 +17,10 @@
 namespace moebatch {
 namespace {
 
-// Calls whose job runs elsewhere (queued, or taken over by another daemon) are looked up in
-// the store at most this often.
-constexpr int64_t kResolveEveryMs = 250;
+// Calls whose job runs elsewhere (queued, or taken over by another daemon) are answered from
+// the final-event log as their jobs end (publish_finals). This look-up of each such call's job
+// is the safety net, for a job deleted from the table or events pruned before they were read.
+constexpr int64_t kResolveEveryMs = 5000;
 
 HttpReply error_reply(const ApiError& e, HttpHeaders headers = {}) {
   return {e.status, "application/json", render_error(e) + "\n", std::move(headers)};
@@ -263,24 +264,30 @@ void Service::api_resolve(bool force) {
   std::vector<int64_t> ids;
   for (const auto& [id, call] : api_calls_)
     if (!in_flight_.count(id)) ids.push_back(id);
-  for (int64_t id : ids) {
-    std::optional<Job> job;
-    if (!store_read("looking up an API request's job", [&] { job = store_->get(id); })) return;
-    if (!job) {
-      api_failed(id, {500, "the job of this request is gone", "", "job_missing", "server_error"});
-    } else if (job->state == JobState::Done && job->result) {
-      Completion c;
-      c.id = id;
-      c.result = *job->result;
-      api_finished(c);
-    } else if (job->state == JobState::Failed) {
-      api_failed(id, {500, "generation failed: " + job->error.value_or("unknown error"), "",
-                      "job_failed", "server_error"});
-    } else if (job->state == JobState::Cancelled) {
-      api_failed(
-          id, {500, "the job of this request was cancelled", "", "job_cancelled", "server_error"});
-    }
+  for (int64_t id : ids)
+    if (!api_resolve_job(id)) return;
+}
+
+// One call whose job is not running here, answered if its job is final (or gone). False when
+// the store could not be read: tried again later.
+bool Service::api_resolve_job(int64_t id) {
+  std::optional<Job> job;
+  if (!store_read("looking up an API request's job", [&] { job = store_->get(id); })) return false;
+  if (!job) {
+    api_failed(id, {500, "the job of this request is gone", "", "job_missing", "server_error"});
+  } else if (job->state == JobState::Done && job->result) {
+    Completion c;
+    c.id = id;
+    c.result = *job->result;
+    api_finished(c);
+  } else if (job->state == JobState::Failed) {
+    api_failed(id, {500, "generation failed: " + job->error.value_or("unknown error"), "",
+                    "job_failed", "server_error"});
+  } else if (job->state == JobState::Cancelled) {
+    api_failed(id,
+               {500, "the job of this request was cancelled", "", "job_cancelled", "server_error"});
   }
+  return true;
 }
 
 // Shutdown: open requests cannot be answered any more; their jobs are cancelled so that no one

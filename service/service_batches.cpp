@@ -19,6 +19,7 @@
 #include "queue/batch_store.h"
 #include "queue/job_store.h"
 #include "queue/job_validate.h"
+#include "queue/json_strict.h"
 #include "queue/openai_batch.h"
 #include "service/engine_worker.h"
 #include "service/multipart.h"
@@ -237,9 +238,12 @@ void Service::batches_create(const std::shared_ptr<HttpExchange>& ex) {
     ex->reply(json_error(503, "the server is shutting down", "server_error", {}, "shutting_down"));
     return;
   }
-  const json j = json::parse(ex->request().body, nullptr, false);
-  if (!j.is_object()) {
-    ex->reply(bad_request("the request body must be a JSON object"));
+  // Strict, as every door of the queue: duplicate keys and nesting past kMaxJsonDepth refused.
+  std::string problem;
+  const json j = parse_json_strict(ex->request().body, &problem);
+  if (!problem.empty() || !j.is_object()) {
+    ex->reply(bad_request(problem.empty() ? "the request body must be a JSON object"
+                                          : "the request body is refused: " + problem));
     return;
   }
   BatchRecord b;

@@ -358,9 +358,10 @@ void Service::store_failed(const char* what, const std::string& error) {
 }
 
 // Announces every final transition committed since the last call, in commit order, whoever
-// made it (ServiceDb's final-transition log).
+// made it (ServiceDb's final-transition log), and answers the API calls whose job another
+// connection ended (another daemon, a CLI cancel).
 void Service::publish_finals() {
-  if (!hooks_.on_final || done_) return;
+  if (done_) return;
   constexpr int64_t kBatch = 256;
   std::vector<FinalEvent> events;
   do {
@@ -371,7 +372,10 @@ void Service::publish_finals() {
       final_seq_ = e.seq;
       const auto state = job_state_from_string(e.state);
       if (!state) continue;
-      hooks_.on_final({e.job_id, *state, e.client_key, e.batch_id, e.error});
+      if (hooks_.on_final) hooks_.on_final({e.job_id, *state, e.client_key, e.batch_id, e.error});
+      if (api_calls_.contains(e.job_id) && !in_flight_.contains(e.job_id) &&
+          !api_resolve_job(e.job_id))
+        return;  // the event is read again at the next poll
     }
   } while (static_cast<int64_t>(events.size()) == kBatch);
 }

@@ -67,6 +67,7 @@ TEST(OpenAiParse, ChatFieldsLandInTheJob) {
   EXPECT_EQ(r.spec.chat_template_kwargs,
             std::optional<std::string>(R"({"enable_thinking":false})"));
   EXPECT_EQ(r.spec.model, std::optional<std::string>("demo"));
+  EXPECT_EQ(r.spec.user, std::optional<std::string>("u1"));  // as a batch line keeps it
   ASSERT_EQ(r.messages.size(), 1u);
   EXPECT_EQ(r.messages[0].content, "Hi");
 }

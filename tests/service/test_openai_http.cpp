@@ -9,12 +9,14 @@
 #include <thread>
 
 #include "common/error.h"
+#include "queue/job_store.h"
 #include "service/config.h"
 #include "service/service.h"
 #include "tests/common/files.h"
 #include "tests/common/sqlite.h"
 #include "tests/common/wait.h"
 #include "tests/queue/pg_test_util.h"
+#include "tests/queue/queue_test_util.h"
 #include "tests/service/test_util.h"
 
 namespace moebatch {
@@ -280,6 +282,39 @@ TEST(OpenAiHttp, QueueFullIs429AndAClientThatLeavesCancelsItsJob) {
   EXPECT_EQ(post(r.port(), "/v1/chat/completions", chat_body()).status, 200);
 }
 
+// A call whose job waits in the queue and is ended by another connection (a CLI cancel, another
+// daemon) is answered from the final-event log at the next poll, well inside the 5 s of the
+// look-up that backs it up.
+TEST(OpenAiHttp, ACallWhoseQueuedJobIsCancelledElsewhereIsAnsweredAtOnce) {
+  test::TempDir dir;
+  ServiceConfig cfg = api_config(dir.path());
+  cfg.max_num_seqs = 1;  // one slot and one hand-off place: two streams take both
+  Running r(cfg);
+  const auto db = dir.path() / "jobs.db";
+  const json long_stream =
+      chat_body({{"stream", true}, {"max_tokens", 3000}, {"temperature", 1}, {"top_k", 20}});
+  OpenStream first(r.port(), long_stream);
+  ASSERT_TRUE(first.read_events(2)) << first.got;
+  OpenStream second(r.port(), long_stream);
+  ASSERT_TRUE(test::wait_until(
+      [&] { return test::query_i64(db, "SELECT count(*) FROM jobs WHERE state = 'running'") == 2; },
+      10s));
+  std::optional<test::HttpResult> answer;
+  std::thread call([&] { answer = post(r.port(), "/v1/chat/completions", chat_body()); });
+  // No ASSERT until the call thread is joined: the cancel below ends the call either way.
+  EXPECT_TRUE(test::wait_until(
+      [&] { return test::query_text(db, "SELECT state FROM jobs WHERE id = 3") == "queued"; },
+      10s));
+  JobStore other(test::store_options(db));
+  EXPECT_TRUE(other.cancel(3));
+  const auto cancelled_at = std::chrono::steady_clock::now();
+  call.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - cancelled_at, 2s);
+  ASSERT_TRUE(answer);
+  EXPECT_EQ(answer->status, 500) << answer->body;
+  EXPECT_EQ(json::parse(answer->body)["error"]["code"], "job_cancelled") << answer->body;
+}
+
 TEST(OpenAiHttp, MaintenanceAnswers503WhileTheStreamInFlightFinishes) {
   MB_SKIP_UNDER_TSAN("the 1,500-token stream must finish within the 60 s drain");
   test::TempDir dir;
@@ -386,6 +421,14 @@ TEST_P(OpenAiHttpStore, FilesAndBatchesRefuseBadInputNamingTheField) {
       400);
   EXPECT_EQ(test::http_request(p, "GET", "/v1/batches/batch_nope").status, 404);
   EXPECT_EQ(test::http_request(p, "GET", "/v1/batches?limit=0").status, 400);
+  // Strict, as every door of the queue: a duplicate key is refused, not last-one-wins.
+  const auto dup = test::http_request(
+      p, "POST", "/v1/batches",
+      R"({"input_file_id":"x","input_file_id":"y","endpoint":"/v1/chat/completions",)"
+      R"("completion_window":"24h"})",
+      {{"Content-Type", "application/json"}});
+  EXPECT_EQ(dup.status, 400) << dup.body;
+  EXPECT_NE(dup.body.find("duplicate"), std::string::npos) << dup.body;
   EXPECT_EQ(test::http_request(p, "GET", "/v1/files/file-nope/content").status, 404);
   EXPECT_EQ(test::http_request(p, "GET", "/v1/files?limit=x").status, 400);
   const json files = json::parse(test::http_request(p, "GET", "/v1/files?purpose=batch").body);
