@@ -87,6 +87,7 @@ json stats_to_json(const QueueStats& stats) {
   json counts = json::object();
   for (const auto& [state, n] : stats.counts) counts[std::string(job_state_to_string(state))] = n;
   return {{"counts", counts},
+          {"latency_window", stats.latency_window},
           {"latency",
            {{"queue_wait_ms", percentiles_to_json(stats.queue_wait_ms)},
             {"ttft_ms", percentiles_to_json(stats.ttft_ms)},

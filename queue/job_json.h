@@ -18,7 +18,7 @@ nlohmann::json batch_counts_to_json(const std::string& batch_id, const BatchCoun
 BatchCounts batch_counts_from_json(const nlohmann::json& j);
 /// A done job's latency record.
 nlohmann::json latency_to_json(const LatencyRecord& l);
-/// Counts by state and latency percentiles.
+/// Counts by state, latency_window, and the latency percentiles over that window.
 nlohmann::json stats_to_json(const QueueStats& stats);
 
 }  // namespace moebatch

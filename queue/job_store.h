@@ -53,6 +53,10 @@ struct StoreOptions {
   std::shared_ptr<const Clock> clock = std::make_shared<SystemClock>();  ///< time source
   JobLimits limits;                                                      ///< validation limits
   RetryPolicy retry;  ///< backoff between attempts
+  /// stats() reads the latency rows of this many done jobs at most, those with the highest ids
+  /// (1..1,000,000): the percentiles describe recent work, and the read stays bounded however
+  /// many jobs the table holds.
+  int64_t stats_latency_window = 10000;
 };
 
 /// A client_key that already names a job with a different payload (409 Conflict in HTTP terms).
@@ -113,9 +117,11 @@ struct Percentiles {
   double p50 = 0, p90 = 0, p99 = 0, max = 0;
 };
 
-/// Queue counts and latency summary.
+/// Queue counts and latency summary. The counts cover every job; the percentiles only the
+/// latency rows of the newest `latency_window` done jobs (highest ids).
 struct QueueStats {
   std::map<JobState, int64_t> counts;  ///< every state present, zero when empty
+  int64_t latency_window = 0;          ///< StoreOptions::stats_latency_window
   Percentiles queue_wait_ms;           ///< enqueued -> started
   Percentiles ttft_ms;                 ///< started -> first token
   Percentiles total_ms;                ///< enqueued -> finished
@@ -221,7 +227,11 @@ class JobStore {
   /// attempts are exhausted. Returns how many rows changed. claim() calls this itself.
   int64_t requeue_expired();
 
-  /// Counts by state and latency percentiles.
+  /// Counts by state and latency percentiles, in one snapshot. The counts read indexes only
+  /// (queued and running through their partial indexes, failed and cancelled through
+  /// jobs_failed_or_cancelled, done is the rest of count(*)); the percentiles read at most
+  /// options().stats_latency_window latency rows, the newest by job id. Not cached: the ZeroMQ
+  /// ingress caches its answer (queue/zmq/store_worker.h).
   QueueStats stats();
   /// Changes whenever ANOTHER connection commits to the queue, so a poller can skip its claim
   /// query while nothing happened; commits on this connection do not count. SQLite: PRAGMA

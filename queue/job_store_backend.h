@@ -27,9 +27,27 @@ struct LeaseRef {
   int64_t token = -1;  ///< lease_token from the claim; -1 = unknown, the owner check alone
 };
 
+/// The statements of JobStoreBackend::stats, the same text on both databases. Each count reads
+/// an index and never the rows: count(*) the smallest one, queued and running the partial
+/// indexes jobs_claim and jobs_running_lease, failed and cancelled jobs_failed_or_cancelled
+/// (its WHERE repeated word for word, so SQLite sees that it applies). kStatsLatencyNewest
+/// takes the window as its LIMIT (the backend appends its placeholder) and reads job_latency
+/// backwards along its primary key. tests/queue/test_job_store.cpp checks the plans.
+namespace stats_sql {
+inline constexpr const char* kAll = "SELECT count(*) FROM jobs";
+inline constexpr const char* kQueued = "SELECT count(*) FROM jobs WHERE state = 'queued'";
+inline constexpr const char* kRunning = "SELECT count(*) FROM jobs WHERE state = 'running'";
+inline constexpr const char* kFailedOrCancelled =
+    "SELECT state, count(*) FROM jobs WHERE state IN ('failed', 'cancelled') GROUP BY state";
+inline constexpr const char* kLatencyNewest =
+    "SELECT queue_wait_ms, ttft_ms, total_ms, tokens_per_s FROM job_latency "
+    "ORDER BY job_id DESC LIMIT ";
+}  // namespace stats_sql
+
 /// Raw material of QueueStats, read in one snapshot.
 struct StatsSamples {
-  std::map<JobState, int64_t> counts;               ///< jobs per state present
+  int64_t jobs = 0;                                 ///< every job, whatever its state
+  std::map<JobState, int64_t> counts;               ///< every state but done
   std::vector<double> wait, ttft, total, tokens_s;  ///< latency samples
 };
 
@@ -71,7 +89,9 @@ class JobStoreBackend {
                                        const std::vector<LeaseRef>& leases) = 0;
   virtual bool cancel(int64_t id, int64_t now) = 0;
   virtual int64_t requeue_expired(int64_t now) = 0;
-  virtual StatsSamples stats() = 0;
+  /// Every job and the counts of the states but done, from indexes only (JobStore derives
+  /// done), and the latency rows of the latency_window highest job ids.
+  virtual StatsSamples stats(int64_t latency_window) = 0;
 
   virtual std::optional<LatencyRecord> latency(int64_t id) = 0;
   /// counts holds only the states present; total and the rest are filled.

@@ -252,16 +252,20 @@ std::vector<Job> PgJobStore::list(const ListFilter& f) {
       PgParams().add(f.after_id).add(state).add(f.batch_id).add(f.limit));
 }
 
-StatsSamples PgJobStore::stats() {
+StatsSamples PgJobStore::stats(int64_t latency_window) {
   StatsSamples st;
-  // One snapshot so counts and latencies agree.
+  // One snapshot so counts and latencies agree; every statement reads an index only
+  // (stats_sql, job_store_backend.h; count(*) an index-only scan of the primary key).
   PgTransaction tx(*conn_, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY");
-  PgResult c = conn_->exec("SELECT state, count(*) FROM jobs GROUP BY state");
+  st.jobs = conn_->exec(stats_sql::kAll).i64(0, 0);
+  st.counts[JobState::Queued] = conn_->exec(stats_sql::kQueued).i64(0, 0);
+  st.counts[JobState::Running] = conn_->exec(stats_sql::kRunning).i64(0, 0);
+  PgResult c = conn_->exec(stats_sql::kFailedOrCancelled);
   for (int i = 0; i < c.rows(); ++i) {
     if (auto s = job_state_from_string(c.text(i, 0))) st.counts[*s] = c.i64(i, 1);
   }
   PgResult l =
-      conn_->exec("SELECT queue_wait_ms, ttft_ms, total_ms, tokens_per_s FROM job_latency");
+      conn_->exec(std::string(stats_sql::kLatencyNewest) + "$1", PgParams().add(latency_window));
   for (int i = 0; i < l.rows(); ++i) {
     st.wait.push_back(static_cast<double>(l.i64(i, 0)));
     if (auto v = l.opt_i64(i, 1)) st.ttft.push_back(static_cast<double>(*v));

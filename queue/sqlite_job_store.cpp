@@ -150,16 +150,22 @@ std::vector<Job> SqliteJobStore::list(const ListFilter& f) {
       [&](Stmt& s) { s.bind(1, f.after_id).bind(2, state).bind(3, f.batch_id).bind(4, f.limit); });
 }
 
-StatsSamples SqliteJobStore::stats() {
+StatsSamples SqliteJobStore::stats(int64_t latency_window) {
   StatsSamples st;
-  // One read transaction so counts and latencies describe the same snapshot.
+  // One read transaction so counts and latencies describe the same snapshot; every statement
+  // reads an index only (stats_sql, job_store_backend.h).
   Transaction tx(*db_, /*immediate=*/false);
-  Stmt& c = db_->prepare("SELECT state, COUNT(*) FROM jobs GROUP BY state");
+  st.jobs = db_->query_i64(stats_sql::kAll);
+  st.counts[JobState::Queued] = db_->query_i64(stats_sql::kQueued);
+  st.counts[JobState::Running] = db_->query_i64(stats_sql::kRunning);
+  Stmt& c = db_->prepare(stats_sql::kFailedOrCancelled);
   while (c.step()) {
     if (auto s = job_state_from_string(c.text(0))) st.counts[*s] = c.i64(1);
   }
   c.reset();
-  Stmt& l = db_->prepare("SELECT queue_wait_ms, ttft_ms, total_ms, tokens_per_s FROM job_latency");
+  // job_id is the table's rowid: the newest rows are the end of its b-tree.
+  Stmt& l = db_->prepare(std::string(stats_sql::kLatencyNewest) + "?1");
+  l.bind(1, latency_window);
   while (l.step()) {
     st.wait.push_back(static_cast<double>(l.i64(0)));
     if (auto v = l.opt_i64(1)) st.ttft.push_back(static_cast<double>(*v));

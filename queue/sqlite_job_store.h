@@ -38,7 +38,7 @@ class SqliteJobStore : public JobStoreBackend {
                                const std::vector<LeaseRef>& leases) override;
   bool cancel(int64_t id, int64_t now) override;
   int64_t requeue_expired(int64_t now) override;
-  StatsSamples stats() override;
+  StatsSamples stats(int64_t latency_window) override;
   std::optional<LatencyRecord> latency(int64_t id) override;
   BatchCounts batch_counts(const std::string& batch_id) override;
   int64_t cancel_batch(const std::string& batch_id, int64_t now) override;

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "queue/batch_export.h"
@@ -196,8 +197,7 @@ void StoreWorker::answer_one(RoutedRequest& item) {
                       {"undeliverable", c(counters_.undeliverable)},
                       {"notices", c(counters_.notices)},
                       {"notices_refused", c(counters_.notices_refused)}};
-      reply(item, ok_reply(r.id, {{"queue", stats_to_json(store_->stats())},
-                                  {"ingress", std::move(ingress)}}));
+      reply(item, ok_reply(r.id, {{"queue", queue_stats()}, {"ingress", std::move(ingress)}}));
       return;
     }
     if (r.cmd == Command::BatchStatus || r.cmd == Command::BatchCancel ||
@@ -235,6 +235,27 @@ void StoreWorker::answer_one(RoutedRequest& item) {
   } catch (const Error& e) {
     reply_error(item, store_error(e));
   }
+}
+
+// The queue part of a stats reply: the kept snapshot while it is fresh, else a new one. age_ms
+// says how old the counts are.
+json StoreWorker::queue_stats() {
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point now = Clock::now();
+  if (stats_json_.is_null() || now >= stats_fresh_until_) {
+    stats_json_ = stats_to_json(store_->stats());
+    const Clock::time_point read = Clock::now();
+    const auto keep = options_.stats_max_age.count() <= 0
+                          ? Clock::duration::zero()
+                          : std::max<Clock::duration>(options_.stats_max_age, 10 * (read - now));
+    stats_read_at_ = now;
+    stats_fresh_until_ = read + keep;
+    now = read;
+  }
+  json out = stats_json_;
+  out["age_ms"] =
+      std::chrono::duration_cast<std::chrono::milliseconds>(now - stats_read_at_).count();
+  return out;
 }
 
 // The batch verbs: one store call each (batch_results: one page of the export), then the batch's

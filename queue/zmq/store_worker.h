@@ -13,9 +13,13 @@
 //   the one with the conflict gets the key_conflict reply.
 // - close() stops intake; the thread answers everything already accepted, then sends an empty
 //   one-frame "end" message on the reply socket and exits.
+// - `stats` answers the queue part (JobStore::stats: counts, latency over the newest done jobs)
+//   from a snapshot kept for StoreWorkerOptions::stats_max_age, so a flood of stats requests
+//   costs one store query per second; the ingress counters are read live.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -60,6 +64,10 @@ struct StoreWorkerOptions {
   size_t capacity = 256;              ///< requests waiting for the store; more get "busy"
   size_t max_jobs_per_commit = 8192;  ///< group-commit bound, in jobs
   CrashPoint crash_point = CrashPoint::None;  ///< test hook; see CrashPoint
+  /// How long a stats reply reuses the queue snapshot it read (0: read it for every request).
+  /// A read that took d is also kept for 10 d at least, so on a table where stats is slow the
+  /// store thread, and the submits waiting behind it, spend at most a tenth of it on stats.
+  std::chrono::milliseconds stats_max_age{1000};
   std::function<void(size_t)> on_committed;   ///< called (store thread) with jobs created
 };
 
@@ -92,11 +100,17 @@ class StoreWorker {
   void reply(const RoutedRequest& item, const std::string& body);
   void reply_error(const RoutedRequest& item, const ProtocolError& err);
   void crash_if(CrashPoint point);
+  nlohmann::json queue_stats();
 
   std::unique_ptr<JobStore> store_;
   StoreWorkerOptions options_;
   IngressCounters& counters_;
   zmq::socket_t replies_;  // PUSH; used only by thread_ once it runs
+  // The last queue snapshot for stats (thread_ only): stats_to_json's object, when it was
+  // read, and until when it is reused.
+  nlohmann::json stats_json_;
+  std::chrono::steady_clock::time_point stats_read_at_{};
+  std::chrono::steady_clock::time_point stats_fresh_until_{};
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -3,6 +3,7 @@
 // cancellation, stats and change detection. Time moves through a ManualClock.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 #include <thread>
@@ -10,7 +11,10 @@
 #include "common/error.h"
 #include "queue/batch_export.h"
 #include "queue/job_store.h"
+#include "queue/job_store_backend.h"
 #include "queue/job_validate.h"
+#include "queue/pg_conn.h"
+#include "queue/sqlite_db.h"
 #include "tests/common/files.h"
 #include "tests/queue/pg_test_util.h"
 #include "tests/queue/queue_test_util.h"
@@ -532,6 +536,101 @@ TEST_P(JobStoreTest, StatsPercentilesUseNearestRank) {
   EXPECT_DOUBLE_EQ(st.queue_wait_ms.p90, 90);
   EXPECT_DOUBLE_EQ(st.queue_wait_ms.p99, 100);
   EXPECT_EQ(st.tokens_per_s.count, 0);
+}
+
+TEST_P(JobStoreTest, StatsCountEveryStateFromTheIndexes) {
+  // Done is what count(*) leaves after the other four: check every state against a known mix.
+  std::vector<int64_t> ids;
+  for (int i = 0; i < 9; ++i) ids.push_back(store.submit(text_job("p" + std::to_string(i))).id);
+  const auto claimed = store.claim("w", 5, milliseconds(60000));
+  ASSERT_EQ(claimed.size(), 5u);
+  std::vector<Completion> cs;
+  for (size_t i = 0; i < 3; ++i) {
+    cs.push_back({claimed[i].id, JobResult{"r", 1, 1, "stop", {}}, LatencyRecord{1, 1, 1, 1, {}}});
+  }
+  ASSERT_EQ(store.complete_many("w", cs), std::vector<bool>(3, true));
+  ASSERT_EQ(store.fail("w", claimed[3].id, "bad", false), FailOutcome::Failed);
+  int64_t cancelled = 0;
+  for (int64_t id : ids) {
+    if (cancelled < 2 && store.get(id)->state == JobState::Queued && store.cancel(id)) ++cancelled;
+  }
+  const QueueStats st = store.stats();
+  EXPECT_EQ(st.counts.at(JobState::Queued), 2);
+  EXPECT_EQ(st.counts.at(JobState::Running), 1);
+  EXPECT_EQ(st.counts.at(JobState::Done), 3);
+  EXPECT_EQ(st.counts.at(JobState::Failed), 1);
+  EXPECT_EQ(st.counts.at(JobState::Cancelled), 2);
+  EXPECT_EQ(st.total_ms.count, 3);
+}
+
+TEST_P(JobStoreTest, StatsPercentilesCoverTheNewestDoneJobsOnly) {
+  StoreOptions o = store_options(location(), clock);
+  o.stats_latency_window = 4;
+  JobStore windowed(o);
+  std::vector<Completion> cs;
+  for (int i = 1; i <= 10; ++i) {
+    int64_t id = store.submit(text_job("p" + std::to_string(i))).id;
+    cs.push_back({id, JobResult{"r", 1, 1, "stop", {}},
+                  LatencyRecord{i, i, i, i * 100, static_cast<double>(i)}});
+  }
+  ASSERT_EQ(store.claim("w", 10, milliseconds(60000)).size(), 10u);
+  // Finished newest first: the window follows job ids, not the order results came in.
+  std::reverse(cs.begin(), cs.end());
+  store.complete_many("w", cs);
+  const QueueStats st = windowed.stats();
+  EXPECT_EQ(st.latency_window, 4);
+  EXPECT_EQ(st.counts.at(JobState::Done), 10) << "the counts cover every job";
+  EXPECT_EQ(st.total_ms.count, 4);
+  EXPECT_DOUBLE_EQ(st.total_ms.p50, 800);  // nearest rank over 700, 800, 900, 1000
+  EXPECT_DOUBLE_EQ(st.total_ms.max, 1000);
+  EXPECT_DOUBLE_EQ(st.queue_wait_ms.p50, 8);
+  EXPECT_EQ(st.tokens_per_s.count, 4);
+  EXPECT_DOUBLE_EQ(st.tokens_per_s.p90, 10);
+  const QueueStats all = store.stats();  // the default window holds them all
+  EXPECT_EQ(all.latency_window, 10000);
+  EXPECT_EQ(all.total_ms.count, 10);
+  EXPECT_DOUBLE_EQ(all.total_ms.p50, 500);
+  for (int64_t bad : {int64_t{0}, int64_t{1000001}}) {
+    o.stats_latency_window = bad;
+    EXPECT_THROW(JobStore{o}, Error) << bad;
+  }
+}
+
+TEST_P(JobStoreTest, StatsStatementsReadIndexesNotRows) {
+  // The plans of stats_sql on the real schema: no count may read the whole jobs table (its rows
+  // hold prompts and results; millions of them took seconds), and the latency window is a
+  // backward walk of job_latency's key, not a sort. PostgreSQL's choice between plans depends
+  // on table statistics, so there the test only shows that an index applies.
+  const std::string latency = std::string(stats_sql::kLatencyNewest) + "10000";
+  const std::vector<std::pair<std::string, std::string>> expect = {
+      {stats_sql::kAll, ""},
+      {stats_sql::kQueued, "jobs_claim"},
+      {stats_sql::kRunning, "jobs_running_lease"},
+      {stats_sql::kFailedOrCancelled, "jobs_failed_or_cancelled"},
+      {latency, postgres() ? "Index Scan Backward using job_latency_pkey" : ""}};
+  for (const auto& [sql, index] : expect) {
+    std::string plan;
+    if (postgres()) {
+      PgConn conn(location());
+      conn.exec("SET enable_seqscan = off");  // a seq scan then means no index applies
+      PgResult r = conn.exec("EXPLAIN " + sql);
+      for (int i = 0; i < r.rows(); ++i) plan += r.text(i, 0) + "\n";
+      EXPECT_EQ(plan.find("Seq Scan"), std::string::npos) << sql << "\n" << plan;
+    } else {
+      Db db(location());
+      Stmt& q = db.prepare("EXPLAIN QUERY PLAN " + sql);
+      while (q.step()) plan += q.text(3) + "\n";
+      q.reset();
+      const bool on_latency = sql == latency;
+      EXPECT_EQ(plan.find("TEMP B-TREE"), std::string::npos) << sql << "\n" << plan;
+      if (!on_latency) {
+        EXPECT_NE(plan.find("USING"), std::string::npos) << sql << "\n" << plan;
+      }
+    }
+    if (!index.empty()) {
+      EXPECT_NE(plan.find(index), std::string::npos) << sql << "\n" << plan;
+    }
+  }
 }
 
 TEST_P(JobStoreTest, FencingTokenRefusesAnOlderLeaseOfTheSameWorkerId) {

@@ -99,6 +99,47 @@ TEST(Ingress, StatusResultCancelAndStats) {
   EXPECT_EQ(stats["ingress"]["errors"], 1);
 }
 
+TEST(Ingress, StatsReusesTheQueueSnapshotWhileTheIngressCountersStayLive) {
+  TempDir dir;
+  auto opts = loopback_options(dir);
+  opts.worker.stats_max_age = std::chrono::hours(1);
+  zi::Ingress ingress(opts);
+  zmq::context_t ctx;
+  Peer peer(ctx, ingress.router_endpoint());
+  ASSERT_EQ(peer.call(submit_request(1, json::array({{{"prompt", "a"}}})))["ok"], true);
+  json first = peer.call({{"v", 1}, {"cmd", "stats"}, {"id", 2}});
+  ASSERT_EQ(first["ok"], true) << first.dump();
+  EXPECT_EQ(first["queue"]["counts"]["queued"], 1);
+  EXPECT_EQ(first["queue"]["latency_window"], 10000);
+  // A job from another connection and one through the ingress: within the hour the queue part
+  // is the snapshot read for the first request (no second store query), the counters are not.
+  JobStore store(store_options(dir.path() / "jobs.db"));
+  store.submit(text_job("b"));
+  ASSERT_EQ(peer.call(submit_request(3, json::array({{{"prompt", "c"}}})))["ok"], true);
+  json second = peer.call({{"v", 1}, {"cmd", "stats"}, {"id", 4}});
+  ASSERT_EQ(second["ok"], true) << second.dump();
+  EXPECT_EQ(second["queue"]["counts"], first["queue"]["counts"]);
+  EXPECT_GE(second["queue"]["age_ms"].get<int64_t>(), first["queue"]["age_ms"].get<int64_t>());
+  EXPECT_EQ(second["ingress"]["jobs_created"], 2);
+  EXPECT_EQ(store.stats().counts.at(JobState::Queued), 3);
+}
+
+TEST(Ingress, StatsWithoutMaxAgeReadsTheStoreEachTime) {
+  TempDir dir;
+  auto opts = loopback_options(dir);
+  opts.worker.stats_max_age = std::chrono::milliseconds(0);
+  zi::Ingress ingress(opts);
+  zmq::context_t ctx;
+  Peer peer(ctx, ingress.router_endpoint());
+  JobStore store(store_options(dir.path() / "jobs.db"));
+  for (int i = 1; i <= 3; ++i) {
+    store.submit(text_job("p" + std::to_string(i)));
+    json st = peer.call({{"v", 1}, {"cmd", "stats"}, {"id", i}});
+    ASSERT_EQ(st["ok"], true) << st.dump();
+    EXPECT_EQ(st["queue"]["counts"]["queued"], i);
+  }
+}
+
 TEST(Ingress, ConcurrentProducersAreAllAckedExactlyOnce) {
   TempDir dir;
   zi::Ingress ingress(loopback_options(dir));
