@@ -85,6 +85,8 @@ int run(const Options& o) {
   Service svc(cfg, hooks);  // builds and warms up the engine before the clock starts
   StoreOptions so;
   so.path = cfg.db;
+  // The latency percentiles cover every request of the run, not only the newest 10,000.
+  so.stats_latency_window = std::clamp<int64_t>(o.requests, so.stats_latency_window, 1000000);
   JobStore store(so);
   int code = 0;
   std::thread t([&] { code = svc.run(); });
