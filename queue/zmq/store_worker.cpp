@@ -18,7 +18,9 @@ constexpr size_t kMaxItemsPerRound = 256;
 
 /// A store failure as a reply: lock contention past busy_timeout is "busy", the rest
 /// "internal"; both are retryable because nothing was committed.
-ProtocolError store_error(const Error& e) {
+// Any exception a store call throws: a store error (retry later), or anything else (out of
+// memory, a bug), which fails this request only, never the worker thread.
+ProtocolError store_error(const std::exception& e) {
   const std::string what = e.what();
   const bool locked =
       what.find("locked") != std::string::npos || what.find("busy") != std::string::npos;
@@ -157,7 +159,7 @@ void StoreWorker::commit_submits(std::vector<RoutedRequest>& items, size_t begin
                   ProtocolError{std::string(error_code::kInvalid), e.what(), std::nullopt, false});
     }
     return;
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {
     const ProtocolError err = store_error(e);
     spdlog::warn("ingress: submit of {} job(s) not committed: {}", specs.size(), e.what());
     for (size_t k = begin; k < end; ++k) reply_error(items[k], err);
@@ -232,7 +234,7 @@ void StoreWorker::answer_one(RoutedRequest& item) {
       reply(item, ok_reply(r.id, {{"cancelled", cancelled},
                                   {"job", job_status_json(after ? *after : *job)}}));
     }
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {
     reply_error(item, store_error(e));
   }
 }
