@@ -235,6 +235,14 @@ void start_jobs(JobStore& store, const std::filesystem::path& db, int jobs) {
       << "running " << count(db, "state = 'running'");
 }
 
+// Intake resumed after an outage: two new jobs run beside the `done` ones.
+void expect_intake_resumed(JobStore& store, const std::filesystem::path& db, int done,
+                           std::chrono::seconds limit) {
+  submit_jobs(store, 2, 4);
+  EXPECT_TRUE(test::wait_until([&] { return count(db, "state = 'done'") == done + 2; }, limit))
+      << "done " << count(db, "state = 'done'") << " of " << done + 2;
+}
+
 TEST(ServiceStoreOutage, LockedStoreKeepsResultsAndHealthAnswersAtOnce) {
   MB_SKIP_UNDER_TSAN("the running jobs must finish while the store is out");
   test::TempDir dir;
@@ -268,10 +276,7 @@ TEST(ServiceStoreOutage, FullDiskKeepsResultsAndIntakeResumesAfterwards) {
     expect_outage_seen(run.port(), cfg.db, kJobs, 20s);
     g_disk_full = false;
     expect_recovered(run.port(), cfg.db, kJobs);
-    // Intake resumed: new work runs.
-    submit_jobs(store, 2, 4);
-    ASSERT_TRUE(
-        test::wait_until([&] { return count(cfg.db, "state = 'done'") == kJobs + 2; }, 10s));
+    expect_intake_resumed(store, cfg.db, kJobs, 10s);
     EXPECT_EQ(run.stop(), 0);
   }
 }
@@ -299,9 +304,7 @@ TEST(ServiceStoreOutage, UnreadableStoreNeverEndsTheDaemon) {
   ASSERT_TRUE(test::wait_until([&] { return count(cfg.db, "state = 'done'") == kJobs; }, 30s))
       << "done " << count(cfg.db, "state = 'done'") << " of " << kJobs;
   EXPECT_EQ(count(cfg.db, "attempts = 1"), kJobs) << "a result was lost and its job ran again";
-  // Intake goes on: new work runs.
-  submit_jobs(store, 2, 4);
-  ASSERT_TRUE(test::wait_until([&] { return count(cfg.db, "state = 'done'") == kJobs + 2; }, 30s));
+  expect_intake_resumed(store, cfg.db, kJobs, 30s);
   EXPECT_EQ(run.stop(), 0);
 }
 
