@@ -30,8 +30,7 @@ std::string dump_json(const nlohmann::json& j, int indent) {
 }
 
 std::string json_excerpt(const nlohmann::json& v, std::size_t max_chars) {
-  const std::string s = v.dump();
-  return s.size() <= max_chars ? s : utf8_prefix(s, max_chars) + "…";
+  return utf8_excerpt(v.dump(), max_chars);
 }
 
 }  // namespace moebatch

@@ -16,4 +16,11 @@ inline std::string utf8_prefix(std::string_view s, std::size_t max_bytes) {
   return std::string(s.substr(0, cut));
 }
 
+/// utf8_prefix for quoting in a message: "…" marks a cut.
+inline std::string utf8_excerpt(std::string_view s, std::size_t max_bytes) {
+  std::string shown = utf8_prefix(s, max_bytes);
+  if (shown.size() < s.size()) shown += "…";
+  return shown;
+}
+
 }  // namespace moebatch

@@ -202,9 +202,7 @@ JobRow decode_job_row(const RowSource& s, const JobLimits& limits) {
     if (auto k = prompt_kind_from_string(kind)) {
       spec.prompt_kind = *k;
     } else {
-      const std::string shown = utf8_prefix(kind, kRowKindQuoteMax);
-      r.fail("prompt_kind: '" + shown + (shown.size() < kind.size() ? "…" : "") +
-             "' is not one of text|chat");
+      r.fail("prompt_kind: '" + utf8_excerpt(kind, kRowKindQuoteMax) + "' is not one of text|chat");
     }
   }
   spec.prompt = r.req_text(kPrompt, "prompt", limits.max_prompt_bytes);

@@ -35,13 +35,9 @@ std::optional<std::string> check_stop_strings(const std::vector<std::string>& st
   return std::nullopt;
 }
 
-// Text from a prompt quoted in a message: the first 32 bytes, "…" marking a cut (a prompt may
-// hold a megabyte-long role or key, and the message goes back to the client or into the row).
-std::string chat_field_excerpt(std::string_view v) {
-  std::string shown = utf8_prefix(v, 32);
-  if (shown.size() < v.size()) shown += "…";
-  return shown;
-}
+// Text from a prompt quoted in a message: the first 32 bytes (a prompt may hold a megabyte-long
+// role or key, and the message goes back to the client or into the row).
+std::string chat_field_excerpt(std::string_view v) { return utf8_excerpt(v, 32); }
 
 // True when v, converted to the engine's float, is a normal (not 0, not subnormal) number.
 bool float_is_normal(double v) { return std::fpclassify(static_cast<float>(v)) == FP_NORMAL; }

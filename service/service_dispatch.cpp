@@ -375,7 +375,7 @@ void Service::publish_finals() {
       if (hooks_.on_final) hooks_.on_final({e.job_id, *state, e.client_key, e.batch_id, e.error});
       if (api_calls_.contains(e.job_id) && !in_flight_.contains(e.job_id) &&
           !api_resolve_job(e.job_id))
-        return;  // the event is read again at the next poll
+        return;  // the store refused the read: api_resolve's periodic look-up answers this call
     }
   } while (static_cast<int64_t>(events.size()) == kBatch);
 }

@@ -16,10 +16,9 @@ using nlohmann::json;
 // Requests taken from the queue per wake-up; bounds the latency of the first one in the group.
 constexpr size_t kMaxItemsPerRound = 256;
 
-/// A store failure as a reply: lock contention past busy_timeout is "busy", the rest
-/// "internal"; both are retryable because nothing was committed.
-// Any exception a store call throws: a store error (retry later), or anything else (out of
-// memory, a bug), which fails this request only, never the worker thread.
+/// Any exception of a store call as a reply: lock contention past busy_timeout is "busy", the
+/// rest "internal" (a store error, or out of memory or a bug, which fails this request only,
+/// never the worker thread); both are retryable because nothing was committed.
 ProtocolError store_error(const std::exception& e) {
   const std::string what = e.what();
   const bool locked =
