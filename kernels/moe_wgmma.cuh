@@ -74,6 +74,9 @@ struct MoeWgmmaFp8Params {
   int num_pairs = 0;
   int in_row_div = 1;
   int32_t* row_of_pair = nullptr;
+  /// Blocks of the persistent walk: 0 = one per SM; a few, to give each block many tiles (the
+  /// op cases' check of a walk across tiles on small shapes).
+  int max_blocks = 0;
 };
 
 /// Whether moe_wgmma runs on `device`: this build holds its sm_90a code and the device is a

@@ -78,11 +78,12 @@ struct PhaseClock {
     sum[phase] += t - last;
     last = t;
   }
-  /// totals [kPhases + 1]: the phase sums, then the number of warpgroup tiles summed.
-  __device__ __forceinline__ void flush(unsigned long long* totals) const {
+  /// totals [kPhases + 1]: the phase sums, then the number of warpgroup tiles summed (`tiles`
+  /// of them in this warpgroup's sums: a persistent kernel's).
+  __device__ __forceinline__ void flush(unsigned long long* totals, unsigned tiles = 1) const {
     if ((threadIdx.x & 127) != 0) return;
     for (int i = 0; i < kPhases; ++i) atomicAdd(&totals[i], static_cast<unsigned long long>(sum[i]));
-    atomicAdd(&totals[kPhases], 1ull);
+    atomicAdd(&totals[kPhases], static_cast<unsigned long long>(tiles));
   }
   // clock() exists only in the device pass
   __device__ __forceinline__ static unsigned now() {
@@ -110,7 +111,7 @@ std::vector<uint64_t> take_phase_totals(const unsigned long long (&totals)[N]) {
 template <int kPhases>
 struct PhaseClock {
   __device__ __forceinline__ void mark(int) {}
-  __device__ __forceinline__ void flush(unsigned long long*) const {}
+  __device__ __forceinline__ void flush(unsigned long long*, unsigned = 1) const {}
 };
 #endif
 

@@ -712,7 +712,7 @@ class SortedExpertGemmCase final : public OpCase {
           .weight_scales = s_.block_scales ? wb_s_.get() : static_cast<const float*>(w.scales),
           .weight_scale_rows = s_.block_scales ? kernels::kWgmmaFp8Group : 1,
           .expert_offsets = routings_[0].offsets.get(), .num_experts = s_.experts, .n = n(), .k = k(),
-          .rows_cap = cap(), .silu_gate_up = gate()};
+          .rows_cap = cap(), .silu_gate_up = gate(), .max_blocks = s_.max_blocks};
       set_gather(p);
       kernels::moe_wgmma_fp8(p, env.stream);
       return;
@@ -966,13 +966,15 @@ OpCaseDef sorted_expert_gemm_case(const SortedExpertGemmShape& s) {
   MB_CHECK(!s.block_scales || s.fp8, "sorted expert GEMM case: block scales are W8A8's");
   MB_CHECK(!s.tma_rows || (!s.fp8 && !s.cublas), "sorted expert GEMM case: TMA rows are the bf16 wgmma kernel's");
   MB_CHECK(!(s.tma_rows && s.gather), "sorted expert GEMM case: TMA rows are sorted rows, not gathered");
+  MB_CHECK(s.max_blocks == 0 || s.fp8, "sorted expert GEMM case: a block cap is the W8A8 kernel's");
   const char* stage = s.stage == MoeGemmStage::down ? "down" : "gate_up+silu";
   // fp32 accumulation of bf16 products, one bf16 rounding of the result (SiLU·mul from fp32 on
   // the wgmma path; cuBLAS rounds gate and up to bf16 first, a second rounding): 5e-3.
   // The cuBLAS peer is in the gemm family: the cases that get a cuBLAS handle.
   OpCaseDef d = op_case_def<SortedExpertGemmCase>(
       std::string(s.cublas ? "moe_sorted cuBLAS " : s.fp8 ? "moe_wgmma_fp8 " : "moe_wgmma ") + stage +
-          (s.gather ? " gather" : "") + (s.block_scales ? " block-scales" : "") + (s.tma_rows ? " tma-rows" : ""),
+          (s.gather ? " gather" : "") + (s.block_scales ? " block-scales" : "") + (s.tma_rows ? " tma-rows" : "") +
+          (s.max_blocks > 0 ? " blocks" + to_string(s.max_blocks) : ""),
       experts(s.tokens, s.experts, s.top_k, s.hot) + " H" + to_string(s.hidden) + " I" + to_string(s.inter),
       s.cublas ? OpFamily::gemm : OpFamily::moe_gemm, 5e-3, s);
   if (!s.cublas) d.available = &kernels::moe_wgmma_available;

@@ -501,6 +501,24 @@ std::vector<OpCaseDef> op_cases_test() {
           s.block_scales = block;  // I 80 / H 144: not 128-aligned, so the kernel keeps per-row scales
           t.push_back(sorted_expert_gemm_case(s));
         }
+  // the persistent walk with few blocks, so that each takes many tiles on small shapes too: ring
+  // slots and the tile hand-off reused across tiles, k shorter than the ring (H 144: 2 stages),
+  // one-slab tiles between full ones
+  for (int blocks : {1, 3})
+    for (MoeGemmStage stage : {MoeGemmStage::gate_up_silu, MoeGemmStage::down}) {
+      SortedExpertGemmShape s = fp8_shapes[1];
+      s.stage = stage;
+      s.gather = stage == MoeGemmStage::gate_up_silu;
+      s.fp8 = true;
+      s.max_blocks = blocks;
+      t.push_back(sorted_expert_gemm_case(s));
+      s = fp8_shapes[0];
+      s.stage = stage;
+      s.fp8 = true;
+      s.block_scales = true;
+      s.max_blocks = blocks;
+      t.push_back(sorted_expert_gemm_case(s));
+    }
   // moe_gemv at every pair count it rounds to (1, 2, 4, 8) with a hot expert holding all tokens;
   // on 4-bit weights those pairs are the tensor-core walk's B columns (sentinels past them)
   for (WeightFormat format : {WeightFormat::bf16, WeightFormat::nvfp4, WeightFormat::int4})
