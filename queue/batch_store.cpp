@@ -2,6 +2,7 @@
 // (sqlite_batch_store.cpp, pg_batch_store.cpp).
 #include "queue/batch_store.h"
 
+#include <algorithm>
 #include <random>
 
 #include "common/error.h"
@@ -40,6 +41,25 @@ std::vector<T> page(std::vector<T> rows, int64_t limit, bool& has_more) {
 
 }  // namespace
 
+std::vector<std::string_view> split_file_content(std::string_view content, size_t max_bytes) {
+  MB_CHECK(max_bytes >= 4, "split_file_content: pieces must hold a character");
+  std::vector<std::string_view> pieces;
+  while (!content.empty()) {
+    size_t n = std::min(max_bytes, content.size());
+    if (n < content.size()) {
+      const auto continues = [&](size_t i) {
+        return (static_cast<unsigned char>(content[i]) & 0xC0) == 0x80;
+      };
+      size_t cut = n;
+      while (cut > n - 3 && continues(cut)) --cut;
+      if (!continues(cut)) n = cut;  // else not UTF-8 here: cut where it falls
+    }
+    pieces.push_back(content.substr(0, n));
+    content.remove_prefix(n);
+  }
+  return pieces;
+}
+
 BatchStore::BatchStore(const std::string& location) {
   const StoreLocation loc = parse_store_location(location);
   impl_ = loc.kind == StoreKind::Postgres ? make_pg_batch_store(loc.target)
@@ -59,6 +79,11 @@ std::optional<StoredFile> BatchStore::file(const std::string& id) { return impl_
 
 std::optional<std::string> BatchStore::file_content(const std::string& id) {
   return impl_->file_content(id);
+}
+
+std::optional<std::string> BatchStore::file_chunk(const std::string& id, int64_t seq) {
+  MB_CHECK(seq >= 0, "file_chunk: seq must be >= 0");
+  return impl_->file_chunk(id, seq);
 }
 
 std::vector<StoredFile> BatchStore::list_files(const std::optional<std::string>& after,

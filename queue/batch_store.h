@@ -18,6 +18,7 @@
 // migrates the database itself.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -29,6 +30,10 @@
 namespace moebatch {
 
 class BatchStoreBackend;
+
+/// A file's content is stored in pieces of at most this many bytes (file_chunks, migration 10),
+/// cut at UTF-8 character boundaries, so a download reads and sends one piece at a time.
+inline constexpr size_t kFileChunkBytes = size_t{1} << 20;
 
 /// A stored file's metadata.
 struct StoredFile {
@@ -70,8 +75,12 @@ class BatchStore {
                       const std::string& content, int64_t now_s);
   /// A file's metadata, if it exists.
   std::optional<StoredFile> file(const std::string& id);
-  /// A file's content, if it exists.
+  /// A file's content whole, if it exists (a batch's input file, bounded by the upload limit;
+  /// downloads go piece by piece through file_chunk).
   std::optional<std::string> file_content(const std::string& id);
+  /// Piece `seq` (0, 1, ...) of a file's content; nullopt past the last piece or when the file
+  /// does not exist (or was deleted meanwhile). The pieces in order are the content.
+  std::optional<std::string> file_chunk(const std::string& id, int64_t seq);
   /// Files newest first, optionally of one purpose; `after` = the last id of the previous page.
   std::vector<StoredFile> list_files(const std::optional<std::string>& after, int64_t limit,
                                      const std::optional<std::string>& purpose, bool& has_more);

@@ -27,6 +27,7 @@ class BatchStoreBackend {
   virtual void add_file(const StoredFile& f, const std::string& content) = 0;
   virtual std::optional<StoredFile> file(const std::string& id) = 0;
   virtual std::optional<std::string> file_content(const std::string& id) = 0;
+  virtual std::optional<std::string> file_chunk(const std::string& id, int64_t seq) = 0;
   /// Up to `limit` files, newest first.
   virtual std::vector<StoredFile> list_files(const std::optional<std::string>& after, int64_t limit,
                                              const std::optional<std::string>& purpose) = 0;
@@ -55,6 +56,12 @@ inline constexpr const char* kBatchColumns =
     "id, input_file_id, endpoint, completion_window, metadata, status, total, errors, "
     "output_file_id, error_file_id, created_at, in_progress_at, finalizing_at, completed_at, "
     "failed_at, cancelling_at, cancelled_at, expires_at";
+
+/// `content` cut into the pieces file_chunks stores: each at most `max_bytes` (≥ 4), ending
+/// before a byte that continues a UTF-8 character (PostgreSQL text must hold each piece alone).
+/// Content that is not UTF-8 (more than three continuation bytes in a row) is cut where it falls.
+std::vector<std::string_view> split_file_content(std::string_view content,
+                                                 size_t max_bytes = kFileChunkBytes);
 
 /// The SQLite implementation over the file at `path`.
 std::unique_ptr<BatchStoreBackend> make_sqlite_batch_store(const std::string& path);

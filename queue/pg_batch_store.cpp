@@ -47,17 +47,15 @@ std::vector<StoredFile> read_files(const PgResult& r) {
   return out;
 }
 
+// The file's row and its content's pieces (inside the caller's transaction).
 void insert_file(PgConn& c, const StoredFile& f, std::string_view content) {
   c.exec(
-      "INSERT INTO files (id, purpose, filename, bytes, created_at, content) "
-      "VALUES ($1, $2, $3, $4, $5, $6)",
-      PgParams()
-          .add(f.id)
-          .add(f.purpose)
-          .add(f.filename)
-          .add(f.bytes)
-          .add(f.created_at)
-          .add(content));
+      "INSERT INTO files (id, purpose, filename, bytes, created_at) VALUES ($1, $2, $3, $4, $5)",
+      PgParams().add(f.id).add(f.purpose).add(f.filename).add(f.bytes).add(f.created_at));
+  int64_t seq = 0;
+  for (std::string_view piece : split_file_content(content))
+    c.exec("INSERT INTO file_chunks (file_id, seq, data) VALUES ($1, $2, $3)",
+           PgParams().add(f.id).add(seq++).add(piece));
 }
 
 class PgBatchStore final : public BatchStoreBackend {
@@ -74,7 +72,9 @@ class PgBatchStore final : public BatchStoreBackend {
     // has to be UTF-8 JSON lines anyway.
     if (auto p = pg_text_problem(f.filename)) throw InputError("file: filename " + *p);
     if (auto p = pg_text_problem(content)) throw InputError("file: content " + *p);
+    PgTransaction tx(*conn_);
     insert_file(*conn_, f, content);
+    tx.commit();
   }
 
   std::optional<StoredFile> file(const std::string& id) override {
@@ -86,7 +86,21 @@ class PgBatchStore final : public BatchStoreBackend {
   }
 
   std::optional<std::string> file_content(const std::string& id) override {
-    PgResult r = conn_->exec("SELECT content FROM files WHERE id = $1", PgParams().add(id));
+    // One statement, one snapshot: the row and its pieces as of the same moment.
+    PgResult r = conn_->exec(
+        "SELECT c.data FROM files f LEFT JOIN file_chunks c ON c.file_id = f.id WHERE f.id = $1 "
+        "ORDER BY c.seq",
+        PgParams().add(id));
+    if (r.rows() == 0) return std::nullopt;
+    std::string content;
+    for (int i = 0; i < r.rows(); ++i)
+      if (!r.is_null(i, 0)) content += r.text(i, 0);
+    return content;
+  }
+
+  std::optional<std::string> file_chunk(const std::string& id, int64_t seq) override {
+    PgResult r = conn_->exec("SELECT data FROM file_chunks WHERE file_id = $1 AND seq = $2",
+                             PgParams().add(id).add(seq));
     if (r.rows() == 0) return std::nullopt;
     return r.text(0, 0);
   }
@@ -101,7 +115,12 @@ class PgBatchStore final : public BatchStoreBackend {
   }
 
   bool delete_file(const std::string& id) override {
-    return conn_->exec("DELETE FROM files WHERE id = $1", PgParams().add(id)).affected() > 0;
+    PgTransaction tx(*conn_);
+    const bool gone =
+        conn_->exec("DELETE FROM files WHERE id = $1", PgParams().add(id)).affected() > 0;
+    conn_->exec("DELETE FROM file_chunks WHERE file_id = $1", PgParams().add(id));
+    tx.commit();
+    return gone;
   }
 
   void add_batch(const BatchRecord& b) override {

@@ -29,14 +29,19 @@ BatchRecord read_batch(const Stmt& s) {
   return b;
 }
 
+// The file's row and its content's pieces (inside the caller's transaction).
 void insert_file(Db& db, const StoredFile& f, std::string_view content) {
   Stmt& s = db.prepare(
-      "INSERT INTO files (id, purpose, filename, bytes, created_at, content) "
-      "VALUES (?1, ?2, ?3, ?4, ?5, ?6)");
+      "INSERT INTO files (id, purpose, filename, bytes, created_at) VALUES (?1, ?2, ?3, ?4, ?5)");
   s.bind(1, std::string_view(f.id)).bind(2, std::string_view(f.purpose));
   s.bind(3, std::string_view(f.filename)).bind(4, f.bytes).bind(5, f.created_at);
-  s.bind(6, content);
   s.step();
+  int64_t seq = 0;
+  for (std::string_view piece : split_file_content(content)) {
+    Stmt& c = db.prepare("INSERT INTO file_chunks (file_id, seq, data) VALUES (?1, ?2, ?3)");
+    c.bind(1, std::string_view(f.id)).bind(2, seq++).bind(3, piece);
+    c.step();
+  }
 }
 
 class SqliteBatchStore final : public BatchStoreBackend {
@@ -66,12 +71,24 @@ class SqliteBatchStore final : public BatchStoreBackend {
   }
 
   std::optional<std::string> file_content(const std::string& id) override {
-    Stmt& s = db_->prepare("SELECT content FROM files WHERE id = ?1");
+    // One read transaction, so a delete between the row and its pieces cannot split them.
+    Transaction tx(*db_, false);
+    if (!file(id)) return std::nullopt;
+    Stmt& s = db_->prepare("SELECT data FROM file_chunks WHERE file_id = ?1 ORDER BY seq");
     s.bind(1, std::string_view(id));
-    if (!s.step()) return std::nullopt;
-    std::string content = s.text(0);
-    s.reset();
+    std::string content;
+    while (s.step()) content += s.text(0);
+    tx.commit();
     return content;
+  }
+
+  std::optional<std::string> file_chunk(const std::string& id, int64_t seq) override {
+    Stmt& s = db_->prepare("SELECT data FROM file_chunks WHERE file_id = ?1 AND seq = ?2");
+    s.bind(1, std::string_view(id)).bind(2, seq);
+    if (!s.step()) return std::nullopt;
+    std::string piece = s.text(0);
+    s.reset();
+    return piece;
   }
 
   std::vector<StoredFile> list_files(const std::optional<std::string>& after, int64_t limit,
@@ -92,6 +109,9 @@ class SqliteBatchStore final : public BatchStoreBackend {
     s.bind(1, std::string_view(id));
     s.step();
     const bool gone = db_->changes() > 0;
+    Stmt& c = db_->prepare("DELETE FROM file_chunks WHERE file_id = ?1");
+    c.bind(1, std::string_view(id));
+    c.step();
     tx.commit();
     return gone;
   }

@@ -164,3 +164,18 @@ ALTER TABLE jobs ADD COLUMN metadata TEXT;
 -- through this index, and done is every other row (count(*) reads the smallest index), so no
 -- count reads the table's rows. Only rows in these two states have an entry.
 CREATE INDEX jobs_failed_or_cancelled ON jobs (state) WHERE state IN ('failed', 'cancelled');
+
+-- @migration 10
+-- A file's content in pieces of at most 1 MiB (queue/batch_store.h, kFileChunkBytes), cut at
+-- UTF-8 character boundaries, instead of one value: a download reads and sends one piece at a
+-- time, so a 500 MB output file is neither held in memory whole nor read in one step of the
+-- daemon's io thread, and no file is bounded by SQLite's ~1 GB limit on one value. Contents
+-- written before this migration become one piece each.
+CREATE TABLE file_chunks (
+  file_id  TEXT NOT NULL,
+  seq      INTEGER NOT NULL,             -- 0, 1, ... in file order
+  data     TEXT NOT NULL,
+  PRIMARY KEY (file_id, seq)
+);
+INSERT INTO file_chunks (file_id, seq, data) SELECT id, 0, content FROM files WHERE content <> '';
+ALTER TABLE files DROP COLUMN content;

@@ -195,3 +195,17 @@ ALTER TABLE jobs ADD COLUMN metadata text;
 -- As SQLite's migration 9: failed and cancelled jobs by state, so the queue's counts
 -- (JobStore::stats) read indexes only (done is every other row).
 CREATE INDEX jobs_failed_or_cancelled ON jobs (state) WHERE state IN ('failed', 'cancelled');
+
+-- @migration 5
+-- As SQLite's migration 10: a file's content in pieces of at most 1 MiB, cut at UTF-8 character
+-- boundaries, which a download reads one at a time. (Pieces of one text value by substr would
+-- not do: on a multibyte database encoding substr reads the value from its start, so a
+-- download would cost the square of the file's size.)
+CREATE TABLE file_chunks (
+  file_id  text NOT NULL,
+  seq      bigint NOT NULL,
+  data     text NOT NULL,
+  PRIMARY KEY (file_id, seq)
+);
+INSERT INTO file_chunks (file_id, seq, data) SELECT id, 0, content FROM files WHERE content <> '';
+ALTER TABLE files DROP COLUMN content;

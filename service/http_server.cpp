@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <boost/asio/ip/address.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
@@ -152,17 +153,25 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
                       beast::bind_front_handler(&HttpSession::on_written, shared_from_this()));
   }
 
-  void begin_stream(int status, std::string content_type, HttpHeaders headers) {
+  // A chunked stream, or with `length` a body of that many bytes sent as it comes.
+  void begin_stream(int status, std::string content_type, HttpHeaders headers,
+                    std::optional<uint64_t> length = std::nullopt) {
     sr_.reset();
     sres_.emplace();
     sres_->version(11);
     sres_->result(static_cast<http::status>(status));
     sres_->set(http::field::server, "moebatch");
     sres_->set(http::field::content_type, content_type);
-    sres_->set(http::field::cache_control, "no-cache");
     for (auto& [k, v] : headers) sres_->set(k, v);
     sres_->keep_alive(keep_alive_);
-    sres_->chunked(true);
+    sized_ = length.has_value();
+    left_ = length.value_or(0);
+    if (sized_) {
+      sres_->content_length(*length);
+    } else {
+      sres_->set(http::field::cache_control, "no-cache");
+      sres_->chunked(true);
+    }
     sr_.emplace(*sres_);
     writing_ = true;
     stream_.expires_after(state_->limits.write_timeout);
@@ -171,6 +180,16 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   }
 
   void stream_write(std::string_view data) {
+    if (sized_) {
+      if (head_) return;  // HEAD: the header alone
+      if (data.size() > left_) {
+        // More than the header promised: send what it promised, then close, so the client
+        // does not read the rest as its next response.
+        data = data.substr(0, left_);
+        keep_alive_ = false;
+      }
+      left_ -= data.size();
+    }
     out_.append(data);
     if (!writing_) flush();
   }
@@ -178,6 +197,22 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   void stream_end() {
     ending_ = true;
     if (!writing_) flush();
+  }
+
+  // The exchange's when_drained: at once (posted) when nothing waits to be written.
+  void notify_when_drained() {
+    if (writing_ || !out_.empty()) return;  // flush tells the exchange when the socket took it
+    net::post(stream_.get_executor(), [self = shared_from_this(), gen = gen_] {
+      if (gen == self->gen_ && self->exchange_) self->exchange_->drained();
+    });
+  }
+
+  // HttpExchange::abort: the exchange ends with the connection, its reply unfinished.
+  void abort_exchange() {
+    ++gen_;
+    exchange_.reset();
+    beast::error_code ignored;
+    stream_.socket().close(ignored);
   }
 
  private:
@@ -396,19 +431,33 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
       out_.clear();
       writing_ = true;
       stream_.expires_after(state_->limits.write_timeout);
-      net::async_write(stream_, http::make_chunk(net::buffer(sending_)),
-                       beast::bind_front_handler(&HttpSession::on_chunk, shared_from_this()));
+      auto done = beast::bind_front_handler(&HttpSession::on_chunk, shared_from_this());
+      if (sized_) {
+        net::async_write(stream_, net::buffer(sending_), std::move(done));
+      } else {
+        net::async_write(stream_, http::make_chunk(net::buffer(sending_)), std::move(done));
+      }
       return;
     }
     if (ending_) {
       ending_ = false;
-      writing_ = true;
       ++gen_;
       exchange_.reset();
+      if (sized_) {
+        // Nothing closes a sized body; one ended short of its length must close the connection,
+        // or the client would wait for the rest.
+        if (left_ != 0 && !head_) keep_alive_ = false;
+        net::post(stream_.get_executor(),
+                  [self = shared_from_this()] { self->on_written(beast::error_code(), 0); });
+        return;
+      }
+      writing_ = true;
       stream_.expires_after(state_->limits.write_timeout);
       net::async_write(stream_, http::make_chunk_last(),
                        beast::bind_front_handler(&HttpSession::on_written, shared_from_this()));
+      return;
     }
+    if (exchange_) exchange_->drained();  // everything queued has gone: the next piece, if any
   }
 
   void on_chunk(beast::error_code ec, size_t) {
@@ -440,6 +489,8 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   std::optional<http::response_serializer<http::empty_body>> sr_;
   std::string out_, sending_;
   bool writing_ = false, ending_ = false;
+  bool sized_ = false;  // the stream is a body of a known length, not chunks
+  uint64_t left_ = 0;   // bytes of a sized body not yet queued
 };
 
 HttpExchange::HttpExchange(std::shared_ptr<HttpSession> session, HttpRequest request)
@@ -458,23 +509,55 @@ void HttpExchange::begin_stream(int status, std::string content_type, HttpHeader
   session_->begin_stream(status, std::move(content_type), std::move(headers));
 }
 
+void HttpExchange::begin_body(int status, std::string content_type, uint64_t length,
+                              HttpHeaders headers) {
+  if (done_ || streaming_ || !session_) return;
+  streaming_ = true;
+  session_->begin_stream(status, std::move(content_type), std::move(headers), length);
+}
+
 void HttpExchange::write(std::string_view data) {
   if (done_ || !streaming_ || !session_) return;
   session_->stream_write(data);
+}
+
+void HttpExchange::when_drained(std::function<void()> f) {
+  if (done_ || !streaming_ || !session_) return;
+  on_drained_ = std::move(f);
+  session_->notify_when_drained();
+}
+
+void HttpExchange::drained() {
+  if (done_) return;
+  if (auto f = std::move(on_drained_)) {
+    on_drained_ = nullptr;
+    f();
+  }
 }
 
 void HttpExchange::end_stream() {
   if (done_ || !streaming_) return;
   done_ = true;
   streaming_ = false;
+  on_drained_ = nullptr;
   auto s = std::move(session_);
   if (s) s->stream_end();
+}
+
+void HttpExchange::abort() {
+  if (done_) return;
+  done_ = true;
+  streaming_ = false;
+  on_drained_ = nullptr;
+  auto s = std::move(session_);
+  if (s) s->abort_exchange();
 }
 
 void HttpExchange::disconnected() {
   if (done_) return;
   done_ = true;
   streaming_ = false;
+  on_drained_ = nullptr;
   session_.reset();
   if (auto f = std::move(on_disconnect_)) f();
 }

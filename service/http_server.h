@@ -30,6 +30,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -80,8 +81,9 @@ struct HttpRequest {
 class HttpSession;
 
 /// The reply channel of one request. A handler answers at once (reply), later, or as a stream
-/// (begin_stream, write..., end_stream); the connection stays open until it does. Calls after
-/// the exchange is done (answered, or the client went away) do nothing. io thread only.
+/// (begin_stream or begin_body, write..., end_stream); the connection stays open until it does.
+/// Calls after the exchange is done (answered, or the client went away) do nothing. io thread
+/// only.
 class HttpExchange {
  public:
   HttpExchange(std::shared_ptr<HttpSession> session, HttpRequest request);
@@ -91,10 +93,21 @@ class HttpExchange {
   void reply(HttpReply r);
   /// Starts a chunked reply (e.g. text/event-stream) with `status` and extra headers.
   void begin_stream(int status, std::string content_type, HttpHeaders headers = {});
+  /// Starts a reply whose body of `length` bytes follows in writes (Content-Length, not
+  /// chunked: a download whose size is known). For HEAD only the header is sent and writes are
+  /// dropped. Ending it short of `length` closes the connection (the client sees the body cut).
+  void begin_body(int status, std::string content_type, uint64_t length, HttpHeaders headers = {});
   /// Queues bytes on a started stream; sent as soon as the socket takes them.
   void write(std::string_view data);
+  /// Runs `f` once every byte queued so far has gone to the socket (posted at once when none
+  /// waits): a large body is written a piece at a time, each after the last has left. Not run
+  /// when the exchange ends first.
+  void when_drained(std::function<void()> f);
   /// Ends the stream after the queued bytes; ends the exchange.
   void end_stream();
+  /// Ends the exchange by closing the connection: for a started body that cannot be finished
+  /// (its source failed); the client sees it cut short.
+  void abort();
   /// Runs `f` once if the client goes away before the exchange ends.
   void on_disconnect(std::function<void()> f) { on_disconnect_ = std::move(f); }
   /// True once answered, ended, or the client went away.
@@ -105,10 +118,12 @@ class HttpExchange {
  private:
   friend class HttpSession;
   void disconnected();
+  void drained();  // the session took every queued byte: runs on_drained_ once
 
   std::shared_ptr<HttpSession> session_;  // released when the exchange ends
   HttpRequest request_;
   std::function<void()> on_disconnect_;
+  std::function<void()> on_drained_;
   bool done_ = false;
   bool streaming_ = false;
 };

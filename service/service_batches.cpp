@@ -213,13 +213,56 @@ void Service::files_get(const std::shared_ptr<HttpExchange>& ex) {
   }
 }
 
+// A file's content, sent one stored piece (kFileChunkBytes) at a time, each read once the last
+// has gone to the socket: a download holds one piece in memory and takes one short read of the
+// io thread at a time, whatever the file's size or the client's pace.
 void Service::files_content(const std::shared_ptr<HttpExchange>& ex) {
   const std::string& id = ex->request().params.at(0);
-  if (auto c = batches_->file_content(id)) {
-    ex->reply({200, "application/octet-stream", std::move(*c)});
-  } else {
+  const std::optional<StoredFile> f = batches_->file(id);
+  if (!f) {
     ex->reply(not_found("file", id));
+    return;
   }
+  ex->begin_body(200, "application/octet-stream", static_cast<uint64_t>(f->bytes));
+  if (ex->request().head) {
+    ex->end_stream();
+    return;
+  }
+  send_file_piece(ex, id, 0, f->bytes);
+}
+
+void Service::send_file_piece(const std::weak_ptr<HttpExchange>& weak, const std::string& id,
+                              int64_t seq, int64_t left) {
+  const auto ex = weak.lock();
+  if (!ex || ex->done()) return;  // the client went away
+  if (left == 0) {
+    ex->end_stream();
+    return;
+  }
+  // Past the header nothing but a cut connection tells the client that the body failed.
+  std::optional<std::string> piece;
+  try {
+    piece = batches_->file_chunk(id, seq);
+  } catch (const std::exception& e) {
+    spdlog::warn("file {}: reading piece {} failed ({}); the download is cut short", id, seq,
+                 e.what());
+    ex->abort();
+    return;
+  }
+  if (!piece || piece->empty() || static_cast<int64_t>(piece->size()) > left) {
+    spdlog::warn("file {}: {}; the download is cut short", id,
+                 piece ? "the stored pieces do not add up to its size"
+                       : "deleted while downloaded");
+    ex->abort();
+    return;
+  }
+  ex->write(*piece);
+  left -= static_cast<int64_t>(piece->size());
+  if (left == 0) {
+    ex->end_stream();
+    return;
+  }
+  ex->when_drained([this, weak, id, seq, left] { send_file_piece(weak, id, seq + 1, left); });
 }
 
 void Service::files_delete(const std::shared_ptr<HttpExchange>& ex) {

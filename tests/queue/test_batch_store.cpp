@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include "common/error.h"
+#include "queue/batch_store_backend.h"
+#include "queue/job_validate.h"
 #include "queue/batch_store.h"
 #include "queue/job_store.h"
 #include "tests/common/files.h"
@@ -37,6 +39,69 @@ TEST_P(BatchStoreTest, FilesRoundTripAndDelete) {
   EXPECT_FALSE(store.delete_file(f.id));
   EXPECT_FALSE(store.file(f.id));
   EXPECT_FALSE(store.file_content("file-nope"));
+}
+
+// Pieces end on character boundaries (PostgreSQL text holds each alone) and join back whole.
+TEST(FileContent, PiecesEndOnCharacterBoundaries) {
+  const std::string euro = "\xE2\x82\xAC", emoji = "\xF0\x9F\x98\x80";
+  for (size_t max : {4u, 5u, 6u, 7u, 9u}) {
+    const std::string text = "a" + euro + "bc" + emoji + emoji + "d" + euro + euro;
+    std::string joined;
+    for (std::string_view piece : split_file_content(text, max)) {
+      EXPECT_LE(piece.size(), max);
+      EXPECT_FALSE(piece.empty());
+      EXPECT_TRUE(is_valid_utf8(piece)) << "max " << max;
+      joined += piece;
+    }
+    EXPECT_EQ(joined, text);
+  }
+  // Not UTF-8 (a run of continuation bytes): cut where it falls, nothing lost.
+  const std::string bad(10, '\x80');
+  const auto pieces = split_file_content(bad, 4);
+  ASSERT_EQ(pieces.size(), 3u);
+  EXPECT_EQ(pieces[0].size(), 4u);
+  EXPECT_TRUE(split_file_content("", 4).empty());
+  EXPECT_THROW(split_file_content("abc", 3), Error);
+}
+
+// A file over one piece: stored in pieces of kFileChunkBytes at most, each readable alone, the
+// whole content back in order; deleting the file removes its pieces.
+TEST_P(BatchStoreTest, AFileOverOnePieceIsStoredAndReadInPieces) {
+  JobStore jobs(test::store_options(location()));
+  BatchStore store(location());
+  std::string content;
+  for (int line = 0; content.size() < 2 * kFileChunkBytes + 1000; ++line)
+    content += "{\"custom_id\":\"r" + std::to_string(line) +
+               "\",\"text\":\"\xE2\x82\xAC\xF0\x9F\x98\x80\"}\n";
+  const StoredFile f = store.add_file("batch", "big.jsonl", content, 100);
+  EXPECT_EQ(f.bytes, static_cast<int64_t>(content.size()));
+  EXPECT_TRUE(store.file_content(f.id) == content);
+  std::string joined;
+  int64_t seq = 0;
+  while (auto piece = store.file_chunk(f.id, seq)) {
+    EXPECT_LE(piece->size(), kFileChunkBytes);
+    EXPECT_TRUE(is_valid_utf8(*piece)) << "piece " << seq;
+    joined += *piece;
+    ++seq;
+  }
+  EXPECT_EQ(seq, 3);
+  EXPECT_TRUE(joined == content);
+  EXPECT_FALSE(store.file_chunk("file-nope", 0));
+  EXPECT_TRUE(store.delete_file(f.id));
+  EXPECT_FALSE(store.file_chunk(f.id, 0));
+  EXPECT_FALSE(store.file_content(f.id));
+  // A batch's output files are stored the same way.
+  BatchRecord in;
+  in.input_file_id = "file-x";
+  in.endpoint = "/v1/completions";
+  in.completion_window = "24h";
+  const BatchRecord b = store.add_batch(in);
+  ASSERT_TRUE(store.transition(b.id, "validating", "in_progress", 12, 1));
+  ASSERT_TRUE(store.finish(b.id, "in_progress", "completed", content, "", 20));
+  const auto out_id = store.batch(b.id)->output_file_id;
+  ASSERT_TRUE(out_id);
+  EXPECT_TRUE(store.file_chunk(*out_id, 2));
+  EXPECT_TRUE(store.file_content(*out_id) == content);
 }
 
 TEST_P(BatchStoreTest, BatchesMoveForwardOnlyAndFinishAtomically) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "common/error.h"
+#include "queue/batch_store.h"
 #include "queue/job_store.h"
 #include "queue/openai_batch.h"
 #include "queue/schema.h"
@@ -108,6 +109,33 @@ PRAGMA user_version = 4;
   test::SqlConnection producer(db);
   EXPECT_NE(producer.exec("INSERT INTO jobs (id, prompt) VALUES (9223372036854775807, 'p')"), "");
   EXPECT_EQ(store.list({}).size(), 3u);
+}
+
+// Migration 10: a file's content moves from files.content into pieces (file_chunks); the
+// content reads back the same, whole and as piece 0, and new files are stored in pieces.
+TEST(Migration, VersionNineFileContentMovesIntoPieces) {
+  TempDir dir;
+  auto db = dir.path() / "v9.db";
+  std::string v9;
+  for (const Migration& m : parse_migrations(jobs_schema_sql())) {
+    if (m.version <= 9) v9 += m.sql;
+  }
+  v9 += R"sql(
+INSERT INTO files (id, purpose, filename, bytes, created_at, content)
+  VALUES ('file-old', 'batch_output', 'b_output.jsonl', 12, 5, '{"x":"€"}' || char(10));
+PRAGMA user_version = 9;
+)sql";
+  ASSERT_EQ(test::exec_sql(db, v9), "");
+  JobStore store(store_options(db, std::make_shared<SystemClock>()));
+  EXPECT_EQ(store.schema_version(), JobStore::schema_version_latest());
+  BatchStore files(db.string());
+  const std::string old = "{\"x\":\"\xE2\x82\xAC\"}\n";
+  EXPECT_EQ(files.file("file-old")->bytes, static_cast<int64_t>(old.size()));
+  EXPECT_EQ(files.file_content("file-old"), std::optional<std::string>(old));
+  EXPECT_EQ(files.file_chunk("file-old", 0), std::optional<std::string>(old));
+  EXPECT_FALSE(files.file_chunk("file-old", 1));
+  const StoredFile f = files.add_file("batch", "new.jsonl", "{}\n", 6);
+  EXPECT_EQ(files.file_content(f.id), std::optional<std::string>("{}\n"));
 }
 
 TEST(Migration, NewerSchemaIsRefused) {

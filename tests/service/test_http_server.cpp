@@ -31,6 +31,27 @@ struct TestServer {
   std::thread thread;
   std::shared_ptr<HttpExchange> parked;  // io thread only
   std::atomic<int> disconnects{0};
+  std::atomic<int> pieces_written{0};  // by /body/*
+
+  // /body/N: N pieces of kPiece bytes under one Content-Length, each written once the last has
+  // left (as a file download is); /body/cutN: N pieces, then abort.
+  static constexpr size_t kPiece = 256 << 10;
+  static std::string piece(int i) { return std::string(kPiece, static_cast<char>('a' + i % 26)); }
+  void write_piece(const std::weak_ptr<HttpExchange>& weak, int i, int n, bool cut) {
+    const auto ex = weak.lock();
+    if (!ex || ex->done()) return;
+    if (i == n) {
+      if (cut) {
+        ex->abort();
+      } else {
+        ex->end_stream();
+      }
+      return;
+    }
+    ex->write(piece(i));
+    ++pieces_written;
+    ex->when_drained([this, weak, i, n, cut] { write_piece(weak, i + 1, n, cut); });
+  }
 
   explicit TestServer(HttpLimits limits = {}, std::vector<std::string> keys = {}) {
     server = std::make_unique<HttpServer>(io, "127.0.0.1", 0, limits);
@@ -56,6 +77,18 @@ struct TestServer {
                        ex->write("data: two\n\n");
                        ex->end_stream();
                      });
+                   }});
+    server->route({"GET", "/body/*", 0, false, [this](const auto& ex) {
+                     std::string arg = ex->request().params.at(0);
+                     const bool cut = arg.rfind("cut", 0) == 0;
+                     const int n = std::stoi(cut ? arg.substr(3) : arg);
+                     // A cut body promises one piece more than it sends.
+                     ex->begin_body(200, "application/octet-stream", (n + (cut ? 1 : 0)) * kPiece);
+                     if (ex->request().head) {
+                       ex->end_stream();
+                       return;
+                     }
+                     write_piece(ex, 0, n, cut);
                    }});
     server->start();
     work.emplace(io.get_executor());
@@ -329,6 +362,66 @@ TEST(HttpServer, AClosingConnectionEndsAfterADeferredReplyWhileTheClientStays) {
     EXPECT_TRUE(test::wait_until([&] { return open_connections() == 0; }, 5s)) << request;
   }
   EXPECT_EQ(ts.disconnects.load(), 0);
+}
+
+// A body of known length written a piece at a time: Content-Length, not chunked; each piece
+// queued only once the socket took the last, so a client that does not read holds the writer
+// back (a download never queues the whole file); HEAD sends the header alone; the connection
+// stays usable after a whole body and closes after a cut one.
+TEST(HttpServer, ABodyOfKnownLengthIsWrittenAtTheReadersPace) {
+  TestServer ts;
+  const auto body_of = [](int n) {
+    std::string b;
+    for (int i = 0; i < n; ++i) b += TestServer::piece(i);
+    return b;
+  };
+  const auto r = test::http_request(ts.port(), "GET", "/body/3");
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.headers.at("content-length"), std::to_string(3 * TestServer::kPiece));
+  EXPECT_EQ(r.headers.count("transfer-encoding"), 0u);
+  EXPECT_TRUE(r.body == body_of(3)) << r.body.size();
+
+  // Kept alive: the next request on the connection is answered; HEAD gets the length only.
+  const std::string two =
+      "HEAD /body/5 HTTP/1.1\r\nHost: x\r\n\r\nGET /body/1 HTTP/1.1\r\nHost: x\r\n\r\n"
+      "GET /open HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  const std::string raw = raw_exchange(ts.port(), two);
+  const size_t head_end = raw.find("\r\n\r\n");
+  ASSERT_NE(head_end, std::string::npos) << raw.substr(0, 200);
+  const std::string length = "Content-Length: " + std::to_string(5 * TestServer::kPiece);
+  EXPECT_NE(raw.substr(0, head_end).find(length), std::string::npos);
+  const RawResponse second = first_response(raw.substr(head_end + 4));
+  EXPECT_EQ(second.status_line, "HTTP/1.1 200 OK");
+  EXPECT_TRUE(second.body == body_of(1)) << second.body.size();
+  EXPECT_EQ(first_response(second.rest).body, "open\n");
+
+  // A reader that waits: 64 pieces (16 MiB) do not all leave for the socket while it reads
+  // nothing, and all arrive once it reads.
+  ts.pieces_written = 0;
+  {
+    test::HttpClient c(ts.port());
+    const std::string req = "GET /body/64 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    net::write(c.socket(), net::buffer(req));
+    ASSERT_TRUE(test::wait_until([&] { return ts.pieces_written.load() > 0; }, 5s));
+    std::this_thread::sleep_for(300ms);
+    const int early = ts.pieces_written.load();
+    EXPECT_LT(early, 64) << "the writer ran ahead of a reader that read nothing";
+    std::string reply;
+    boost::system::error_code ec;
+    net::read(c.socket(), net::dynamic_buffer(reply), ec);
+    EXPECT_EQ(ec, net::error::eof);
+    EXPECT_EQ(ts.pieces_written.load(), 64);
+    EXPECT_TRUE(first_response(reply).body == body_of(64)) << reply.size();
+  }
+
+  // Cut short: the client gets the header and what was sent, then the connection closes.
+  const auto start = std::chrono::steady_clock::now();
+  const std::string cut = raw_exchange(ts.port(), "GET /body/cut2 HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 1500ms) << "the cut connection stayed open";
+  const size_t cut_head = cut.find("\r\n\r\n");
+  ASSERT_NE(cut_head, std::string::npos);
+  EXPECT_EQ(cut.size() - cut_head - 4, 2 * TestServer::kPiece);
+  EXPECT_EQ(test::http_request(ts.port(), "GET", "/open").status, 200);
 }
 
 }  // namespace

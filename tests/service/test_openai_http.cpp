@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "queue/batch_store.h"
 #include "queue/job_store.h"
 #include "service/config.h"
 #include "service/service.h"
@@ -452,6 +453,35 @@ TEST_P(OpenAiHttpStore, FilesAndBatchesRefuseBadInputNamingTheField) {
 // fails with a readable error and holds up no other batch, also when the periodic check
 // validates it (a batch left validating by a crash). A cancel takes every unfinished request at
 // once. Client mistakes are 400s, not 500s (which the SDKs retry).
+// A file of many stored pieces downloads whole, byte for byte, under one Content-Length (the
+// daemon sends it a piece at a time); HEAD gives the length alone; the connection serves the
+// next request after it.
+TEST_P(OpenAiHttpStore, AFileOfManyPiecesDownloadsWhole) {
+  ServiceConfig cfg = api_config(scratch());
+  cfg.db = location();
+  Running r(cfg);
+  std::string content;
+  for (int line = 0; content.size() < 5 * kFileChunkBytes + 777; ++line)
+    content += "{\"custom_id\":\"r" + std::to_string(line) +
+               "\",\"note\":\"\xE2\x82\xAC\xF0\x9F\x98\x80\"}\n";
+  const auto up = upload_file(r.port(), "batch", content);
+  ASSERT_EQ(up.status, 200) << up.body;
+  const std::string id = json::parse(up.body)["id"];
+  test::HttpClient c(r.port());
+  const auto head = c.request("HEAD", "/v1/files/" + id + "/content");
+  EXPECT_EQ(head.status, 200);
+  EXPECT_EQ(head.headers.at("content-length"), std::to_string(content.size()));
+  EXPECT_TRUE(head.body.empty());
+  const auto got = c.request("GET", "/v1/files/" + id + "/content");
+  EXPECT_EQ(got.status, 200);
+  EXPECT_EQ(got.headers.at("content-length"), std::to_string(content.size()));
+  EXPECT_EQ(got.headers.count("transfer-encoding"), 0u);
+  EXPECT_TRUE(got.body == content) << got.body.size() << " of " << content.size() << " bytes";
+  EXPECT_EQ(json::parse(c.request("GET", "/v1/files/" + id).body)["bytes"], content.size());
+  EXPECT_EQ(c.request("DELETE", "/v1/files/" + id).status, 200);
+  EXPECT_EQ(c.request("GET", "/v1/files/" + id + "/content").status, 404);
+}
+
 TEST_P(OpenAiHttpStore, ABadBatchFailsAloneAndClientErrorsAre400) {
   ServiceConfig cfg = api_config(scratch());
   cfg.db = location();
