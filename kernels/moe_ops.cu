@@ -1,3 +1,5 @@
+#include <algorithm>
+
 #include "kernels/cuda_check.cuh"
 #include "kernels/device_common.cuh"
 #include "kernels/launch.cuh"
@@ -62,20 +64,19 @@ __global__ void moe_combine_kernel(MoeCombineParams p) {
 }
 
 // One block per token: each thread's vectors of the combined row (rounded to bf16 as moe_combine
-// stores them) added into the residual, the sum of squares, then the normalized row. With few
-// tokens (kBatch > 1) a thread's first kHeld vectors stay in registers between the two passes,
-// and their norm weights, which are constants, are loaded before the wait for the kernel before
-// (one token per step: this kernel is on the critical path of every layer); other vectors re-read
-// the thread's own residual writes, as rmsnorm_kernel does.
-template <bool kMasked, int kBatch>
+// stores them) added into the residual, the sum of squares, then the normalized row. Few tokens
+// (decode: this kernel is on the critical path of every layer): a thread's first kHeld vectors
+// stay in registers between the two passes, and their norm weights, which are constants, are
+// loaded before the wait for the kernel before; other vectors re-read the thread's own residual
+// writes, as rmsnorm_kernel does.
+template <bool kMasked>
 __global__ void __launch_bounds__(kThreads) moe_combine_add_rmsnorm_kernel(MoeCombineParams c,
                                                                            RmsNormParams n) {
-  // hidden ≤ 2 · 8 · kThreads held whole; none with kBatch 1 (many tokens: registers are blocks)
-  constexpr int kHeld = kBatch > 1 ? 2 : 0;
+  constexpr int kHeld = 2;  // hidden ≤ 2 · 8 · kThreads held whole
   __shared__ float scratch[32];
   const size_t t = blockIdx.x;
   const int nvec = c.hidden / 8, tid = static_cast<int>(threadIdx.x);
-  float wt[kHeld + 1][8];  // (+ 1: no zero-length arrays; the extra one is never used)
+  float wt[kHeld][8];
 #pragma unroll
   for (int h = 0; h < kHeld; ++h)
     if (tid + h * kThreads < nvec) load8(n.weight + 8 * (tid + h * kThreads), wt[h]);
@@ -83,10 +84,10 @@ __global__ void __launch_bounds__(kThreads) moe_combine_add_rmsnorm_kernel(MoeCo
   bf16* res = n.residual + t * c.hidden;
   float ss = 0.f;
   const auto add = [&](int i, float r[8]) {  // r = bf16(residual + bf16(combined)), stored back
-    combine_add8<kMasked, kBatch>(c, t, 8 * i, res + 8 * i, r, ss);
+    combine_add8<kMasked, kCombineBatch>(c, t, 8 * i, res + 8 * i, r, ss);
     if (c.top_k > 0) store8(res + 8 * i, r);  // top_k 0: the residual already is the sum
   };
-  float held[kHeld + 1][8];
+  float held[kHeld][8];
 #pragma unroll
   for (int h = 0; h < kHeld; ++h)
     if (tid + h * kThreads < nvec) add(tid + h * kThreads, held[h]);
@@ -104,6 +105,98 @@ __global__ void __launch_bounds__(kThreads) moe_combine_add_rmsnorm_kernel(MoeCo
 #pragma unroll
   for (int h = 0; h < kHeld; ++h)
     if (tid + h * kThreads < nvec) normalize(tid + h * kThreads, held[h], wt[h]);
+  for (int i = tid + kHeld * kThreads; i < nvec; i += kThreads) {
+    float r[8], w[8];
+    load8(res + 8 * i, r);
+    load8(n.weight + 8 * i, w);
+    normalize(i, r, w);
+  }
+}
+
+// ≤ 48 registers: five 256-thread blocks an SM (and their 5 × 33 KB of shared memory)
+constexpr int kManyMinBlocks = 5;
+
+// 8 floats, each already a bf16 value, as the 16 bytes store8 writes (exact).
+__device__ __forceinline__ uint4 pack8(const float in[8]) {
+  uint4 u;
+  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&u);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(in[2 * i], in[2 * i + 1]);
+  return u;
+}
+
+// The same for many tokens (prefill), the same sums in the same order (bit for bit), laid out
+// for bytes in flight: the kernel streams top_k expert rows per token and is bound by HBM. The
+// form above holds a batch's pairs and rows in registers (128 registers: two blocks an SM); its
+// per-pair loop (kBatch 1) keeps one 16-byte row load a thread in flight, ≤ 20 KB an SM. Here the
+// token's pairs (row, weight) are staged once in shared memory, and a thread's rows of each batch
+// of kCombineBatch pairs go by cp.async into its own shared-memory slots: 8 × 16 bytes in flight
+// a thread at ≤ 48 registers, five blocks an SM — up to 160 KB of rows in flight an SM, against
+// the ~25-30 KB that HBM's latency × bandwidth asks for. The residual load goes out beside the
+// row copies; a thread's first kHeld vectors of the new residual stay in registers, as the bf16
+// values they are, so the second pass re-reads nothing (at hidden ≤ 2048); the norm weights are
+// loaded under the reduction's barriers.
+// Shared memory: stage [min(top_k, kCombineBatch)][kThreads] uint4, then pairs [top_k rounded up
+// to kCombineBatch].
+template <bool kMasked>
+__global__ void __launch_bounds__(kThreads, kManyMinBlocks) moe_combine_add_rmsnorm_many_kernel(MoeCombineParams c,
+                                                                                                RmsNormParams n) {
+  constexpr int kHeld = 1;  // hidden ≤ 8 · kThreads held whole; wider rows re-read the rest
+  extern __shared__ uint4 smem[];
+  __shared__ float scratch[32];
+  const size_t t = blockIdx.x;
+  const int nvec = c.hidden / 8, tid = static_cast<int>(threadIdx.x);
+  uint4* stage = smem + tid;
+  CombinePair* pairs = reinterpret_cast<CombinePair*>(smem + min(c.top_k, kCombineBatch) * kThreads);
+  uint4 held[kHeld];
+  pdl_sync();
+  bf16* res = n.residual + t * c.hidden;
+#pragma unroll 1  // one trip while top_k ≤ kThreads
+  for (int j = tid; j < CEIL_DIV(c.top_k, kCombineBatch) * kCombineBatch; j += kThreads)
+    pairs[j] = j < c.top_k ? combine_pair<kMasked>(c, t * c.top_k + j) : CombinePair{-1, 1.f};
+  __syncthreads();
+  float ss = 0.f;
+  const auto add = [&](int i, float r[8]) {  // r: the residual in, bf16(residual + bf16(combined)) out
+    float acc[8];
+    combine8_staged(c, pairs, 8 * i, stage, kThreads, acc);
+    combine_round_add8(acc, r, ss);
+  };
+#pragma unroll
+  for (int h = 0; h < kHeld; ++h) {
+    const int i = tid + h * kThreads;
+    if (i >= nvec) continue;
+    float r[8];
+    load8(res + 8 * i, r);  // in flight beside the combine's row copies
+    add(i, r);
+    held[h] = pack8(r);
+    if (c.top_k > 0) *reinterpret_cast<uint4*>(res + 8 * i) = held[h];  // top_k 0: already the sum
+  }
+  for (int i = tid + kHeld * kThreads; i < nvec; i += kThreads) {
+    float r[8];
+    load8(res + 8 * i, r);
+    add(i, r);
+    if (c.top_k > 0) store8(res + 8 * i, r);
+  }
+  uint4 wt[kHeld];
+#pragma unroll
+  for (int h = 0; h < kHeld; ++h)
+    if (tid + h * kThreads < nvec) wt[h] = *reinterpret_cast<const uint4*>(n.weight + 8 * (tid + h * kThreads));
+  ss = block_sum(ss, scratch);
+  const float rstd = rsqrtf(ss / c.hidden + n.eps);
+  const auto normalize = [&](int i, float r[8], const float w[8]) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) r[k] = r[k] * rstd * (n.weight_offset + w[k]);
+    store8(n.out + t * c.hidden + 8 * i, r);
+  };
+#pragma unroll
+  for (int h = 0; h < kHeld; ++h) {
+    const int i = tid + h * kThreads;
+    if (i >= nvec) continue;
+    float r[8], w[8];
+    unpack8(held[h], r);
+    unpack8(wt[h], w);
+    normalize(i, r, w);
+  }
   for (int i = tid + kHeld * kThreads; i < nvec; i += kThreads) {
     float r[8], w[8];
     load8(res + 8 * i, r);
@@ -200,12 +293,21 @@ void moe_combine_add_rmsnorm(const MoeCombineParams& c, const RmsNormParams& n,
   MB_CHECK(!c.topk_ids || (c.expert0 >= 0 && c.num_local > 0),
            "moe_combine_add_rmsnorm: bad expert range");
   if (c.tokens == 0) return;
-  const bool few = c.tokens <= kCombineBatchMaxTokens;
-  const auto kernel = c.topk_ids ? (few ? moe_combine_add_rmsnorm_kernel<true, kCombineBatch>
-                                        : moe_combine_add_rmsnorm_kernel<true, 1>)
-                                 : (few ? moe_combine_add_rmsnorm_kernel<false, kCombineBatch>
-                                        : moe_combine_add_rmsnorm_kernel<false, 1>);
-  launch_dependent(kernel, c.tokens, kThreads, 0, stream, c, n);
+  if (c.tokens <= kCombineBatchMaxTokens) {
+    const auto kernel = c.topk_ids ? moe_combine_add_rmsnorm_kernel<true> : moe_combine_add_rmsnorm_kernel<false>;
+    launch_dependent(kernel, c.tokens, kThreads, 0, stream, c, n);
+  } else {
+    const auto kernel =
+        c.topk_ids ? moe_combine_add_rmsnorm_many_kernel<true> : moe_combine_add_rmsnorm_many_kernel<false>;
+    const size_t smem = static_cast<size_t>(std::min(c.top_k, kCombineBatch)) * kThreads * sizeof(uint4) +
+                        static_cast<size_t>(CEIL_DIV(c.top_k, kCombineBatch)) * kCombineBatch * sizeof(CombinePair);
+    // past 48 KB from top_k 769 (the stage stays 32 KB); the whole carveout as shared memory so
+    // that kManyMinBlocks blocks fit. Set per launch: attributes are per device.
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                    cudaSharedmemCarveoutMaxShared));
+    launch_dependent(kernel, c.tokens, kThreads, smem, stream, c, n);
+  }
   CUDA_CHECK_LAST();
 }
 

@@ -41,6 +41,9 @@ struct MoeWgmmaParams {
   /// boxes, instead of every thread's cp.async: no load instructions in the k loop (the engine's
   /// down stage: 5–6% faster there, bench/RESULTS.md 2026-12-04).
   bool tma_rows = false;
+  /// Blocks of the persistent walk: 0 = one per SM; a few, to give each block many tiles (the
+  /// op cases' check of a walk across tiles on small shapes).
+  int max_blocks = 0;
 };
 
 /// Inputs per scale group of the W8A8 expert GEMM: FP8 block-128 weights (the checkpoint layout

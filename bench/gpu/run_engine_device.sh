@@ -77,6 +77,12 @@ if [ "$WHAT" = ab ]; then
       grep -E "^ *[0-9]+ \|" /tmp/ab.log | head -4
     done
   }
+  # The files the patches touch are built fresh: a warm machine keeps build-dev from the last
+  # call, whose last variant's objects can be newer than this call's copied sources (session 30:
+  # the tree ran with the previous call's reverted kernel).
+  for patch in ${AB_PATCHES:-}; do
+    sed -n 's|^+++ [ab]/\([^[:space:]]*\).*|\1|p' "$patch" | xargs -r touch
+  done
   for round in $(seq ${AB_ROUNDS:-2}); do
     ab_bench tree
     for patch in ${AB_PATCHES:-}; do

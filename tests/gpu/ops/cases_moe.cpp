@@ -721,7 +721,7 @@ class SortedExpertGemmCase final : public OpCase {
       kernels::MoeWgmmaParams p{.out = out_.get(), .in = in_.get(), .weight = weight_.get(),
                                 .expert_offsets = routings_[0].offsets.get(), .num_experts = s_.experts,
                                 .n = n(), .k = k(), .rows_cap = cap(), .silu_gate_up = gate(),
-                                .tma_rows = s_.tma_rows};
+                                .tma_rows = s_.tma_rows, .max_blocks = s_.max_blocks};
       set_gather(p);
       kernels::moe_wgmma(p, env.stream);
       return;
@@ -966,7 +966,7 @@ OpCaseDef sorted_expert_gemm_case(const SortedExpertGemmShape& s) {
   MB_CHECK(!s.block_scales || s.fp8, "sorted expert GEMM case: block scales are W8A8's");
   MB_CHECK(!s.tma_rows || (!s.fp8 && !s.cublas), "sorted expert GEMM case: TMA rows are the bf16 wgmma kernel's");
   MB_CHECK(!(s.tma_rows && s.gather), "sorted expert GEMM case: TMA rows are sorted rows, not gathered");
-  MB_CHECK(s.max_blocks == 0 || s.fp8, "sorted expert GEMM case: a block cap is the W8A8 kernel's");
+  MB_CHECK(s.max_blocks == 0 || !s.cublas, "sorted expert GEMM case: a block cap is the wgmma kernels'");
   const char* stage = s.stage == MoeGemmStage::down ? "down" : "gate_up+silu";
   // fp32 accumulation of bf16 products, one bf16 rounding of the result (SiLU·mul from fp32 on
   // the wgmma path; cuBLAS rounds gate and up to bf16 first, a second rounding): 5e-3.

@@ -217,7 +217,8 @@ struct SortedExpertGemmShape {
   bool block_scales = false;
   /// bf16 wgmma without gather only: the sorted rows brought by TMA (tma_rows)
   bool tma_rows = false;
-  /// fp8 only: the persistent kernel's blocks (MoeWgmmaFp8Params::max_blocks; 0 = one per SM)
+  /// wgmma only: the persistent kernel's blocks (max_blocks of MoeWgmmaParams and
+  /// MoeWgmmaFp8Params; 0 = one per SM)
   int max_blocks = 0;
 };
 OpCaseDef sorted_expert_gemm_case(const SortedExpertGemmShape& s);

@@ -70,6 +70,13 @@ std::vector<OpCaseDef> op_cases_test() {
   t.push_back(moe_combine_case({.tokens = 1100, .top_k = 8, .hidden = 256, .weighted = true, .add_rmsnorm = true}));
   t.push_back(moe_combine_case({.tokens = 1100, .top_k = 4, .hidden = 136, .weighted = true, .experts = 16,
                                 .expert0 = 4, .local_experts = 8, .add_rmsnorm = true}));
+  // ... and the fused kernel's staged form there at full width: the engine's rows (one held vector
+  // a thread), an expert-parallel rank's, and wider rows in two batches of pairs (re-read past 2048)
+  t.push_back(moe_combine_case({.tokens = 1100, .top_k = 8, .hidden = 2048, .add_rmsnorm = true}));
+  t.push_back(moe_combine_case({.tokens = 1100, .top_k = 8, .hidden = 2048, .weighted = true, .experts = 128,
+                                .expert0 = 64, .local_experts = 64, .add_rmsnorm = true}));
+  t.push_back(moe_combine_case({.tokens = 1100, .top_k = 10, .hidden = 5120, .weighted = true, .add_rmsnorm = true,
+                                .weight_offset = 1.f}));
   // Expert parallel: only this rank's pairs; the others' rows are NaN and must not be read.
   t.push_back(moe_combine_case({.tokens = 21, .top_k = 8, .hidden = 2048, .weighted = true, .experts = 128,
                                 .expert0 = 64, .local_experts = 64}));
@@ -519,6 +526,20 @@ std::vector<OpCaseDef> op_cases_test() {
       s.max_blocks = blocks;
       t.push_back(sorted_expert_gemm_case(s));
     }
+  // The same for the bf16 kernel's walk: k of 1 to 4 slices (no more than the ring's 4 slots, so
+  // tiles share a lap of it; H 64 / I 48 over many tiles), the 30B shape's 12 and 32 (the ring
+  // wraps inside a tile), one-slab tiles between full ones, empty experts; the engine's gather
+  // (gate+up) and TMA rows (down), and sorted rows by cp.async on shape 0.
+  for (int blocks : {1, 3})
+    for (MoeGemmStage stage : {MoeGemmStage::gate_up_silu, MoeGemmStage::down})
+      for (int shape : {0, 2, 3, 4}) {
+        SortedExpertGemmShape s = sorted_shapes[shape];
+        s.stage = stage;
+        s.gather = shape != 0 && stage == MoeGemmStage::gate_up_silu;
+        s.tma_rows = shape != 0 && stage == MoeGemmStage::down;
+        s.max_blocks = blocks;
+        t.push_back(sorted_expert_gemm_case(s));
+      }
   // moe_gemv at every pair count it rounds to (1, 2, 4, 8) with a hot expert holding all tokens;
   // on 4-bit weights those pairs are the tensor-core walk's B columns (sentinels past them)
   for (WeightFormat format : {WeightFormat::bf16, WeightFormat::nvfp4, WeightFormat::int4})
@@ -826,6 +847,8 @@ std::vector<OpCaseDef> op_cases_bench() {
 
   // A prefill's align: 65,536 (token, expert) pairs counted and scattered (on many blocks).
   add(8192, align_case({.tokens = 8192, .experts = kE, .top_k = kK}));
+  // the MoE's combine + residual add + next norm of a prefill step (the engine's fused form)
+  add(8192, moe_combine_case({.tokens = 8192, .top_k = kK, .hidden = kH, .add_rmsnorm = true}));
 
   // A prefill's rotation with the fused cache write (8192 tokens at positions up to 40000), with
   // (cos, sin) computed in the kernel and from the forward's table.
