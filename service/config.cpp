@@ -65,6 +65,10 @@ const IntKey kIntKeys[] = {
      "/health fails when work is pending and no step ran this long (default 60)"},
     {"http_max_connections", &ServiceConfig::http_max_connections, 1, 100000,
      "Open HTTP connections at most; beyond: 503 (default 256)"},
+    {"http_max_connections_per_address", &ServiceConfig::http_max_connections_per_address, 1,
+     100000,
+     "Open HTTP connections from one address other than loopback; beyond: 503, so one host "
+     "cannot hold them all (default 128)"},
     {"api_priority", &ServiceConfig::api_priority, -1000000, 1000000,
      "Queue priority of OpenAI API requests; batch jobs default to 0 (default 1000)"},
     {"api_max_pending", &ServiceConfig::api_max_pending, 1, 1000000,

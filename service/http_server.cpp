@@ -12,6 +12,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <unordered_map>
 
 #include "common/error.h"
 #include "common/json_parse.h"
@@ -29,6 +30,7 @@ struct HttpServer::State {
   std::vector<std::string> api_keys;
   HttpLimits limits;
   HttpCounters counters;
+  std::unordered_map<std::string, size_t> per_address;  // open connections by remote address
   // Accept failures: whether the last accept failed, those not logged yet, and when the last
   // line about them went out (one window for failure and recovery lines alike, so a listener
   // at the edge of its descriptor limit cannot flood the log either way).
@@ -116,21 +118,32 @@ bool api_key_matches(const std::vector<std::string>& keys, std::string_view pres
 /// answers through an HttpExchange, at once or later.
 class HttpSession : public std::enable_shared_from_this<HttpSession> {
  public:
-  HttpSession(tcp::socket socket, std::shared_ptr<HttpServer::State> state)
-      : stream_(std::move(socket)), state_(std::move(state)) {
+  // `address`: the remote address counted against the per-address cap, empty for loopback.
+  HttpSession(tcp::socket socket, std::shared_ptr<HttpServer::State> state, std::string address)
+      : stream_(std::move(socket)), state_(std::move(state)), address_(std::move(address)) {
     ++state_->counters.open;
     ++state_->counters.accepted;
+    if (!address_.empty()) ++state_->per_address[address_];
   }
-  ~HttpSession() { --state_->counters.open; }
+  ~HttpSession() {
+    --state_->counters.open;
+    if (!address_.empty()) {
+      const auto it = state_->per_address.find(address_);
+      if (it != state_->per_address.end() && --it->second == 0) state_->per_address.erase(it);
+    }
+  }
 
   void start() { do_read(/*first=*/true); }
 
-  // At the connection cap: one 503 without reading the request, then close.
-  void reject() {
+  // At a connection cap: one 503 without reading the request, then close.
+  void reject(bool per_address) {
     ++state_->counters.rejected;
+    if (per_address) ++state_->counters.rejected_per_address;
     keep_alive_ = false;
-    send(json_error(503, "too many open connections; retry later", "server_error", {},
-                    "too_many_connections"));
+    send(json_error(503,
+                    per_address ? "too many open connections from this address; retry later"
+                                : "too many open connections; retry later",
+                    "server_error", {}, "too_many_connections"));
   }
 
   // ---- called by HttpExchange ----
@@ -471,6 +484,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
 
   beast::tcp_stream stream_;
   std::shared_ptr<HttpServer::State> state_;
+  std::string address_;  // counted in state_->per_address; empty: loopback, not counted
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   std::vector<std::string> params_;
@@ -614,9 +628,16 @@ void HttpServer::do_accept() {
         st.accept_logged_at = now;
       }
     }
-    auto session = std::make_shared<HttpSession>(std::move(socket), state_);
+    beast::error_code aec;
+    const auto peer = socket.remote_endpoint(aec).address();
+    // Loopback is not capped per address: a local proxy brings every client from there.
+    std::string address = aec || peer.is_loopback() ? std::string() : peer.to_string();
+    auto session = std::make_shared<HttpSession>(std::move(socket), state_, address);
     if (st.counters.open > st.limits.max_connections) {
-      session->reject();
+      session->reject(/*per_address=*/false);
+    } else if (!address.empty() &&
+               st.per_address[address] > st.limits.max_connections_per_address) {
+      session->reject(/*per_address=*/true);
     } else {
       session->start();
     }

@@ -11,7 +11,8 @@
 //   are served meanwhile. While a reply is pending the session watches the socket, so a client
 //   that goes away is noticed at once and the exchange's disconnect callback runs (the API
 //   cancels the job).
-// - Limits: at most `max_connections` open connections (beyond: 503 and close); header size;
+// - Limits: at most `max_connections` open connections, and `max_connections_per_address` from
+//   one address other than loopback (beyond either: 503 and close); header size;
 //   read, idle and write timeouts, so a slow or silent client cannot hold a connection forever.
 // - Out of descriptors (EMFILE/ENFILE, or kernel buffers): the connection stays in the listen
 //   backlog and accept would fail again at once, so the listener waits `accept_backoff` before
@@ -143,6 +144,10 @@ struct HttpRoute {
 /// Connection limits and timeouts.
 struct HttpLimits {
   size_t max_connections = 256;                   ///< open connections; beyond: 503 and close
+  /// Open connections from one address other than loopback; beyond: 503 and close, so one host
+  /// cannot hold every connection (clients behind a proxy on this machine arrive as loopback
+  /// and share max_connections alone).
+  size_t max_connections_per_address = 128;
   size_t max_header_bytes = 16 << 10;             ///< request line + headers
   std::chrono::seconds read_timeout{30};          ///< to read one request once it started
   std::chrono::seconds idle_timeout{60};          ///< keep-alive wait for the next request
@@ -155,7 +160,8 @@ struct HttpLimits {
 struct HttpCounters {
   size_t open = 0;              ///< connections open now
   int64_t accepted = 0;         ///< connections accepted
-  int64_t rejected = 0;         ///< refused at the connection cap
+  int64_t rejected = 0;         ///< refused at a connection cap (either)
+  int64_t rejected_per_address = 0;  ///< of those, refused at the per-address cap
   int64_t requests = 0;         ///< requests read
   int64_t accept_failures = 0;  ///< accept calls that failed (EMFILE, ...)
 };

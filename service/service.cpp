@@ -136,6 +136,7 @@ Service::Service(ServiceConfig cfg, ServiceHooks hooks)
     }
     HttpLimits hl;
     hl.max_connections = http_connection_cap(cfg_.http_max_connections);
+    hl.max_connections_per_address = static_cast<size_t>(cfg_.http_max_connections_per_address);
     http_ = std::make_unique<HttpServer>(io_, cfg_.http_host, cfg_.http_port, hl);
     http_->set_api_keys(std::move(keys));
     add_routes();

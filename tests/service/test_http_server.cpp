@@ -9,6 +9,11 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/read_until.hpp>
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+
 #include <future>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -53,8 +58,9 @@ struct TestServer {
     ex->when_drained([this, weak, i, n, cut] { write_piece(weak, i + 1, n, cut); });
   }
 
-  explicit TestServer(HttpLimits limits = {}, std::vector<std::string> keys = {}) {
-    server = std::make_unique<HttpServer>(io, "127.0.0.1", 0, limits);
+  explicit TestServer(HttpLimits limits = {}, std::vector<std::string> keys = {},
+                      const std::string& host = "127.0.0.1") {
+    server = std::make_unique<HttpServer>(io, host, 0, limits);
     server->set_api_keys(std::move(keys));
     server->route({"GET", "/open", 0, false, [](const auto& ex) {
                      ex->reply({200, "text/plain", "open\n"});
@@ -251,6 +257,66 @@ TEST(HttpServer, ConnectionCapAnswers503AndFreesUp) {
   EXPECT_TRUE(test::wait_until(
       [&] { return test::http_request(ts.port(), "GET", "/open").status == 200; }, 5s));
   EXPECT_GE(ts.server->counters().rejected, 1);
+}
+
+// This machine's first IPv4 address other than loopback, empty when it has none.
+std::string non_loopback_ipv4() {
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return {};
+  std::string found;
+  for (ifaddrs* i = list; i && found.empty(); i = i->ifa_next) {
+    if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || (i->ifa_flags & IFF_LOOPBACK))
+      continue;
+    char text[INET_ADDRSTRLEN] = {};
+    const auto* in = reinterpret_cast<const sockaddr_in*>(i->ifa_addr);
+    if (inet_ntop(AF_INET, &in->sin_addr, text, sizeof text)) found = text;
+  }
+  freeifaddrs(list);
+  return found;
+}
+
+// One address other than loopback holds at most max_connections_per_address; the next
+// connection from it gets 503 while loopback clients are still served, and a closed one makes
+// room.
+TEST(HttpServer, OneAddressCannotHoldEveryConnection) {
+  const std::string ip = non_loopback_ipv4();
+  if (ip.empty()) GTEST_SKIP() << "no IPv4 address other than loopback here";
+  HttpLimits limits;
+  limits.max_connections = 10;
+  limits.max_connections_per_address = 2;
+  TestServer ts(limits, {}, "0.0.0.0");
+  net::io_context io;
+  const auto connect = [&] {
+    auto s = std::make_unique<net::ip::tcp::socket>(io);
+    s->connect({net::ip::make_address(ip), static_cast<unsigned short>(ts.port())});
+    return s;
+  };
+  // A request and its whole reply on a connection that stays open (or is closed by the server).
+  const auto ask = [](net::ip::tcp::socket& s) {
+    const std::string req = "GET /open HTTP/1.1\r\nHost: x\r\n\r\n";
+    net::write(s, net::buffer(req));
+    std::string reply;
+    boost::system::error_code ec;
+    net::read_until(s, net::dynamic_buffer(reply), "\r\n\r\n", ec);
+    return reply;
+  };
+  auto a = connect();
+  auto b = connect();
+  EXPECT_NE(ask(*a).find("200 OK"), std::string::npos);
+  EXPECT_NE(ask(*b).find("200 OK"), std::string::npos);
+  auto c = connect();
+  std::string refused;
+  boost::system::error_code ec;
+  net::read(*c, net::dynamic_buffer(refused), ec);  // the 503, then the server's close
+  EXPECT_NE(refused.find("503"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("from this address"), std::string::npos) << refused;
+  EXPECT_EQ(test::http_request(ts.port(), "GET", "/open").status, 200);  // loopback: not capped
+  a.reset();
+  EXPECT_TRUE(test::wait_until(
+      [&] { return ask(*connect()).find("200 OK") != std::string::npos; }, 5s));
+  size_t rejected = 0;
+  ts.on_io([&] { rejected = static_cast<size_t>(ts.server->counters().rejected_per_address); });
+  EXPECT_GE(rejected, 1u);
 }
 
 TEST(HttpServer, StreamsAndNoticesAClientThatLeavesAPendingExchange) {
