@@ -54,6 +54,14 @@ OUT=${OUT:-/tmp/moebatch-out}
 WHAT=${1:-all}
 PEER_BATCHES=${2:-1,64}
 mkdir -p "$OUT"
+# A warm machine keeps its build directories from the last call, and this call's copied sources
+# can be older than objects built there from other contents (an `ab` variant, a reverted
+# experiment): ninja would then run stale code (session 30, twice). Sources whose contents
+# changed since the last call are touched, so they rebuild.
+sums=/tmp/moebatch-sources.md5
+[ -f "$sums" ] && md5sum --quiet -c "$sums" 2>/dev/null | sed -n 's/: FAILED.*//p' | xargs -r touch
+find kernels engine common tests/gpu bench/gpu -type f \( -name '*.cu' -o -name '*.cuh' -o -name '*.cpp' \
+  -o -name '*.h' -o -name CMakeLists.txt \) -print0 | xargs -0 md5sum > "$sums"
 if [ "$WHAT" = base ]; then
   rm -rf /tmp/base && mkdir -p /tmp/base && tar xzf "${BASE_SRC:?}" -C /tmp/base
   cmake -S /tmp/base/src -B /tmp/base/build -G Ninja -DMOEBATCH_ENGINE_ONLY=ON -DMOEBATCH_CUDA=ON \
@@ -77,12 +85,6 @@ if [ "$WHAT" = ab ]; then
       grep -E "^ *[0-9]+ \|" /tmp/ab.log | head -4
     done
   }
-  # The files the patches touch are built fresh: a warm machine keeps build-dev from the last
-  # call, whose last variant's objects can be newer than this call's copied sources (session 30:
-  # the tree ran with the previous call's reverted kernel).
-  for patch in ${AB_PATCHES:-}; do
-    sed -n 's|^+++ [ab]/\([^[:space:]]*\).*|\1|p' "$patch" | xargs -r touch
-  done
   for round in $(seq ${AB_ROUNDS:-2}); do
     ab_bench tree
     for patch in ${AB_PATCHES:-}; do
