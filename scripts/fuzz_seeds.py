@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Seed corpora for the libFuzzer targets (scripts/fuzz.sh): small valid inputs of each format.
 Model files are written from scratch (the tests' fixtures are megabytes; a fuzzer mutates small
-files faster); chat templates, batch lines, ZeroMQ requests, API request bodies and SQL rows
-come from the tests' data, the examples and the schemas.
+files faster); chat templates, batch lines, ZeroMQ requests, API request bodies, Files API
+uploads, Batch API bodies and SQL rows come from the tests' data, the examples and the schemas.
 Usage: fuzz_seeds.py OUT_DIR REPO_DIR"""
 import json
 import os
@@ -220,3 +220,59 @@ for i, (cols) in enumerate([
         dict(prompt="p", stop='"END"'), dict(prompt=""), dict(prompt="x:00ff"),
         dict(prompt="p", attempts="i:3"), dict(id="i:9223372036854775807", prompt="p")]):
     write("fuzz_sql_row", f"bad_{i}", row(**cols))
+
+
+# Files API uploads (fuzz_multipart): the Content-Type header value, a newline, the body; the
+# shapes tests/service/test_openai_api.cpp and test_openai_http.cpp send, curl's and Python
+# requests' spellings, and refused ones.
+def multipart(name, ct, parts, close="--B--\r\n", pre=""):
+    body = pre
+    for headers, content in parts:
+        body += "--B\r\n" + "".join(h + "\r\n" for h in headers) + "\r\n" + content + "\r\n"
+    write("fuzz_multipart", name, (ct + "\n" + body + close).encode("latin-1"))
+
+
+cd = "Content-Disposition: form-data; "
+line = ('{"custom_id":"a","method":"POST","url":"/v1/completions",'
+        '"body":{"model":"demo","prompt":"hi","max_tokens":2}}')
+multipart("upload", "multipart/form-data; boundary=B", [
+    ([cd + 'name="purpose"'], "batch"),
+    ([cd + 'name="file"; filename="requests.jsonl"', "Content-Type: application/jsonl"],
+     line + "\n" + line.replace('"a"', '"b"') + "\n")])
+multipart("quoted_boundary", 'Multipart/Form-Data; charset=utf-8; boundary="B"', [
+    ([cd + 'filename="a; name=x.jsonl"; name="file"'], "line1\r\n--Bx\r\nline2\n"),
+    (["content-disposition:form-data;name=purpose"], "batch")], pre="preamble\r\n")
+multipart("binary", "multipart/form-data; boundary=B", [
+    ([cd + 'name="file"; filename="\xe9\xff.bin"'], "\x00\xff\r\n\r\n--"),
+    ([cd + "name=purpose", "X-Other: 1"], "")])
+multipart("no_close", "multipart/form-data; boundary=B", [([cd + 'name="a"'], "x")], close="")
+multipart("attachment", "multipart/form-data; boundary=B",
+          [(["Content-Disposition: attachment"], "x")])
+multipart("no_name", "multipart/form-data; boundary=B", [(["X: y"], "x")])
+multipart("many", "multipart/form-data; boundary=B",
+          [([cd + f'name="p{i}"'], str(i)) for i in range(17)])
+write("fuzz_multipart", "not_multipart", "application/json\n{}")
+
+
+# Batch API bodies (fuzz_batch_create): POST /v1/batches as the SDKs and
+# tests/service/test_openai_http.cpp send them, and the refused shapes.
+def batch_create(name, body):
+    write("fuzz_batch_create", name, body if isinstance(body, str) else json.dumps(body))
+
+
+good = {"input_file_id": "file-abc123", "endpoint": "/v1/chat/completions",
+        "completion_window": "24h"}
+batch_create("min", good)
+batch_create("metadata", dict(good, endpoint="/v1/completions",
+                              metadata={"customer_id": "user_123", "batch_description": "x" * 512,
+                                        "k" * 64: "\u00e9\u4e2d"}))
+batch_create("metadata_null", dict(good, metadata=None))
+batch_create("metadata_17", dict(good, metadata={f"k{i}": "v" for i in range(17)}))
+batch_create("metadata_number", dict(good, metadata={"k": 1}))
+batch_create("window", dict(good, completion_window="1h"))
+batch_create("endpoint", dict(good, endpoint="/v1/embeddings"))
+batch_create("unknown", dict(good, priority=5))
+batch_create("missing", {"endpoint": "/v1/completions", "completion_window": "24h"})
+batch_create("dup_key", '{"input_file_id":"a","input_file_id":"b","endpoint":"/v1/completions",'
+                        '"completion_window":"24h"}')
+batch_create("not_object", "[1,2]")

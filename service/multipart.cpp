@@ -20,32 +20,50 @@ std::string_view trim(std::string_view s) {
   return s;
 }
 
-// The value of `key` among "; key=value" parameters (quoted or not); empty when absent.
+// The value of `key` among "; key=value" parameters (quoted or not, whitespace around each part
+// dropped); empty when absent. Parameters are read one after another: a quoted value may hold
+// ';' and "key=" (a filename "a; name=x.jsonl"), which a search for "; name=" would take for
+// the next parameter.
 std::string param(std::string_view header, std::string_view key) {
-  size_t p = 0;
-  while ((p = header.find(';', p)) != std::string_view::npos) {
-    std::string_view rest = trim(header.substr(p + 1));
-    const size_t eq = rest.find('=');
-    if (eq != std::string_view::npos && lower(trim(rest.substr(0, eq))) == key) {
-      std::string_view v = trim(rest.substr(eq + 1));
-      if (!v.empty() && v.front() == '"') {
-        const size_t close = v.find('"', 1);
-        return std::string(v.substr(1, close == std::string_view::npos ? v.size() : close - 1));
-      }
-      return std::string(v.substr(0, v.find(';')));
+  size_t p = header.find(';');
+  while (p != std::string_view::npos) {
+    const std::string_view rest = header.substr(p + 1);
+    const size_t eq = rest.find_first_of("=;");
+    if (eq == std::string_view::npos) break;
+    if (rest[eq] == ';') {  // a parameter without a value
+      p += 1 + eq;
+      continue;
     }
-    ++p;
+    const bool wanted = lower(trim(rest.substr(0, eq))) == key;
+    std::string_view v = rest.substr(eq + 1);
+    while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
+    std::string_view value;
+    size_t end = 0;  // in v, past the value
+    if (!v.empty() && v.front() == '"') {
+      const size_t close = v.find('"', 1);
+      end = close == std::string_view::npos ? v.size() : close + 1;
+      value = v.substr(1, close == std::string_view::npos ? v.size() - 1 : close - 1);
+    } else {
+      end = std::min(v.find(';'), v.size());
+      value = trim(v.substr(0, end));
+    }
+    if (wanted) return std::string(value);
+    p = header.find(';', static_cast<size_t>(v.data() - header.data()) + end);
   }
   return {};
 }
 
 }  // namespace
 
+std::string multipart_boundary(std::string_view content_type) {
+  return param(content_type, "boundary");
+}
+
 std::variant<std::vector<MultipartPart>, std::string> parse_multipart(std::string_view content_type,
                                                                       std::string_view body) {
   if (lower(trim(content_type.substr(0, content_type.find(';')))) != "multipart/form-data")
     return std::string("Content-Type must be multipart/form-data");
-  const std::string boundary = param(content_type, "boundary");
+  const std::string boundary = multipart_boundary(content_type);
   if (boundary.empty() || boundary.size() > 200) return std::string("missing or bad boundary");
   const std::string delim = "--" + boundary;
   size_t p = body.find(delim);

@@ -18,6 +18,10 @@ struct MultipartPart {
   std::string body;          ///< the bytes
 };
 
+/// The boundary a multipart Content-Type names (its `boundary` parameter, quoted or not); empty
+/// when there is none.
+std::string multipart_boundary(std::string_view content_type);
+
 /// The parts of `body`, or why it cannot be read.
 std::variant<std::vector<MultipartPart>, std::string> parse_multipart(std::string_view content_type,
                                                                       std::string_view body);

@@ -19,8 +19,8 @@
 #include "queue/batch_store.h"
 #include "queue/job_store.h"
 #include "queue/job_validate.h"
-#include "queue/json_strict.h"
 #include "queue/openai_batch.h"
+#include "service/batch_create.h"
 #include "service/engine_worker.h"
 #include "service/multipart.h"
 #include "service/openai_api.h"
@@ -282,54 +282,12 @@ void Service::batches_create(const std::shared_ptr<HttpExchange>& ex) {
     return;
   }
   // Strict, as every door of the queue: duplicate keys and nesting past kMaxJsonDepth refused.
-  std::string problem;
-  const json j = parse_json_strict(ex->request().body, &problem);
-  if (!problem.empty() || !j.is_object()) {
-    ex->reply(bad_request(problem.empty() ? "the request body must be a JSON object"
-                                          : "the request body is refused: " + problem));
+  auto parsed = parse_batch_create(ex->request().body);
+  if (const auto* e = std::get_if<BatchCreateError>(&parsed)) {
+    ex->reply(json_error(400, e->message, "invalid_request_error", e->param, e->code));
     return;
   }
-  BatchRecord b;
-  for (const auto& [k, v] : j.items()) {
-    if (k == "input_file_id" && v.is_string()) {
-      b.input_file_id = v.get<std::string>();
-    } else if (k == "endpoint" && v.is_string()) {
-      b.endpoint = v.get<std::string>();
-    } else if (k == "completion_window" && v.is_string()) {
-      b.completion_window = v.get<std::string>();
-    } else if (k == "metadata" && (v.is_null() || v.is_object())) {
-      if (v.is_null()) continue;
-      bool ok = v.size() <= 16;
-      for (const auto& [mk, mv] : v.items())
-        ok = ok && mk.size() <= 64 && mv.is_string() &&
-             mv.get_ref<const std::string&>().size() <= 512;
-      if (!ok) {
-        ex->reply(bad_request(
-            "metadata: at most 16 string values, keys up to 64 and values up to 512 characters",
-            "metadata"));
-        return;
-      }
-      b.metadata = dump_json(v);
-    } else {
-      ex->reply(bad_request(k + ": unknown field or wrong type (input_file_id, endpoint, "
-                                "completion_window: strings; metadata: object)",
-                            k));
-      return;
-    }
-  }
-  if (b.input_file_id.empty()) {
-    ex->reply(json_error(400, "Missing required parameter: 'input_file_id'.",
-                         "invalid_request_error", "input_file_id", "missing_required_parameter"));
-    return;
-  }
-  if (b.endpoint != "/v1/chat/completions" && b.endpoint != "/v1/completions") {
-    ex->reply(bad_request("endpoint: must be /v1/chat/completions or /v1/completions", "endpoint"));
-    return;
-  }
-  if (b.completion_window != "24h") {
-    ex->reply(bad_request("completion_window: only '24h' is supported", "completion_window"));
-    return;
-  }
+  BatchRecord b = std::move(std::get<BatchRecord>(parsed));
   const auto file = batches_->file(b.input_file_id);
   if (!file) {
     ex->reply(not_found("file", b.input_file_id));

@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "service/batch_create.h"
 #include "service/multipart.h"
 #include "service/openai_api.h"
 
@@ -240,6 +241,68 @@ TEST(Multipart, PartsWithNamesFilenamesAndBinarySafeBodies) {
             "\r\nx\r\n--XyZ--"}}) {
     EXPECT_EQ(parse_multipart(ct, b).index(), 1u) << ct << " " << b;
   }
+}
+
+// fuzz_multipart's first finding: parameters were found by searching for ';', so a quoted value
+// holding "; name=" or "; filename=" was read as the next parameter (a file named
+// "a; name=x.jsonl" given before its name uploaded as a part named 'x.jsonl"', and was refused).
+TEST(Multipart, QuotedParametersMayHoldSemicolonsAndKeys) {
+  const std::string body =
+      "--B\r\nContent-Disposition: form-data; filename=\"a; name=x.jsonl\"; name=\"file\"\r\n"
+      "\r\nx\r\n--B\r\nContent-Disposition: form-data; name=\"p; filename=\"; filename=f\r\n"
+      "\r\ny\r\n--B--";
+  auto r = parse_multipart("multipart/form-data; x=\"; boundary=A\"; boundary=B ; y", body);
+  ASSERT_EQ(r.index(), 0u) << std::get<std::string>(r);
+  const auto& parts = std::get<std::vector<MultipartPart>>(r);
+  ASSERT_EQ(parts.size(), 2u);
+  EXPECT_EQ(parts[0].name, "file");
+  EXPECT_EQ(parts[0].filename, "a; name=x.jsonl");
+  EXPECT_EQ(parts[1].name, "p; filename=");
+  EXPECT_EQ(parts[1].filename, "f");
+  EXPECT_EQ(multipart_boundary("multipart/form-data; boundary"), "");
+  EXPECT_EQ(multipart_boundary("multipart/form-data;;boundary=\"q;r\""), "q;r");
+}
+
+TEST(BatchCreate, ReadsTheFourFieldsAndNamesWhatItRefuses) {
+  const json good = {{"input_file_id", "file-1"},
+                     {"endpoint", "/v1/completions"},
+                     {"completion_window", "24h"},
+                     {"metadata", {{"k", "v"}}}};
+  auto r = parse_batch_create(good.dump());
+  ASSERT_EQ(r.index(), 0u) << std::get<BatchCreateError>(r).message;
+  const BatchRecord& b = std::get<BatchRecord>(r);
+  EXPECT_EQ(b.input_file_id, "file-1");
+  EXPECT_EQ(b.endpoint, "/v1/completions");
+  EXPECT_EQ(b.metadata, R"({"k":"v"})");
+  json no_meta = good;
+  no_meta["metadata"] = nullptr;
+  EXPECT_FALSE(std::get<BatchRecord>(parse_batch_create(no_meta.dump())).metadata);
+  auto refused = [](const std::string& body) {
+    auto p = parse_batch_create(body);
+    return p.index() == 1 ? std::get<BatchCreateError>(p) : BatchCreateError{};
+  };
+  auto with = [&](const char* key, const json& v) {
+    json j = good;
+    j[key] = v;
+    return refused(j.dump());
+  };
+  EXPECT_EQ(with("endpoint", "/v1/embeddings").param, "endpoint");
+  EXPECT_EQ(with("completion_window", "1h").param, "completion_window");
+  EXPECT_EQ(with("metadata", {{"k", 1}}).param, "metadata");
+  EXPECT_EQ(with("metadata", {{std::string(65, 'k'), "v"}}).param, "metadata");
+  EXPECT_EQ(with("metadata", {{"k", std::string(513, 'v')}}).param, "metadata");
+  EXPECT_EQ(with("input_file_id", 5).param, "input_file_id");
+  EXPECT_EQ(with("priority", 5).param, "priority");
+  const BatchCreateError missing = with("input_file_id", "");
+  EXPECT_EQ(missing.param, "input_file_id");
+  EXPECT_EQ(missing.code, "missing_required_parameter");
+  json many = good;
+  for (int i = 0; i < 17; ++i) many["metadata"]["k" + std::to_string(i)] = "v";
+  EXPECT_EQ(refused(many.dump()).param, "metadata");
+  const BatchCreateError dup = refused(R"({"input_file_id":"a","input_file_id":"b"})");
+  EXPECT_EQ(dup.param, "");
+  EXPECT_NE(dup.message.find("duplicate key"), std::string::npos) << dup.message;
+  EXPECT_EQ(refused("[]").message, "the request body must be a JSON object");
 }
 
 }  // namespace
