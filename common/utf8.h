@@ -7,6 +7,10 @@
 
 namespace moebatch {
 
+/// Whether `s` is well-formed UTF-8: no overlong forms, no UTF-16 surrogates, nothing past
+/// U+10FFFF (what JSON printers and PostgreSQL text accept).
+bool is_valid_utf8(std::string_view s);
+
 /// The first `max_bytes` of `s` (all of it if shorter), cut at a character boundary: a quoted
 /// excerpt must stay valid UTF-8, since JSON printers refuse a split character.
 inline std::string utf8_prefix(std::string_view s, std::size_t max_bytes) {

@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "common/error.h"
+#include "common/utf8.h"
 #include "common/json_parse.h"
 
 namespace moebatch {
@@ -94,6 +95,9 @@ class Cursor {
                           (n > left() ? " bytes runs past the file"
                                       : " bytes is longer than " + std::to_string(max_len)));
     std::string s(reinterpret_cast<const char*>(p_), static_cast<size_t>(n));
+    // GGUF strings are UTF-8; the metadata becomes JSON, which cannot hold anything else (a
+    // vocabulary token of stray bytes would otherwise fail later, in a JSON printer).
+    if (!is_valid_utf8(s)) bad_gguf(path_, join(what...) + ": string is not valid UTF-8");
     p_ += n;
     return s;
   }

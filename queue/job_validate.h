@@ -9,6 +9,7 @@
 #include <string>
 #include <string_view>
 
+#include "common/utf8.h"  // is_valid_utf8, which the checks here use
 #include "queue/job.h"
 
 namespace moebatch {
@@ -25,9 +26,6 @@ struct JobLimits {
   int64_t max_abs_priority = 1000000;       ///< priority in [-max, max]
   size_t max_template_kwargs_bytes = 4096;  ///< chat_template_kwargs JSON, bytes
 };
-
-/// True when s is well-formed UTF-8 (no overlongs, surrogates or code points above U+10FFFF).
-bool is_valid_utf8(std::string_view s);
 
 /// First problem with a chat prompt (a JSON array of {"role","content"} objects), or nullopt.
 std::optional<std::string> find_chat_messages_error(std::string_view json, const JobLimits& limits);

@@ -126,6 +126,25 @@ TEST(Gguf, MalformedFilesGiveClearErrors) {
   nest.put<uint32_t>(9);
   for (int i = 0; i < 8; ++i) nest.put<uint32_t>(9).put<uint64_t>(1);
   EXPECT_NE(load_error(nest.b).find("nested"), std::string::npos);
+  // strings that are not UTF-8 (GGUF's strings are; the metadata becomes JSON, which cannot hold
+  // them): a vocabulary token, a key, a tensor name — each named in the error
+  Bytes vocab;
+  vocab.b = "GGUF";
+  vocab.put<uint32_t>(3).put<uint64_t>(0).put<uint64_t>(1);
+  vocab.str("tokenizer.ggml.tokens").put<uint32_t>(9).put<uint32_t>(8).put<uint64_t>(2);
+  vocab.str("ok").str("bad\xC3(");
+  const std::string vocab_err = load_error(vocab.b);
+  EXPECT_NE(vocab_err.find("tokenizer.ggml.tokens"), std::string::npos) << vocab_err;
+  EXPECT_NE(vocab_err.find("not valid UTF-8"), std::string::npos) << vocab_err;
+  Bytes key;
+  key.b = "GGUF";
+  key.put<uint32_t>(3).put<uint64_t>(0).put<uint64_t>(1).str("k\xFF").put<uint32_t>(4).put<uint32_t>(1);
+  EXPECT_NE(load_error(key.b).find("not valid UTF-8"), std::string::npos) << load_error(key.b);
+  std::string name = good;
+  const size_t w = name.find("w\x02\x00\x00\x00");  // the tensor name "w" and its dimension count
+  ASSERT_NE(w, std::string::npos);
+  name[w] = '\x80';
+  EXPECT_NE(load_error(name).find("not valid UTF-8"), std::string::npos) << load_error(name);
 }
 
 TEST(Gguf, LongKeysAndNamesAreBounded) {
