@@ -138,7 +138,8 @@ TEST(Gguf, MalformedFilesGiveClearErrors) {
   EXPECT_NE(vocab_err.find("not valid UTF-8"), std::string::npos) << vocab_err;
   Bytes key;
   key.b = "GGUF";
-  key.put<uint32_t>(3).put<uint64_t>(0).put<uint64_t>(1).str("k\xFF").put<uint32_t>(4).put<uint32_t>(1);
+  key.put<uint32_t>(3).put<uint64_t>(0).put<uint64_t>(1);
+  key.str("k\xFF").put<uint32_t>(4).put<uint32_t>(1);
   EXPECT_NE(load_error(key.b).find("not valid UTF-8"), std::string::npos) << load_error(key.b);
   std::string name = good;
   const size_t w = name.find("w\x02\x00\x00\x00");  // the tensor name "w" and its dimension count
