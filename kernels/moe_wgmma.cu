@@ -32,6 +32,7 @@
 
 #include "kernels/cuda_check.cuh"
 #include "kernels/device_common.cuh"
+#include "kernels/moe_tile_ring.cuh"
 #include "kernels/moe_tiles.cuh"
 #include "kernels/phase_clock.cuh"
 #include "kernels/tensor_map.cuh"
@@ -81,12 +82,6 @@ static_assert(kSmemBytes <= 227 * 1024 - 256, "one block's shared memory (and th
 #if MOEBATCH_WGMMA
 
 /// One tile of a block's walk, handed from the producer to the math warpgroups.
-struct TileInfo {
-  MoeTile tile;
-  int n_tile;
-  int valid;  // 0: the walk has ended
-};
-
 #if MOEBATCH_PHASE_CLOCKS
 // The phase totals of every tile's math warpgroups since the last moe_wgmma_take_phase_clocks
 // (diagnostic builds only: kernels/phase_clock.cuh).
@@ -116,19 +111,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   // arrival and thread 0's for the TMA bytes; TMA rows: thread 0's alone); empty[slot] when both
   // math warpgroups are done with it (a warpgroup with no rows in a tile arrives without reading:
   // the count cannot change per tile). The tiles' identities pass through a ring of two TileInfo
-  // entries: tile_full[e] (the producer's thread 0) and tile_empty[e] (every math thread has read
-  // it).
+  // entries (kernels/moe_tile_ring.cuh).
   __shared__ __align__(8) uint64_t bars[2 * kStages + 4];
   __shared__ TileInfo info[2];
   const uint32_t full0 = static_cast<uint32_t>(__cvta_generic_to_shared(&bars[0]));
   const uint32_t empty0 = full0 + kStages * 8;
-  const uint32_t tile_full0 = empty0 + kStages * 8, tile_empty0 = tile_full0 + 2 * 8;
-  if (threadIdx.x == 0) {
-    for (int e = 0; e < 2; ++e) {
-      wgmma::mbarrier_init(tile_full0 + e * 8, 1);
-      wgmma::mbarrier_init(tile_empty0 + e * 8, kMathThreads);
-    }
-  }
+  const TileRing tiles_ring{info, empty0 + kStages * 8, empty0 + (kStages + 2) * 8};
+  if (threadIdx.x == 0) tiles_ring.init(kMathThreads);
   wgmma::init_ring_barriers(full0, empty0, kStages, kTmaRows ? 1 : kWarpgroup + 1, kMathThreads);  // and the block meets
 
   if (wg == 0) {
@@ -144,20 +133,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     int s = 0;  // the block's slice count
     for (int i = 0;; ++i) {
       const int e = i & 1;
-      const int64_t w = blockIdx.x + static_cast<int64_t>(i) * gridDim.x;
-      if (threadIdx.x < 32) {
-        // the walk's tile w: found by warp 0 (kernels/moe_tiles.cuh), published to the math
-        // warpgroups once they have read the entry's previous tile
-        if (i >= 2) wgmma::mbarrier_wait(tile_empty0 + e * 8, ((i >> 1) - 1) & 1);
-        const bool found = w < walk_len && find_moe_tile<kBM>(p.expert_offsets, p.num_experts,
-                                                               static_cast<int>(w / n_tiles), info[e].tile);
-        __syncwarp();  // the hit lane's tile before lane 0's release
-        if (threadIdx.x == 0) {
-          info[e].n_tile = static_cast<int>(w % n_tiles);
-          info[e].valid = found;
-          wgmma::mbarrier_arrive(tile_full0 + e * 8);
-        }
-      }
+      if (threadIdx.x < 32) tiles_ring.publish<kBM>(i, walk_len, n_tiles, p.expert_offsets, p.num_experts);
       // the producer reads info[e] (warp 0 alone with TMA rows)
       if constexpr (kTmaRows)
         __syncwarp();
@@ -249,10 +225,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   int s = 0;  // the block's slice count, as the producer's
   unsigned tiles = 0;
   for (int i = 0;; ++i) {
-    const int e = i & 1;
-    wgmma::mbarrier_wait(tile_full0 + e * 8, (i >> 1) & 1);
-    const TileInfo ti = info[e];
-    wgmma::mbarrier_arrive(tile_empty0 + e * 8);
+    const TileInfo ti = tiles_ring.take(i);
     if (!ti.valid) break;
     const MoeTile& t = ti.tile;
     const int n_tile = ti.n_tile;

@@ -28,6 +28,7 @@
 
 #include "kernels/cuda_check.cuh"
 #include "kernels/device_common.cuh"
+#include "kernels/moe_tile_ring.cuh"
 #include "kernels/moe_tiles.cuh"
 #include "kernels/moe_wgmma.cuh"
 #include "kernels/phase_clock.cuh"
@@ -75,12 +76,6 @@ __device__ __forceinline__ uint16_t to_e4m3x2(float a, float b) {
 }
 
 /// One tile of a block's walk, handed from the producer to the math warpgroups.
-struct TileInfo {
-  MoeTile tile;
-  int n_tile;
-  int valid;  // 0: the walk has ended
-};
-
 #if MOEBATCH_PHASE_CLOCKS
 // The phase totals of every tile's math warpgroups since the last
 // moe_wgmma_fp8_take_phase_clocks (diagnostic builds only: kernels/phase_clock.cuh).
@@ -111,19 +106,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   // full[slot] completes when the producer's copies of a stage have landed (one arrival per
   // producer thread, made by its copies, and thread 0's for the TMA bytes); empty[slot] when both
   // math warpgroups have finished reading it (a warpgroup with no rows in a tile arrives without
-  // reading). The tiles' identities pass through a ring of two TileInfo entries: tile_full[e]
-  // (the producer's thread 0) and tile_empty[e] (every math thread has read it).
+  // reading). The tiles' identities pass through a ring of two TileInfo entries
+  // (kernels/moe_tile_ring.cuh).
   __shared__ __align__(8) uint64_t bars[2 * kStages + 4];
   __shared__ TileInfo info[2];
   const uint32_t full0 = static_cast<uint32_t>(__cvta_generic_to_shared(&bars[0]));
   const uint32_t empty0 = full0 + kStages * 8;
-  const uint32_t tile_full0 = empty0 + kStages * 8, tile_empty0 = tile_full0 + 2 * 8;
-  if (threadIdx.x == 0) {
-    for (int e = 0; e < 2; ++e) {
-      wgmma::mbarrier_init(tile_full0 + e * 8, 1);
-      wgmma::mbarrier_init(tile_empty0 + e * 8, kMathThreads);
-    }
-  }
+  const TileRing tiles_ring{info, empty0 + kStages * 8, empty0 + (kStages + 2) * 8};
+  if (threadIdx.x == 0) tiles_ring.init(kMathThreads);
   wgmma::init_ring_barriers(full0, empty0, kStages, kWarpgroup + 1, kMathThreads);  // and the block meets
 
   if (wg == 0) {
@@ -133,20 +123,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     int s = 0;  // the block's stage count
     for (int i = 0;; ++i) {
       const int e = i & 1;
-      const int64_t w = blockIdx.x + static_cast<int64_t>(i) * gridDim.x;
-      if (threadIdx.x < 32) {
-        // the walk's tile w: found by warp 0 (kernels/moe_tiles.cuh), published to the math
-        // warpgroups once they have read the entry's previous tile
-        if (i >= 2) wgmma::mbarrier_wait(tile_empty0 + e * 8, ((i >> 1) - 1) & 1);
-        const bool found = w < walk_len && find_moe_tile<kBM>(p.expert_offsets, p.num_experts,
-                                                               static_cast<int>(w / n_tiles), info[e].tile);
-        __syncwarp();  // the hit lane's tile before lane 0's release
-        if (threadIdx.x == 0) {
-          info[e].n_tile = static_cast<int>(w % n_tiles);
-          info[e].valid = found;
-          wgmma::mbarrier_arrive(tile_full0 + e * 8);
-        }
-      }
+      if (threadIdx.x < 32) tiles_ring.publish<kBM>(i, walk_len, n_tiles, p.expert_offsets, p.num_experts);
       named_barrier_sync<kProducerBarrier, kWarpgroup>();  // the producer reads info[e]
       if (!info[e].valid) break;
       const MoeTile t = info[e].tile;
@@ -235,10 +212,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   int s = 0;  // the block's stage count, as the producer's
   int tiles = 0;
   for (int i = 0;; ++i) {
-    const int e = i & 1;
-    wgmma::mbarrier_wait(tile_full0 + e * 8, (i >> 1) & 1);
-    const TileInfo ti = info[e];
-    wgmma::mbarrier_arrive(tile_empty0 + e * 8);
+    const TileInfo ti = tiles_ring.take(i);
     if (!ti.valid) break;
     const MoeTile& t = ti.tile;
     const int n_tile = ti.n_tile;
