@@ -170,7 +170,9 @@ CREATE INDEX jobs_failed_or_cancelled ON jobs (state) WHERE state IN ('failed', 
 -- UTF-8 character boundaries, instead of one value: a download reads and sends one piece at a
 -- time, so a 500 MB output file is neither held in memory whole nor read in one step of the
 -- daemon's io thread, and no file is bounded by SQLite's ~1 GB limit on one value. Contents
--- written before this migration become one piece each.
+-- written before this migration become one piece each. files is rebuilt without its content
+-- column (ALTER TABLE ... DROP COLUMN needs SQLite 3.35), its rows in their rowid order, which
+-- is the order files are listed in.
 CREATE TABLE file_chunks (
   file_id  TEXT NOT NULL,
   seq      INTEGER NOT NULL,             -- 0, 1, ... in file order
@@ -178,4 +180,14 @@ CREATE TABLE file_chunks (
   PRIMARY KEY (file_id, seq)
 );
 INSERT INTO file_chunks (file_id, seq, data) SELECT id, 0, content FROM files WHERE content <> '';
-ALTER TABLE files DROP COLUMN content;
+CREATE TABLE files_v10 (
+  id          TEXT PRIMARY KEY,          -- 'file-<hex>'
+  purpose     TEXT NOT NULL,             -- 'batch' (uploaded) | 'batch_output' (written)
+  filename    TEXT NOT NULL,
+  bytes       INTEGER NOT NULL,
+  created_at  INTEGER NOT NULL
+);
+INSERT INTO files_v10 (id, purpose, filename, bytes, created_at)
+  SELECT id, purpose, filename, bytes, created_at FROM files ORDER BY rowid;
+DROP TABLE files;
+ALTER TABLE files_v10 RENAME TO files;

@@ -192,18 +192,24 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
                              beast::bind_front_handler(&HttpSession::on_chunk, shared_from_this()));
   }
 
-  void stream_write(std::string_view data) {
+  void stream_write(std::string_view data) { stream_write(std::string(data)); }
+
+  void stream_write(std::string&& data) {
     if (sized_) {
       if (head_) return;  // HEAD: the header alone
       if (data.size() > left_) {
         // More than the header promised: send what it promised, then close, so the client
         // does not read the rest as its next response.
-        data = data.substr(0, left_);
+        data.resize(left_);
         keep_alive_ = false;
       }
       left_ -= data.size();
     }
-    out_.append(data);
+    if (out_.empty()) {
+      out_ = std::move(data);
+    } else {
+      out_ += data;
+    }
     if (!writing_) flush();
   }
 
@@ -378,10 +384,15 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     try {
       route_->handler(exchange);
     } catch (const std::exception& e) {
-      // A handler bug must not take the daemon down: this request fails alone.
+      // A handler bug must not take the daemon down: this request fails alone (a started
+      // stream can only be cut).
       spdlog::error("http {} {}: {}", exchange->request().method, exchange->request().path,
                     e.what());
-      exchange->reply(json_error(500, "internal error", "server_error"));
+      if (exchange->streaming()) {
+        exchange->abort();
+      } else {
+        exchange->reply(json_error(500, "internal error", "server_error"));
+      }
     }
     if (!exchange->done() && gen == gen_) watch(gen);
   }
@@ -475,6 +486,12 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
 
   void on_chunk(beast::error_code ec, size_t) {
     writing_ = false;
+    // A download's megabyte is not kept for the rest of a keep-alive connection's life.
+    if (sending_.capacity() > (64u << 10)) {
+      std::string().swap(sending_);
+    } else {
+      sending_.clear();
+    }
     if (ec) {
       client_gone();  // a slow or vanished reader: the stream is over
       return;
@@ -535,6 +552,11 @@ void HttpExchange::write(std::string_view data) {
   session_->stream_write(data);
 }
 
+void HttpExchange::write(std::string&& data) {
+  if (done_ || !streaming_ || !session_) return;
+  session_->stream_write(std::move(data));
+}
+
 void HttpExchange::when_drained(std::function<void()> f) {
   if (done_ || !streaming_ || !session_) return;
   on_drained_ = std::move(f);
@@ -545,7 +567,14 @@ void HttpExchange::drained() {
   if (done_) return;
   if (auto f = std::move(on_drained_)) {
     on_drained_ = nullptr;
-    f();
+    // Called from the session's write completion: an exception must end this exchange, not
+    // leave io_context::run.
+    try {
+      f();
+    } catch (const std::exception& e) {
+      spdlog::error("http {} {}: {}", request_.method, request_.path, e.what());
+      abort();
+    }
   }
 }
 
@@ -629,7 +658,11 @@ void HttpServer::do_accept() {
       }
     }
     beast::error_code aec;
-    const auto peer = socket.remote_endpoint(aec).address();
+    auto peer = socket.remote_endpoint(aec).address();
+    // A dual-stack listener sees IPv4 clients as ::ffff:a.b.c.d; count (and exempt) them as the
+    // IPv4 address they are.
+    if (!aec && peer.is_v6() && peer.to_v6().is_v4_mapped())
+      peer = net::ip::make_address_v4(net::ip::v4_mapped, peer.to_v6());
     // Loopback is not capped per address: a local proxy brings every client from there.
     std::string address = aec || peer.is_loopback() ? std::string() : peer.to_string();
     auto session = std::make_shared<HttpSession>(std::move(socket), state_, address);

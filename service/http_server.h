@@ -100,6 +100,10 @@ class HttpExchange {
   void begin_body(int status, std::string content_type, uint64_t length, HttpHeaders headers = {});
   /// Queues bytes on a started stream; sent as soon as the socket takes them.
   void write(std::string_view data);
+  /// As above, taking the buffer over instead of copying it when nothing else waits (a
+  /// download's piece).
+  void write(std::string&& data);
+  void write(const char* data) { write(std::string_view(data)); }
   /// Runs `f` once every byte queued so far has gone to the socket (posted at once when none
   /// waits): a large body is written a piece at a time, each after the last has left. Not run
   /// when the exchange ends first.

@@ -197,10 +197,11 @@ class Service {
   void files_list(const std::shared_ptr<HttpExchange>& ex);
   void files_get(const std::shared_ptr<HttpExchange>& ex);
   void files_content(const std::shared_ptr<HttpExchange>& ex);
-  /// Writes piece `seq` of file `id` (`left` bytes still to send), then the next one once the
-  /// socket has taken it; ends the body after the last, cuts it on a store error.
+  /// Writes piece `seq` of file `id` (`piece` when already read; `left` bytes still to send),
+  /// then the next one once the socket has taken it; ends the body after the last, cuts it on a
+  /// store error.
   void send_file_piece(const std::weak_ptr<HttpExchange>& ex, const std::string& id, int64_t seq,
-                       int64_t left);
+                       int64_t left, std::optional<std::string> piece);
   void files_delete(const std::shared_ptr<HttpExchange>& ex);
   void batches_create(const std::shared_ptr<HttpExchange>& ex);
   void batches_get(const std::shared_ptr<HttpExchange>& ex);

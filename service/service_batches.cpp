@@ -219,7 +219,11 @@ void Service::files_get(const std::shared_ptr<HttpExchange>& ex) {
 void Service::files_content(const std::shared_ptr<HttpExchange>& ex) {
   const std::string& id = ex->request().params.at(0);
   const std::optional<StoredFile> f = batches_->file(id);
-  if (!f) {
+  // The first piece is read before the header goes, so that a file deleted meanwhile is a 404
+  // and a store error a 500, not a cut 200.
+  std::optional<std::string> first;
+  if (f && f->bytes > 0 && !ex->request().head) first = batches_->file_chunk(id, 0);
+  if (!f || (f->bytes > 0 && !ex->request().head && !first)) {
     ex->reply(not_found("file", id));
     return;
   }
@@ -228,11 +232,11 @@ void Service::files_content(const std::shared_ptr<HttpExchange>& ex) {
     ex->end_stream();
     return;
   }
-  send_file_piece(ex, id, 0, f->bytes);
+  send_file_piece(ex, id, 0, f->bytes, std::move(first));
 }
 
 void Service::send_file_piece(const std::weak_ptr<HttpExchange>& weak, const std::string& id,
-                              int64_t seq, int64_t left) {
+                              int64_t seq, int64_t left, std::optional<std::string> piece) {
   const auto ex = weak.lock();
   if (!ex || ex->done()) return;  // the client went away
   if (left == 0) {
@@ -240,29 +244,37 @@ void Service::send_file_piece(const std::weak_ptr<HttpExchange>& weak, const std
     return;
   }
   // Past the header nothing but a cut connection tells the client that the body failed.
-  std::optional<std::string> piece;
-  try {
-    piece = batches_->file_chunk(id, seq);
-  } catch (const std::exception& e) {
-    spdlog::warn("file {}: reading piece {} failed ({}); the download is cut short", id, seq,
-                 e.what());
-    ex->abort();
-    return;
+  if (!piece) {
+    try {
+      piece = batches_->file_chunk(id, seq);
+    } catch (const std::exception& e) {
+      spdlog::warn("file {}: reading piece {} failed ({}); the download is cut short", id, seq,
+                   e.what());
+      ex->abort();
+      return;
+    }
   }
   if (!piece || piece->empty() || static_cast<int64_t>(piece->size()) > left) {
-    spdlog::warn("file {}: {}; the download is cut short", id,
-                 piece ? "the stored pieces do not add up to its size"
-                       : "deleted while downloaded");
+    if (piece && !piece->empty()) {
+      spdlog::warn("file {}: its stored pieces hold more than its size; the download is cut short",
+                   id);
+    } else {
+      spdlog::warn("file {}: piece {} is missing with {} bytes still to send (deleted while "
+                   "downloaded?); the download is cut short",
+                   id, seq, left);
+    }
     ex->abort();
     return;
   }
-  ex->write(*piece);
   left -= static_cast<int64_t>(piece->size());
+  ex->write(std::move(*piece));
   if (left == 0) {
     ex->end_stream();
     return;
   }
-  ex->when_drained([this, weak, id, seq, left] { send_file_piece(weak, id, seq + 1, left); });
+  ex->when_drained([this, weak, id, seq, left] {
+    send_file_piece(weak, id, seq + 1, left, std::nullopt);
+  });
 }
 
 void Service::files_delete(const std::shared_ptr<HttpExchange>& ex) {

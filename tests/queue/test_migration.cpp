@@ -123,6 +123,8 @@ TEST(Migration, VersionNineFileContentMovesIntoPieces) {
   v9 += R"sql(
 INSERT INTO files (id, purpose, filename, bytes, created_at, content)
   VALUES ('file-old', 'batch_output', 'b_output.jsonl', 12, 5, '{"x":"€"}' || char(10));
+INSERT INTO files (id, purpose, filename, bytes, created_at, content)
+  VALUES ('file-older', 'batch', 'in.jsonl', 3, 4, '{}' || char(10));
 PRAGMA user_version = 9;
 )sql";
   ASSERT_EQ(test::exec_sql(db, v9), "");
@@ -136,6 +138,13 @@ PRAGMA user_version = 9;
   EXPECT_FALSE(files.file_chunk("file-old", 1));
   const StoredFile f = files.add_file("batch", "new.jsonl", "{}\n", 6);
   EXPECT_EQ(files.file_content(f.id), std::optional<std::string>("{}\n"));
+  // Listed newest first, the old rows in the order they had.
+  bool more = false;
+  const auto listed = files.list_files(std::nullopt, 10, std::nullopt, more);
+  ASSERT_EQ(listed.size(), 3u);
+  EXPECT_EQ(listed[0].id, f.id);
+  EXPECT_EQ(listed[1].id, "file-older");
+  EXPECT_EQ(listed[2].id, "file-old");
 }
 
 TEST(Migration, NewerSchemaIsRefused) {

@@ -15,6 +15,7 @@
 #include <netinet/in.h>
 
 #include <future>
+#include <stdexcept>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -95,6 +96,14 @@ struct TestServer {
                        return;
                      }
                      write_piece(ex, 0, n, cut);
+                   }});
+    // A handler that fails once its body has started: in the handler itself, or in the
+    // callback that writes its next piece. The connection is cut; the server lives on.
+    server->route({"GET", "/broken/*", 0, false, [](const auto& ex) {
+                     ex->begin_body(200, "application/octet-stream", 2 * kPiece);
+                     if (ex->request().params.at(0) == "handler") throw std::runtime_error("bug");
+                     ex->write(piece(0));
+                     ex->when_drained([] { throw std::runtime_error("bug in the next piece"); });
                    }});
     server->start();
     work.emplace(io.get_executor());
@@ -488,6 +497,20 @@ TEST(HttpServer, ABodyOfKnownLengthIsWrittenAtTheReadersPace) {
   ASSERT_NE(cut_head, std::string::npos);
   EXPECT_EQ(cut.size() - cut_head - 4, 2 * TestServer::kPiece);
   EXPECT_EQ(test::http_request(ts.port(), "GET", "/open").status, 200);
+
+  // A failure after the header: the body is cut at once (not left waiting), the server lives.
+  for (const std::string where : {"handler", "drained"}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string broken =
+        raw_exchange(ts.port(), "GET /broken/" + where + " HTTP/1.1\r\nHost: x\r\n\r\n");
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 1500ms) << where;
+    // (the handler's own failure may close the socket before the header has left)
+    if (where == "drained") {
+      EXPECT_EQ(broken.rfind("HTTP/1.1 200 OK", 0), 0u);
+    }
+    EXPECT_LT(broken.size(), 2 * TestServer::kPiece) << where;
+    EXPECT_EQ(test::http_request(ts.port(), "GET", "/open").status, 200) << where;
+  }
 }
 
 }  // namespace
