@@ -226,12 +226,15 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     });
   }
 
-  // HttpExchange::abort: the exchange ends with the connection, its reply unfinished.
-  void abort_exchange() {
+  // The connection is closed and its exchange ends: the client went away (the watch, a failed
+  // write), or HttpExchange::abort cut an unfinished reply (the exchange is already done then,
+  // so its disconnect callback does not run).
+  void client_gone() {
     ++gen_;
-    exchange_.reset();
+    auto ex = std::move(exchange_);
     beast::error_code ignored;
     stream_.socket().close(ignored);
+    if (ex) ex->disconnected();
   }
 
  private:
@@ -413,13 +416,6 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
                                 });
   }
 
-  void client_gone() {
-    ++gen_;
-    auto ex = std::move(exchange_);
-    beast::error_code ignored;
-    stream_.socket().close(ignored);
-    if (ex) ex->disconnected();
-  }
 
   void on_written(beast::error_code ec, size_t) {
     if (ec || !keep_alive_) {
@@ -593,7 +589,7 @@ void HttpExchange::abort() {
   streaming_ = false;
   on_drained_ = nullptr;
   auto s = std::move(session_);
-  if (s) s->abort_exchange();
+  if (s) s->client_gone();
 }
 
 void HttpExchange::disconnected() {
