@@ -47,8 +47,9 @@ def gguf_str(s):
     return struct.pack("<Q", len(b)) + b
 
 
-def gguf(kvs, tensors):
-    out_b = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(kvs))
+def gguf(kvs, tensors, raw_kvs=b"", n_raw=0):
+    """A GGUF v3 file; raw_kvs: n_raw key/value records already encoded, put first."""
+    out_b = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(kvs) + n_raw) + raw_kvs
     for key, typ, val in kvs:
         out_b += gguf_str(key) + struct.pack("<I", typ)
         if typ == 4:  # uint32
@@ -76,6 +77,52 @@ write("fuzz_gguf", "small", gguf(
      ("tokenizer.ggml.tokens", 9, ["a", "b", "<|im_end|>"])],
     [("token_embd.weight", 0, [4, 2], struct.pack("<8f", *range(8))),  # F32, ne = [4, 2]
      ("blk.0.ffn_down.weight", 8, [32, 2], q8_block * 2)]))              # Q8_0
+
+# fuzz_gguf_model: the Q4_K_M fixture's metadata (architecture keys, a 1,024-token byte-level
+# BPE vocabulary with merges) and Qwen3's chat template, no tensors; once as one file, once as
+# a split model of two parts (the target's input layout: a mode byte, then for a split the cut
+# position and both parts).
+def gguf_kvs(path):
+    """The raw key/value section of a GGUF file and its count."""
+    with open(path, "rb") as f:
+        b = f.read()
+    n_kv = struct.unpack_from("<Q", b, 16)[0]
+    off = 24
+    sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+    def skip(typ, off):
+        if typ == 8:
+            return off + 8 + struct.unpack_from("<Q", b, off)[0]
+        if typ == 9:
+            et, n = struct.unpack_from("<IQ", b, off)
+            off += 12
+            for _ in range(n):
+                off = skip(et, off)
+            return off
+        return off + sizes[typ]
+    for _ in range(n_kv):
+        off = skip(8, off)
+        off = skip(struct.unpack_from("<I", b, off)[0], off + 4)
+    return b[24:off], n_kv
+
+
+def gguf_kv_str(key, val):
+    return gguf_str(key) + struct.pack("<I", 8) + gguf_str(val)
+
+
+kvs, n_kv = gguf_kvs(os.path.join(repo, "tests/data/qwen3moe_tiny_q4km/qwen3moe_tiny_q4km.gguf"))
+# hidden 256 → 8, so the embedding (ne [hidden, 1024] F16) is 16 KB
+hidden_key = gguf_str("qwen3moe.embedding_length") + struct.pack("<I", 4)
+at = kvs.index(hidden_key) + len(hidden_key)
+kvs = kvs[:at] + struct.pack("<I", 8) + kvs[at + 4:]
+embd = ("token_embd.weight", 1, [8, 1024], bytes(8 * 1024 * 2))
+with open(os.path.join(repo, "tests/data/qwen3-tokenizer/tokenizer_config.json")) as f:
+    kvs += gguf_kv_str("tokenizer.chat_template", json.load(f)["chat_template"])
+    n_kv += 1
+write("fuzz_gguf_model", "one", b"\0" + gguf([], [embd], kvs, n_kv))
+part1 = gguf([("split.no", 4, 0), ("split.count", 4, 2)], [], kvs, n_kv)
+part2 = gguf([("split.no", 4, 1), ("split.count", 4, 2)], [embd])
+write("fuzz_gguf_model", "split", b"\1" + struct.pack("<H", len(part1)) + part1 + part2)
 
 # config.json: the fixtures' own
 for model in sorted(os.listdir(os.path.join(repo, "tests/data"))):
