@@ -323,3 +323,20 @@ batch_create("missing", {"endpoint": "/v1/completions", "completion_window": "24
 batch_create("dup_key", '{"input_file_id":"a","input_file_id":"b","endpoint":"/v1/completions",'
                         '"completion_window":"24h"}')
 batch_create("not_object", "[1,2]")
+
+# fuzz_http: the bytes of one connection to the target's routes (tests/fuzz/fuzz_http.cpp)
+http_seeds = {
+    "get": b"GET /open HTTP/1.1\r\nHost: x\r\n\r\n",
+    "param_head": b"HEAD /items/abc?x=1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    "echo": b"POST /echo HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer key-1\r\n"
+            b"Content-Type: text/plain\r\nContent-Length: 5\r\n\r\nhello",
+    "chunked": b"POST /echo HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer key-1\r\n"
+               b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n3;ext=1\r\n abc\r\n0\r\nTrailer: t\r\n\r\n",
+    "pipelined": b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\nGET /body/3 HTTP/1.1\r\nHost: x\r\n\r\n"
+                 b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi"
+                 b"DELETE /open HTTP/1.0\r\n\r\n",
+    "too_large": b"POST /echo HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer key-1\r\n"
+                 b"Expect: 100-continue\r\nContent-Length: 4096\r\n\r\n" + b"x" * 64,
+}
+for name, data in http_seeds.items():
+    write("fuzz_http", name, data)

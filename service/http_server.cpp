@@ -192,25 +192,36 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
                              beast::bind_front_handler(&HttpSession::on_chunk, shared_from_this()));
   }
 
-  void stream_write(std::string_view data) { stream_write(std::string(data)); }
+  // Appended in place: an event stream's deltas are a few bytes each, one a token.
+  void stream_write(std::string_view data) {
+    if (sized_ && head_) return;  // HEAD: the header alone
+    out_.append(data.substr(0, admit(data.size())));
+    if (!writing_) flush();
+  }
 
+  // Taken over when nothing waits to be written (a download's piece).
   void stream_write(std::string&& data) {
-    if (sized_) {
-      if (head_) return;  // HEAD: the header alone
-      if (data.size() > left_) {
-        // More than the header promised: send what it promised, then close, so the client
-        // does not read the rest as its next response.
-        data.resize(left_);
-        keep_alive_ = false;
-      }
-      left_ -= data.size();
-    }
+    if (sized_ && head_) return;
+    data.resize(admit(data.size()));
     if (out_.empty()) {
       out_ = std::move(data);
     } else {
       out_ += data;
     }
     if (!writing_) flush();
+  }
+
+  // How many of `n` more body bytes to send. A sized body takes no more than its header
+  // promised: the rest is dropped and the connection closes after it, so the client does not
+  // read it as its next response.
+  size_t admit(size_t n) {
+    if (!sized_) return n;
+    if (n > left_) {
+      n = left_;
+      keep_alive_ = false;
+    }
+    left_ -= n;
+    return n;
   }
 
   void stream_end() {
