@@ -16,7 +16,8 @@ nlohmann::json parse_json_bounded(std::string_view text, std::string* problem) {
   std::string found;
   try {
     j = nlohmann::json::parse(text, check);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {
+    // parse_error, and out_of_range for a number beyond double ("1e999": 406, number overflow)
     found = std::string("not valid JSON (") + e.what() + ")";
   }
   if (found.empty() && too_deep)

@@ -40,6 +40,13 @@ write("fuzz_safetensors", "fp8", safetensors([
 ]))
 write("fuzz_safetensors", "empty", safetensors([]))
 
+# fuzz_checkpoint_index: an index naming two shards, a NUL, the cut between them, the shards
+shard1 = safetensors([("a.weight", "F32", [2, 3], struct.pack("<6f", *range(6)))])
+shard2 = safetensors([("b.weight", "BF16", [4], b"\x80\x3f" * 4)])
+index = json.dumps({"metadata": {"total_size": 32}, "weight_map": {
+    "a.weight": "shard-00001.safetensors", "b.weight": "shard-00002.safetensors"}})
+write("fuzz_checkpoint_index", "two_shards",
+      index.encode() + b"\0" + struct.pack("<H", len(shard1)) + shard1 + shard2)
 
 # GGUF v3: magic, version, tensor count, kv count, kvs, tensor infos, aligned data
 def gguf_str(s):

@@ -85,6 +85,10 @@ TEST_P(ExternalRowsTest, InvalidRowsFailWithReasonAndValidOnesAreClaimed) {
       {"'{oops', 'chat', 10, 1.0, NULL, 0", "prompt: chat messages are not valid JSON"},
       {"'p', 'text', 10, 9.0, NULL, 0", "temperature"},
       {"'p', 'text', 10, 1.0, '\"END\"', 0", "stop: must be a JSON array"},
+      // a number beyond double: nlohmann's out_of_range, which used to escape the claim
+      {"'p', 'text', 10, 1.0, '[1e999]', 0", "stop: must be a JSON array"},
+      {"'[{\"role\": \"user\", \"content\": \"x\", \"n\": 1e999}]', 'chat', 10, 1.0, NULL, 0",
+       "prompt: chat messages are not valid JSON"},
       {"'', 'text', 10, 1.0, NULL, 0", "prompt: must not be empty"},
       {"'p', 'text', 10, 1.0, NULL, 3", "attempts: 3 already reaches max_attempts 3"},
   };
