@@ -6,7 +6,6 @@
 // length, into shard-00001.safetensors and shard-00002.safetensors (scripts/fuzz_seeds.py).
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <string>
 #include <string_view>
 
@@ -15,14 +14,6 @@
 #include "common/error.h"
 #include "engine/safetensors.h"
 #include "tests/fuzz/fuzz_util.h"
-
-namespace {
-
-void write_file(const std::filesystem::path& path, std::string_view bytes) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
-
-}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view in = moebatch::fuzz::as_text(data, size);
@@ -39,9 +30,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::filesystem::create_directories(d);
     return d;
   }();
-  write_file(dir / "model.safetensors.index.json", index);
-  write_file(dir / "shard-00001.safetensors", shards.substr(0, cut));
-  write_file(dir / "shard-00002.safetensors", shards.substr(cut));
+  moebatch::fuzz::write_file(dir / "model.safetensors.index.json", index);
+  moebatch::fuzz::write_file(dir / "shard-00001.safetensors", shards.substr(0, cut));
+  moebatch::fuzz::write_file(dir / "shard-00002.safetensors", shards.substr(cut));
 
   try {
     const moebatch::Checkpoint ckpt(dir);

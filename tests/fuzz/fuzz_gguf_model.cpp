@@ -8,7 +8,6 @@
 // name-00002-of-00002.gguf (scripts/fuzz_seeds.py writes a seed of each kind).
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -23,11 +22,6 @@ namespace {
 // FUZZ_VERBOSE=1 prints why an input was refused (to check that the seeds get past the parser).
 void refused(const char* step, const moebatch::Error& e) {
   if (std::getenv("FUZZ_VERBOSE") != nullptr) std::fprintf(stderr, "%s: %s\n", step, e.what());
-}
-
-void write_file(const std::filesystem::path& path, const uint8_t* data, size_t size) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc).write(reinterpret_cast<const char*>(data),
-                                                               static_cast<std::streamsize>(size));
 }
 
 // The model's metadata as the engine reads it.
@@ -74,8 +68,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const size_t rest = size - 3;
     const size_t cut = rest == 0 ? 0 : (data[1] | size_t{data[2]} << 8) % rest;
     first = moebatch::fuzz::scratch_path("-00001-of-00002.gguf");
-    write_file(first, data + 3, cut);
-    write_file(moebatch::fuzz::scratch_path("-00002-of-00002.gguf"), data + 3 + cut, rest - cut);
+    const std::string_view parts = moebatch::fuzz::as_text(data + 3, rest);
+    moebatch::fuzz::write_file(first, parts.substr(0, cut));
+    moebatch::fuzz::write_file(moebatch::fuzz::scratch_path("-00002-of-00002.gguf"), parts.substr(cut));
   }
   open_model(first);
   open_tokenizer(first);

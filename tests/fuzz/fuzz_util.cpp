@@ -24,13 +24,17 @@ std::filesystem::path write_input(const uint8_t* data, size_t size, std::string_
       std::filesystem::remove(p, ec);
     }
   } remove_at_exit{path};
+  write_file(path, as_text(data, size));
+  return path;
+}
+
+void write_file(const std::filesystem::path& path, std::string_view bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   if (!out) {
-    std::perror("fuzz: cannot write the input file");
+    std::perror("fuzz: cannot write an input file");
     std::abort();
   }
-  return path;
 }
 
 }  // namespace moebatch::fuzz

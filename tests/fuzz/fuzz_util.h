@@ -16,6 +16,10 @@ std::filesystem::path scratch_path(std::string_view suffix);
 /// returns its path; every call overwrites the previous input.
 std::filesystem::path write_input(const uint8_t* data, size_t size, std::string_view suffix);
 
+/// Writes `bytes` to `path` (a target's second file: a shard, a split part); aborts when it
+/// cannot, as write_input does.
+void write_file(const std::filesystem::path& path, std::string_view bytes);
+
 /// Reads the first and last element of every tensor a parsed file accepted (the bytes its
 /// header claims: out-of-file offsets show up here under ASan).
 template <class File>
