@@ -27,7 +27,8 @@ Value get_path(Interpreter& in, Value item, const Value& attribute) {
   if (!attribute.is_string()) throw InputError("attribute must be a string or an integer");
   for (const std::string& part : py_split(attribute.as_string(), std::string("."), -1, false)) {
     const bool digits = !part.empty() && part.find_first_not_of("0123456789") == std::string::npos;
-    item = in.getitem(item, digits ? Value::integer(std::stoll(part)) : Value::string(part));
+    item = in.getitem(item, digits ? Value::integer(parse_digits(part, "attribute index out of range"))
+                                   : Value::string(part));
   }
   return item;
 }

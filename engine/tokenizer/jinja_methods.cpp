@@ -110,7 +110,8 @@ std::string str_format(const std::string& fmt, const CallArgs& a) {
     }
     const Value* v = nullptr;
     if (field.empty() || (field.find_first_not_of("0123456789") == std::string::npos)) {
-      const std::size_t idx = field.empty() ? auto_index++ : std::stoul(field);
+      const std::size_t idx = field.empty() ? auto_index++
+                                             : static_cast<std::size_t>(parse_digits(field, "Replacement index out of range"));
       if (idx >= a.positional.size()) throw InputError("Replacement index out of range");
       v = &a.positional[idx];
     } else {

@@ -381,4 +381,11 @@ std::vector<std::size_t> py_slice_indices(std::size_t len, std::optional<std::in
   return out;
 }
 
+std::int64_t parse_digits(std::string_view digits, const char* out_of_range) {
+  std::int64_t v = 0;
+  const auto r = std::from_chars(digits.data(), digits.data() + digits.size(), v);
+  if (r.ec != std::errc() || r.ptr != digits.data() + digits.size() || v < 0) throw InputError(out_of_range);
+  return v;
+}
+
 }  // namespace moebatch::jinja

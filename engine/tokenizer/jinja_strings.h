@@ -60,4 +60,8 @@ std::vector<std::size_t> py_slice_indices(std::size_t len, std::optional<std::in
                                           std::optional<std::int64_t> stop,
                                           std::optional<std::int64_t> step);
 
+/// A run of ASCII digits as a non-negative index; InputError(`out_of_range`) when it does not fit
+/// 63 bits (where Python would index with a big int and fail on the length).
+std::int64_t parse_digits(std::string_view digits, const char* out_of_range);
+
 }  // namespace moebatch::jinja

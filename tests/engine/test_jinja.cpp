@@ -316,6 +316,11 @@ TEST(Jinja, RenderErrorsCarryTheFailingNode) {
   EXPECT_ERROR(error_of("{{ 5 < 'a' }}"), "not supported between");
   EXPECT_ERROR(error_of("{% for x in 5 %}{% endfor %}"), "not iterable");
   EXPECT_ERROR(error_of("{% set x = 1 %}{% set x.a = 2 %}"), "non-namespace");
+  // Index digits beyond 64 bits: an InputError like any other bad index (std::out_of_range from
+  // the digit parse escaped the template before)
+  EXPECT_ERROR(error_of("{{ '{99999999999999999999999}'.format(1) }}"), "Replacement index out of range");
+  EXPECT_ERROR(error_of("{{ [[1]] | map(attribute='99999999999999999999999') | list }}"), "out of range");
+  EXPECT_EQ(render("{{ [[1, 2]] | map(attribute='1') | list }}|{{ '{1}{0}'.format('a', 'b') }}"), "[2]|ba");
 }
 
 TEST(Jinja, SandboxForbidsMutationAndDunders) {
