@@ -26,6 +26,15 @@ nlohmann::json parse_json_bounded(std::string_view text, std::string* problem) {
   return found.empty() ? j : nlohmann::json(nlohmann::json::value_t::discarded);
 }
 
+std::optional<std::string> json_string_field(const nlohmann::json& obj, std::string_view key,
+                                             std::string fallback) {
+  if (!obj.is_object()) return fallback;
+  const auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return fallback;
+  if (!it->is_string()) return std::nullopt;
+  return it->get<std::string>();
+}
+
 std::string dump_json(const nlohmann::json& j, int indent) {
   return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
 }

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -27,6 +28,12 @@ inline bool json_too_deep(int depth, nlohmann::json::parse_event_t event) {
           event == nlohmann::json::parse_event_t::array_start) &&
          depth >= kMaxJsonDepth;
 }
+
+/// obj[key] when it holds a string; `fallback` when `obj` is not an object or the key is absent
+/// or null; nullopt when the key holds another type. For optional string fields of outside JSON:
+/// nlohmann's value(key, "") throws type_error 302 there, out of whatever parser called it.
+std::optional<std::string> json_string_field(const nlohmann::json& obj, std::string_view key,
+                                             std::string fallback = {});
 
 /// `j` printed; bytes that are not UTF-8 become U+FFFD rather than an exception. For every JSON the
 /// process writes that may quote outside text (replies, rows, files, messages): a strict dump

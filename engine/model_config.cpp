@@ -127,7 +127,9 @@ void parse_rope(const json& j, const std::string& src, ModelConfig& c) {
   }
   auto rs = j.find("rope_scaling");
   if (rs != j.end() && !rs->is_null()) {
-    std::string type = rs->is_object() ? rs->value("rope_type", rs->value("type", "")) : "";
+    // rope_type, else the older type; anything but a string is no "default" either
+    const std::string type =
+        json_string_field(*rs, "rope_type", json_string_field(*rs, "type").value_or("")).value_or("");
     if (type != "default") {
       fail(src, "rope_scaling",
            "unsupported rope scaling " + json_excerpt(*rs) + " (not implemented)");
@@ -180,8 +182,16 @@ void parse_linear_attention(const json& j, const std::string& src, ModelConfig& 
 // ModelOpt NVFP4 ({"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16,
 // "exclude_modules": [...]} in config.json, or the same under "quantization" in
 // hf_quant_config.json).
+// The optional string `name` of object `obj` (at `key`): "" when absent, a failure naming it
+// when it holds another type.
+std::string string_field(const json& obj, const std::string& src, const std::string& key, const char* name) {
+  auto v = json_string_field(obj, name);
+  if (!v) fail(src, key + "." + name, "expected a string, found " + json_excerpt(obj[name]));
+  return *v;
+}
+
 void parse_nvfp4(const json& q, const std::string& src, const std::string& key, ModelConfig& c) {
-  const std::string algo = q.value("quant_algo", "");
+  const std::string algo = string_field(q, src, key, "quant_algo");
   if (algo != "NVFP4") {
     fail(src, key + ".quant_algo",
          "unsupported ModelOpt quant_algo '" + algo + "' (only NVFP4 is implemented)");
@@ -209,7 +219,7 @@ void parse_quant(const json& j, const std::string& src, ModelConfig& c) {
   auto q = j.find("quantization_config");
   if (q == j.end() || q->is_null()) return;
   if (!q->is_object()) fail(src, "quantization_config", "expected an object");
-  std::string method = q->value("quant_method", "");
+  const std::string method = string_field(*q, src, "quantization_config", "quant_method");
   if (method == "modelopt") {
     parse_nvfp4(*q, src, "quantization_config", c);
     return;

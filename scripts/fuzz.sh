@@ -49,6 +49,12 @@ for t in "${TARGETS[@]}"; do
     # Leaks are still reported when the process exits, only not pinned to one input.
     fuzz_sql_row) extra+=(-detect_leaks=0) ;;
   esac
+  # JSON readers get the dictionary of tokens mutation rarely builds (numbers past double, ...)
+  case $t in
+    fuzz_model_config|fuzz_safetensors|fuzz_checkpoint_index|fuzz_tokenizer_json|fuzz_api_request| \
+    fuzz_batch_line|fuzz_batch_create|fuzz_zmq_request|fuzz_sql_row)
+      extra+=(-dict="$PWD/scripts/fuzz_json.dict") ;;
+  esac
   started=$SECONDS
   (cd "$root" && rm -f fuzz-*.log &&
    "./$t" "$corpus" -max_total_time="$SECONDS_PER" -jobs="$jobs" -workers="$jobs" \

@@ -306,7 +306,7 @@ void load_config(std::string_view config_json, const Tokenizer& tk, Tokenizer::I
   } else if (tmpl->is_array()) {
     // Named templates: [{"name": "default", "template": "..."}, ...].
     for (const json& e : *tmpl) {
-      if (e.is_object() && e.value("name", "") == "default" && e.contains("template") &&
+      if (json_string_field(e, "name") == "default" && e.contains("template") &&
           e["template"].is_string()) {
         source = e["template"].get<std::string>();
       }

@@ -86,6 +86,12 @@ TEST(ModelConfig, RejectsUnsupportedAndInvalidWithFieldName) {
       {"hidden_act", "gelu", "hidden_act"},
       {"vocab_size", "64", "vocab_size"},
       {"quantization_config", json{{"quant_method", "awq"}}, "quant_method"},
+      // string fields holding another type: refused naming the field (nlohmann's value(key, "")
+      // threw type_error out of the parser before)
+      {"quantization_config", json{{"quant_method", json::array({"fp8"})}}, "quantization_config.quant_method': expected a string"},
+      {"quantization_config", json{{"quant_method", "modelopt"}, {"quant_algo", 4}}, "quant_algo': expected a string"},
+      {"rope_scaling", json{{"rope_type", json::object()}}, "rope_scaling"},
+      {"rope_scaling", json{{"type", 1}}, "rope_scaling"},
       {"layer_types", json{"sliding_attention", "full_attention"}, "layer_types"},
   };
   for (const auto& c : cases) {

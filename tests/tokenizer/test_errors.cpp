@@ -122,6 +122,12 @@ TEST(TokenizerErrors, ConfigProblemsAreReported) {
   }
   const Tokenizer none = Tokenizer::from_json(tj, "");
   EXPECT_THROW(none.render_chat({{"user", "hi", {}}}), InputError);
+  // Named templates: an entry whose name is not a string is not "default" (nlohmann's
+  // value("name", "") threw type_error out of the load before); the default one is found.
+  const Tokenizer named = Tokenizer::from_json(
+      tj, R"({"chat_template": [{"name": ["x"], "template": "wrong"}, {"name": "default", "template": "ok"}]})");
+  EXPECT_EQ(named.render_chat({{"user", "hi", {}}}), "ok");
+  EXPECT_THROW(Tokenizer::from_json(tj, R"({"chat_template": [{"name": 7, "template": "t"}]})"), InputError);
 }
 
 TEST(TokenizerErrors, MissingDirectoryAndOversizedFile) {
