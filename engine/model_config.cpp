@@ -127,9 +127,8 @@ void parse_rope(const json& j, const std::string& src, ModelConfig& c) {
   }
   auto rs = j.find("rope_scaling");
   if (rs != j.end() && !rs->is_null()) {
-    // rope_type, else the older type; anything but a string is no "default" either
-    const std::string type =
-        json_string_field(*rs, "rope_type", json_string_field(*rs, "type").value_or("")).value_or("");
+    // rope_type, else the older type; a field of another type is no "default" either
+    const auto type = json_string_field(*rs, "rope_type", json_string_field(*rs, "type").value_or(""));
     if (type != "default") {
       fail(src, "rope_scaling",
            "unsupported rope scaling " + json_excerpt(*rs) + " (not implemented)");
@@ -179,9 +178,6 @@ void parse_linear_attention(const json& j, const std::string& src, ModelConfig& 
   }
 }
 
-// ModelOpt NVFP4 ({"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16,
-// "exclude_modules": [...]} in config.json, or the same under "quantization" in
-// hf_quant_config.json).
 // The optional string `name` of object `obj` (at `key`): "" when absent, a failure naming it
 // when it holds another type.
 std::string string_field(const json& obj, const std::string& src, const std::string& key, const char* name) {
@@ -190,6 +186,9 @@ std::string string_field(const json& obj, const std::string& src, const std::str
   return *v;
 }
 
+// ModelOpt NVFP4 ({"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16,
+// "exclude_modules": [...]} in config.json, or the same under "quantization" in
+// hf_quant_config.json).
 void parse_nvfp4(const json& q, const std::string& src, const std::string& key, ModelConfig& c) {
   const std::string algo = string_field(q, src, key, "quant_algo");
   if (algo != "NVFP4") {

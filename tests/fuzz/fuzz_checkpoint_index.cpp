@@ -4,8 +4,6 @@
 //
 // Input layout: the index JSON, a NUL, two bytes (little endian) that cut the rest, modulo its
 // length, into shard-00001.safetensors and shard-00002.safetensors (scripts/fuzz_seeds.py).
-#include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <string_view>
 
@@ -47,8 +45,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     static_cast<void>(sink);
   } catch (const moebatch::Error& e) {
-    // FUZZ_VERBOSE=1 says why an input was refused (to check that the seeds load)
-    if (std::getenv("FUZZ_VERBOSE") != nullptr) std::fprintf(stderr, "checkpoint: %s\n", e.what());
+    moebatch::fuzz::refused("checkpoint", e);
   }
   return 0;
 }

@@ -6,8 +6,6 @@
 // Input layout: byte 0 even → the rest is one file. Odd → a split model: bytes 1–2 (little
 // endian) modulo the remaining length cut the rest into name-00001-of-00002.gguf and
 // name-00002-of-00002.gguf (scripts/fuzz_seeds.py writes a seed of each kind).
-#include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -18,11 +16,6 @@
 #include "tests/fuzz/fuzz_util.h"
 
 namespace {
-
-// FUZZ_VERBOSE=1 prints why an input was refused (to check that the seeds get past the parser).
-void refused(const char* step, const moebatch::Error& e) {
-  if (std::getenv("FUZZ_VERBOSE") != nullptr) std::fprintf(stderr, "%s: %s\n", step, e.what());
-}
 
 // The model's metadata as the engine reads it.
 void open_model(const std::filesystem::path& path) {
@@ -35,7 +28,7 @@ void open_model(const std::filesystem::path& path) {
         (void)(t->get_f32(0) + t->get_f32(t->numel() - 1));
     (void)moebatch::gguf_model_config(model);
   } catch (const moebatch::Error& e) {
-    refused("model", e);
+    moebatch::fuzz::refused("model", e);
   }
 }
 
@@ -50,10 +43,10 @@ void open_tokenizer(const std::filesystem::path& path) {
     try {
       (void)tok.encode_chat({{.role = "system", .content = "Be brief."}, {.role = "user", .content = "Hi?"}});
     } catch (const moebatch::Error& e) {  // no template, or one that fails on this chat
-      refused("chat", e);
+      moebatch::fuzz::refused("chat", e);
     }
   } catch (const moebatch::Error& e) {
-    refused("tokenizer", e);
+    moebatch::fuzz::refused("tokenizer", e);
   }
 }
 

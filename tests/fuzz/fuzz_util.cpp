@@ -3,7 +3,9 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
+#include <set>
 #include <string>
 
 namespace moebatch::fuzz {
@@ -11,19 +13,22 @@ namespace moebatch::fuzz {
 std::filesystem::path scratch_path(std::string_view suffix) {
   const std::filesystem::path dir =
       std::filesystem::exists("/dev/shm") ? "/dev/shm" : std::filesystem::temp_directory_path();
-  return dir / ("moebatch-fuzz-" + std::to_string(getpid()) + std::string(suffix));
+  const auto path = dir / ("moebatch-fuzz-" + std::to_string(getpid()) + std::string(suffix));
+  // Every scratch file or directory (an input, a second shard or part, a checkpoint directory)
+  // is removed when the process exits normally; a target asks for the same few paths each input.
+  static struct Remove {
+    std::set<std::filesystem::path> paths;
+    ~Remove() {
+      std::error_code ec;
+      for (const auto& p : paths) std::filesystem::remove_all(p, ec);
+    }
+  } remove_at_exit;
+  remove_at_exit.paths.insert(path);
+  return path;
 }
 
 std::filesystem::path write_input(const uint8_t* data, size_t size, std::string_view suffix) {
   const auto path = scratch_path(suffix);
-  // Removed when the process exits normally (a target writes under one suffix only).
-  static const struct Remove {
-    std::filesystem::path p;
-    ~Remove() {
-      std::error_code ec;
-      std::filesystem::remove(p, ec);
-    }
-  } remove_at_exit{path};
   write_file(path, as_text(data, size));
   return path;
 }
@@ -35,6 +40,10 @@ void write_file(const std::filesystem::path& path, std::string_view bytes) {
     std::perror("fuzz: cannot write an input file");
     std::abort();
   }
+}
+
+void refused(const char* what, const std::exception& e) {
+  if (std::getenv("FUZZ_VERBOSE") != nullptr) std::fprintf(stderr, "%s: %s\n", what, e.what());
 }
 
 }  // namespace moebatch::fuzz

@@ -3,18 +3,24 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <filesystem>
 #include <string_view>
 
 namespace moebatch::fuzz {
 
 /// This process's scratch path with `suffix` appended: in /dev/shm when present (libFuzzer runs
-/// ~10^4 inputs a second and each one may touch a file there), else the temp directory.
+/// ~10^4 inputs a second and each one may touch a file there), else the temp directory. Removed
+/// (with what is under it) when the process exits normally.
 std::filesystem::path scratch_path(std::string_view suffix);
 
 /// Writes one input to this process's scratch file (the parsers under test map files) and
 /// returns its path; every call overwrites the previous input.
 std::filesystem::path write_input(const uint8_t* data, size_t size, std::string_view suffix);
+
+/// Says why an input was refused when FUZZ_VERBOSE is set (to check that the seeds load whole);
+/// silent otherwise.
+void refused(const char* what, const std::exception& e);
 
 /// Writes `bytes` to `path` (a target's second file: a shard, a split part); aborts when it
 /// cannot, as write_input does.
