@@ -42,6 +42,9 @@ struct AttentionParams {
   int num_splits = 1;                 ///< split-K (flash-decoding) partitions of the key range
   float* workspace = nullptr;         ///< attention_workspace_floats(...) floats when num_splits > 1
   AttentionPrefillKernel prefill_kernel = AttentionPrefillKernel::best;
+  /// Prefill on the persistent wgmma kernel (head_dim 128 on Hopper): at most this many blocks
+  /// (0: one per SM). For tests, so that a small case walks many work items per block.
+  int max_blocks = 0;
   /// Decode on the warp kernel only, where attention_decode_fuses_rope says so (elsewhere
   /// attention_decode fails its check): q (and `rope.k`, `rope.v`) are the raw qkv rows, and
   /// the kernel itself does what qk_norm_rope would do before it — q's and the new k's per-head

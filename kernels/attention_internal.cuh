@@ -42,7 +42,9 @@ void attention_decode_split_warps(const AttentionParams& p, cudaStream_t stream)
 /// a tile into at most 32; moe_wgmma_available for the current device; p.prefill_kernel not
 /// mma_sync. The caller checks the rest (attention.cu: rows, alignment, no split-K).
 bool prefill_on_wgmma(const AttentionParams& p);
-/// That kernel: blocks of 128 rows (two warpgroups) × 128-key tiles (64 at head_dim 256).
+/// That kernel: blocks of 128 rows (two warpgroups) × 128-key tiles (64 at head_dim 256); at
+/// head_dim 128 persistent (one block per SM, AttentionParams::max_blocks at most) with a
+/// producer warpgroup beside the two.
 void attention_prefill_wgmma(const AttentionParams& p, cudaStream_t stream);
 
 }  // namespace moebatch::kernels

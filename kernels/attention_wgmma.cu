@@ -20,8 +20,14 @@
 // 128-byte swizzle (kernels/wgmma.cuh): Q, K and V tiles are head_dim / 64 slabs each, in the
 // one layout that TMA, cp.async and both operand descriptors share.
 //
+// That kernel (one block per row tile) runs head_dim 256. head_dim 128 runs its persistent,
+// warp-specialized form (attention_prefill_persistent_kernel, below): one block per SM walking
+// the row tiles, a producer warpgroup loading the next one's Q and first K/V tiles under the
+// current one's last tiles and epilogue, and two math warpgroups.
+//
 // Built for sm_90a only (MOEBATCH_WGMMA, kernels/CMakeLists.txt); without it prefill_on_wgmma
 // says false.
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -94,6 +100,152 @@ __device__ __forceinline__ void mma_rs(float (&d)[N / 2], const uint32_t (&a)[4]
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// ---- the per-tile step that both kernels share ----
+// A warpgroup's m64nN accumulators, per thread (lane = 4g + t of warp w of the warpgroup): rows
+// a = 16w + g and b = a + 8 of the warpgroup's 64; 8-column chunk j holds columns 8j + 2t + {0, 1},
+// s[4j], s[4j + 1] of row a and s[4j + 2], s[4j + 3] of row b. For S the columns are the keys of
+// the tile (k0 + 8j + 2t + {0, 1}), for O the head dims. A row's values are spread over the quad
+// of lanes sharing g, so its max and sum finish with shuffles over lanes t ^ 1, t ^ 2.
+
+// S = Q·Kᵀ of one key tile: head_dim / 16 k16 steps over the Q and K slabs (128-byte swizzle,
+// 32 bytes a step within a slab), committed as one group.
+template <int D, int kKeys>
+__device__ __forceinline__ void issue_s(float (&s)[kKeys / 2], uint32_t q_wg, int q_slab, uint32_t k_addr,
+                                        int kv_slab) {
+#pragma unroll
+  for (int i = 0; i < kKeys / 2; ++i) wgmma::fence_operand(s[i]);
+  wgmma::fence();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const uint32_t q_k = q_wg + (kk >> 2) * q_slab + (kk & 3) * 32, k_k = k_addr + (kk >> 2) * kv_slab + (kk & 3) * 32;
+    mma_ss<kKeys>(s, wgmma::smem_desc_sw128(q_k), wgmma::smem_desc_sw128(k_k), kk > 0);
+  }
+  wgmma::commit();
+#pragma unroll
+  for (int i = 0; i < kKeys / 2; ++i) wgmma::fence_operand(s[i]);
+}
+
+// O += P·V of one key tile: kKeys / 16 k16 steps, P from registers (pf), V N-major (the tile's
+// rows as the cache holds them), committed as one group.
+template <int D, int kKeys>
+__device__ __forceinline__ void issue_pv(float (&o)[D / 2], const uint32_t (&pf)[kKeys / 16][4], uint32_t v_addr,
+                                         int kv_slab) {
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) wgmma::fence_operand(o[i]);
+  wgmma::fence();
+#pragma unroll
+  for (int kk = 0; kk < kKeys / 16; ++kk)
+    mma_rs<D>(o, pf[kk], wgmma::smem_desc_sw128_mn(v_addr + kk * 16 * 128, kv_slab));
+  wgmma::commit();
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) wgmma::fence_operand(o[i]);
+}
+
+// Waits for every wgmma group of the warpgroup (S and P·V) and fences both accumulators.
+template <int D, int kKeys>
+__device__ __forceinline__ void wait_mmas(float (&s)[kKeys / 2], float (&o)[D / 2]) {
+  wgmma::wait<0>();
+#pragma unroll
+  for (int i = 0; i < kKeys / 2; ++i) wgmma::fence_operand(s[i]);
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) wgmma::fence_operand(o[i]);
+}
+
+// Causal mask of the tile of keys from k0: -inf where a key reaches its row's bound (lim_a,
+// lim_b), only where the tile reaches the bound of the warpgroup's first row (wg_lo).
+template <int kKeys>
+__device__ __forceinline__ void mask_tile(float (&s)[kKeys / 2], int k0, int t, int wg_lo, int lim_a, int lim_b) {
+  if (k0 + kKeys > wg_lo) {
+#pragma unroll
+    for (int j = 0; j < kKeys / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int key = k0 + 8 * j + 2 * t + e;
+        if (key >= lim_a) s[4 * j + e] = -INFINITY;
+        if (key >= lim_b) s[4 * j + 2 + e] = -INFINITY;
+      }
+  }
+}
+
+// The online softmax state of a thread's rows a and b: the running max of the base-2 logits
+// c·s (c = scale · log2 e) and this lane's partial sum of their exp2 (the quad's sum is taken
+// once, in row_inverses).
+struct RowSoftmax {
+  float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;
+};
+
+// One tile of the online softmax: the rows' new max, P = exp2(c·s − max) rounded to bf16 into
+// the A fragments of P·V (chunks 2kk, 2kk + 1 are a[0]/a[1], a[2]/a[3] of k16 step kk), the sums
+// rescaled and extended. Returns alpha = exp2(old max − new max) of rows a and b (0 on a row's
+// first tile), by which O is to be rescaled (rescale_o).
+template <int kKeys>
+__device__ __forceinline__ float2 online_softmax_tile(const float (&s)[kKeys / 2], uint32_t (&pf)[kKeys / 16][4],
+                                                      float log2_scale, RowSoftmax& r) {
+  float mx_a = -INFINITY, mx_b = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < kKeys / 8; ++j) {
+    mx_a = fmaxf(mx_a, fmaxf(s[4 * j], s[4 * j + 1]));
+    mx_b = fmaxf(mx_b, fmaxf(s[4 * j + 2], s[4 * j + 3]));
+  }
+#pragma unroll
+  for (int x = 1; x <= 2; x <<= 1) {
+    mx_a = fmaxf(mx_a, __shfl_xor_sync(kFullMask, mx_a, x));
+    mx_b = fmaxf(mx_b, __shfl_xor_sync(kFullMask, mx_b, x));
+  }
+  const float mn_a = fmaxf(r.m_a, mx_a * log2_scale), mn_b = fmaxf(r.m_b, mx_b * log2_scale);
+  const float alpha_a = exp2f(r.m_a - mn_a), alpha_b = exp2f(r.m_b - mn_b);  // 0 on the first tile
+  r.m_a = mn_a;
+  r.m_b = mn_b;
+  float sum_a = 0.f, sum_b = 0.f;
+#pragma unroll
+  for (int j = 0; j < kKeys / 8; ++j) {
+    const float p0 = exp2f(fmaf(s[4 * j], log2_scale, -mn_a));
+    const float p1 = exp2f(fmaf(s[4 * j + 1], log2_scale, -mn_a));
+    const float p2 = exp2f(fmaf(s[4 * j + 2], log2_scale, -mn_b));
+    const float p3 = exp2f(fmaf(s[4 * j + 3], log2_scale, -mn_b));
+    sum_a += p0 + p1;
+    sum_b += p2 + p3;
+    pf[j / 2][(j & 1) * 2] = pack_bf16(p0, p1);
+    pf[j / 2][(j & 1) * 2 + 1] = pack_bf16(p2, p3);
+  }
+  r.l_a = r.l_a * alpha_a + sum_a;
+  r.l_b = r.l_b * alpha_b + sum_b;
+  return make_float2(alpha_a, alpha_b);
+}
+
+// O = 0 before a row tile's first P·V (fenced: the accumulators the wgmma will read).
+template <int D>
+__device__ __forceinline__ void zero_o(float (&o)[D / 2]) {
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) {
+    o[i] = 0.f;
+    wgmma::fence_operand(o[i]);
+  }
+}
+
+// O's rows a and b times their alpha (online_softmax_tile).
+template <int D>
+__device__ __forceinline__ void rescale_o(float (&o)[D / 2], float2 alpha) {
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) {
+    o[4 * j] *= alpha.x;
+    o[4 * j + 1] *= alpha.x;
+    o[4 * j + 2] *= alpha.y;
+    o[4 * j + 3] *= alpha.y;
+  }
+}
+
+// After the last tile: the rows' sums over the quad and their inverses for the epilogue's one
+// rounding of o / l (0 for a row with no keys: a row past n_rows).
+__device__ __forceinline__ float2 row_inverses(RowSoftmax& r) {
+#pragma unroll
+  for (int x = 1; x <= 2; x <<= 1) {
+    r.l_a += __shfl_xor_sync(kFullMask, r.l_a, x);
+    r.l_b += __shfl_xor_sync(kFullMask, r.l_b, x);
+  }
+  return make_float2(r.l_a > 0.f ? 1.f / r.l_a : 0.f, r.l_b > 0.f ? 1.f / r.l_b : 0.f);
 }
 
 // Grid: (kv head, row tile, sequence), row tiles heaviest (most keys) first. Every row's
@@ -219,55 +371,21 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   float s[kKeys / 2], o[D / 2];
   uint32_t pf[kKeys / 16][4];  // P as the A operand of the k16 steps of P·V
-#pragma unroll
-  for (int i = 0; i < D / 2; ++i) {
-    o[i] = 0.f;
-    wgmma::fence_operand(o[i]);
-  }
-  float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;  // max of c·s; lane-partial sums
+  zero_o<D>(o);
+  RowSoftmax rows;
 
   const auto wait_tile = [&](int kt) {
     wgmma::mbarrier_wait(full0 + (kt % kStages) * 8, (kt / kStages) & 1);
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   };
-  const auto issue_s = [&](int kt) {
-    const uint32_t k_addr = stage_addr0 + (kt % kStages) * kStageBytes;
-#pragma unroll
-    for (int i = 0; i < kKeys / 2; ++i) wgmma::fence_operand(s[i]);
-    wgmma::fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t q_k = q_wg + (kk >> 2) * kQSlab + (kk & 3) * 32, k_k = k_addr + (kk >> 2) * kKvSlab + (kk & 3) * 32;
-      mma_ss<kKeys>(s, wgmma::smem_desc_sw128(q_k), wgmma::smem_desc_sw128(k_k), kk > 0);
-    }
-    wgmma::commit();
-#pragma unroll
-    for (int i = 0; i < kKeys / 2; ++i) wgmma::fence_operand(s[i]);
-  };
-  const auto issue_pv = [&](int kt) {
-    const uint32_t v_addr = stage_addr0 + (kt % kStages) * kStageBytes + kTileBytes;
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i) wgmma::fence_operand(o[i]);
-    wgmma::fence();
-#pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk)
-      mma_rs<D>(o, pf[kk], wgmma::smem_desc_sw128_mn(v_addr + kk * 16 * 128, kKvSlab));
-    wgmma::commit();
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i) wgmma::fence_operand(o[i]);
-  };
 
   if (wg_tiles > 0) {
     wait_tile(0);
-    issue_s(0);
+    issue_s<D, kKeys>(s, q_wg, kQSlab, stage_addr0, kKvSlab);
   }
   clock.mark(kAttnFirstTile);
   for (int kt = 0; kt < n_tiles; ++kt) {
-    wgmma::wait<0>();  // S(kt) and P·V(kt − 1)
-#pragma unroll
-    for (int i = 0; i < kKeys / 2; ++i) wgmma::fence_operand(s[i]);
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i) wgmma::fence_operand(o[i]);
+    wait_mmas<D, kKeys>(s, o);  // S(kt) and P·V(kt − 1)
     clock.mark(kAttnMmaWait);
     // Tile kt − 1's stage is free once both warpgroups got here: refill it with tile
     // kt + kStages − 1.
@@ -280,62 +398,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     clock.mark(kAttnRefill);
     const bool active = kt < wg_tiles, more = kt + 1 < wg_tiles;
     if (active) {
-      // Causal mask where a key of the tile reaches a row's bound (8-column chunk j of the
-      // accumulators: keys k0 + 8j + 2t + {0, 1}; s[4j], s[4j+1] row a, s[4j+2], s[4j+3] row b).
-      const int k0 = kt * kKeys;
-      if (k0 + kKeys > wg_lo) {
-#pragma unroll
-        for (int j = 0; j < kKeys / 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int key = k0 + 8 * j + 2 * t + e;
-            if (key >= lim_a) s[4 * j + e] = -INFINITY;
-            if (key >= lim_b) s[4 * j + 2 + e] = -INFINITY;
-          }
-      }
-      float mx_a = -INFINITY, mx_b = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < kKeys / 8; ++j) {
-        mx_a = fmaxf(mx_a, fmaxf(s[4 * j], s[4 * j + 1]));
-        mx_b = fmaxf(mx_b, fmaxf(s[4 * j + 2], s[4 * j + 3]));
-      }
-#pragma unroll
-      for (int x = 1; x <= 2; x <<= 1) {
-        mx_a = fmaxf(mx_a, __shfl_xor_sync(kFullMask, mx_a, x));
-        mx_b = fmaxf(mx_b, __shfl_xor_sync(kFullMask, mx_b, x));
-      }
-      const float mn_a = fmaxf(m_a, mx_a * log2_scale), mn_b = fmaxf(m_b, mx_b * log2_scale);
-      const float alpha_a = exp2f(m_a - mn_a), alpha_b = exp2f(m_b - mn_b);  // 0 on the first tile
-      m_a = mn_a;
-      m_b = mn_b;
-      // Chunks 2kk, 2kk + 1 are a[0]/a[1], a[2]/a[3] of P·V's k16 step kk.
-      float sum_a = 0.f, sum_b = 0.f;
-#pragma unroll
-      for (int j = 0; j < kKeys / 8; ++j) {
-        const float p0 = exp2f(fmaf(s[4 * j], log2_scale, -mn_a));
-        const float p1 = exp2f(fmaf(s[4 * j + 1], log2_scale, -mn_a));
-        const float p2 = exp2f(fmaf(s[4 * j + 2], log2_scale, -mn_b));
-        const float p3 = exp2f(fmaf(s[4 * j + 3], log2_scale, -mn_b));
-        sum_a += p0 + p1;
-        sum_b += p2 + p3;
-        pf[j / 2][(j & 1) * 2] = pack_bf16(p0, p1);
-        pf[j / 2][(j & 1) * 2 + 1] = pack_bf16(p2, p3);
-      }
-      l_a = l_a * alpha_a + sum_a;
-      l_b = l_b * alpha_b + sum_b;
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
-        o[4 * j] *= alpha_a;
-        o[4 * j + 1] *= alpha_a;
-        o[4 * j + 2] *= alpha_b;
-        o[4 * j + 3] *= alpha_b;
-      }
+      mask_tile<kKeys>(s, kt * kKeys, t, wg_lo, lim_a, lim_b);
+      rescale_o<D>(o, online_softmax_tile<kKeys>(s, pf, log2_scale, rows));
     }
     clock.mark(kAttnSoftmax);
     if (more) wait_tile(kt + 1);
     clock.mark(kAttnFullWait);
-    if (active) issue_pv(kt);
-    if (more) issue_s(kt + 1);
+    if (active) issue_pv<D, kKeys>(o, pf, stage_addr0 + (kt % kStages) * kStageBytes + kTileBytes, kKvSlab);
+    if (more) issue_s<D, kKeys>(s, q_wg, kQSlab, stage_addr0 + ((kt + 1) % kStages) * kStageBytes, kKvSlab);
     clock.mark(kAttnIssue);
   }
   wgmma::wait<0>();
@@ -346,12 +416,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();  // both warpgroups are done with the stages: they hold the output tile now
 
   // One rounding: o / l to bf16, staged for 16-byte row stores.
-#pragma unroll
-  for (int x = 1; x <= 2; x <<= 1) {
-    l_a += __shfl_xor_sync(kFullMask, l_a, x);
-    l_b += __shfl_xor_sync(kFullMask, l_b, x);
-  }
-  const float inv_a = l_a > 0.f ? 1.f / l_a : 0.f, inv_b = l_b > 0.f ? 1.f / l_b : 0.f;  // 0: a row past n_rows
+  const float2 inv = row_inverses(rows);
+  const float inv_a = inv.x, inv_b = inv.y;
   bf16* const o_s = reinterpret_cast<bf16*>(smem + kQBytes);
   const int r = row_a - row0;
 #pragma unroll
@@ -378,6 +444,305 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 #endif  // MOEBATCH_WGMMA
 
+// ---- head_dim 128: persistent and warp-specialized ----------------------------------------
+// The kernel above spends about a third of a row block in its prologue (bounds, Q, the first
+// K/V tile: dependent round trips) and epilogue, with nothing to overlap them: its block holds
+// the SM alone. Here one block per SM walks the work items (sequence, row tile, kv head) —
+// heaviest row tiles first across all sequences, block b taking items b, b + G, … — with a
+// producer warpgroup (0) that only loads and two math warpgroups (1, 2: 64 rows each) that only
+// multiply: the producer brings the next item's Q and first K/V tiles while the math warpgroups
+// finish this item's tiles and epilogue.
+//
+// Shared memory: two Q buffers (one item multiplied, the next landing), and K and V each in a
+// ring of two 32 KB stages with barriers of their own. A combined K+V ring of two stages would
+// free tile t's stage only once P·V(t) retired, at the start of iteration t + 1, while tile
+// t + 2's K is needed at that iteration's end: the load would have a softmax to land in. K(t)
+// is dead once S(t) retired (iteration t's start) and V(t) once P·V(t) did, so the separate
+// rings refill K(t + 2) from iteration t on and V(t + 1) from iteration t on, each needed at
+// the end of iteration t + 1 — the lead of the three combined stages of the kernel above, in
+// the shared memory of two (192 KB with the two Q buffers).
+//
+// Barriers (counters run across the block's items; a waiter is never two phases behind: every
+// thread that waits a barrier's phase p has waited its phase p − 1 or the phase cannot start):
+//   q_full[b]   128 producer threads' cp.async arrivals (noinc): item's Q landed in buffer b;
+//   q_empty[b]  256 math threads, after each one's epilogue reads of buffer b (the O staging);
+//   k_full[s], v_full[s]  128 cp.async arrivals + producer thread 0's TMA byte count;
+//   k_empty[s], v_empty[s]  256 math threads: K(t) after S(t) retired, V(t) after P·V(t).
+// Every math thread waits k_full and v_full for every tile of an item, also a tile its rows do
+// not reach (wg_tiles) and in a warpgroup with no rows at all, before arriving on the empties:
+// an arrival never lands in a phase before its own, and every TMA the producer issued has been
+// waited for by someone before the block exits. The producer and the math warpgroups each
+// compute the walk and an item's bounds themselves (the same loads, deterministic): no ring of
+// identities to pass and no barrier between them beyond the data's own.
+constexpr int kPersistThreads = 384;  // producer warpgroup + two math warpgroups
+// 65,536 / 384 = 170 → 168 registers a thread at launch; the producer gives back down to 56 so
+// that the math warpgroups can hold 224 (S 64 + O 64 + P 32 + softmax state and addressing;
+// ptxas spills them at 216). setmaxnreg.inc only takes what .dec released: the block's 3 × 168,
+// not the register file's 65,536 (64 / 224 would leave the math warpgroups waiting forever).
+constexpr int kProducerRegs = 56, kMathRegs = 224;
+static_assert(kProducerRegs + 2 * kMathRegs <= 3 * (65536 / kPersistThreads / 8 * 8), "setmaxnreg budget");
+struct Persist {
+  static constexpr int kKeys = 128, kSlabs = 2;
+  static constexpr int kQSlab = kRows * 128;  // 16 KB: one 64-dim slab of the 128-row Q tile
+  static constexpr int kQBytes = kSlabs * kQSlab;
+  static constexpr int kKvSlab = kKeys * 128;
+  static constexpr int kTileBytes = kSlabs * kKvSlab;  // a K or a V tile: 32 KB
+  static constexpr int kStages = 2;
+  static constexpr int kKBase = 2 * kQBytes;                        // Q0 Q1 | K0 K1 | V0 V1
+  static constexpr int kVBase = kKBase + kStages * kTileBytes;
+  static constexpr int kSmemBytes = kVBase + kStages * kTileBytes + 1024;  // + slack to align to 1024
+  static_assert(kSmemBytes + 128 <= 227 * 1024, "one block's shared memory (and the static barriers)");
+  static_assert(kRows * kKeys * 2 / 16 == 16 * 128, "a Q tile is 16 chunks a row, two rows a thread pair");
+};
+
+#if MOEBATCH_WGMMA
+
+// One work item of the persistent walk: item i is kv head i % H, sequence (i / H) % S, row tile
+// R − 1 − i / (H·S) (R: row tiles of the longest sequence), so that the walk starts with the
+// heaviest row tiles of every sequence. false: the row tile lies past the sequence's rows (both
+// sides skip it).
+struct AttnItem {
+  int seq, kvh, row0, q0, n_rows, pos0, block_limit, n_tiles;
+};
+__device__ __forceinline__ bool attn_item(const AttentionParams& p, int i, int row_tiles, int group, AttnItem& it) {
+  it.kvh = i % p.n_kv_heads;
+  it.seq = i / p.n_kv_heads % p.num_seqs;
+  it.row0 = (row_tiles - 1 - i / (p.n_kv_heads * p.num_seqs)) * kRows;
+  it.q0 = __ldg(p.q_start + it.seq);
+  const int n_q = __ldg(p.q_start + it.seq + 1) - it.q0;
+  it.n_rows = n_q * group;
+  if (it.row0 >= it.n_rows) return false;
+  it.pos0 = __ldg(p.kv_lens + it.seq) - n_q;
+  it.block_limit = it.pos0 + min(it.row0 + kRows - 1, it.n_rows - 1) / group + 1;
+  // ≥ 1 where kv_len ≥ the query tokens, as the contract says; never negative (a hang) otherwise
+  it.n_tiles = max(CEIL_DIV(it.block_limit, Persist::kKeys), 0);
+  return true;
+}
+
+// Chunks first, first + kStep, … of a 256-byte row into row `row` of a two-slab swizzled tile
+// by cp.async (ok false: zeros). Unrolled by 4 only: fully unrolled, ptxas hoists the 16 chunks'
+// swizzled offsets out of the producer's tile loop and spills at its 56 registers.
+template <int kStep>
+__device__ __forceinline__ void copy_row_d128(uint8_t* tile, int slab_bytes, int row, int first, const bf16* src,
+                                              bool ok) {
+#pragma unroll 4
+  for (int i = 0; i < 16 / kStep; ++i) {
+    const int c = kStep * i + first;
+    cp_async16(tile + (c >> 3) * slab_bytes + wgmma::sw128_offset(row, c & 7), ok ? src + 8 * c : src, ok ? 16 : 0);
+  }
+}
+
+__global__ void __launch_bounds__(kPersistThreads, 1)
+    attention_prefill_persistent_kernel(AttentionParams p, int row_tiles, const __grid_constant__ CUtensorMap k_map,
+                                        const __grid_constant__ CUtensorMap v_map) {
+  using T = Persist;
+  constexpr int D = 128, kKeys = T::kKeys, kQSlab = T::kQSlab, kKvSlab = T::kKvSlab, kQBytes = T::kQBytes;
+  constexpr int kTileBytes = T::kTileBytes;
+  extern __shared__ uint8_t smem_raw[];
+  // q_full[2], q_empty[2], k_full[2], k_empty[2], v_full[2], v_empty[2]
+  __shared__ __align__(8) uint64_t bars[12];
+  pdl_sync();
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const uint32_t q_full0 = static_cast<uint32_t>(__cvta_generic_to_shared(&bars[0]));
+  const uint32_t q_empty0 = q_full0 + 16, k_full0 = q_full0 + 32, k_empty0 = q_full0 + 48;
+  const uint32_t v_full0 = q_full0 + 64, v_empty0 = q_full0 + 80;
+  if (threadIdx.x == 0) {
+    for (int b = 0; b < 2; ++b) {
+      wgmma::mbarrier_init(q_full0 + 8 * b, 128);
+      wgmma::mbarrier_init(q_empty0 + 8 * b, 256);
+      wgmma::mbarrier_init(k_full0 + 8 * b, 128 + 1);
+      wgmma::mbarrier_init(k_empty0 + 8 * b, 256);
+      wgmma::mbarrier_init(v_full0 + 8 * b, 128 + 1);
+      wgmma::mbarrier_init(v_empty0 + 8 * b, 256);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the TMA unit
+  }
+  __syncthreads();
+  const int group = p.n_q_heads / p.n_kv_heads;
+  const int n_items = p.n_kv_heads * p.num_seqs * row_tiles;
+  const int wg = threadIdx.x >> 7;
+  const int lt = threadIdx.x & 127;  // the thread within its warpgroup
+
+  if (wg == 0) {
+    // ---- the producer: per item Q into buffer qi % 2, then the item's K/V tiles ----
+    wgmma::setmaxnreg_dec<kProducerRegs>();
+    int qi = 0, g = 0;  // the block's items (not skipped) and K/V tiles so far, as the math's
+    for (int i = blockIdx.x; i < n_items; i += gridDim.x) {
+      AttnItem it;
+      if (!attn_item(p, i, row_tiles, group, it)) continue;
+      const int qb = qi & 1;
+      if (qi >= 2) wgmma::mbarrier_wait(q_empty0 + 8 * qb, ((qi >> 1) - 1) & 1);
+#pragma unroll
+      for (int pass = 0; pass < 2; ++pass) {  // thread pair (2r, 2r + 1) moves row r (+ 64); past the rows: zeros
+        const int r = (lt >> 1) + 64 * pass, row = it.row0 + r;
+        const bool ok = row < it.n_rows;
+        const bf16* src =
+            ok ? p.q + static_cast<size_t>(it.q0 + row / group) * p.q_stride + (it.kvh * group + row % group) * D : p.q;
+        copy_row_d128<2>(smem + qb * kQBytes, kQSlab, r, lt & 1, src, ok);
+      }
+      wgmma::cp_async_mbarrier_arrive(q_full0 + 8 * qb);
+
+      // K and V of tile kt (block tile g) into stage g % 2 of their rings, as the kernel above:
+      // the cache blocks wholly below block_limit by TMA (lane b of warp 0 block b of the tile;
+      // lane 0 announces the bytes), keys from full_end on — the partial last block, then zeros —
+      // by cp.async, one thread a key.
+      const int32_t* table = p.block_tables + static_cast<size_t>(it.seq) * p.max_blocks_per_seq;
+      const int full_end = it.block_limit / p.block_size * p.block_size;
+      for (int kt = 0; kt < it.n_tiles; ++kt, ++g) {
+        const int stage = g & 1, k0 = kt * kKeys, kpos = k0 + lt;
+        const int whole = min(max(full_end - k0, 0), kKeys) / p.block_size;  // ≤ 32 (prefill_on_wgmma)
+        const int slot0 = lt < whole ? __ldg(table + k0 / p.block_size + lt) * p.block_size : 0;
+        const bool partial = kpos >= full_end, ok = kpos < it.block_limit;
+        const int slot = partial && ok ? __ldg(table + kpos / p.block_size) * p.block_size + kpos % p.block_size : 0;
+        // size_t: slot * n_kv_heads * head_dim overflows int for large pools.
+        const size_t off = (static_cast<size_t>(slot) * p.n_kv_heads + it.kvh) * D;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {  // K, then V
+          const uint32_t full = (half ? v_full0 : k_full0) + 8 * stage;
+          if (g >= 2) wgmma::mbarrier_wait((half ? v_empty0 : k_empty0) + 8 * stage, ((g >> 1) - 1) & 1);
+          const int base = (half ? T::kVBase : T::kKBase) + stage * kTileBytes;
+          if (lt < 32) {
+            if (lt == 0) wgmma::mbarrier_arrive_expect_tx(full, whole * p.block_size * 128 * T::kSlabs);
+            __syncwarp();
+            if (lt < whole) {
+#pragma unroll
+              for (int slab = 0; slab < T::kSlabs; ++slab)
+                wgmma::tma_load_3d(smem_addr + base + slab * kKvSlab + lt * p.block_size * 128, half ? &v_map : &k_map,
+                                   64 * slab, it.kvh, slot0, full);
+            }
+          }
+          if (partial) copy_row_d128<1>(smem + base, kKvSlab, lt, 0, (half ? p.v_cache : p.k_cache) + off, ok);
+          wgmma::cp_async_mbarrier_arrive(full);
+        }
+      }
+      ++qi;
+    }
+    cp_async_commit();
+    cp_async_wait<0>();  // leave no copy of this thread in flight (the TMA loads: the math waits for each)
+    return;
+  }
+
+  // ---- the math warpgroups: 64 rows each of every item ----
+  wgmma::setmaxnreg_inc<kMathRegs>();
+  PhaseClock<kAttnPhases> clock;
+  const int mw = wg - 1;  // rows [64·mw, 64·mw + 64) of a row tile
+  const int lane = threadIdx.x & 31, g8 = lane >> 2, t = lane & 3;
+  const int r_a = 64 * mw + 16 * ((threadIdx.x >> 5) & 3) + g8;  // this thread's tile rows: r_a, r_a + 8
+  const float log2_scale = p.scale * kLog2e;
+
+  float s[kKeys / 2], o[D / 2];
+  uint32_t pf[kKeys / 16][4];
+  int qi = 0, g = 0;
+  unsigned items = 0;
+  for (int i = blockIdx.x; i < n_items; i += gridDim.x) {
+    AttnItem it;
+    if (!attn_item(p, i, row_tiles, group, it)) continue;
+    const int qb = qi & 1;
+    const auto limit = [&](int row) { return it.pos0 + min(row, it.n_rows - 1) / group + 1; };
+    const int wrow0 = it.row0 + 64 * mw;
+    const int wg_lo = limit(wrow0), wg_hi = limit(wrow0 + 63);
+    const int wg_tiles = wrow0 < it.n_rows ? CEIL_DIV(wg_hi, kKeys) : 0;  // ≤ it.n_tiles
+    const int lim_a = limit(it.row0 + r_a), lim_b = limit(it.row0 + r_a + 8);
+    const uint32_t q_wg = smem_addr + qb * kQBytes + mw * 64 * 128;  // this warpgroup's rows of slab 0
+    clock.mark(kAttnBounds);
+    wgmma::mbarrier_wait(q_full0 + 8 * qb, (qi >> 1) & 1);
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // Q came by cp.async (generic proxy)
+    clock.mark(kAttnQ);
+
+    zero_o<D>(o);
+    RowSoftmax rows;
+
+    const auto wait_k = [&](int gt) {
+      wgmma::mbarrier_wait(k_full0 + 8 * (gt & 1), (gt >> 1) & 1);
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    };
+    const auto wait_v = [&](int gt) {
+      wgmma::mbarrier_wait(v_full0 + 8 * (gt & 1), (gt >> 1) & 1);
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    };
+    const auto k_tile = [&](int gt) { return smem_addr + T::kKBase + (gt & 1) * kTileBytes; };
+
+    if (wg_tiles > 0) {
+      wait_k(g);
+      issue_s<D, kKeys>(s, q_wg, kQSlab, k_tile(g), kKvSlab);
+    }
+    clock.mark(kAttnFirstTile);
+    for (int kt = 0; kt < it.n_tiles; ++kt) {
+      const int gt = g + kt;
+      wait_mmas<D, kKeys>(s, o);  // S(kt) and P·V(kt − 1)
+      clock.mark(kAttnMmaWait);
+      const bool active = kt < wg_tiles, more = kt + 1 < wg_tiles;
+      // K(kt) is dead (S(kt) retired, or never issued: a tile past this warpgroup's rows, whose
+      // K is still waited for, so that the release lands in its own phase), V(kt − 1) too.
+      if (!active) wait_k(gt);
+      wgmma::mbarrier_arrive(k_empty0 + 8 * (gt & 1));
+      if (kt > 0) wgmma::mbarrier_arrive(v_empty0 + 8 * ((gt - 1) & 1));
+      clock.mark(kAttnRefill);
+      if (active) {
+        mask_tile<kKeys>(s, kt * kKeys, t, wg_lo, lim_a, lim_b);
+        rescale_o<D>(o, online_softmax_tile<kKeys>(s, pf, log2_scale, rows));
+      }
+      clock.mark(kAttnSoftmax);
+      if (more) wait_k(gt + 1);
+      wait_v(gt);  // also where this warpgroup does not multiply it: its release is next
+      clock.mark(kAttnFullWait);
+      if (active) issue_pv<D, kKeys>(o, pf, smem_addr + T::kVBase + (gt & 1) * kTileBytes, kKvSlab);
+      if (more) issue_s<D, kKeys>(s, q_wg, kQSlab, k_tile(gt + 1), kKvSlab);
+      clock.mark(kAttnIssue);
+    }
+    wgmma::wait<0>();
+#pragma unroll
+    for (int k = 0; k < D / 2; ++k) wgmma::fence_operand(o[k]);
+    g += it.n_tiles;
+    if (it.n_tiles > 0) wgmma::mbarrier_arrive(v_empty0 + 8 * ((g - 1) & 1));  // the item's last V
+
+    // Epilogue: o / l rounded once to bf16, staged in this warpgroup's own 64 rows of the Q
+    // buffer (its S reads of them all retired; the other warpgroup reads only its own rows) in
+    // the same swizzled layout — conflict-free bf16x2 writes, one 128-byte row per quarter warp
+    // on the way out — then 16-byte stores of whole rows.
+    const float2 inv = row_inverses(rows);
+    const float inv_a = inv.x, inv_b = inv.y;
+    uint8_t* const q_buf = smem + qb * kQBytes;
+    // The buffer was last read by the tensor cores (async proxy); now written by this thread.
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      const int slab = (j >> 3) * kQSlab;
+      *reinterpret_cast<__nv_bfloat162*>(q_buf + slab + wgmma::sw128_offset(r_a, j & 7) + 4 * t) =
+          __floats2bfloat162_rn(o[4 * j] * inv_a, o[4 * j + 1] * inv_a);
+      *reinterpret_cast<__nv_bfloat162*>(q_buf + slab + wgmma::sw128_offset(r_a + 8, j & 7) + 4 * t) =
+          __floats2bfloat162_rn(o[4 * j + 2] * inv_b, o[4 * j + 3] * inv_b);
+    }
+    // this warpgroup's 128 threads only (0 is __syncthreads')
+    if (mw == 0)
+      named_barrier_sync<1, 128>();
+    else
+      named_barrier_sync<2, 128>();
+#pragma unroll
+    for (int k = 0; k < 64 * 16 / 128; ++k) {  // 64 rows × 16 chunks of 16 bytes, 8 a thread
+      const int idx = lt + 128 * k, rr = 64 * mw + (idx >> 4), ch = idx & 15;
+      const int row = it.row0 + rr;
+      if (row >= it.n_rows) continue;
+      const size_t out_row = static_cast<size_t>(it.q0 + row / group) * p.n_q_heads + it.kvh * group + row % group;
+      *reinterpret_cast<uint4*>(p.out + out_row * D + ch * 8) =
+          *reinterpret_cast<const uint4*>(q_buf + (ch >> 3) * kQSlab + wgmma::sw128_offset(rr, ch & 7));
+    }
+    // This thread's reads of the staging are done: the producer may refill the buffer.
+    wgmma::mbarrier_arrive(q_empty0 + 8 * qb);
+    ++qi;
+    ++items;
+    clock.mark(kAttnEpilogue);
+  }
+#if MOEBATCH_PHASE_CLOCKS
+  clock.flush(g_attention_phase_totals, items);
+#else
+  (void)items;
+#endif
+}
+
+#endif  // MOEBATCH_WGMMA
+
 }  // namespace
 
 // Where prefill takes this kernel. head_dim 128: a block has its SM to itself (225 KB of shared
@@ -385,6 +750,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 // overlap nothing; with one key tile per block (no context longer than 128 keys) that costs more
 // than the faster MMAs save — 64 prompts of 128 tokens 127.8 µs against mma.sync's 110.3,
 // 8 × 512 101.2 against 129.9 (bench/RESULTS.md, 2026-12-03) — so such steps stay on mma.sync.
+// (Measured on the kernel of a block per row tile; the persistent form that now takes head_dim
+// 128 overlaps both, which may move this bound.)
 // head_dim 256: the alternative is the CUDA-core kernel, so every prefill.
 bool prefill_on_wgmma(const AttentionParams& p) {
   if (p.prefill_kernel == AttentionPrefillKernel::mma_sync) return false;
@@ -415,11 +782,26 @@ void launch(const AttentionParams& p, cudaStream_t stream) {
   constexpr int64_t kSlotExtent = (int64_t{1} << 31) - 1;
   const CUtensorMap k_map = tensor_map_3d_bf16(p.k_cache, kSlotExtent, p.n_kv_heads, D, p.block_size);
   const CUtensorMap v_map = tensor_map_3d_bf16(p.v_cache, kSlotExtent, p.n_kv_heads, D, p.block_size);
-  // Above the 48 KB default; set per launch, as attributes are per device.
-  const auto kernel = attention_prefill_wgmma_kernel<D>;
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tiles<D>::kSmemBytes));
-  launch_dependent(kernel, dim3(p.n_kv_heads, static_cast<unsigned>(row_tiles), p.num_seqs), kThreads,
-                   Tiles<D>::kSmemBytes, stream, p, k_map, v_map);
+  if constexpr (D == 128) {
+    // Persistent: one block per SM (AttentionParams::max_blocks caps it for tests) walking the
+    // (sequence, row tile, kv head) items, those past a sequence's rows included (skipped).
+    const int64_t items = row_tiles * p.n_kv_heads * p.num_seqs;
+    MB_CHECK(items < (int64_t{1} << 31) - (int64_t{1} << 20), "attention: too many row tiles for one launch");
+    int device = 0, sms = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    const int blocks = static_cast<int>(std::min<int64_t>(p.max_blocks > 0 ? std::min(sms, p.max_blocks) : sms, items));
+    const auto kernel = attention_prefill_persistent_kernel;
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Persist::kSmemBytes));
+    launch_dependent(kernel, dim3(blocks), kPersistThreads, Persist::kSmemBytes, stream, p,
+                     static_cast<int>(row_tiles), k_map, v_map);
+  } else {
+    // Above the 48 KB default; set per launch, as attributes are per device.
+    const auto kernel = attention_prefill_wgmma_kernel<D>;
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tiles<D>::kSmemBytes));
+    launch_dependent(kernel, dim3(p.n_kv_heads, static_cast<unsigned>(row_tiles), p.num_seqs), kThreads,
+                     Tiles<D>::kSmemBytes, stream, p, k_map, v_map);
+  }
   CUDA_CHECK_LAST();
 }
 

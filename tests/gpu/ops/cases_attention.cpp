@@ -81,6 +81,7 @@ class AttentionCase final : public OpCase {
     p_.workspace = ws_.get();
     p_.cluster_merge = s_.cluster_merge;
     if (s_.mma_sync) p_.prefill_kernel = kernels::AttentionPrefillKernel::mma_sync;
+    p_.max_blocks = s_.max_blocks;
     if (s_.fused_rope) setup_rope(env, rng);
   }
 
@@ -344,7 +345,7 @@ OpCaseDef attention_case(const AttentionShape& s) {
              "attention case: every sequence needs kv_len >= q_len >= 1 (or an empty context of a "
              "decode token)");
   }
-  MB_CHECK(s.block_size > 0 && s.kv_bound >= 0, "attention case: bad block size or kv bound");
+  MB_CHECK(s.block_size > 0 && s.kv_bound >= 0 && s.max_blocks >= 0, "attention case: bad block size, kv bound or block cap");
   MB_CHECK(!s.fused_rope || (s.decode && s.q_pad % 8 == 0), "attention case: the fused rope is a decode case with 16-byte rows");
   const std::string shape =
       "d" + std::to_string(s.head_dim) + " q" + std::to_string(s.n_q_heads) + "/kv" +
@@ -353,6 +354,7 @@ OpCaseDef attention_case(const AttentionShape& s) {
       (s.splits == kSplitsAuto ? std::string("auto") : std::to_string(s.splits)) +
       (s.kv_bound > 0 ? " bound " + std::to_string(s.kv_bound) : "") +
       (s.block_size != 16 ? " block " + std::to_string(s.block_size) : "") + (s.mma_sync ? " mma_sync" : "") +
+      (s.max_blocks > 0 ? " blocks" + std::to_string(s.max_blocks) : "") +
       (s.fused_rope ? (s.rope_norm ? " fused_rope" : " fused_rope no_norm") : "") +
       (s.cluster_merge ? " cluster_merge" : "");
   return op_case_def<AttentionCase>(s.decode ? "attn_decode" : "attn_prefill", shape, OpFamily::attention, 5e-3, s);

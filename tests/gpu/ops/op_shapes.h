@@ -102,6 +102,9 @@ struct AttentionShape {
   int block_size = 16;  ///< cache block (the decode kernels step 16 keys in one block
                         ///< when it divides by 16, else look up every key)
   bool mma_sync = false;  ///< prefill off the wgmma kernel (AttentionPrefillKernel::mma_sync)
+  /// AttentionParams::max_blocks (prefill at head_dim 128 on Hopper: the persistent kernel on at
+  /// most this many blocks, so that each walks many work items); names the row " blocksN".
+  int max_blocks = 0;
   /// Decode with AttentionParams::fused_rope (the warp kernel only: >= kWarpDecodeMinUnits
   /// (sequence, kv head) pairs, one split): q and the new tokens' k / v come raw in fused qkv
   /// rows (q_pad after them), normalised (with rope_norm) and rotated by the kernel, which also

@@ -113,6 +113,19 @@ std::vector<OpCaseDef> op_cases_test() {
     t.push_back(attention_case({.head_dim = 128, .n_q_heads = 8, .n_kv_heads = 8, .q_lens = {513, 64},
                                 .kv_lens = {600, 900}, .block_size = 32, .mma_sync = mma_sync}));
   }
+  // The same on the persistent head_dim-128 wgmma kernel capped at 1 and 3 blocks
+  // (AttentionParams::max_blocks), so that a block walks many work items and its Q buffers, K/V
+  // rings and barrier phases wrap across them: partial last cache blocks, row tiles past a short
+  // sequence's rows (skipped items: the decode token's, the 16-token sequence's), a warpgroup
+  // without rows, warpgroups a tile apart.
+  for (int blocks : {1, 3}) {
+    t.push_back(attention_case({.head_dim = 128, .n_q_heads = 32, .n_kv_heads = 4, .q_lens = {700, 129, 1, 300},
+                                .kv_lens = {700, 1000, 40, 333}, .max_blocks = blocks}));
+    t.push_back(attention_case({.head_dim = 128, .n_q_heads = 16, .n_kv_heads = 4, .q_lens = {144, 16},
+                                .kv_lens = {400, 16}, .block_size = 8, .max_blocks = blocks}));
+    t.push_back(attention_case({.head_dim = 128, .n_q_heads = 8, .n_kv_heads = 8, .q_lens = {513, 64},
+                                .kv_lens = {600, 900}, .block_size = 32, .max_blocks = blocks}));
+  }
   t.push_back(attention_case({.head_dim = 64, .n_q_heads = 16, .n_kv_heads = 4, .q_lens = {130, 7}, .kv_lens = {130, 71}}));
   t.push_back(attention_case({.head_dim = 32, .n_q_heads = 8, .n_kv_heads = 4, .q_lens = {50, 3}, .kv_lens = {50, 40}}));
   t.push_back(attention_case({.head_dim = 16, .n_q_heads = 8, .n_kv_heads = 4, .q_lens = {17, 33}, .kv_lens = {17, 33}}));
