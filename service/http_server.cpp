@@ -413,6 +413,11 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
 
   // While a reply is pending, wait for the socket to become readable: with nothing to read it
   // means the peer closed (or reset) the connection. Pipelined bytes end the watch instead.
+  // A download (a body of known length) is the exception: a client may shut its sending side
+  // once its request is out (`curl --no-keepalive` over some proxies, `nc -N`) and still read,
+  // so there the end of its input only ends keep-alive; a client truly gone fails the next
+  // write. A pending job's reply or event stream still ends at the end of input: nothing
+  // would be written to find out for a long while, and the job is cancelled at once.
   void watch(uint64_t gen) {
     stream_.socket().async_wait(tcp::socket::wait_read,
                                 [self = shared_from_this(), gen](beast::error_code ec) {
@@ -423,6 +428,10 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
                                   const size_t avail = self->stream_.socket().available(aec);
                                   if (!ec && !aec && avail > 0)
                                     return;  // a pipelined request: stop watching
+                                  if (!ec && !aec && self->sized_ && self->exchange_->streaming()) {
+                                    self->keep_alive_ = false;  // half-closed: finish, then close
+                                    return;
+                                  }
                                   self->client_gone();
                                 });
   }

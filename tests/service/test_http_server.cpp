@@ -513,5 +513,44 @@ TEST(HttpServer, ABodyOfKnownLengthIsWrittenAtTheReadersPace) {
   }
 }
 
+// A client may shut its sending side once the request is out and still read the answer: a
+// download then arrives whole, and the connection closes after it (nothing more can come).
+// A pending exchange that is not a download still counts such a client as gone.
+TEST(HttpServer, AClientThatHalfClosesStillGetsItsDownload) {
+  TestServer ts;
+  std::string expected;
+  for (int i = 0; i < 16; ++i) expected += TestServer::piece(i);
+  {
+    test::HttpClient c(ts.port());
+    net::write(c.socket(), net::buffer(std::string("GET /body/16 HTTP/1.1\r\nHost: x\r\n\r\n")));
+    c.socket().shutdown(net::ip::tcp::socket::shutdown_send);
+    std::this_thread::sleep_for(200ms);  // the server sees the end of input before any read
+    std::string reply;
+    boost::system::error_code ec;
+    net::read(c.socket(), net::dynamic_buffer(reply), ec);
+    EXPECT_EQ(ec, net::error::eof) << "the connection was reset, not closed";
+    const RawResponse r = first_response(reply);
+    EXPECT_EQ(r.status_line, "HTTP/1.1 200 OK");
+    EXPECT_TRUE(r.body == expected) << r.body.size() << " of " << expected.size();
+    EXPECT_TRUE(r.rest.empty());
+  }
+  {
+    const int before = ts.disconnects.load();
+    test::HttpClient c(ts.port());
+    net::write(c.socket(),
+               net::buffer(std::string("POST /park HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")));
+    ASSERT_TRUE(test::wait_until(
+        [&] {
+          bool have = false;
+          ts.on_io([&] { have = ts.parked != nullptr; });
+          return have;
+        },
+        5s));
+    c.socket().shutdown(net::ip::tcp::socket::shutdown_send);
+    EXPECT_TRUE(test::wait_until([&] { return ts.disconnects.load() > before; }, 5s));
+  }
+  EXPECT_EQ(test::http_request(ts.port(), "GET", "/open").status, 200);
+}
+
 }  // namespace
 }  // namespace moebatch
