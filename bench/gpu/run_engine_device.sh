@@ -21,7 +21,8 @@
 #   the engine tests, the kernel rows matching EXPERT_ROWS (default moe_wgmma: bf16 and W8A8) and
 #   the 30B engine benchmark (decode batches EXPERT_BATCHES, default 1,64,256) with each weight
 #   format of EXPERT_QUANT (default none, e.g. "none fp8"); EXPERT_TESTS=0 skips the tests;
-#   EXPERT_SMOKE: a gtest filter of op cases run first under a 60 s limit, stopping on failure.
+#   EXPERT_SMOKE: a gtest filter of op cases run first under a limit (SMOKE_TIMEOUT s, default 60),
+#   stopping on failure.
 # `decode`: the decode step's op cases (moe_gemv, decode attention, router, rope, combine), the
 #   engine tests, batch 1 / 256 for each of DECODE_VARIANTS (default: default combine default
 #   combine; also unfused = --disable-fused-rope, combine = --combine-norm-in-qkv,
@@ -248,7 +249,7 @@ fi
 if [ "$WHAT" = experts ]; then
   echo "built at $(date +%T)"
   if [ -n "${EXPERT_SMOKE:-}" ]; then  # a new kernel's own op cases first, a hang cut short
-    timeout 60 ./build-dev/moebatch_gpu_tests --gtest_filter="$EXPERT_SMOKE" > "$OUT/smoke_tests.log" 2>&1
+    timeout "${SMOKE_TIMEOUT:-60}" ./build-dev/moebatch_gpu_tests --gtest_filter="$EXPERT_SMOKE" > "$OUT/smoke_tests.log" 2>&1
     rc=$?; echo "smoke tests rc=$rc"; grep -E "FAIL|^\[  PASSED|^\[==" "$OUT/smoke_tests.log" | head -20
     [ $rc = 0 ] || exit 1
   fi
