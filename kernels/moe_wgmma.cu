@@ -1,8 +1,7 @@
-// Grouped expert GEMM on wgmma (kernels/moe_wgmma.cuh). Tiles of one expert's output — 256 rows
-// × 192 columns (wide) or 128 × 256 (narrow; MoeWgmmaParams::wide_tiles) — one persistent block
-// per SM walking them: two math warpgroups, each two 64-row slabs (wide) or one, share the tile's
-// weight rows. k moves through a ring of 3 (wide) or 4 slots of 64-wide slices laid out with the
-// 128-byte swizzle wgmma reads (kernels/wgmma.cuh). Warp-specialized, as
+// Grouped expert GEMM on wgmma (kernels/moe_wgmma.cuh). Tiles of 128 rows × 256 columns of one
+// expert's output, one persistent block per SM walking them: two math warpgroups, each a 64-row
+// slab, share the 256 weight rows. k moves through a ring of 4 slots of 64-wide slices laid out
+// with the 128-byte swizzle wgmma reads (kernels/wgmma.cuh). Warp-specialized, as
 // kernels/moe_wgmma_fp8.cu: a producer warpgroup fills the ring — the weight tile by TMA (its
 // thread 0, two 128-row boxes), the A rows by its 128 threads' cp.async (or, with
 // MoeWgmmaParams::tma_rows, as one more TMA box) — and the math warpgroups only wait, multiply
@@ -22,7 +21,9 @@
 // ff0a0d5 and c3d1050; every warpgroup loaded, so nothing ran ahead under the epilogue), and
 // 128-column tiles with two blocks per SM so that one block's edges run under the other's k loop
 // (commit 5e4031c) — each slower. The warp-specialized form alone (not persistent) measured
-// within noise (session 30; git history at 389a80d).
+// within noise (session 30; git history at 389a80d). Fewer L2 bytes per multiply-add lost each
+// time: B shared by 2-CTA clusters (sessions 30 and 32: +65%, then +7%), and 256 × 192 tiles
+// (session 32, commit 1947e87: gate+up with gather +33%, down +31%, down with TMA rows −2%).
 //
 // Built for sm_90a only (MOEBATCH_WGMMA, set by kernels/CMakeLists.txt); without it the entry
 // points exist and moe_wgmma_available says false.
@@ -44,102 +45,66 @@
 namespace moebatch::kernels {
 namespace {
 
+constexpr int kBM = 128;  // rows per tile: one 64-row slab per math warpgroup
+constexpr int kBN = 256;  // weight rows per tile (gate+up: 128 gate rows and the same 128 up rows)
 constexpr int kWarpgroup = 128;
-constexpr int kMathThreads = 2 * kWarpgroup;          // warpgroups 1 and 2: one slab of rows each
+constexpr int kMathThreads = 2 * kWarpgroup;          // warpgroups 1 and 2: one 64-row slab each
 constexpr int kThreads = kWarpgroup + kMathThreads;   // and the producer, warpgroup 0
+// The block starts at 168 registers a thread (65,536 / 384); the producer gives back to 56 so
+// that the math warpgroups can hold 224 (acc 128 + addressing).
+constexpr int kProducerRegs = 56, kMathRegs = 224;
+static_assert(kProducerRegs + 2 * kMathRegs <= 3 * (65536 / kThreads / 8 * 8), "setmaxnreg budget");
 constexpr int kProducerBarrier = 1;  // named barrier of the producer warpgroup
-// The k ring holds 64-wide slices (one 128-byte swizzled row per tile row).
-constexpr int kBK = 64;
+
+// The k ring: 64-wide slices (one 128-byte swizzled row per tile row) in 4 slots — one computing,
+// one whose MMAs are retiring, the rest landing.
+constexpr int kBK = 64, kStages = 4;
 constexpr int kRowBytes = kBK * 2;
-constexpr int kChunks = kRowBytes / 16;  // 16-byte chunks per tile row
-
-// The two tile shapes (MoeWgmmaParams::wide_tiles). A tile's bytes per multiply-add from L2 are
-// (BM + BN) / (BM · BN): 0.0117 for 128 × 256, 0.0091 for 256 × 192 (−22%). The kernel is
-// bound by L2 bandwidth at 128 × 256 (ncu: 83.7% of L2 throughput, bench/RESULTS.md session
-// 30), and the register file bounds the tile: 256 × 256 would need 256 accumulators a thread.
-//   Narrow: 128 rows × 256 columns; each math warpgroup one 64-row slab (128 accumulators), a
-//   ring of 4 slots of 48 KB.
-//   Wide: 256 rows × 192 columns (gate+up: 96 gate and the same 96 up columns); each math
-//   warpgroup two 64-row slabs (192 accumulators), a ring of 3 slots of 56 KB.
-struct NarrowTile {
-  static constexpr int kBM = 128, kBN = 256, kSlabs = 1, kStages = 4;
-  static constexpr int kPieceCols = 64;  // output columns a warp stages at a time
-  // The block starts at 168 registers a thread (65,536 / 384); the producer gives back to 56 so
-  // that the math warpgroups can hold 224 (acc 128 + addressing).
-  static constexpr int kProducerRegs = 56, kMathRegs = 224;
-};
-struct WideTile {
-  static constexpr int kBM = 256, kBN = 192, kSlabs = 2, kStages = 3;
-  static constexpr int kPieceCols = 96;
-  static constexpr int kProducerRegs = 40, kMathRegs = 232;  // acc 192 + addressing
-};
-
-template <class Tile>
-struct TileLayout {
-  static constexpr int kBM = Tile::kBM, kBN = Tile::kBN, kSlabs = Tile::kSlabs, kStages = Tile::kStages;
-  static constexpr int kWgRows = 64 * kSlabs;   // rows per math warpgroup
-  static constexpr int kAcc = kBN / 2;          // accumulators per thread and 64-row slab
-  // The producer's A copies: each thread copies kGroup adjacent 16-byte chunks of a row (wide:
-  // 32 bytes, one L2 sector), kPasses rows of the tile a slice.
-  static constexpr int kGroup = kBM / 128;
-  static constexpr int kRowsPerPass = kWarpgroup * kGroup / kChunks;
-  static constexpr int kPasses = kBM / kRowsPerPass;
-  static constexpr int kATile = kBM * kRowBytes;  // bytes; multiples of 1024 keep every tile aligned
-  static constexpr int kBTile = kBN * kRowBytes;
-  static constexpr int kStageBytes = kATile + kBTile;  // narrow 48 KB, wide 56 KB
-  static constexpr int kRingBytes = kStages * kStageBytes;
-  // Output staging beside the ring, so that the producer can refill the ring for the next tile
-  // while the math warpgroups write this one's: the ring leaves no room for a whole output tile,
-  // so each math warp stages its own 16 rows of a slab a piece of kPieceCols columns at a time
-  // (padded by 16 bytes against bank conflicts) and stores them itself: no barrier between warps.
-  static constexpr int kPieceCols = Tile::kPieceCols;
-  static constexpr int kPiecePitch = kPieceCols * 2 + 16;
-  static constexpr int kStagingBytes = kMathThreads / 32 * 16 * kPiecePitch;
-  static constexpr int kSmemBytes = kRingBytes + kStagingBytes + 1024;  // + slack to align the ring
-  static_assert(kATile % 1024 == 0 && kBTile / 2 % 1024 == 0, "tiles and boxes stay aligned to the swizzle atoms");
-  static_assert(kSmemBytes <= 227 * 1024 - 256, "one block's shared memory (and the static barriers)");
-  static_assert(Tile::kProducerRegs + 2 * Tile::kMathRegs <= 3 * (65536 / kThreads / 8 * 8), "setmaxnreg budget");
-  static_assert(kPasses * kRowsPerPass == kBM && kChunks % kGroup == 0, "the A copies cover the tile");
-  static_assert((kBN / 2) % kPieceCols == 0 && kBN % kPieceCols == 0, "pieces cover a tile's output columns");
-};
+constexpr int kChunks = kRowBytes / 16;             // 16-byte chunks per tile row
+constexpr int kRowsPerPass = kWarpgroup / kChunks;  // A rows one cp.async of each producer thread covers
+constexpr int kPasses = kBM / kRowsPerPass;
+constexpr int kATile = kBM * kRowBytes;             // bytes; multiples of 1024 keep every tile aligned
+constexpr int kBTile = kBN * kRowBytes;
+constexpr int kStageBytes = kATile + kBTile;        // 48 KB
+constexpr int kRingBytes = kStages * kStageBytes;   // 192 KB
+// Output staging beside the ring, so that the producer can refill the ring for the next tile
+// while the math warpgroups write this one's. The ring and the 1 KB alignment slack leave 34 KB
+// of a block's 227: down's 128 × 256 bf16 tile (64 KB) does not fit, and gate+up's 128 × 128
+// (32 KB, 34 KB with the rows padded against bank conflicts) would only unpadded and then needs
+// both math warpgroups to meet twice a tile. Instead each math warp stages its own 16 rows a
+// 64-column quarter at a time (2.25 KB a warp, 18 KB in all; 2 quarters a gate+up tile, 4 a down
+// tile) and stores them itself: no barrier between warps, as moe_wgmma_fp8's down stage.
+constexpr int kQuarterCols = 64;
+constexpr int kQuarterPitch = kQuarterCols * 2 + 16;  // bytes: 64 bf16 columns and 16 of padding
+constexpr int kStagingBytes = kMathThreads / 32 * 16 * kQuarterPitch;
+constexpr int kSmemBytes = kRingBytes + kStagingBytes + 1024;  // + slack to align the ring to 1024
+static_assert(kATile % 1024 == 0 && kBTile % 1024 == 0, "tiles stay aligned to the swizzle atoms");
+static_assert(kSmemBytes <= 227 * 1024 - 256, "one block's shared memory (and the static barriers)");
 
 #if MOEBATCH_WGMMA
 
+/// One tile of a block's walk, handed from the producer to the math warpgroups.
 #if MOEBATCH_PHASE_CLOCKS
 // The phase totals of every tile's math warpgroups since the last moe_wgmma_take_phase_clocks
 // (diagnostic builds only: kernels/phase_clock.cuh).
 __device__ unsigned long long g_phase_totals[kWgmmaPhases + 1];
 #endif
 
-/// One 64-row slab's MMAs of a 16-wide k step: d [64 × kBN] (+)= A · Bᵀ.
-template <int kBN>
-__device__ __forceinline__ void mma_slab(float (&d)[kBN / 2], uint64_t desc_a, uint64_t desc_b) {
-  if constexpr (kBN == 256)
-    wgmma::mma_m64n256k16(d, desc_a, desc_b, 1);
-  else
-    wgmma::mma_m64n192k16(d, desc_a, desc_b, 1);
-}
-
 // Persistent: block b takes the walk's tiles b, b + G, … (G = gridDim.x; tile w is row tile
 // w / n_tiles, column tile w % n_tiles) until the row tiles end.
-// kTmaRows (MoeWgmmaParams::tma_rows): A's rows come as one TMA box like the weights, rows past
-// the tile's own (the next expert's, or zeros past rows_cap) only feeding output rows that are
-// never stored; no thread copies anything.
-template <class Tile, bool kSilu, bool kTmaRows>
+// kTmaRows (MoeWgmmaParams::tma_rows): A's 128 rows come as one TMA box like the weights, rows
+// past the tile's own (the next expert's, or zeros past rows_cap) only feeding output rows that
+// are never stored; no thread copies anything.
+template <bool kSilu, bool kTmaRows>
 __global__ void __launch_bounds__(kThreads, 1)
     moe_wgmma_kernel(MoeWgmmaParams p, int n_tiles, int64_t walk_len, const __grid_constant__ CUtensorMap weight_map,
                      const __grid_constant__ CUtensorMap rows_map) {
-  using L = TileLayout<Tile>;
-  constexpr int kBM = L::kBM, kBN = L::kBN, kStages = L::kStages, kSlabs = L::kSlabs;
-  constexpr int kATile = L::kATile, kBTile = L::kBTile, kStageBytes = L::kStageBytes;
-  constexpr int kPasses = L::kPasses, kRowsPerPass = L::kRowsPerPass, kGroup = L::kGroup;
-  constexpr int kPieceCols = L::kPieceCols, kPiecePitch = L::kPiecePitch, kAcc = L::kAcc;
   extern __shared__ uint8_t smem_raw[];
   PhaseClock<kWgmmaPhases> clock;
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
-  uint8_t* staging = smem + L::kRingBytes;  // the math warps' output pieces
+  uint8_t* staging = smem + kRingBytes;  // the math warps' output quarters
   const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  const int wg = threadIdx.x >> 7;  // 0: the producer; 1, 2: rows [kWgRows·(wg − 1), kWgRows·wg) of a tile
+  const int wg = threadIdx.x >> 7;  // 0: the producer; 1, 2: rows [64·(wg − 1), 64·wg) of a tile
   const int half = p.n / 2;         // kSilu: gate rows [0, half), up rows [half, n)
   const int kt_count = (p.k + kBK - 1) / kBK;
 
@@ -159,14 +124,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (wg == 0) {
     // ---- the producer ----
-    wgmma::setmaxnreg_dec<Tile::kProducerRegs>();
+    wgmma::setmaxnreg_dec<kProducerRegs>();
     // TMA rows: warp 0 finds the tiles and thread 0 loads everything. Threads that arrive on no
     // full barrier must never wait on an empty one — nothing holds the ring back for them, so it
     // could run two phases past one (a parity wait would then hang): warp 0's other lanes walk
     // the tiles with thread 0 (find_moe_tile needs the whole warp) but skip the slices, and the
     // other warps leave at once.
     if (kTmaRows && threadIdx.x >= 32) return;
-    const int chunk0 = threadIdx.x % (kChunks / kGroup) * kGroup, row_in_pass = threadIdx.x / (kChunks / kGroup);
+    const int chunk = threadIdx.x % kChunks, row_in_pass = threadIdx.x / kChunks;
     int s = 0;  // the block's slice count
     for (int i = 0;; ++i) {
       const int e = i & 1;
@@ -181,8 +146,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int n_tile = info[e].n_tile;
       if (kTmaRows && threadIdx.x != 0) continue;
 
-      // Thread 0 brings the weight tile by TMA: two boxes of kBN / 2 rows (the gate and the up
-      // rows with SiLU), and with kTmaRows the slice's rows as one more box.
+      // Thread 0 brings the weight tile by TMA: two boxes of 128 rows (the gate and the up rows
+      // with SiLU), and with kTmaRows the slice's rows as one more box.
       const int expert_row0 = t.expert * p.n;  // the expert's first row in the weight map
       const int box_row0 = expert_row0 + (kSilu ? n_tile * (kBN / 2) : n_tile * kBN);
       const int box_row1 = expert_row0 + (kSilu ? half + n_tile * (kBN / 2) : n_tile * kBN + kBN / 2);
@@ -200,10 +165,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (threadIdx.x == 0)
         for (int kt = 0; kt < early; ++kt) load_weights(kt, (s + kt) % kStages);
 
-      // Each thread copies 16-byte chunks chunk0 .. chunk0 + kGroup - 1 of A's tile rows
-      // row_in_pass + kRowsPerPass·i; a_src[i] is the row of `in` that A row i holds, -1 for zeros
-      // (past the segment, padding pairs). Rows a weight box reads past the expert's own (a
-      // partial last tile) only feed output columns that are never stored.
+      // Each thread copies 16-byte chunk `chunk` of A's tile rows row_in_pass + kRowsPerPass·i;
+      // a_src[i] is the row of `in` that A row i holds, -1 for zeros (past the segment, padding
+      // pairs). Rows a weight box reads past the expert's own (a partial last tile) only feed
+      // output columns that are never stored.
       int a_src[kPasses];
       if constexpr (!kTmaRows) {
         // every id is loaded before the first row_of_pair store, which the compiler must
@@ -221,7 +186,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (p.sorted_ids && row_in_tile < t.rows) {
             const bool real = id[r] >= 0 && id[r] < p.num_pairs;
             a_src[r] = real ? id[r] / p.in_row_div : -1;
-            if (real && p.row_of_pair && n_tile == 0 && chunk0 == 0) p.row_of_pair[id[r]] = row;
+            if (real && p.row_of_pair && n_tile == 0 && chunk == 0) p.row_of_pair[id[r]] = row;
           }
         }
       }
@@ -232,16 +197,14 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (threadIdx.x == 0) load_weights(kt, slot);
         }
         if constexpr (!kTmaRows) {
+          const int col = kt * kBK + chunk * 8;
           uint8_t* a_tile = smem + slot * kStageBytes;
 #pragma unroll
-          for (int r = 0; r < kPasses; ++r)
-#pragma unroll
-            for (int g = 0; g < kGroup; ++g) {
-              const int col = kt * kBK + (chunk0 + g) * 8;
-              const bool ok = col < p.k && a_src[r] >= 0;
-              const bf16* src = ok ? p.in + static_cast<size_t>(a_src[r]) * p.k + col : p.in;
-              cp_async16(a_tile + wgmma::sw128_offset(row_in_pass + kRowsPerPass * r, chunk0 + g), src, ok ? 16 : 0);
-            }
+          for (int r = 0; r < kPasses; ++r) {
+            const bool ok = col < p.k && a_src[r] >= 0;
+            const bf16* src = ok ? p.in + static_cast<size_t>(a_src[r]) * p.k + col : p.in;
+            cp_async16(a_tile + wgmma::sw128_offset(row_in_pass + kRowsPerPass * r, chunk), src, ok ? 16 : 0);
+          }
           wgmma::cp_async_mbarrier_arrive(full0 + slot * 8);
         }
       }
@@ -254,13 +217,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // ---- the math warpgroups ----
-  wgmma::setmaxnreg_inc<Tile::kMathRegs>();
+  wgmma::setmaxnreg_inc<kMathRegs>();
   const int slab = wg - 1, math_thread = threadIdx.x - kWarpgroup;
-  const int lane = threadIdx.x & 31, warp = math_thread >> 5;  // warp w: rows [16(w % 4), +16) of each of its slabs
+  const int lane = threadIdx.x & 31, warp = math_thread >> 5;  // warp w: tile rows [16w, 16w + 16)
   const int c0 = 2 * (lane & 3);  // this thread's accumulator columns 8j + c0, + 1 (kernels/wgmma.cuh)
-  uint8_t* piece = staging + warp * 16 * kPiecePitch;
+  uint8_t* quarter = staging + warp * 16 * kQuarterPitch;
   const int tile_cols = kSilu ? kBN / 2 : kBN, out_cols = kSilu ? half : p.n;
-  float acc[kSlabs][kAcc];
+  float acc[128];
   int s = 0;  // the block's slice count, as the producer's
   unsigned tiles = 0;
   for (int i = 0;; ++i) {
@@ -269,17 +232,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     const MoeTile& t = ti.tile;
     const int n_tile = ti.n_tile;
 #pragma unroll
-    for (int h = 0; h < kSlabs; ++h)
-#pragma unroll
-      for (int j = 0; j < kAcc; ++j) acc[h][j] = 0.f;
+    for (int j = 0; j < 128; ++j) acc[j] = 0.f;
     clock.mark(kWgmmaTile);
 
-    // This warpgroup's rows of the tile: a warpgroup whose rows lie wholly past the tile's (an
-    // expert's last tile) multiplies nothing: it only releases each slice once it has landed (so
-    // that its arrivals stay in that slice's phase), leaving the tensor cores to the other one.
-    // Both slabs multiply even when the rows end in the first: an MMA under a condition makes
-    // ptxas serialize every wgmma of the loop (C7520).
-    if (t.rows > slab * L::kWgRows) {
+    // A math warpgroup whose 64-row slab lies wholly past the tile's rows (an expert's last tile
+    // of ≤ 64 rows) multiplies nothing: it only releases each slice once it has landed (so that
+    // its arrivals stay in that slice's phase), leaving the tensor cores to the other warpgroup.
+    if (slab * (kBM / 2) < t.rows) {
       // Iteration kt issues slice kt's MMAs, waits for slice kt - 1's (wait<1>: kt's may still
       // run) and releases that slot; the last slice's after the loop.
       for (int kt = 0; kt < kt_count; ++kt, ++s) {
@@ -288,37 +247,26 @@ __global__ void __launch_bounds__(kThreads, 1)
         clock.mark(kWgmmaFullWait);
         // A's copies were made by the generic proxy; the tensor cores read through the async one
         if constexpr (!kTmaRows) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        // A 16-wide k step is 32 bytes on in both tiles, the second slab's rows 8 KB on: added to
-        // the descriptors' address field (16-byte units; shared addresses never carry out of it),
-        // so that no descriptor is formed per MMA.
-        const uint64_t desc_a = wgmma::smem_desc_sw128(smem_addr + slot * kStageBytes + slab * (kATile / 2));
-        const uint64_t desc_b = wgmma::smem_desc_sw128(smem_addr + slot * kStageBytes + kATile);
+        const uint32_t a_addr = smem_addr + slot * kStageBytes + slab * (kATile / 2);
+        const uint32_t b_addr = smem_addr + slot * kStageBytes + kATile;
 #pragma unroll
-        for (int h = 0; h < kSlabs; ++h)
-#pragma unroll
-          for (int j = 0; j < kAcc; ++j) wgmma::fence_operand(acc[h][j]);
+        for (int j = 0; j < 128; ++j) wgmma::fence_operand(acc[j]);
         wgmma::fence();
 #pragma unroll
-        for (int kk = 0; kk < kBK / 16; ++kk) {
-          mma_slab<kBN>(acc[0], desc_a + kk * (32 >> 4), desc_b + kk * (32 >> 4));
-          if constexpr (kSlabs == 2)
-            mma_slab<kBN>(acc[1], desc_a + (64 * kRowBytes + kk * 32) / 16, desc_b + kk * (32 >> 4));
-        }
+        for (int kk = 0; kk < kBK / 16; ++kk)
+          wgmma::mma_m64n256k16(acc, wgmma::smem_desc_sw128(a_addr + kk * 32),
+                                wgmma::smem_desc_sw128(b_addr + kk * 32), 1);
         wgmma::commit();
         clock.mark(kWgmmaMmaIssue);
 #pragma unroll
-        for (int h = 0; h < kSlabs; ++h)
-#pragma unroll
-          for (int j = 0; j < kAcc; ++j) wgmma::fence_operand(acc[h][j]);
+        for (int j = 0; j < 128; ++j) wgmma::fence_operand(acc[j]);
         wgmma::wait<1>();
         clock.mark(kWgmmaMmaWait);
         if (kt > 0) wgmma::mbarrier_arrive(empty0 + ((s - 1) % kStages) * 8);
       }
       wgmma::wait<0>();
 #pragma unroll
-      for (int h = 0; h < kSlabs; ++h)
-#pragma unroll
-        for (int j = 0; j < kAcc; ++j) wgmma::fence_operand(acc[h][j]);
+      for (int j = 0; j < 128; ++j) wgmma::fence_operand(acc[j]);
       wgmma::mbarrier_arrive(empty0 + ((s - 1) % kStages) * 8);
       clock.mark(kWgmmaDrain);
     } else {
@@ -330,48 +278,41 @@ __global__ void __launch_bounds__(kThreads, 1)
       clock.mark(kWgmmaFullWait);
     }
 
-    // Accumulators → bf16 (silu(gate)·up with SiLU), a kPieceCols-column piece of the warp's 16
-    // rows at a time through its staging, then 16-byte row chunks out. Gate+up's columns past
-    // `half` (a partial last tile) hold what the gate box read past the gate rows: never stored.
-    // A warp whose rows all lie past the tile's has nothing to store.
-    const int col0_bytes = n_tile * tile_cols * 2, out_bytes = out_cols * 2;
+    // Accumulators → bf16 (silu(gate)·up with SiLU), a 64-column quarter of the warp's 16 rows at
+    // a time through its staging, then 16-byte row chunks out. Gate+up's columns past `half` (a
+    // partial last tile) hold what the gate box read past the gate rows: never stored. A warp
+    // whose rows all lie past the tile's has nothing to store.
+    if (16 * warp < t.rows) {
+      const int col0_bytes = n_tile * tile_cols * 2, out_bytes = out_cols * 2;
 #pragma unroll
-    for (int h = 0; h < kSlabs; ++h) {
-      const int row0 = slab * L::kWgRows + 64 * h + 16 * (warp & 3);  // the warp's first row in the tile
-      if (row0 >= t.rows) continue;
+      for (int q = 0; q < tile_cols / kQuarterCols; ++q) {
 #pragma unroll
-      for (int q = 0; q < tile_cols / kPieceCols; ++q) {
-#pragma unroll
-        for (int j = 0; j < kPieceCols / 8; ++j) {
-          const int a = 4 * (kPieceCols / 8 * q + j);  // accumulators of columns kPieceCols·q + 8j + c0, + 1
-          __nv_bfloat162 v0, v1;                        // rows lane / 4 and lane / 4 + 8 of the warp's
-          const float* d = acc[h];
+        for (int j = 0; j < kQuarterCols / 8; ++j) {
+          const int a = 4 * (kQuarterCols / 8 * q + j);  // accumulators of columns 64q + 8j + c0, + 1
+          __nv_bfloat162 v0, v1;                           // rows lane / 4 and lane / 4 + 8 of the warp's
           if constexpr (kSilu) {
             const int u = a + 4 * (kBN / 16);  // the up columns' accumulators
-            v0 = __floats2bfloat162_rn(silu_fast(d[a]) * d[u], silu_fast(d[a + 1]) * d[u + 1]);
-            v1 = __floats2bfloat162_rn(silu_fast(d[a + 2]) * d[u + 2], silu_fast(d[a + 3]) * d[u + 3]);
+            v0 = __floats2bfloat162_rn(silu_fast(acc[a]) * acc[u], silu_fast(acc[a + 1]) * acc[u + 1]);
+            v1 = __floats2bfloat162_rn(silu_fast(acc[a + 2]) * acc[u + 2], silu_fast(acc[a + 3]) * acc[u + 3]);
           } else {
-            v0 = __floats2bfloat162_rn(d[a], d[a + 1]);
-            v1 = __floats2bfloat162_rn(d[a + 2], d[a + 3]);
+            v0 = __floats2bfloat162_rn(acc[a], acc[a + 1]);
+            v1 = __floats2bfloat162_rn(acc[a + 2], acc[a + 3]);
           }
-          *reinterpret_cast<__nv_bfloat162*>(&piece[(lane >> 2) * kPiecePitch + (8 * j + c0) * 2]) = v0;
-          *reinterpret_cast<__nv_bfloat162*>(&piece[((lane >> 2) + 8) * kPiecePitch + (8 * j + c0) * 2]) = v1;
+          *reinterpret_cast<__nv_bfloat162*>(&quarter[(lane >> 2) * kQuarterPitch + (8 * j + c0) * 2]) = v0;
+          *reinterpret_cast<__nv_bfloat162*>(&quarter[((lane >> 2) + 8) * kQuarterPitch + (8 * j + c0) * 2]) = v1;
         }
         __syncwarp();
-        // 16 rows × kPieceCols / 8 chunks of 16 bytes
-        // (the wide tile's 6 a lane one at a time: unrolled, their addresses spill at 232 registers)
-        constexpr int kPieceChunks = kPieceCols / 8, kLaneChunks = 16 * kPieceChunks / 32;
-        constexpr int kStoreUnroll = kSlabs == 1 ? kLaneChunks : 1;
-#pragma unroll kStoreUnroll
-        for (int c = 0; c < kLaneChunks; ++c) {
-          const int chunk = lane + 32 * c, row = chunk / kPieceChunks, cc = chunk % kPieceChunks;
-          const int col_bytes = col0_bytes + q * kPieceCols * 2 + cc * 16;
-          if (row0 + row < t.rows && col_bytes < out_bytes)
+        // 16 rows × 8 chunks of 16 bytes, 4 a lane
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int chunk = lane + 32 * c, row = chunk >> 3;
+          const int col_bytes = col0_bytes + q * kQuarterCols * 2 + (chunk & 7) * 16;
+          if (16 * warp + row < t.rows && col_bytes < out_bytes)
             *reinterpret_cast<uint4*>(reinterpret_cast<uint8_t*>(p.out) +
-                                      static_cast<size_t>(t.row0 + row0 + row) * out_bytes + col_bytes) =
-                *reinterpret_cast<const uint4*>(&piece[row * kPiecePitch + cc * 16]);
+                                      static_cast<size_t>(t.row0 + 16 * warp + row) * out_bytes + col_bytes) =
+                *reinterpret_cast<const uint4*>(&quarter[row * kQuarterPitch + (chunk & 7) * 16]);
         }
-        __syncwarp();  // read before the next piece (or tile) overwrites it
+        __syncwarp();  // read before the next quarter (or tile) overwrites it
       }
     }
     clock.mark(kWgmmaEpilogue);
@@ -384,9 +325,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-template <class Tile, bool kSilu, bool kTmaRows>
+template <bool kSilu, bool kTmaRows>
 void launch(const MoeWgmmaParams& p, cudaStream_t stream) {
-  constexpr int kBM = Tile::kBM, kBN = Tile::kBN;
   const int out_cols = kSilu ? p.n / 2 : p.n, tile_cols = kSilu ? kBN / 2 : kBN;
   const int n_tiles = (out_cols + tile_cols - 1) / tile_cols;
   const int64_t walk_len = moe_row_tiles_bound(p.rows_cap, p.num_experts, kBM) * n_tiles;
@@ -400,25 +340,14 @@ void launch(const MoeWgmmaParams& p, cudaStream_t stream) {
       tensor_map_2d(p.weight, TmaElement::Bf16, static_cast<int64_t>(p.num_experts) * p.n, p.k, kBN / 2);
   // without TMA rows the kernel never reads its rows map: the weights' stands in
   const CUtensorMap rows = kTmaRows ? tensor_map_2d(p.in, TmaElement::Bf16, p.rows_cap, p.k, kBM) : map;
-  moe_wgmma_kernel<Tile, kSilu, kTmaRows>
-      <<<blocks, kThreads, TileLayout<Tile>::kSmemBytes, stream>>>(p, n_tiles, walk_len, map, rows);
+  moe_wgmma_kernel<kSilu, kTmaRows><<<blocks, kThreads, kSmemBytes, stream>>>(p, n_tiles, walk_len, map, rows);
   CUDA_CHECK_LAST();
 }
 
-template <class Tile>
 void raise_smem_limits() {
-  for (const auto kernel : {moe_wgmma_kernel<Tile, true, false>, moe_wgmma_kernel<Tile, false, false>,
-                            moe_wgmma_kernel<Tile, true, true>, moe_wgmma_kernel<Tile, false, true>})
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    TileLayout<Tile>::kSmemBytes));
-}
-
-template <class Tile>
-void launch_tile(const MoeWgmmaParams& p, cudaStream_t stream) {
-  if (p.silu_gate_up)
-    p.tma_rows ? launch<Tile, true, true>(p, stream) : launch<Tile, true, false>(p, stream);
-  else
-    p.tma_rows ? launch<Tile, false, true>(p, stream) : launch<Tile, false, false>(p, stream);
+  for (const auto kernel : {moe_wgmma_kernel<true, false>, moe_wgmma_kernel<false, false>,
+                            moe_wgmma_kernel<true, true>, moe_wgmma_kernel<false, true>})
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
 }
 
 #endif  // MOEBATCH_WGMMA
@@ -427,8 +356,7 @@ void launch_tile(const MoeWgmmaParams& p, cudaStream_t stream) {
 
 void moe_wgmma_prepare() {
 #if MOEBATCH_WGMMA
-  raise_smem_limits<NarrowTile>();
-  raise_smem_limits<WideTile>();
+  raise_smem_limits();
   detail::moe_wgmma_fp8_prepare();
   detail::moe_gemm_tma_prepare();
 #endif
@@ -462,7 +390,10 @@ void moe_wgmma(const MoeWgmmaParams& p, cudaStream_t stream) {
   MB_CHECK(aligned16(p.out) && aligned16(p.in) && aligned16(p.weight), "moe_wgmma: operands must be 16-byte aligned");
   if (p.rows_cap == 0) return;
 #if MOEBATCH_WGMMA
-  p.wide_tiles ? launch_tile<WideTile>(p, stream) : launch_tile<NarrowTile>(p, stream);
+  if (p.silu_gate_up)
+    p.tma_rows ? launch<true, true>(p, stream) : launch<true, false>(p, stream);
+  else
+    p.tma_rows ? launch<false, true>(p, stream) : launch<false, false>(p, stream);
 #else
   (void)stream;
   MB_CHECK(false, "moe_wgmma: this build has no sm_90a code (see moe_wgmma_available)");

@@ -44,10 +44,6 @@ struct MoeWgmmaParams {
   /// Blocks of the persistent walk: 0 = one per SM; a few, to give each block many tiles (the
   /// op cases' check of a walk across tiles on small shapes).
   int max_blocks = 0;
-  /// Tiles of 256 rows × 192 columns (each math warpgroup two 64-row slabs), else 128 × 256:
-  /// 22% fewer bytes from L2 per multiply-add (kernels/moe_wgmma.cu). Off until measured on a
-  /// GPU (bench/experiments/README.md says how).
-  bool wide_tiles = false;
 };
 
 /// Inputs per scale group of the W8A8 expert GEMM: FP8 block-128 weights (the checkpoint layout

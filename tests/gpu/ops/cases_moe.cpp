@@ -721,8 +721,7 @@ class SortedExpertGemmCase final : public OpCase {
       kernels::MoeWgmmaParams p{.out = out_.get(), .in = in_.get(), .weight = weight_.get(),
                                 .expert_offsets = routings_[0].offsets.get(), .num_experts = s_.experts,
                                 .n = n(), .k = k(), .rows_cap = cap(), .silu_gate_up = gate(),
-                                .tma_rows = s_.tma_rows, .max_blocks = s_.max_blocks,
-                                .wide_tiles = s_.wide_tiles};
+                                .tma_rows = s_.tma_rows, .max_blocks = s_.max_blocks};
       set_gather(p);
       kernels::moe_wgmma(p, env.stream);
       return;
@@ -968,7 +967,6 @@ OpCaseDef sorted_expert_gemm_case(const SortedExpertGemmShape& s) {
   MB_CHECK(!s.tma_rows || (!s.fp8 && !s.cublas), "sorted expert GEMM case: TMA rows are the bf16 wgmma kernel's");
   MB_CHECK(!(s.tma_rows && s.gather), "sorted expert GEMM case: TMA rows are sorted rows, not gathered");
   MB_CHECK(s.max_blocks == 0 || !s.cublas, "sorted expert GEMM case: a block cap is the wgmma kernels'");
-  MB_CHECK(!s.wide_tiles || (!s.fp8 && !s.cublas), "sorted expert GEMM case: the tile shapes are the bf16 wgmma kernel's");
   const char* stage = s.stage == MoeGemmStage::down ? "down" : "gate_up+silu";
   // fp32 accumulation of bf16 products, one bf16 rounding of the result (SiLU·mul from fp32 on
   // the wgmma path; cuBLAS rounds gate and up to bf16 first, a second rounding): 5e-3.
@@ -976,7 +974,7 @@ OpCaseDef sorted_expert_gemm_case(const SortedExpertGemmShape& s) {
   OpCaseDef d = op_case_def<SortedExpertGemmCase>(
       std::string(s.cublas ? "moe_sorted cuBLAS " : s.fp8 ? "moe_wgmma_fp8 " : "moe_wgmma ") + stage +
           (s.gather ? " gather" : "") + (s.block_scales ? " block-scales" : "") + (s.tma_rows ? " tma-rows" : "") +
-          (s.max_blocks > 0 ? " blocks" + to_string(s.max_blocks) : "") + (s.wide_tiles ? " wide" : ""),
+          (s.max_blocks > 0 ? " blocks" + to_string(s.max_blocks) : ""),
       experts(s.tokens, s.experts, s.top_k, s.hot) + " H" + to_string(s.hidden) + " I" + to_string(s.inter),
       s.cublas ? OpFamily::gemm : OpFamily::moe_gemm, 5e-3, s);
   if (!s.cublas) d.available = &kernels::moe_wgmma_available;

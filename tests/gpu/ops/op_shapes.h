@@ -223,8 +223,6 @@ struct SortedExpertGemmShape {
   /// wgmma only: the persistent kernel's blocks (max_blocks of MoeWgmmaParams and
   /// MoeWgmmaFp8Params; 0 = one per SM)
   int max_blocks = 0;
-  /// bf16 wgmma only: 256 × 192 tiles (MoeWgmmaParams::wide_tiles), not 128 × 256
-  bool wide_tiles = false;
 };
 OpCaseDef sorted_expert_gemm_case(const SortedExpertGemmShape& s);
 

@@ -484,14 +484,11 @@ std::vector<OpCaseDef> op_cases_test() {
       {.tokens = 160, .experts = 128, .top_k = 8, .hidden = 2048, .inter = 768, .hot = 5},
       {.tokens = 10000, .experts = 8, .top_k = 2, .hidden = 64, .inter = 48, .hot = 3},
   };
-  // The wgmma kernel in both tile shapes (128 × 256 and, wide, 256 × 192).
   for (SortedExpertGemmShape s : sorted_shapes)
     for (MoeGemmStage stage : {MoeGemmStage::gate_up_silu, MoeGemmStage::down})
-      for (int kernel : {0, 1, 2}) {  // wgmma, wgmma wide, cuBLAS
-        const bool cublas = kernel == 2;
+      for (bool cublas : {false, true}) {
         s.stage = stage;
         s.cublas = cublas;
-        s.wide_tiles = kernel == 1;
         s.gather = false;
         t.push_back(sorted_expert_gemm_case(s));
         if (!cublas && stage == MoeGemmStage::gate_up_silu) {
@@ -548,16 +545,14 @@ std::vector<OpCaseDef> op_cases_test() {
   // (gate+up) and TMA rows (down), and sorted rows by cp.async on shape 0.
   for (int blocks : {1, 3})
     for (MoeGemmStage stage : {MoeGemmStage::gate_up_silu, MoeGemmStage::down})
-      for (int shape : {0, 2, 3, 4})
-        for (bool wide : {false, true}) {
-          SortedExpertGemmShape s = sorted_shapes[shape];
-          s.stage = stage;
-          s.gather = shape != 0 && stage == MoeGemmStage::gate_up_silu;
-          s.tma_rows = shape != 0 && stage == MoeGemmStage::down;
-          s.max_blocks = blocks;
-          s.wide_tiles = wide;
-          t.push_back(sorted_expert_gemm_case(s));
-        }
+      for (int shape : {0, 2, 3, 4}) {
+        SortedExpertGemmShape s = sorted_shapes[shape];
+        s.stage = stage;
+        s.gather = shape != 0 && stage == MoeGemmStage::gate_up_silu;
+        s.tma_rows = shape != 0 && stage == MoeGemmStage::down;
+        s.max_blocks = blocks;
+        t.push_back(sorted_expert_gemm_case(s));
+      }
   // moe_gemv at every pair count it rounds to (1, 2, 4, 8) with a hot expert holding all tokens;
   // on 4-bit weights those pairs are the tensor-core walk's B columns (sentinels past them)
   for (WeightFormat format : {WeightFormat::bf16, WeightFormat::nvfp4, WeightFormat::int4})
@@ -827,21 +822,16 @@ std::vector<OpCaseDef> op_cases_bench() {
   }
   // Prefill experts (batch column: the tokens): 64 prompts × 128 tokens in one step, as the
   // engine benchmark's prefill; wgmma against the cuBLAS grouped GEMM (+ silu_mul) it replaces.
-  // The wgmma rows in both tile shapes (wide: 256 × 192).
   for (MoeGemmStage stage : {MoeGemmStage::gate_up_silu, MoeGemmStage::down})
-    for (int kernel : {0, 1, 2}) {  // wgmma, wgmma wide, cuBLAS
-      const bool cublas = kernel == 2;
+    for (bool cublas : {false, true})
       add(8192, sorted_expert_gemm_case({.tokens = 8192, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
                                          .stage = stage, .cublas = cublas,
-                                         .gather = !cublas && stage == MoeGemmStage::gate_up_silu,
-                                         .wide_tiles = kernel == 1}));
-    }
+                                         .gather = !cublas && stage == MoeGemmStage::gate_up_silu}));
   // ... and with the sorted rows by TMA (the engine's down stage; gate+up on rows gathered
   // beforehand, which measured slower than gathering in the kernel with the gather's pass added)
   for (MoeGemmStage stage : {MoeGemmStage::gate_up_silu, MoeGemmStage::down})
-    for (bool wide : {false, true})
-      add(8192, sorted_expert_gemm_case({.tokens = 8192, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
-                                         .stage = stage, .tma_rows = true, .wide_tiles = wide}));
+    add(8192, sorted_expert_gemm_case({.tokens = 8192, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
+                                       .stage = stage, .tma_rows = true}));
   for (MoeGemmStage stage : {MoeGemmStage::gate_up_silu, MoeGemmStage::down})
     for (bool block : {false, true})
       add(8192, sorted_expert_gemm_case({.tokens = 8192, .experts = kE, .top_k = kK, .hidden = kH, .inter = kI,
