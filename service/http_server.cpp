@@ -674,13 +674,8 @@ void HttpServer::do_accept() {
       }
     }
     beast::error_code aec;
-    auto peer = socket.remote_endpoint(aec).address();
-    // A dual-stack listener sees IPv4 clients as ::ffff:a.b.c.d; count (and exempt) them as the
-    // IPv4 address they are.
-    if (!aec && peer.is_v6() && peer.to_v6().is_v4_mapped())
-      peer = net::ip::make_address_v4(net::ip::v4_mapped, peer.to_v6());
-    // Loopback is not capped per address: a local proxy brings every client from there.
-    std::string address = aec || peer.is_loopback() ? std::string() : peer.to_string();
+    const auto peer = socket.remote_endpoint(aec).address();
+    std::string address = aec ? std::string() : http_client_group(peer);
     auto session = std::make_shared<HttpSession>(std::move(socket), state_, address);
     if (st.counters.open > st.limits.max_connections) {
       session->reject(/*per_address=*/false);
@@ -692,6 +687,20 @@ void HttpServer::do_accept() {
     }
     if (acceptor_.is_open()) do_accept();
   });
+}
+
+std::string http_client_group(const net::ip::address& address) {
+  auto peer = address;
+  // A dual-stack listener sees IPv4 clients as ::ffff:a.b.c.d; count (and exempt) them as the
+  // IPv4 address they are.
+  if (peer.is_v6() && peer.to_v6().is_v4_mapped())
+    peer = net::ip::make_address_v4(net::ip::v4_mapped, peer.to_v6());
+  // Loopback is not capped per address: a local proxy brings every client from there.
+  if (peer.is_loopback()) return {};
+  if (peer.is_v4()) return peer.to_string();
+  auto bytes = peer.to_v6().to_bytes();
+  std::fill(bytes.begin() + 8, bytes.end(), 0);  // the interface identifier
+  return net::ip::address_v6(bytes).to_string() + "/64";
 }
 
 void HttpServer::accept_failed(const boost::system::error_code& ec) {

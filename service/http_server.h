@@ -12,7 +12,8 @@
 //   that goes away is noticed at once and the exchange's disconnect callback runs (the API
 //   cancels the job).
 // - Limits: at most `max_connections` open connections, and `max_connections_per_address` from
-//   one address other than loopback (beyond either: 503 and close); header size;
+//   one address other than loopback, an IPv6 /64 counting as one (beyond either: 503 and
+//   close); header size;
 //   read, idle and write timeouts, so a slow or silent client cannot hold a connection forever.
 // - Out of descriptors (EMFILE/ENFILE, or kernel buffers): the connection stays in the listen
 //   backlog and accept would fail again at once, so the listener waits `accept_backoff` before
@@ -159,6 +160,12 @@ struct HttpLimits {
   std::chrono::milliseconds accept_backoff{100};  ///< wait after accept ran out of descriptors
   std::chrono::seconds accept_log_every{10};      ///< at most one accept-failure line this often
 };
+
+/// What the per-address cap counts a client as: empty for loopback (not capped); an IPv4 client
+/// (also one a dual-stack listener sees as ::ffff:a.b.c.d) by its address; an IPv6 client by its
+/// /64, the block one host is given and picks its addresses from (privacy addresses rotate within
+/// it), written as the prefix ("2001:db8:0:7::/64").
+std::string http_client_group(const boost::asio::ip::address& peer);
 
 /// Live connection counts, for /metrics and tests.
 struct HttpCounters {

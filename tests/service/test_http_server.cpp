@@ -128,6 +128,12 @@ struct TestServer {
     });
     done.get_future().wait();
   }
+  /// Whether /park holds an exchange now (read on the io thread).
+  bool has_parked() {
+    bool have = false;
+    on_io([&] { have = parked != nullptr; });
+    return have;
+  }
 };
 
 /// Raw bytes to the server; everything it sends back until it closes or `ms` pass.
@@ -338,13 +344,7 @@ TEST(HttpServer, StreamsAndNoticesAClientThatLeavesAPendingExchange) {
 
   // A parked exchange is answered later from the io thread.
   std::thread later([&] {
-    test::wait_until(
-        [&] {
-          bool have = false;
-          ts.on_io([&] { have = ts.parked != nullptr; });
-          return have;
-        },
-        5s);
+    test::wait_until([&] { return ts.has_parked(); }, 5s);
     ts.on_io([&] { ts.parked->reply({201, "text/plain", "later"}); });
   });
   auto p = test::http_request(ts.port(), "POST", "/park", "x");
@@ -359,13 +359,7 @@ TEST(HttpServer, StreamsAndNoticesAClientThatLeavesAPendingExchange) {
     test::HttpClient c(ts.port());
     const std::string req = "POST /park HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx";
     net::write(c.socket(), net::buffer(req));
-    EXPECT_TRUE(test::wait_until(
-        [&] {
-          bool have = false;
-          ts.on_io([&] { have = ts.parked != nullptr; });
-          return have;
-        },
-        5s));
+    EXPECT_TRUE(test::wait_until([&] { return ts.has_parked(); }, 5s));
   }
   EXPECT_TRUE(test::wait_until([&] { return ts.disconnects.load() == 1; }, 5s));
   bool done = false;
@@ -420,13 +414,7 @@ TEST(HttpServer, AClosingConnectionEndsAfterADeferredReplyWhileTheClientStays) {
     ts.on_io([&] { ts.parked.reset(); });
     test::HttpClient c(ts.port());
     net::write(c.socket(), net::buffer(request));
-    ASSERT_TRUE(test::wait_until(
-        [&] {
-          bool have = false;
-          ts.on_io([&] { have = ts.parked != nullptr; });
-          return have;
-        },
-        5s));
+    ASSERT_TRUE(test::wait_until([&] { return ts.has_parked(); }, 5s));
     ts.on_io([&] { ts.parked->reply({200, "text/plain", "later"}); });
     std::string reply;
     boost::system::error_code ec;
@@ -513,6 +501,23 @@ TEST(HttpServer, ABodyOfKnownLengthIsWrittenAtTheReadersPace) {
   }
 }
 
+// The per-address cap's key: loopback free, IPv4 (plain or mapped) by address, IPv6 by /64 — a
+// host picks addresses from its /64 at will, so counting each would not cap it at all.
+TEST(HttpServer, ThePerAddressCapCountsAnIpv6HostByItsSlash64) {
+  const auto group = [](const char* a) { return http_client_group(net::ip::make_address(a)); };
+  EXPECT_EQ(group("127.0.0.1"), "");
+  EXPECT_EQ(group("127.3.4.5"), "");
+  EXPECT_EQ(group("::1"), "");
+  EXPECT_EQ(group("::ffff:127.0.0.1"), "");
+  EXPECT_EQ(group("10.1.2.3"), "10.1.2.3");
+  EXPECT_EQ(group("::ffff:10.1.2.3"), "10.1.2.3");
+  EXPECT_NE(group("10.1.2.3"), group("10.1.2.4"));
+  EXPECT_EQ(group("2001:db8:0:7:1:2:3:4"), "2001:db8:0:7::/64");
+  EXPECT_EQ(group("2001:db8:0:7:ffff::9"), "2001:db8:0:7::/64");
+  EXPECT_EQ(group("2001:db8:0:8::1"), "2001:db8:0:8::/64");
+  EXPECT_EQ(group("fe80::1:2"), "fe80::/64");
+}
+
 // A client may shut its sending side once the request is out and still read the answer: a
 // download then arrives whole, and the connection closes after it (nothing more can come).
 // A pending exchange that is not a download still counts such a client as gone.
@@ -539,13 +544,7 @@ TEST(HttpServer, AClientThatHalfClosesStillGetsItsDownload) {
     test::HttpClient c(ts.port());
     net::write(c.socket(),
                net::buffer(std::string("POST /park HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")));
-    ASSERT_TRUE(test::wait_until(
-        [&] {
-          bool have = false;
-          ts.on_io([&] { have = ts.parked != nullptr; });
-          return have;
-        },
-        5s));
+    ASSERT_TRUE(test::wait_until([&] { return ts.has_parked(); }, 5s));
     c.socket().shutdown(net::ip::tcp::socket::shutdown_send);
     EXPECT_TRUE(test::wait_until([&] { return ts.disconnects.load() > before; }, 5s));
   }
