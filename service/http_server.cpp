@@ -414,7 +414,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   // While a reply is pending, wait for the socket to become readable: with nothing to read it
   // means the peer closed (or reset) the connection. Pipelined bytes end the watch instead.
   // A download (a body of known length) is the exception: a client may shut its sending side
-  // once its request is out (`curl --no-keepalive` over some proxies, `nc -N`) and still read,
+  // once its request is out (`nc -N`, scripts that call shutdown(SHUT_WR)) and still read,
   // so there the end of its input only ends keep-alive; a client truly gone fails the next
   // write. A pending job's reply or event stream still ends at the end of input: nothing
   // would be written to find out for a long while, and the job is cancelled at once.
