@@ -531,6 +531,9 @@ void check(const AttentionParams& p) {
   MB_CHECK(p.q_stride % 8 == 0 && p.q_stride >= static_cast<int64_t>(p.n_q_heads) * p.head_dim, "attention: bad q_stride");
   MB_CHECK(p.out && p.q && p.k_cache && p.v_cache && p.block_tables && p.q_start && p.kv_lens,
            "attention: null operand");
+  MB_CHECK(!p.rope_q || (p.rope.q == p.q && p.rope.q_stride == p.q_stride && p.rope.n_q_heads == p.n_q_heads &&
+                         p.rope.head_dim == p.head_dim && p.rope.tokens == p.num_tokens),
+           "attention: rope_q needs `rope` to describe q (the same rows, stride, heads and tokens)");
 }
 
 bool aligned(const void* ptr, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
@@ -625,9 +628,27 @@ int attention_decode_splits(int num_seqs, int n_kv_heads, int max_kv_len, int nu
   return std::max(splits, 1);
 }
 
+bool attention_prefill_rotates_q(const AttentionParams& p) {
+  const QkNormRopeParams& r = p.rope;
+  return p.head_dim == 128 && on_wgmma(p) && rope_rotated_dims(r.rotary_dim, r.head_dim) == 128 &&
+         r.rotation != nullptr && aligned(r.rotation, 16) && (r.q_norm == nullptr || aligned(r.q_norm, 16));
+}
+
 void attention_prefill(const AttentionParams& p, cudaStream_t stream) {
   check(p);
   if (p.num_seqs == 0 || p.num_tokens == 0 || p.max_q_len == 0) return;
+  if (p.rope_q && !attention_prefill_rotates_q(p)) {
+    // q's norm and rotation in place first (no k heads, no cache write), then plain attention
+    QkNormRopeParams q_only = p.rope;
+    q_only.k = q_only.q;
+    q_only.k_stride = q_only.q_stride;
+    q_only.n_kv_heads = 0;
+    q_only.k_cache = nullptr;
+    qk_norm_rope(q_only, stream);
+    AttentionParams plain = p;
+    plain.rope_q = false;
+    return attention_prefill(plain, stream);
+  }
   if (on_wgmma(p)) return attention_prefill_wgmma(p, stream);
   if (!on_tensor_cores(p)) return dispatch<8>(p, stream);
   switch (p.head_dim) {

@@ -52,6 +52,15 @@ struct AttentionParams {
   /// one launch less. `rope` then describes the same rows as q (its
   /// q, q_stride and caches equal this struct's) with the forward's rotation table.
   bool fused_rope = false;
+  /// Prefill: q holds the raw q heads of the qkv rows, and attention_prefill applies `rope`'s q
+  /// norm and rotation to them first (`rope` describes the same rows: its q and q_stride are
+  /// this struct's, n_q_heads and head_dim too, with the rotation table of the call's tokens) —
+  /// the persistent wgmma kernel as each row tile's Q lands (attention_prefill_rotates_q), every
+  /// other kernel after a q-only qk_norm_rope launch in place. The k heads must already be
+  /// normalised, rotated and in the cache (qk_norm_rope with n_q_heads 0). It saves the prefill
+  /// the q heads' write and second read: at 8192 tokens of the 30B shape, 134 of the ~176 MB the
+  /// rotation launch moves.
+  bool rope_q = false;
   QkNormRopeParams rope = {};
   /// Decode kernels: let the next kernel launch at this one's start (kernels/launch.cuh,
   /// pdl_trigger_early) — the caller knows what follows.
@@ -95,6 +104,11 @@ int attention_decode_splits(int num_seqs, int n_kv_heads, int max_kv_len, int nu
 /// cache or out pointers not 16-byte aligned take the CUDA-core kernel of attention_decode with
 /// tiles of 32 rows.
 void attention_prefill(const AttentionParams& p, cudaStream_t stream);
+
+/// Whether attention_prefill rotates p's q inside the attention kernel with rope_q (the
+/// persistent wgmma kernel: head_dim 128, every dim rotating, the rotation table given, 16-byte
+/// aligned norm weights) rather than in a qk_norm_rope launch before it.
+bool attention_prefill_rotates_q(const AttentionParams& p);
 
 /// Diagnostic builds (MOEBATCH_PHASE_CLOCKS, kernels/phase_clock.cuh): the cycles every row block
 /// of the prefill kernel on wgmma spent per warpgroup in each AttentionPhase since the last call,

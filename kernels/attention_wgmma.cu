@@ -40,6 +40,7 @@
 #include "kernels/launch.cuh"
 #include "kernels/moe_wgmma.cuh"
 #include "kernels/phase_clock.cuh"
+#include "kernels/rope_device.cuh"
 #include "kernels/tensor_map.cuh"
 #if MOEBATCH_WGMMA
 #include "kernels/wgmma.cuh"
@@ -532,6 +533,70 @@ __device__ __forceinline__ void copy_row_d128(uint8_t* tile, int slab_bytes, int
   }
 }
 
+__device__ __forceinline__ float2 bf16x2_to_float2(uint32_t w) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
+}
+__device__ __forceinline__ uint32_t float2_to_bf16x2(float lo, float hi) { return pack_bf16(lo, hi); }
+
+// AttentionParams::rope_q: the q head in row r of a two-slab swizzled Q tile, as it came from
+// the raw qkv rows, normalised (with rope.q_norm) and rotated in place by the rotation table's
+// row of `token` — the arithmetic of qk_norm_rope's wide form (kernels/rope_device.cuh), the
+// same bits. The thread pair that copied the row calls it, each thread on the chunks it copied
+// (first, first + 2, …: chunk c's dims rotate with chunk c + 8's, the same chunk of the second
+// slab, so a thread holds both of every pair it rotates); the pair's sums of squares meet by one
+// shuffle. Every lane of the warp calls it (the shuffle), rows past the item's as zeros whose
+// result is never stored (ok false: no table read).
+__device__ __forceinline__ void rope_q_row_d128(uint8_t* tile, int slab_bytes, int r, int first,
+                                                const QkNormRopeParams& rp, int token, bool ok) {
+  const bool norm = rp.q_norm != nullptr;
+  const auto chunk = [&](int slab, int c) {
+    return reinterpret_cast<uint4*>(tile + slab * slab_bytes + wgmma::sw128_offset(r, c));
+  };
+  float rstd = 1.f;
+  if (norm) {
+    // the butterfly of the wide form: chunks c and c + 8, then c and c ^ 4, c ^ 2 here, c ^ 1 in
+    // the partner thread
+    float part[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float a[8], b[8];
+      unpack8(*chunk(0, first + 2 * i), a);
+      unpack8(*chunk(1, first + 2 * i), b);
+      part[i] = rope_sum_squares8(a) + rope_sum_squares8(b);
+    }
+    float ss = (part[0] + part[2]) + (part[1] + part[3]);
+    ss += __shfl_xor_sync(kFullMask, ss, 1);
+    rstd = rope_rstd(ss, 128, rp.eps);
+  }
+  if (!ok) return;
+  const float2* cs_row = rp.rotation + static_cast<size_t>(token) * 64;
+  // Two dims of each half at a time, 4-byte words from and to shared memory: the producer holds
+  // 56 registers (whole chunks as floats, or even as bf16, spilled).
+#pragma unroll 1
+  for (int i = 0; i < 4; ++i) {
+    const int c = first + 2 * i;  // dims [8c, 8c + 8) and their partners 64 on
+    uint32_t* const aw = reinterpret_cast<uint32_t*>(chunk(0, c));
+    uint32_t* const bw = reinterpret_cast<uint32_t*>(chunk(1, c));
+    const uint32_t* const waw = norm ? reinterpret_cast<const uint32_t*>(rp.q_norm + 8 * c) : nullptr;
+    const uint32_t* const wbw = norm ? reinterpret_cast<const uint32_t*>(rp.q_norm + 64 + 8 * c) : nullptr;
+    const float4* cs4 = reinterpret_cast<const float4*>(cs_row + 8 * c);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {  // dims 8c + 2j, + 1 and their partners
+      float2 x = bf16x2_to_float2(aw[j]), y = bf16x2_to_float2(bw[j]);
+      if (norm) {
+        const float2 u = bf16x2_to_float2(__ldg(waw + j)), v = bf16x2_to_float2(__ldg(wbw + j));
+        x = make_float2(rope_normed(x.x, rstd, rp.norm_offset, u.x), rope_normed(x.y, rstd, rp.norm_offset, u.y));
+        y = make_float2(rope_normed(y.x, rstd, rp.norm_offset, v.x), rope_normed(y.y, rstd, rp.norm_offset, v.y));
+      }
+      const float4 cs = __ldg(cs4 + j);
+      const float2 c0 = make_float2(cs.x, cs.y), c1 = make_float2(cs.z, cs.w);
+      aw[j] = float2_to_bf16x2(rope_rotated(x.x, y.x, c0, -1.f), rope_rotated(x.y, y.y, c1, -1.f));
+      bw[j] = float2_to_bf16x2(rope_rotated(y.x, x.x, c0, 1.f), rope_rotated(y.y, x.y, c1, 1.f));
+    }
+  }
+}
+
+template <bool kRopeQ>
 __global__ void __launch_bounds__(kPersistThreads, 1)
     attention_prefill_persistent_kernel(AttentionParams p, int row_tiles, const __grid_constant__ CUtensorMap k_map,
                                         const __grid_constant__ CUtensorMap v_map) {
@@ -581,7 +646,21 @@ __global__ void __launch_bounds__(kPersistThreads, 1)
             ok ? p.q + static_cast<size_t>(it.q0 + row / group) * p.q_stride + (it.kvh * group + row % group) * D : p.q;
         copy_row_d128<2>(smem + qb * kQBytes, kQSlab, r, lt & 1, src, ok);
       }
-      wgmma::cp_async_mbarrier_arrive(q_full0 + 8 * qb);
+      if constexpr (kRopeQ) {
+        // this thread's copies landed (and any before them), then its chunks normalised and
+        // rotated in place; its writes made visible to the tensor cores' async proxy
+        cp_async_commit();
+        cp_async_wait<0>();
+#pragma unroll 1
+        for (int pass = 0; pass < 2; ++pass) {
+          const int r = (lt >> 1) + 64 * pass, row = it.row0 + r;
+          rope_q_row_d128(smem + qb * kQBytes, kQSlab, r, lt & 1, p.rope, it.q0 + row / group, row < it.n_rows);
+        }
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        wgmma::mbarrier_arrive(q_full0 + 8 * qb);
+      } else {
+        wgmma::cp_async_mbarrier_arrive(q_full0 + 8 * qb);
+      }
 
       // K and V of tile kt (block tile g) into stage g % 2 of their rings, as the kernel above:
       // the cache blocks wholly below block_limit by TMA (lane b of warp 0 block b of the tile;
@@ -791,7 +870,7 @@ void launch(const AttentionParams& p, cudaStream_t stream) {
     CUDA_CHECK(cudaGetDevice(&device));
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     const int blocks = static_cast<int>(std::min<int64_t>(p.max_blocks > 0 ? std::min(sms, p.max_blocks) : sms, items));
-    const auto kernel = attention_prefill_persistent_kernel;
+    const auto kernel = p.rope_q ? attention_prefill_persistent_kernel<true> : attention_prefill_persistent_kernel<false>;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Persist::kSmemBytes));
     launch_dependent(kernel, dim3(blocks), kPersistThreads, Persist::kSmemBytes, stream, p,
                      static_cast<int>(row_tiles), k_map, v_map);

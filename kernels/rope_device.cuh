@@ -63,6 +63,27 @@ __device__ __forceinline__ void rope_lane_rotation(const QkNormRopeParams& p, in
   }
 }
 
+// The arithmetic of a head's norm and rotation, one place for qk_norm_rope's wide form and the
+// prefill attention's q rotated as it loads (kernels/attention_wgmma.cu), with the roundings
+// spelled out so that both compute the same bits whatever the compiler would contract. A head's sum of squares is the 8-dim chunks' sums (rope_sum_squares8) added as a
+// butterfly over chunks 8, 4, 2, 1 apart (commutative, so every holder gets the same value).
+__device__ __forceinline__ float rope_sum_squares8(const float (&x)[8]) {
+  float ss = 0.f;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) ss = __fmaf_rn(x[e], x[e], ss);
+  return ss;
+}
+__device__ __forceinline__ float rope_rstd(float ss, int head_dim, float eps) { return rsqrtf(ss / head_dim + eps); }
+/// x · rstd · (offset + w)
+__device__ __forceinline__ float rope_normed(float x, float rstd, float offset, float w) {
+  return __fmul_rn(__fmul_rn(x, rstd), __fadd_rn(offset, w));
+}
+/// Dim i of a rotated pair (i, i ± rd / 2) with partner y: sign −1 for the first half
+/// (x·cos − y·sin), +1 for the second (x·cos + y·sin).
+__device__ __forceinline__ float rope_rotated(float x, float y, float2 cs, float sign) {
+  return __fmaf_rn(x, cs.x, sign * __fmul_rn(y, cs.y));
+}
+
 /// Normalises (w: the lane's 8 norm weights, nullptr for none) and rotates the lane's 8 dims of
 /// one head in place. Every lane of the group calls it (shuffles); cs is read only where the
 /// lane rotates.
@@ -70,21 +91,19 @@ template <int kG>
 __device__ __forceinline__ void norm_rope_lane(float (&x)[8], const float* w, const QkNormRopeParams& p,
                                                const RopeLane& l, const float2 (&cs)[8]) {
   if (w != nullptr) {
-    float ss = 0.f;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) ss += x[e] * x[e];
+    float ss = rope_sum_squares8(x);
 #pragma unroll
     for (int o = kG / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(l.mask, ss, o, kG);
-    const float rstd = rsqrtf(ss / p.head_dim + p.eps);
+    const float rstd = rope_rstd(ss, p.head_dim, p.eps);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) x[e] = x[e] * rstd * (p.norm_offset + w[e]);
+    for (int e = 0; e < 8; ++e) x[e] = rope_normed(x[e], rstd, p.norm_offset, w[e]);
   }
   float y[8];  // the partner lane's dims, normalised
 #pragma unroll
   for (int e = 0; e < 8; ++e) y[e] = __shfl_sync(l.mask, x[e], l.partner, kG);
   if (l.rotates) {
 #pragma unroll
-    for (int e = 0; e < 8; ++e) x[e] = x[e] * cs[e].x + l.sign * (y[e] * cs[e].y);
+    for (int e = 0; e < 8; ++e) x[e] = rope_rotated(x[e], y[e], cs[e], l.sign);
   }
 }
 

@@ -25,7 +25,9 @@
 // the CUDA-core kernel); --disable-w8a8-linear decodes FP8 projections to bf16 for cuBLAS
 // instead of running them W8A8 on cuBLASLt; --disable-fused-rope runs decode steps' q/k norm +
 // rope + cache write as a launch of its own instead of inside the decode attention kernel (the
-// warp kernel of large batches); --disable-cluster-attention-merge merges the split
+// warp kernel of large batches); --disable-prefill-rope-q rotates prefill steps' q in the
+// qk_norm_rope launch instead of inside the prefill attention (CudaBackendOptions::prefill_rope_q);
+// --disable-cluster-attention-merge merges the split
 // kernel's partials through the workspace and a ticket instead of a cluster's shared memory;
 // --disable-cluster-router runs decode steps' router as 32 blocks meeting by a ticket instead of
 // one 16-block cluster (CudaBackendOptions::cluster_router); --disable-pdl-trigger-early lets
@@ -45,7 +47,8 @@
 //                                   [--disable-w8a8-experts]
 //                                   [--disable-stream-gemv] [--disable-tma-experts] [--disable-router-norm]
 //                                   [--disable-wgmma-attention]
-//                                   [--disable-fused-rope] [--disable-cluster-attention-merge]
+//                                   [--disable-fused-rope] [--disable-prefill-rope-q]
+//                                   [--disable-cluster-attention-merge]
 //                                   [--disable-cluster-router] [--disable-pdl-trigger-early]
 //                                   [--combine-norm-in-qkv]
 //                                   [--disable-mma-gemv] [--attn-min-split-keys N] [--disable-combine-in-down]
@@ -223,6 +226,7 @@ struct Args {
   bool router_norm = true;               ///< --disable-router-norm: the MLP norm in its own launch
   bool wgmma_attention = true;           ///< --disable-wgmma-attention: prefill off the wgmma kernel
   bool fused_rope = true;                ///< --disable-fused-rope: decode's rope in its own launch
+  bool prefill_rope_q = true;            ///< --disable-prefill-rope-q: prefill's q rotated in the rope launch
   bool cluster_merge = true;             ///< --disable-cluster-attention-merge: the workspace merge
   bool cluster_router = true;            ///< --disable-cluster-router: the ticket form
   bool trigger_early = true;             ///< --disable-pdl-trigger-early: after the wait
@@ -263,6 +267,8 @@ Args parse_args(int argc, char** argv) {
       a.trigger_early = false;
     } else if (arg == "--disable-fused-rope") {
       a.fused_rope = false;
+    } else if (arg == "--disable-prefill-rope-q") {
+      a.prefill_rope_q = false;
     } else if (arg == "--combine-norm-in-qkv") {
       a.combine_norm_in_qkv = true;
     } else if (arg == "--disable-mma-gemv") {
@@ -282,7 +288,7 @@ Args parse_args(int argc, char** argv) {
     } else if (arg == "--quantization" && i + 1 < argc) {
       a.quant = parse_quantization(argv[++i]);
     } else if (arg.rfind("--", 0) == 0) {
-      std::fprintf(stderr, "usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--disable-custom-all-reduce] [--disable-wgmma-experts] [--disable-w8a8-experts] [--disable-stream-gemv] [--disable-router-norm] [--disable-wgmma-attention] [--disable-fused-rope] [--disable-cluster-attention-merge] [--disable-cluster-router] [--disable-pdl-trigger-early] [--combine-norm-in-qkv] [--disable-mma-gemv] [--attn-min-split-keys N] [--disable-combine-in-down] [--disable-w8a8-linear] [--quantization Q] [--moe-sorted-min-rows N] [out.json] [peer.json]\n");
+      std::fprintf(stderr, "usage: moebatch_bench_engine_cuda [--shape NAME] [--tp N] [--ep] [--disable-custom-all-reduce] [--disable-wgmma-experts] [--disable-w8a8-experts] [--disable-stream-gemv] [--disable-router-norm] [--disable-wgmma-attention] [--disable-fused-rope] [--disable-prefill-rope-q] [--disable-cluster-attention-merge] [--disable-cluster-router] [--disable-pdl-trigger-early] [--combine-norm-in-qkv] [--disable-mma-gemv] [--attn-min-split-keys N] [--disable-combine-in-down] [--disable-w8a8-linear] [--quantization Q] [--moe-sorted-min-rows N] [out.json] [peer.json]\n");
       std::exit(2);
     } else if (positional++ == 0) {
       a.out_path = arg;
@@ -379,6 +385,7 @@ int main(int argc, char** argv) {
   o.stream_gemv = args.stream_gemv;
   o.wgmma_attention = args.wgmma_attention;
   o.fused_rope_attention = args.fused_rope;
+  o.prefill_rope_q = args.prefill_rope_q;
   o.cluster_attention_merge = args.cluster_merge;
   o.cluster_router = args.cluster_router;
   o.pdl_trigger_early = args.trigger_early;
@@ -418,6 +425,7 @@ int main(int argc, char** argv) {
   J["stream_gemv"] = o.stream_gemv;
   J["wgmma_attention"] = o.wgmma_attention;
   J["fused_rope_attention"] = o.fused_rope_attention;
+  J["prefill_rope_q"] = o.prefill_rope_q;
   J["cluster_attention_merge"] = o.cluster_attention_merge;
   J["cluster_router"] = o.cluster_router;
   J["pdl_trigger_early"] = o.pdl_trigger_early;

@@ -2,7 +2,7 @@
 # One device call for the CUDA engine: configure (engine-only), build the engine GPU tests, the
 # kernel tests and the engine benchmark; run the tests, then the HF peer (its own 61 GB, freed
 # when it exits), then the benchmark. Logs and JSON go to $OUT; summaries print last.
-# Usage: bench/gpu/run_engine_device.sh [tests|bench|all|base|ab|quant|prefill|w8a8|linear|experts|phases|decode|gemv4|ncu] [peer batches, e.g. 1,64, or none]
+# Usage: bench/gpu/run_engine_device.sh [tests|bench|all|base|ab|variants|quant|prefill|w8a8|linear|experts|phases|decode|gemv4|ncu] [peer batches, e.g. 1,64, or none]
 # `quant`: the compressed-weight run: kernel and engine tests, the quant kernel rows, the engine
 # benchmark on the 30B shape with bf16 / fp8 / nvfp4 linear weights, and the seed-class shape in
 # NVFP4 on one GPU.
@@ -44,6 +44,11 @@
 #   untracked files of the tree; applied with `patch -p1`, rebuilt, reverted), AB_ROUNDS times
 #   (default 2) in turn; each with the weights of every AB_QUANT (default none; e.g. "none nvfp4
 #   fp8 int4").
+# `variants`: run-time variants on one build: the op cases matching VARIANT_TESTS (a gtest
+#   filter; none when empty) and the engine tests, the kernel rows matching each word of
+#   VARIANT_ROWS, then the engine benchmark (VARIANT_BATCHES, default 1) of every entry of
+#   VARIANTS, VARIANT_ROUNDS times (default 2) in turn. An entry is a quantization and the
+#   benchmark's flags after colons, e.g. "none none:--disable-prefill-rope-q fp8".
 # `phases`: a diagnostic build (build-pc, -DMOEBATCH_PHASE_CLOCKS=ON -DMOEBATCH_STEP_TRACE=ON): the
 #   moe_wgmma, moe_wgmma_fp8 and prefill attention rows (PHASE_ROWS: the kernel-row filters, one
 #   word each) with the cycles per tile in each phase, then the engine
@@ -261,6 +266,25 @@ if [ "$WHAT" = experts ]; then
     MOEBATCH_BENCH_BATCHES=${EXPERT_BATCHES:-1,64,256} timeout 120 ./build-dev/moebatch_bench_engine_cuda \
       --quantization $q "$OUT/bench_engine_$q.json" > "$OUT/bench_engine_$q.log" 2>&1
     echo "bench $q rc=$?"; grep -E "moe_gemm|prefill of|^ *[0-9]+ \|" "$OUT/bench_engine_$q.log" | head -30
+  done
+  exit 0
+fi
+if [ "$WHAT" = variants ]; then
+  echo "built at $(date +%T)"
+  [ -n "${VARIANT_TESTS:-}" ] && run_gpu_tests "$VARIANT_TESTS"
+  for f in ${VARIANT_ROWS:-}; do
+    timeout 120 ./build-dev/moebatch_bench_kernels "/tmp/bench_kernels_rows.json" --filter "$f" >> "$OUT/bench_kernels_variants.log" 2>&1
+    echo "kernels $f rc=$?"
+  done
+  [ -n "${VARIANT_ROWS:-}" ] && grep -E "^ *[0-9]+ +\|" "$OUT/bench_kernels_variants.log" | head -40
+  for round in $(seq ${VARIANT_ROUNDS:-2}); do
+    for v in ${VARIANTS:-none}; do
+      q=${v%%:*}; flags=$(echo "$v" | tr ':' ' ' | cut -s -d' ' -f2-)
+      MOEBATCH_BENCH_BATCHES=${VARIANT_BATCHES:-1} timeout 120 ./build-dev/moebatch_bench_engine_cuda --quantization $q $flags \
+        "/tmp/bench_engine_variant.json" > /tmp/bench_engine.log 2>&1
+      echo "bench $v (round $round) rc=$?"; { echo "=== $v round $round"; cat /tmp/bench_engine.log; } >> "$OUT/bench_engine_variants.log"
+      grep -E "prefill of|attention|qk_norm_rope|^ *[0-9]+ \|" /tmp/bench_engine.log | head -12
+    done
   done
   exit 0
 fi

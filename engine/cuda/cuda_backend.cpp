@@ -176,6 +176,7 @@ void CudaBackend::init(const std::filesystem::path* model_dir, uint64_t seed) {
     ranks_[r]->router_norm = o.router_norm;
     ranks_[r]->wgmma_attention = o.wgmma_attention;
     ranks_[r]->fused_rope_attention = o.fused_rope_attention;
+    ranks_[r]->prefill_rope_q = o.prefill_rope_q;
     ranks_[r]->cluster_attention_merge = o.cluster_attention_merge;
     ranks_[r]->cluster_router = o.cluster_router;
     ranks_[r]->pdl_trigger_early = o.pdl_trigger_early;

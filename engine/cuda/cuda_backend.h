@@ -105,6 +105,10 @@ struct CudaBackendOptions {
   /// (kernels::AttentionParams::fused_rope, where attention_decode_fuses_rope allows it: the
   /// warp kernel of large batches) instead of a qk_norm_rope launch before it.
   bool fused_rope_attention = true;
+  /// Prefill steps' q norm + rotation inside the prefill attention (kernels::AttentionParams::
+  /// rope_q: the persistent wgmma kernel rotates each row tile's Q as it lands), the qk_norm_rope
+  /// launch before it left with the k heads and the cache write; false: q in that launch too.
+  bool prefill_rope_q = true;
   /// Decode steps' split attention (2..8 splits, a GPU with clusters) merges its splits through
   /// a thread block cluster's shared memory instead of the workspace and a ticket
   /// (kernels::AttentionParams::cluster_merge; the same bits). Batch 1 3.17-3.18 → 3.08 ms (H100,

@@ -95,6 +95,7 @@ class CudaRank {
   bool router_norm = true;           ///< CudaBackendOptions::router_norm
   bool wgmma_attention = true;       ///< CudaBackendOptions::wgmma_attention
   bool fused_rope_attention = true;     ///< CudaBackendOptions::fused_rope_attention
+  bool prefill_rope_q = true;           ///< CudaBackendOptions::prefill_rope_q
   bool cluster_attention_merge = true;  ///< CudaBackendOptions::cluster_attention_merge
   bool cluster_router = true;           ///< CudaBackendOptions::cluster_router
   bool pdl_trigger_early = true;        ///< CudaBackendOptions::pdl_trigger_early

@@ -225,7 +225,8 @@ void attention(const Step& s, const DeviceLayerWeights& L, const DeviceKvCache& 
 
   // q/k per-head RMSNorm (Qwen3) + NEOX rope, in place inside the qkv rows, and the kv write
   // in the same launch — or, in decode steps, inside the decode attention kernel (one launch
-  // less per layer)
+  // less per layer); in prefill steps q's part inside the attention (rope_q: q is written and
+  // read once less)
   k::QkNormRopeParams rp = s.rope;
   rp.q_norm = L.q_norm.optional_bf16();
   rp.k_norm = L.k_norm.optional_bf16();
@@ -237,6 +238,11 @@ void attention(const Step& s, const DeviceLayerWeights& L, const DeviceKvCache& 
   if (s.decode && s.r.fused_rope_attention) {
     at.rope = rp;
     at.fused_rope = k::attention_decode_fuses_rope(at);
+  }
+  if (!s.decode && s.r.prefill_rope_q) {
+    at.rope = rp;
+    at.rope_q = k::attention_prefill_rotates_q(at);  // elsewhere it would only be a launch of its own
+    if (at.rope_q) rp.n_q_heads = 0;                  // the k heads and the cache write only
   }
   if (!at.fused_rope) {
     k::qk_norm_rope(rp, s.st);

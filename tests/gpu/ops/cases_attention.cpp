@@ -42,7 +42,7 @@ class AttentionCase final : public OpCase {
     tables_.assign(static_cast<size_t>(num_seqs) * max_blocks_, 0);
     for (int s = 0, next = 0; s < num_seqs; ++s)
       for (int b = 0; b < max_blocks_; ++b) tables_[s * max_blocks_ + b] = perm[next++];
-    q_stride_ = static_cast<int64_t>(s_.fused_rope ? nq + 2 * nkv : nq) * hd + s_.q_pad;
+    q_stride_ = static_cast<int64_t>(raw_qkv() ? nq + 2 * nkv : nq) * hd + s_.q_pad;
     q_ = RandomBf16(static_cast<size_t>(tokens) * q_stride_, 1.5f, rng, env.stream);
     kc_ = RandomBf16(static_cast<size_t>(num_blocks) * bs * nkv * hd, 1.5f, rng, env.stream);
     vc_ = RandomBf16(kc_.size(), 1.f, rng, env.stream);
@@ -82,7 +82,7 @@ class AttentionCase final : public OpCase {
     p_.cluster_merge = s_.cluster_merge;
     if (s_.mma_sync) p_.prefill_kernel = kernels::AttentionPrefillKernel::mma_sync;
     p_.max_blocks = s_.max_blocks;
-    if (s_.fused_rope) setup_rope(env, rng);
+    if (raw_qkv()) setup_rope(env, rng);
   }
 
   void run(const OpEnv& env, int) override {
@@ -94,12 +94,13 @@ class AttentionCase final : public OpCase {
     const auto q = q_.original(env.stream), kc = kc_.original(env.stream), vc = vc_.original(env.stream);
     // With the fused rope: every (token, head) q row and new k row normalised and rotated in fp64
     // (new_k), the new v raw; they replace q and the cache rows at each sequence's last position.
-    const int rows_per_token = s_.fused_rope ? nq + nkv : 0;
+    // With rope_q the q rows alone (the cache holds every key already).
+    const int rows_per_token = raw_qkv() ? nq + nkv : 0;
     std::vector<double> roped(static_cast<size_t>(p_.num_tokens) * rows_per_token * hd);
-    if (s_.fused_rope) rope_ref(q, roped, env.stream);
+    if (raw_qkv()) rope_ref(q, roped, env.stream);
     auto q_at = [&](int tok, int h, int d) {
-      return s_.fused_rope ? roped[(static_cast<size_t>(tok) * rows_per_token + h) * hd + d]
-                           : static_cast<double>(bf2f(q[tok * q_stride_ + h * hd + d]));
+      return raw_qkv() ? roped[(static_cast<size_t>(tok) * rows_per_token + h) * hd + d]
+                       : static_cast<double>(bf2f(q[tok * q_stride_ + h * hd + d]));
     };
     std::vector<double> ref(out_.size());
     // (token, head) rows: each writes its own head_dim outputs.
@@ -158,6 +159,7 @@ class AttentionCase final : public OpCase {
     const std::vector<float> outf = to_float(out);
     c.rel_l2("out", outf, ref, tol);
     if (s_.fused_rope) check_cache(kc, vc, q, roped, tol, c);
+    if (s_.rope_q) check_rope_q(env, q, out, c);
     if (std::count(kv_lens_.begin(), kv_lens_.end(), 0) > 0) {
       bool zero = true;
       for (int s = 0; s < p_.num_seqs; ++s)
@@ -206,14 +208,22 @@ class AttentionCase final : public OpCase {
  private:
   static constexpr float kTheta = 1e6f, kEps = 1e-6f;
 
-  // The fused rope's operands as the engine passes them: positions kv_len - 1, the forward's
-  // rotation table, each new token's slot (that of its position in the block table; none for
-  // an empty context), random norm weights.
+  // q (and with the fused rope the new k / v) raw in fused qkv rows.
+  bool raw_qkv() const { return s_.fused_rope || s_.rope_q; }
+
+  // The rope's operands as the engine passes them: each token's position (decode: kv_len - 1;
+  // prefill: kv_len - q_len + its index), the forward's rotation table, random norm weights, and
+  // with the fused rope each new token's slot (that of its position in the block table; none
+  // for an empty context).
   void setup_rope(const OpEnv& env, std::mt19937& rng) {
     const int hd = s_.head_dim, nq = s_.n_q_heads, nkv = s_.n_kv_heads, tokens = p_.num_tokens;
     std::vector<int32_t> pos(tokens, 0);
     slots_.assign(tokens, -1);
     for (int s = 0; s < p_.num_seqs; ++s) {
+      if (s_.rope_q) {
+        for (int i = 0; i < s_.q_lens[s]; ++i) pos[q_start_[s] + i] = kv_lens_[s] - s_.q_lens[s] + i;
+        continue;
+      }
       const int tok = q_start_[s], last = kv_lens_[s] - 1;
       if (last < 0) continue;
       pos[tok] = last;
@@ -247,9 +257,35 @@ class AttentionCase final : public OpCase {
     r.v_cache = vc_.get();
     r.v = q_.get() + static_cast<size_t>(nq + nkv) * hd;
     r.slot_mapping = d_slots_.get();
+    if (s_.rope_q) {
+      r.k_cache = r.v_cache = nullptr;  // the keys are in the cache already
+      p_.rope_q = true;
+      return;
+    }
     p_.fused_rope = true;
     MB_CHECK(kernels::attention_decode_fuses_rope(p_),
              "attention case: the decode kernels cannot fuse this rope (the warp kernel only: >= 512 pairs, one split)");
+  }
+
+  // rope_q: where the attention kernel rotates q itself (attention_prefill_rotates_q), it leaves
+  // the q rows as they were and gives the bits of a q-only qk_norm_rope launch followed by plain
+  // attention (the same arithmetic, kernels/rope_device.cuh), run here on a copy.
+  void check_rope_q(const OpEnv& env, const std::vector<uint16_t>& q, const std::vector<uint16_t>& out,
+                    OpCheck& c) const {
+    if (!kernels::attention_prefill_rotates_q(p_)) return;
+    c.equal("q rows untouched", q_.current(), q);
+    DevBuf<bf16> q2(q.size()), out2(out_.size());
+    CUDA_CHECK(cudaMemcpyAsync(q2.get(), q_.get(), q.size() * sizeof(bf16), cudaMemcpyDeviceToDevice, env.stream));
+    kernels::AttentionParams plain = p_;
+    plain.q = plain.rope.q = plain.rope.k = q2.get();
+    plain.rope.k_stride = plain.rope.q_stride;
+    plain.rope.n_kv_heads = 0;
+    plain.out = out2.get();
+    kernels::qk_norm_rope(plain.rope, env.stream);
+    plain.rope_q = false;
+    kernels::attention_prefill(plain, env.stream);
+    CUDA_CHECK(cudaStreamSynchronize(env.stream));
+    c.equal("out against qk_norm_rope then attention", out2.download<uint16_t>(), out);
   }
 
   // roped[(token · (nq + nkv) + row) · hd + d]: q heads then k heads, normalised and rotated in
@@ -347,6 +383,8 @@ OpCaseDef attention_case(const AttentionShape& s) {
   }
   MB_CHECK(s.block_size > 0 && s.kv_bound >= 0 && s.max_blocks >= 0, "attention case: bad block size, kv bound or block cap");
   MB_CHECK(!s.fused_rope || (s.decode && s.q_pad % 8 == 0), "attention case: the fused rope is a decode case with 16-byte rows");
+  MB_CHECK(!s.rope_q || (!s.decode && !s.fused_rope && s.q_pad % 8 == 0),
+           "attention case: rope_q is a prefill case with 16-byte rows");
   const std::string shape =
       "d" + std::to_string(s.head_dim) + " q" + std::to_string(s.n_q_heads) + "/kv" +
       std::to_string(s.n_kv_heads) + " seqs" + std::to_string(s.q_lens.size()) + " qlen " +
@@ -356,6 +394,7 @@ OpCaseDef attention_case(const AttentionShape& s) {
       (s.block_size != 16 ? " block " + std::to_string(s.block_size) : "") + (s.mma_sync ? " mma_sync" : "") +
       (s.max_blocks > 0 ? " blocks" + std::to_string(s.max_blocks) : "") +
       (s.fused_rope ? (s.rope_norm ? " fused_rope" : " fused_rope no_norm") : "") +
+      (s.rope_q ? (s.rope_norm ? " rope_q" : " rope_q no_norm") : "") +
       (s.cluster_merge ? " cluster_merge" : "");
   return op_case_def<AttentionCase>(s.decode ? "attn_decode" : "attn_prefill", shape, OpFamily::attention, 5e-3, s);
 }

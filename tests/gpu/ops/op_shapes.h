@@ -111,6 +111,10 @@ struct AttentionShape {
   /// writes the new k / v to their cache slots; checked with the cache against fp64.
   bool fused_rope = false;
   bool rope_norm = true;
+  /// Prefill with AttentionParams::rope_q: q raw in fused qkv rows (q_pad after them),
+  /// normalised (with rope_norm) and rotated by attention_prefill at each token's position; on
+  /// the persistent wgmma kernel also checked bit for bit against qk_norm_rope then attention.
+  bool rope_q = false;
   /// AttentionParams::cluster_merge (decode, 2..8 splits): the splits merged across a cluster.
   bool cluster_merge = false;
 };

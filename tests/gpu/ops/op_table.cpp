@@ -34,6 +34,9 @@ std::vector<OpCaseDef> op_cases_test() {
   t.push_back(qk_norm_rope_case({.tokens = 800, .n_q_heads = 6, .n_kv_heads = 3, .head_dim = 128, .cache = true,
                                  .table = true}));
   t.push_back(qk_norm_rope_case({.tokens = 1000, .n_q_heads = 6, .n_kv_heads = 3, .head_dim = 128}));
+  // k heads alone with the cache write (a prefill whose attention rotates q: AttentionParams::rope_q)
+  t.push_back(qk_norm_rope_case({.tokens = 800, .n_q_heads = 0, .n_kv_heads = 3, .head_dim = 128, .cache = true,
+                                 .table = true}));
   // ... and at Qwen3-Next's shape (a whole warp per head, a quarter rotating: tail lanes)
   t.push_back(qk_norm_rope_case({.tokens = 500, .n_q_heads = 16, .n_kv_heads = 2, .head_dim = 256, .cache = true,
                                  .rotary_dim = 64, .norm_offset = 1.f, .table = true}));
@@ -126,6 +129,21 @@ std::vector<OpCaseDef> op_cases_test() {
     t.push_back(attention_case({.head_dim = 128, .n_q_heads = 8, .n_kv_heads = 8, .q_lens = {513, 64},
                                 .kv_lens = {600, 900}, .block_size = 32, .max_blocks = blocks}));
   }
+  // q normalised and rotated by the prefill attention itself (AttentionParams::rope_q): on the
+  // persistent kernel as it loads each row tile's Q (one block and the full grid, without norms,
+  // a partial last row tile), and the other kernels after a q-only rotation launch (mma.sync;
+  // head_dim 64).
+  for (int blocks : {0, 1})
+    t.push_back(attention_case({.head_dim = 128, .n_q_heads = 32, .n_kv_heads = 4, .q_lens = {700, 129, 1, 300},
+                                .kv_lens = {700, 1000, 40, 333}, .max_blocks = blocks, .rope_q = true}));
+  t.push_back(attention_case({.head_dim = 128, .n_q_heads = 16, .n_kv_heads = 4, .q_lens = {144, 16},
+                              .kv_lens = {400, 16}, .block_size = 8, .rope_norm = false, .rope_q = true}));
+  t.push_back(attention_case({.head_dim = 128, .n_q_heads = 8, .n_kv_heads = 8, .q_lens = {513, 64},
+                              .kv_lens = {600, 900}, .block_size = 32, .max_blocks = 3, .rope_q = true}));
+  t.push_back(attention_case({.head_dim = 128, .n_q_heads = 32, .n_kv_heads = 4, .q_lens = {700, 129, 1, 300},
+                              .kv_lens = {700, 1000, 40, 333}, .mma_sync = true, .rope_q = true}));
+  t.push_back(attention_case({.head_dim = 64, .n_q_heads = 16, .n_kv_heads = 4, .q_lens = {130, 7},
+                              .kv_lens = {130, 71}, .rope_q = true}));
   t.push_back(attention_case({.head_dim = 64, .n_q_heads = 16, .n_kv_heads = 4, .q_lens = {130, 7}, .kv_lens = {130, 71}}));
   t.push_back(attention_case({.head_dim = 32, .n_q_heads = 8, .n_kv_heads = 4, .q_lens = {50, 3}, .kv_lens = {50, 40}}));
   t.push_back(attention_case({.head_dim = 16, .n_q_heads = 8, .n_kv_heads = 4, .q_lens = {17, 33}, .kv_lens = {17, 33}}));
@@ -838,7 +856,8 @@ std::vector<OpCaseDef> op_cases_bench() {
                                          .stage = stage, .gather = stage == MoeGemmStage::gate_up_silu,
                                          .fp8 = true, .block_scales = block}));
   // Prefill attention: whole prompts, causal (batch column: the tokens), on the kernel the
-  // engine takes and on the mma.sync one.
+  // engine takes and on the mma.sync one; at 8 × 1024 also with q rotated as it loads (rope_q,
+  // the engine's form: q raw in the fused qkv rows).
   for (auto [prompts, len] : {std::pair{64, 128}, {32, 256}, {8, 512}, {8, 1024}, {1, 2048}})
     for (bool mma_sync : {false, true})
       add(prompts * len, named(attention_case({.head_dim = kD, .n_q_heads = kNq, .n_kv_heads = kNkv,
@@ -847,6 +866,11 @@ std::vector<OpCaseDef> op_cases_bench() {
                                                .mma_sync = mma_sync}),
                                "attn_prefill " + std::to_string(prompts) + "x" + std::to_string(len) + " causal" +
                                    (mma_sync ? " mma_sync" : "")));
+  for (bool rope_q : {false, true})
+    add(8192, named(attention_case({.head_dim = kD, .n_q_heads = kNq, .n_kv_heads = kNkv,
+                                    .q_lens = std::vector<int>(8, 1024), .kv_lens = std::vector<int>(8, 1024),
+                                    .q_pad = 0, .rope_q = rope_q}),
+                    std::string("attn_prefill 8x1024 causal qkv-rows") + (rope_q ? " rope_q" : "")));
   // Qwen3-Next-80B's full-attention layers (16 q / 2 kv heads of 256): the wgmma kernel against
   // the CUDA-core one it replaces there.
   for (auto [prompts, len] : {std::pair{64, 128}, {8, 1024}})
@@ -869,6 +893,10 @@ std::vector<OpCaseDef> op_cases_bench() {
     add(8192, named(qk_norm_rope_case({.tokens = 8192, .n_q_heads = kNq, .n_kv_heads = kNkv, .head_dim = kD,
                                        .cache = true, .table = table}),
                     table ? "qk_norm_rope table" : "qk_norm_rope"));
+  // ... its k heads alone, as the engine's prefill leaves q to the attention (rope_q)
+  add(8192, named(qk_norm_rope_case({.tokens = 8192, .n_q_heads = 0, .n_kv_heads = kNkv, .head_dim = kD,
+                                     .cache = true, .table = true}),
+                  "qk_norm_rope table k only"));
 
   // Qwen3-Next-80B-A3B's Gated DeltaNet layers on one GPU: 16 key / 32 value heads of 128, conv
   // kernel 4. Decode continues every sequence's state (2 MB of delta-rule state per sequence and
