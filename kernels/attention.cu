@@ -628,11 +628,7 @@ int attention_decode_splits(int num_seqs, int n_kv_heads, int max_kv_len, int nu
   return std::max(splits, 1);
 }
 
-bool attention_prefill_rotates_q(const AttentionParams& p) {
-  const QkNormRopeParams& r = p.rope;
-  return p.head_dim == 128 && on_wgmma(p) && rope_rotated_dims(r.rotary_dim, r.head_dim) == 128 &&
-         r.rotation != nullptr && aligned(r.rotation, 16) && (r.q_norm == nullptr || aligned(r.q_norm, 16));
-}
+bool attention_prefill_rotates_q(const AttentionParams& p) { return on_wgmma(p) && wgmma_rotates_q(p); }
 
 void attention_prefill(const AttentionParams& p, cudaStream_t stream) {
   check(p);
