@@ -476,9 +476,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 // compute the walk and an item's bounds themselves (the same loads, deterministic): no ring of
 // identities to pass and no barrier between them beyond the data's own.
 constexpr int kPersistThreads = 384;  // producer warpgroup + two math warpgroups
-// rope_q on the persistent kernel: at least this many q heads a kv head, so that a row tile's
-// tokens' rotation rows fit the staging (attention_prefill_rotates_q)
-constexpr int kRopeQMinGroup = 4;
 // 65,536 / 384 = 170 → 168 registers a thread at launch; the producer gives back down to 56 so
 // that the math warpgroups can hold 224 (S 64 + O 64 + P 32 + softmax state and addressing;
 // ptxas spills them at 216). setmaxnreg.inc only takes what .dec released: the block's 3 × 168,
@@ -494,29 +491,10 @@ struct Persist {
   static constexpr int kStages = 2;
   static constexpr int kKBase = 2 * kQBytes;                        // Q0 Q1 | K0 K1 | V0 V1
   static constexpr int kVBase = kKBase + kStages * kTileBytes;
-  // rope_q: the rotation table's rows of a row tile's tokens (at least kRopeQMinGroup heads a
-  // token: ≤ 33 of them) and the q norm's weights, staged for the Q loaders
-  static constexpr int kCsBase = kVBase + kStages * kTileBytes;
-  static constexpr int kCsRowBytes = 64 * 8;  // 64 (cos, sin) pairs
-  static constexpr int kCsBytes = (kRows / kRopeQMinGroup + 1) * kCsRowBytes;
-  static constexpr int kWBase = kCsBase + kCsBytes;
-  static constexpr int kSmemBytes = kWBase + 128 * 2 + 1024;  // + slack to align to 1024
+  static constexpr int kSmemBytes = kVBase + kStages * kTileBytes + 1024;  // + slack to align to 1024
   static_assert(kSmemBytes + 128 <= 227 * 1024, "one block's shared memory (and the static barriers)");
   static_assert(kRows * kKeys * 2 / 16 == 16 * 128, "a Q tile is 16 chunks a row, two rows a thread pair");
 };
-
-// The producer warpgroup's threads: K/V loaders [0, kKv), Q loaders [128 − kQ, 128). Without
-// rope_q every thread does both, per item Q first; with it warps 0–1 load K/V and warps 2–3 Q, so
-// that each row tile's Q — copied, then normalised and rotated in shared memory, a few
-// microseconds of dependent work — is prepared an item ahead while the K/V loaders keep the
-// ring full (in one sequence with the K/V loads it stalled them: attention +46%, 2026-12-07).
-template <bool kRopeQ>
-struct ProducerRoles {
-  static constexpr int kKv = kRopeQ ? 64 : 128, kQ = kRopeQ ? 64 : 128;
-  static constexpr int kKeysPerThread = 128 / kKv;  // a K/V tile's cp.async keys
-  static constexpr int kQRowsPerPass = kQ / 2;     // a thread pair per row
-};
-constexpr int kQLoaderBarrier = 3;  // named barrier of rope_q's Q loaders (1, 2: the math warpgroups')
 
 #if MOEBATCH_WGMMA
 
@@ -555,25 +533,34 @@ __device__ __forceinline__ void copy_row_d128(uint8_t* tile, int slab_bytes, int
   }
 }
 
-__device__ __forceinline__ float2 bf16x2_to_float2(uint32_t w) {
-  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
+// AttentionParams::rope_q on the math warpgroups: at an item's start, before its Q has landed,
+// the thread pair (2r, 2r + 1) of a warpgroup fetches the rotation row of its row's token
+// (rope_q_fetch); once Q is in, it normalises and rotates the row in place (rope_q_apply) — the
+// arithmetic of qk_norm_rope's wide form (kernels/rope_device.cuh), the same bits — and the
+// warpgroup meets before its S MMAs read the rows. Each thread takes the 16-byte chunks first,
+// first + 2, … of the row's 16: chunk c's dims rotate with chunk c + 8's, the same chunk of the
+// second slab, so a thread holds both halves of every pair it rotates, and the pair's sums of
+// squares meet by one shuffle. The warpgroups wait for Q here anyway (the producer loads it an
+// item ahead), and their registers are free between items: in the producer (56 registers, its
+// dependent loads in line with the K/V ring's) the same work cost the attention 24–46%.
+// (2026-12-07, bench/RESULTS.md.)
+struct RopeQCs {
+  float4 v[16];  // chunk pair i's (cos, sin) of its 8 dims in v[4i .. 4i + 3], two pairs a float4
+};
+__device__ __forceinline__ void rope_q_fetch(const QkNormRopeParams& rp, int token, int first, bool ok, RopeQCs& cs) {
+  const float4* row = reinterpret_cast<const float4*>(rp.rotation + static_cast<size_t>(ok ? token : 0) * 64);
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) cs.v[4 * i + j] = __ldg(row + 4 * (first + 2 * i) + j);
 }
-__device__ __forceinline__ uint32_t float2_to_bf16x2(float lo, float hi) { return pack_bf16(lo, hi); }
 
-// AttentionParams::rope_q: the q head in row r of a two-slab swizzled Q tile, as it came from
-// the raw qkv rows, normalised (with the staged norm weights w, null for none) and rotated in
-// place by the staged rotation row cs (its token's 64 (cos, sin) pairs) — the arithmetic of
-// qk_norm_rope's wide form (kernels/rope_device.cuh), the same bits. The thread pair that copied
-// the row calls it, each thread on the chunks it copied (first, first + 2, …: chunk c's dims
-// rotate with chunk c + 8's, the same chunk of the second slab, so a thread holds both of every
-// pair it rotates); the pair's sums of squares meet by one shuffle. Every lane of the warp calls
-// it (the shuffle), rows past the item's as zeros whose result is never stored (ok false).
-__device__ __forceinline__ void rope_q_row_d128(uint8_t* tile, int slab_bytes, int r, int first, const float2* cs,
-                                                const bf16* w, float eps, float offset, bool ok) {
-  const bool norm = w != nullptr;
-  const auto chunk = [&](int slab, int c) {
-    return reinterpret_cast<uint4*>(tile + slab * slab_bytes + wgmma::sw128_offset(r, c));
-  };
+__device__ __forceinline__ void rope_q_apply(uint8_t* tile, int slab_bytes, int r, int first, const RopeQCs& cs,
+                                             const QkNormRopeParams& rp, bool ok) {
+  const bool norm = rp.q_norm != nullptr;
+  // chunk pair i: chunks first + 2i of the two slabs
+  const auto lo = [&](int i) { return reinterpret_cast<uint4*>(tile + wgmma::sw128_offset(r, first + 2 * i)); };
+  const auto hi = [&](int i) { return reinterpret_cast<uint4*>(tile + slab_bytes + wgmma::sw128_offset(r, first + 2 * i)); };
   float rstd = 1.f;
   if (norm) {
     // the butterfly of the wide form: chunks c and c + 8, then c and c ^ 4, c ^ 2 here, c ^ 1 in
@@ -581,39 +568,42 @@ __device__ __forceinline__ void rope_q_row_d128(uint8_t* tile, int slab_bytes, i
     float part[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      float a[8], b[8];
-      unpack8(*chunk(0, first + 2 * i), a);
-      unpack8(*chunk(1, first + 2 * i), b);
-      part[i] = rope_sum_squares8(a) + rope_sum_squares8(b);
+      float x[8], y[8];
+      load8(reinterpret_cast<const bf16*>(lo(i)), x);
+      load8(reinterpret_cast<const bf16*>(hi(i)), y);
+      part[i] = rope_sum_squares8(x) + rope_sum_squares8(y);
     }
     float ss = (part[0] + part[2]) + (part[1] + part[3]);
     ss += __shfl_xor_sync(kFullMask, ss, 1);
-    rstd = rope_rstd(ss, 128, eps);
+    rstd = rope_rstd(ss, 128, rp.eps);
   }
-  if (!ok) return;
-  // Two dims of each half at a time, 4-byte words from and to shared memory: the producer holds
-  // 56 registers (whole chunks as floats, or even as bf16, spilled).
-#pragma unroll 1
+  if (!ok) return;  // a row past the item's: zeros, never stored
+#pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int c = first + 2 * i;  // dims [8c, 8c + 8) and their partners 64 on
-    uint32_t* const aw = reinterpret_cast<uint32_t*>(chunk(0, c));
-    uint32_t* const bw = reinterpret_cast<uint32_t*>(chunk(1, c));
-    const uint32_t* const waw = norm ? reinterpret_cast<const uint32_t*>(w + 8 * c) : nullptr;
-    const uint32_t* const wbw = norm ? reinterpret_cast<const uint32_t*>(w + 64 + 8 * c) : nullptr;
-    const float4* cs4 = reinterpret_cast<const float4*>(cs + 8 * c);
+    float x[8], y[8];
+    load8(reinterpret_cast<const bf16*>(lo(i)), x);
+    load8(reinterpret_cast<const bf16*>(hi(i)), y);
+    if (norm) {
+      float wx[8], wy[8];
+      load8(rp.q_norm + 8 * c, wx);
+      load8(rp.q_norm + 64 + 8 * c, wy);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {  // dims 8c + 2j, + 1 and their partners
-      float2 x = bf16x2_to_float2(aw[j]), y = bf16x2_to_float2(bw[j]);
-      if (norm) {
-        const float2 u = bf16x2_to_float2(waw[j]), v = bf16x2_to_float2(wbw[j]);
-        x = make_float2(rope_normed(x.x, rstd, offset, u.x), rope_normed(x.y, rstd, offset, u.y));
-        y = make_float2(rope_normed(y.x, rstd, offset, v.x), rope_normed(y.y, rstd, offset, v.y));
+      for (int e = 0; e < 8; ++e) {
+        x[e] = rope_normed(x[e], rstd, rp.norm_offset, wx[e]);
+        y[e] = rope_normed(y[e], rstd, rp.norm_offset, wy[e]);
       }
-      const float4 cj = cs4[j];
-      const float2 c0 = make_float2(cj.x, cj.y), c1 = make_float2(cj.z, cj.w);
-      aw[j] = float2_to_bf16x2(rope_rotated(x.x, y.x, c0, -1.f), rope_rotated(x.y, y.y, c1, -1.f));
-      bw[j] = float2_to_bf16x2(rope_rotated(y.x, x.x, c0, 1.f), rope_rotated(y.y, x.y, c1, 1.f));
     }
+    float xo[8], yo[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const float4 q = cs.v[4 * i + e / 2];
+      const float2 cse = e % 2 == 0 ? make_float2(q.x, q.y) : make_float2(q.z, q.w);
+      xo[e] = rope_rotated(x[e], y[e], cse, -1.f);
+      yo[e] = rope_rotated(y[e], x[e], cse, 1.f);
+    }
+    store8(reinterpret_cast<bf16*>(lo(i)), xo);
+    store8(reinterpret_cast<bf16*>(hi(i)), yo);
   }
 }
 
@@ -633,14 +623,13 @@ __global__ void __launch_bounds__(kPersistThreads, 1)
   const uint32_t q_full0 = static_cast<uint32_t>(__cvta_generic_to_shared(&bars[0]));
   const uint32_t q_empty0 = q_full0 + 16, k_full0 = q_full0 + 32, k_empty0 = q_full0 + 48;
   const uint32_t v_full0 = q_full0 + 64, v_empty0 = q_full0 + 80;
-  using Roles = ProducerRoles<kRopeQ>;
   if (threadIdx.x == 0) {
     for (int b = 0; b < 2; ++b) {
-      wgmma::mbarrier_init(q_full0 + 8 * b, Roles::kQ);
+      wgmma::mbarrier_init(q_full0 + 8 * b, 128);
       wgmma::mbarrier_init(q_empty0 + 8 * b, 256);
-      wgmma::mbarrier_init(k_full0 + 8 * b, Roles::kKv + 1);
+      wgmma::mbarrier_init(k_full0 + 8 * b, 128 + 1);
       wgmma::mbarrier_init(k_empty0 + 8 * b, 256);
-      wgmma::mbarrier_init(v_full0 + 8 * b, Roles::kKv + 1);
+      wgmma::mbarrier_init(v_full0 + 8 * b, 128 + 1);
       wgmma::mbarrier_init(v_empty0 + 8 * b, 256);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the TMA unit
@@ -652,99 +641,55 @@ __global__ void __launch_bounds__(kPersistThreads, 1)
   const int lt = threadIdx.x & 127;  // the thread within its warpgroup
 
   if (wg == 0) {
-    // ---- the producer: per item Q into buffer qi % 2 (the Q loaders), then the item's K/V
-    // tiles (the K/V loaders; ProducerRoles) ----
+    // ---- the producer: per item Q into buffer qi % 2, then the item's K/V tiles ----
     wgmma::setmaxnreg_dec<kProducerRegs>();
-    const bool q_loader = lt >= 128 - Roles::kQ, kv_loader = lt < Roles::kKv;
-    const int qt = lt - (128 - Roles::kQ);  // the thread among the Q loaders
-    const bool norm = kRopeQ && p.rope.q_norm != nullptr;
-    float2* const cs_stage = reinterpret_cast<float2*>(smem + T::kCsBase);
-    bf16* const w_stage = reinterpret_cast<bf16*>(smem + T::kWBase);
     int qi = 0, g = 0;  // the block's items (not skipped) and K/V tiles so far, as the math's
     for (int i = blockIdx.x; i < n_items; i += gridDim.x) {
       AttnItem it;
       if (!attn_item(p, i, row_tiles, group, it)) continue;
       const int qb = qi & 1;
-      if (q_loader) {
-        if (qi >= 2) wgmma::mbarrier_wait(q_empty0 + 8 * qb, ((qi >> 1) - 1) & 1);
-        // thread pair (2r, 2r + 1) moves row r (+ kQRowsPerPass · pass); past the rows: zeros
-#pragma unroll 2
-        for (int pass = 0; pass < kRows / Roles::kQRowsPerPass; ++pass) {
-          const int r = (qt >> 1) + Roles::kQRowsPerPass * pass, row = it.row0 + r;
-          const bool ok = row < it.n_rows;
-          const bf16* src =
-              ok ? p.q + static_cast<size_t>(it.q0 + row / group) * p.q_stride + (it.kvh * group + row % group) * D : p.q;
-          copy_row_d128<2>(smem + qb * kQBytes, kQSlab, r, qt & 1, src, ok);
-        }
-        if constexpr (kRopeQ) {
-          // the rotation rows of the tile's tokens and the norm weights beside it; every Q
-          // loader's copies landed, then each normalises and rotates the chunks it copied and
-          // makes its writes visible to the tensor cores' async proxy
-          const int t_lo = it.q0 + it.row0 / group;
-          const int n_tok = it.q0 + (min(it.row0 + kRows, it.n_rows) - 1) / group - t_lo + 1;
-          for (int c = qt; c < n_tok * (T::kCsRowBytes / 16); c += Roles::kQ)
-            cp_async16(smem + T::kCsBase + 16 * c, p.rope.rotation + static_cast<size_t>(t_lo) * 64 + 2 * c, 16);
-          if (norm && qt < 16) cp_async16(smem + T::kWBase + 16 * qt, p.rope.q_norm + 8 * qt, 16);
-          cp_async_commit();
-          cp_async_wait<0>();
-          named_barrier_sync<kQLoaderBarrier, Roles::kQ>();
-#pragma unroll 1
-          for (int pass = 0; pass < kRows / Roles::kQRowsPerPass; ++pass) {
-            const int r = (qt >> 1) + Roles::kQRowsPerPass * pass, row = it.row0 + r;
-            rope_q_row_d128(smem + qb * kQBytes, kQSlab, r, qt & 1, cs_stage + (it.q0 + row / group - t_lo) * 64,
-                            norm ? w_stage : nullptr, p.rope.eps, p.rope.norm_offset, row < it.n_rows);
-          }
-          asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-          wgmma::mbarrier_arrive(q_full0 + 8 * qb);
-          named_barrier_sync<kQLoaderBarrier, Roles::kQ>();  // the staging read before the next item's copies
-        } else {
-          wgmma::cp_async_mbarrier_arrive(q_full0 + 8 * qb);
-        }
+      if (qi >= 2) wgmma::mbarrier_wait(q_empty0 + 8 * qb, ((qi >> 1) - 1) & 1);
+#pragma unroll
+      for (int pass = 0; pass < 2; ++pass) {  // thread pair (2r, 2r + 1) moves row r (+ 64); past the rows: zeros
+        const int r = (lt >> 1) + 64 * pass, row = it.row0 + r;
+        const bool ok = row < it.n_rows;
+        const bf16* src =
+            ok ? p.q + static_cast<size_t>(it.q0 + row / group) * p.q_stride + (it.kvh * group + row % group) * D : p.q;
+        copy_row_d128<2>(smem + qb * kQBytes, kQSlab, r, lt & 1, src, ok);
       }
+      wgmma::cp_async_mbarrier_arrive(q_full0 + 8 * qb);
 
       // K and V of tile kt (block tile g) into stage g % 2 of their rings, as the kernel above:
       // the cache blocks wholly below block_limit by TMA (lane b of warp 0 block b of the tile;
       // lane 0 announces the bytes), keys from full_end on — the partial last block, then zeros —
-      // by cp.async, kKeysPerThread keys a K/V loader.
-      if (kv_loader) {
-        const int32_t* table = p.block_tables + static_cast<size_t>(it.seq) * p.max_blocks_per_seq;
-        const int full_end = it.block_limit / p.block_size * p.block_size;
-        for (int kt = 0; kt < it.n_tiles; ++kt, ++g) {
-          const int stage = g & 1, k0 = kt * kKeys;
-          const int whole = min(max(full_end - k0, 0), kKeys) / p.block_size;  // ≤ 32 (prefill_on_wgmma)
-          const int slot0 = lt < whole ? __ldg(table + k0 / p.block_size + lt) * p.block_size : 0;
-          // this thread's key rows past the whole blocks, and where each sits in the cache
-          // (size_t: slot * n_kv_heads * head_dim overflows int for large pools)
-          const auto key_offset = [&](int kpos) {
-            const int slot = kpos < it.block_limit
-                                 ? __ldg(table + kpos / p.block_size) * p.block_size + kpos % p.block_size
-                                 : 0;
-            return (static_cast<size_t>(slot) * p.n_kv_heads + it.kvh) * D;
-          };
+      // by cp.async, one thread a key.
+      const int32_t* table = p.block_tables + static_cast<size_t>(it.seq) * p.max_blocks_per_seq;
+      const int full_end = it.block_limit / p.block_size * p.block_size;
+      for (int kt = 0; kt < it.n_tiles; ++kt, ++g) {
+        const int stage = g & 1, k0 = kt * kKeys, kpos = k0 + lt;
+        const int whole = min(max(full_end - k0, 0), kKeys) / p.block_size;  // ≤ 32 (prefill_on_wgmma)
+        const int slot0 = lt < whole ? __ldg(table + k0 / p.block_size + lt) * p.block_size : 0;
+        const bool partial = kpos >= full_end, ok = kpos < it.block_limit;
+        const int slot = partial && ok ? __ldg(table + kpos / p.block_size) * p.block_size + kpos % p.block_size : 0;
+        // size_t: slot * n_kv_heads * head_dim overflows int for large pools.
+        const size_t off = (static_cast<size_t>(slot) * p.n_kv_heads + it.kvh) * D;
 #pragma unroll
-          for (int half = 0; half < 2; ++half) {  // K, then V
-            const uint32_t full = (half ? v_full0 : k_full0) + 8 * stage;
-            if (g >= 2) wgmma::mbarrier_wait((half ? v_empty0 : k_empty0) + 8 * stage, ((g >> 1) - 1) & 1);
-            const int base = (half ? T::kVBase : T::kKBase) + stage * kTileBytes;
-            if (lt < 32) {
-              if (lt == 0) wgmma::mbarrier_arrive_expect_tx(full, whole * p.block_size * 128 * T::kSlabs);
-              __syncwarp();
-              if (lt < whole) {
+        for (int half = 0; half < 2; ++half) {  // K, then V
+          const uint32_t full = (half ? v_full0 : k_full0) + 8 * stage;
+          if (g >= 2) wgmma::mbarrier_wait((half ? v_empty0 : k_empty0) + 8 * stage, ((g >> 1) - 1) & 1);
+          const int base = (half ? T::kVBase : T::kKBase) + stage * kTileBytes;
+          if (lt < 32) {
+            if (lt == 0) wgmma::mbarrier_arrive_expect_tx(full, whole * p.block_size * 128 * T::kSlabs);
+            __syncwarp();
+            if (lt < whole) {
 #pragma unroll
-                for (int slab = 0; slab < T::kSlabs; ++slab)
-                  wgmma::tma_load_3d(smem_addr + base + slab * kKvSlab + lt * p.block_size * 128,
-                                     half ? &v_map : &k_map, 64 * slab, it.kvh, slot0, full);
-              }
+              for (int slab = 0; slab < T::kSlabs; ++slab)
+                wgmma::tma_load_3d(smem_addr + base + slab * kKvSlab + lt * p.block_size * 128, half ? &v_map : &k_map,
+                                   64 * slab, it.kvh, slot0, full);
             }
-#pragma unroll
-            for (int h = 0; h < Roles::kKeysPerThread; ++h) {
-              const int kpos = k0 + lt + Roles::kKv * h;
-              if (kpos >= full_end)
-                copy_row_d128<1>(smem + base, kKvSlab, lt + Roles::kKv * h, 0,
-                                 (half ? p.v_cache : p.k_cache) + key_offset(kpos), kpos < it.block_limit);
-            }
-            wgmma::cp_async_mbarrier_arrive(full);
           }
+          if (partial) copy_row_d128<1>(smem + base, kKvSlab, lt, 0, (half ? p.v_cache : p.k_cache) + off, ok);
+          wgmma::cp_async_mbarrier_arrive(full);
         }
       }
       ++qi;
@@ -776,9 +721,22 @@ __global__ void __launch_bounds__(kPersistThreads, 1)
     const int wg_tiles = wrow0 < it.n_rows ? CEIL_DIV(wg_hi, kKeys) : 0;  // ≤ it.n_tiles
     const int lim_a = limit(it.row0 + r_a), lim_b = limit(it.row0 + r_a + 8);
     const uint32_t q_wg = smem_addr + qb * kQBytes + mw * 64 * 128;  // this warpgroup's rows of slab 0
+    // rope_q: this thread's half of row rq of the tile (its pair's), fetched before Q lands
+    const int rq = 64 * mw + (lt >> 1), row_q = it.row0 + rq;
+    RopeQCs cs;
+    if constexpr (kRopeQ) rope_q_fetch(p.rope, it.q0 + row_q / group, lt & 1, row_q < it.n_rows, cs);
     clock.mark(kAttnBounds);
     wgmma::mbarrier_wait(q_full0 + 8 * qb, (qi >> 1) & 1);
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // Q came by cp.async (generic proxy)
+    if constexpr (kRopeQ) {
+      rope_q_apply(smem + qb * kQBytes, kQSlab, rq, lt & 1, cs, p.rope, row_q < it.n_rows);
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // written by this thread, read by the MMAs
+      // the warpgroup's 64 rows all rotated before its S MMAs read them (0 is __syncthreads')
+      if (mw == 0)
+        named_barrier_sync<1, 128>();
+      else
+        named_barrier_sync<2, 128>();
+    }
     clock.mark(kAttnQ);
 
     zero_o<D>(o);
@@ -902,9 +860,8 @@ bool prefill_on_wgmma(const AttentionParams& p) {
 bool wgmma_rotates_q(const AttentionParams& p) {
   const QkNormRopeParams& r = p.rope;
   const auto a16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
-  return p.head_dim == 128 && p.n_q_heads / p.n_kv_heads >= kRopeQMinGroup &&
-         rope_rotated_dims(r.rotary_dim, r.head_dim) == 128 && r.rotation != nullptr && a16(r.rotation) &&
-         (r.q_norm == nullptr || a16(r.q_norm));
+  return p.head_dim == 128 && rope_rotated_dims(r.rotary_dim, r.head_dim) == 128 && r.rotation != nullptr &&
+         a16(r.rotation) && (r.q_norm == nullptr || a16(r.q_norm));
 }
 
 #if MOEBATCH_WGMMA
