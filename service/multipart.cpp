@@ -23,7 +23,9 @@ std::string_view trim(std::string_view s) {
 // The value of `key` among "; key=value" parameters (quoted or not, whitespace around each part
 // dropped); empty when absent. Parameters are read one after another: a quoted value may hold
 // ';' and "key=" (a filename "a; name=x.jsonl"), which a search for "; name=" would take for
-// the next parameter.
+// the next parameter. A quoted value is an RFC 9110 quoted-string: a backslash takes the next
+// character as it is (httpx, which the OpenAI Python SDK sends with, writes a filename's '\' as
+// "\\"; `\"` is a quote inside the value, not its end).
 std::string param(std::string_view header, std::string_view key) {
   size_t p = header.find(';');
   while (p != std::string_view::npos) {
@@ -37,17 +39,26 @@ std::string param(std::string_view header, std::string_view key) {
     const bool wanted = lower(trim(rest.substr(0, eq))) == key;
     std::string_view v = rest.substr(eq + 1);
     while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
-    std::string_view value;
+    std::string value;
     size_t end = 0;  // in v, past the value
     if (!v.empty() && v.front() == '"') {
-      const size_t close = v.find('"', 1);
-      end = close == std::string_view::npos ? v.size() : close + 1;
-      value = v.substr(1, close == std::string_view::npos ? v.size() - 1 : close - 1);
+      end = v.size();  // unclosed: the rest of the header
+      for (size_t i = 1; i < v.size(); ++i) {
+        if (v[i] == '\\' && i + 1 < v.size()) {
+          if (wanted) value += v[i + 1];
+          ++i;
+        } else if (v[i] == '"') {
+          end = i + 1;
+          break;
+        } else if (wanted) {
+          value += v[i];
+        }
+      }
     } else {
       end = std::min(v.find(';'), v.size());
-      value = trim(v.substr(0, end));
+      if (wanted) value = trim(v.substr(0, end));
     }
-    if (wanted) return std::string(value);
+    if (wanted) return value;
     p = header.find(';', static_cast<size_t>(v.data() - header.data()) + end);
   }
   return {};

@@ -69,14 +69,15 @@ void check_positions(std::string_view body, const std::string& boundary,
   }
 }
 
-// `v` as a Content-Disposition parameter value that reads back as `v`, or nullopt when the
-// header grammar has no spelling for it (a quote and a ';' both, say).
+// `v` as a Content-Disposition parameter value that reads back as `v`: a quoted-string, its
+// quotes and backslashes escaped (the header is one line, so `v` holds no line break).
 std::optional<std::string> param_value(const std::string& v) {
-  if (v.find('"') == std::string::npos) return "\"" + v + "\"";
-  const bool edge_space = v.front() == ' ' || v.front() == '\t' || v.back() == ' ' ||
-                          v.back() == '\t' || v.front() == '"';
-  if (edge_space || v.find(';') != std::string::npos) return std::nullopt;
-  return v;
+  std::string out = "\"";
+  for (const char c : v) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
 }
 
 // The parts written out as a client would, with the same Content-Type; nullopt when a name

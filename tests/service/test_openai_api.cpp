@@ -263,6 +263,25 @@ TEST(Multipart, QuotedParametersMayHoldSemicolonsAndKeys) {
   EXPECT_EQ(multipart_boundary("multipart/form-data;;boundary=\"q;r\""), "q;r");
 }
 
+// Quoted values are RFC 9110 quoted-strings: httpx (the OpenAI Python SDK's client) writes a
+// filename's backslashes doubled, and a quote inside a value escaped does not end it.
+TEST(Multipart, QuotedParametersDecodeBackslashEscapes) {
+  const std::string body =
+      "--B\r\nContent-Disposition: form-data; name=\"file\"; filename=\"C:\\\\in\\\\a \\\"b\\\"; name=c.jsonl\"\r\n"
+      "\r\nx\r\n--B\r\nContent-Disposition: form-data; name=\"p\\\\\"; filename=\"end\\\\\"\r\n\r\ny\r\n--B--";
+  auto r = parse_multipart("multipart/form-data; boundary=\"B\\\"\"; boundary=C", body);
+  ASSERT_EQ(r.index(), 1u) << "the first boundary is B\", which no part starts with";
+  r = parse_multipart("multipart/form-data; boundary=\"\\B\"", body);
+  ASSERT_EQ(r.index(), 0u) << std::get<std::string>(r);
+  const auto& parts = std::get<std::vector<MultipartPart>>(r);
+  ASSERT_EQ(parts.size(), 2u);
+  EXPECT_EQ(parts[0].name, "file");
+  EXPECT_EQ(parts[0].filename, "C:\\in\\a \"b\"; name=c.jsonl");
+  EXPECT_EQ(parts[1].name, "p\\");
+  EXPECT_EQ(parts[1].filename, "end\\");
+  EXPECT_EQ(multipart_boundary("multipart/form-data; boundary=\"unclosed\\"), "unclosed\\");
+}
+
 TEST(BatchCreate, ReadsTheFourFieldsAndNamesWhatItRefuses) {
   const json good = {{"input_file_id", "file-1"},
                      {"endpoint", "/v1/completions"},
