@@ -43,8 +43,7 @@ void attention_decode_split_warps(const AttentionParams& p, cudaStream_t stream)
 /// mma_sync. The caller checks the rest (attention.cu: rows, alignment, no split-K).
 bool prefill_on_wgmma(const AttentionParams& p);
 /// Where that kernel rotates q itself with rope_q (attention_prefill_rotates_q, given
-/// prefill_on_wgmma): the persistent form (head_dim 128), at least 4 q heads a kv head (the
-/// rotation rows of a row tile's tokens fit its staging), every dim rotating, the rotation table
+/// prefill_on_wgmma): the persistent form (head_dim 128), every dim rotating, the rotation table
 /// given and 16-byte aligned, as the norm weights.
 bool wgmma_rotates_q(const AttentionParams& p);
 /// That kernel: blocks of 128 rows (two warpgroups) × 128-key tiles (64 at head_dim 256); at

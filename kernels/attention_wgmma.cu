@@ -476,9 +476,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 // compute the walk and an item's bounds themselves (the same loads, deterministic): no ring of
 // identities to pass and no barrier between them beyond the data's own.
 constexpr int kPersistThreads = 384;  // producer warpgroup + two math warpgroups
-// rope_q on the persistent kernel: at least this many q heads a kv head, so that the rotation
-// rows of a row tile's tokens fit their staging (wgmma_rotates_q)
-constexpr int kRopeQMinGroup = 4;
 // 65,536 / 384 = 170 → 168 registers a thread at launch; the producer gives back down to 56 so
 // that the math warpgroups can hold 224 (S 64 + O 64 + P 32 + softmax state and addressing;
 // ptxas spills them at 216). setmaxnreg.inc only takes what .dec released: the block's 3 × 168,
@@ -495,13 +492,7 @@ struct Persist {
   static constexpr int kKBase = 2 * kQBytes;                        // Q0 Q1 | K0 K1 | V0 V1
   static constexpr int kVBase = kKBase + kStages * kTileBytes;
   static constexpr int kSmemBytes = kVBase + kStages * kTileBytes + 1024;  // + slack to align to 1024
-  // rope_q: per Q buffer the rotation rows of its row tile's tokens (at least kRopeQMinGroup q
-  // heads a kv head: ≤ 33 tokens), loaded with it
-  static constexpr int kCsRowBytes = 64 * 8;  // 64 (cos, sin) pairs
-  static constexpr int kCsBytes = (kRows / kRopeQMinGroup + 1) * kCsRowBytes;
-  static constexpr int kCsBase = kVBase + kStages * kTileBytes;
-  static constexpr int kRopeQSmemBytes = kSmemBytes + 2 * kCsBytes;
-  static_assert(kRopeQSmemBytes + 128 <= 227 * 1024, "one block's shared memory (and the static barriers)");
+  static_assert(kSmemBytes + 128 <= 227 * 1024, "one block's shared memory (and the static barriers)");
   static_assert(kRows * kKeys * 2 / 16 == 16 * 128, "a Q tile is 16 chunks a row, two rows a thread pair");
 };
 
@@ -542,20 +533,29 @@ __device__ __forceinline__ void copy_row_d128(uint8_t* tile, int slab_bytes, int
   }
 }
 
-// AttentionParams::rope_q on the math warpgroups: once an item's Q has landed — with the
-// rotation rows of its tokens, which the producer stages beside it (cs: the row's token's 64
-// (cos, sin) pairs, two a float4) — the thread pair (2r, 2r + 1) of a warpgroup normalises and
-// rotates row r in place (rope_q_apply), the arithmetic of qk_norm_rope's wide form
-// (kernels/rope_device.cuh), the same bits, and the warpgroup meets before its S MMAs read the
-// rows. Each thread takes the 16-byte chunks first,
+// AttentionParams::rope_q on the math warpgroups: at an item's start, before its Q has landed,
+// the thread pair (2r, 2r + 1) of a warpgroup fetches the rotation row of its row's token
+// (rope_q_fetch); once Q is in, it normalises and rotates the row in place (rope_q_apply) — the
+// arithmetic of qk_norm_rope's wide form (kernels/rope_device.cuh), the same bits — and the
+// warpgroup meets before its S MMAs read the rows. Each thread takes the 16-byte chunks first,
 // first + 2, … of the row's 16: chunk c's dims rotate with chunk c + 8's, the same chunk of the
 // second slab, so a thread holds both halves of every pair it rotates, and the pair's sums of
 // squares meet by one shuffle. The warpgroups wait for Q here anyway (the producer loads it an
 // item ahead), and their registers are free between items: in the producer (56 registers, its
-// dependent loads in line with the K/V ring's) the same work cost the attention 24–46%, and
-// with the rotation rows fetched from L2 by the math warpgroups 16% (2026-12-07,
-// bench/RESULTS.md).
-__device__ __forceinline__ void rope_q_apply(uint8_t* tile, int slab_bytes, int r, int first, const float4* cs,
+// dependent loads in line with the K/V ring's) the same work cost the attention 24–46%.
+// (2026-12-07, bench/RESULTS.md.)
+struct RopeQCs {
+  float4 v[16];  // chunk pair i's (cos, sin) of its 8 dims in v[4i .. 4i + 3], two pairs a float4
+};
+__device__ __forceinline__ void rope_q_fetch(const QkNormRopeParams& rp, int token, int first, bool ok, RopeQCs& cs) {
+  const float4* row = reinterpret_cast<const float4*>(rp.rotation + static_cast<size_t>(ok ? token : 0) * 64);
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) cs.v[4 * i + j] = __ldg(row + 4 * (first + 2 * i) + j);
+}
+
+__device__ __forceinline__ void rope_q_apply(uint8_t* tile, int slab_bytes, int r, int first, const RopeQCs& cs,
                                              const QkNormRopeParams& rp, bool ok) {
   const bool norm = rp.q_norm != nullptr;
   // chunk pair i: chunks first + 2i of the two slabs
@@ -597,7 +597,7 @@ __device__ __forceinline__ void rope_q_apply(uint8_t* tile, int slab_bytes, int 
     float xo[8], yo[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
-      const float4 q = cs[4 * c + e / 2];  // pairs 8c + e
+      const float4 q = cs.v[4 * i + e / 2];
       const float2 cse = e % 2 == 0 ? make_float2(q.x, q.y) : make_float2(q.z, q.w);
       xo[e] = rope_rotated(x[e], y[e], cse, -1.f);
       yo[e] = rope_rotated(y[e], x[e], cse, 1.f);
@@ -656,13 +656,6 @@ __global__ void __launch_bounds__(kPersistThreads, 1)
         const bf16* src =
             ok ? p.q + static_cast<size_t>(it.q0 + row / group) * p.q_stride + (it.kvh * group + row % group) * D : p.q;
         copy_row_d128<2>(smem + qb * kQBytes, kQSlab, r, lt & 1, src, ok);
-      }
-      if constexpr (kRopeQ) {  // the rotation rows of the tile's tokens, beside it
-        const int t_lo = it.q0 + it.row0 / group;
-        const int n_tok = it.q0 + (min(it.row0 + kRows, it.n_rows) - 1) / group - t_lo + 1;
-        for (int c = lt; c < n_tok * (T::kCsRowBytes / 16); c += 128)
-          cp_async16(smem + T::kCsBase + qb * T::kCsBytes + 16 * c,
-                     p.rope.rotation + static_cast<size_t>(t_lo) * 64 + 2 * c, 16);
       }
       wgmma::cp_async_mbarrier_arrive(q_full0 + 8 * qb);
 
@@ -728,15 +721,14 @@ __global__ void __launch_bounds__(kPersistThreads, 1)
     const int wg_tiles = wrow0 < it.n_rows ? CEIL_DIV(wg_hi, kKeys) : 0;  // ≤ it.n_tiles
     const int lim_a = limit(it.row0 + r_a), lim_b = limit(it.row0 + r_a + 8);
     const uint32_t q_wg = smem_addr + qb * kQBytes + mw * 64 * 128;  // this warpgroup's rows of slab 0
-    // rope_q: this thread's half of row rq of the tile (its pair's)
+    // rope_q: this thread's half of row rq of the tile (its pair's), fetched before Q lands
     const int rq = 64 * mw + (lt >> 1), row_q = it.row0 + rq;
+    RopeQCs cs;
+    if constexpr (kRopeQ) rope_q_fetch(p.rope, it.q0 + row_q / group, lt & 1, row_q < it.n_rows, cs);
     clock.mark(kAttnBounds);
     wgmma::mbarrier_wait(q_full0 + 8 * qb, (qi >> 1) & 1);
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // Q came by cp.async (generic proxy)
     if constexpr (kRopeQ) {
-      const int t_lo = it.q0 + it.row0 / group;
-      const auto* cs = reinterpret_cast<const float4*>(smem + T::kCsBase + qb * T::kCsBytes +
-                                                       (it.q0 + row_q / group - t_lo) * T::kCsRowBytes);
       rope_q_apply(smem + qb * kQBytes, kQSlab, rq, lt & 1, cs, p.rope, row_q < it.n_rows);
       asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // written by this thread, read by the MMAs
       // the warpgroup's 64 rows all rotated before its S MMAs read them (0 is __syncthreads')
@@ -868,9 +860,8 @@ bool prefill_on_wgmma(const AttentionParams& p) {
 bool wgmma_rotates_q(const AttentionParams& p) {
   const QkNormRopeParams& r = p.rope;
   const auto a16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
-  return p.head_dim == 128 && p.n_q_heads / p.n_kv_heads >= kRopeQMinGroup &&
-         rope_rotated_dims(r.rotary_dim, r.head_dim) == 128 && r.rotation != nullptr && a16(r.rotation) &&
-         (r.q_norm == nullptr || a16(r.q_norm));
+  return p.head_dim == 128 && rope_rotated_dims(r.rotary_dim, r.head_dim) == 128 && r.rotation != nullptr &&
+         a16(r.rotation) && (r.q_norm == nullptr || a16(r.q_norm));
 }
 
 #if MOEBATCH_WGMMA
@@ -897,9 +888,8 @@ void launch(const AttentionParams& p, cudaStream_t stream) {
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     const int blocks = static_cast<int>(std::min<int64_t>(p.max_blocks > 0 ? std::min(sms, p.max_blocks) : sms, items));
     const auto kernel = p.rope_q ? attention_prefill_persistent_kernel<true> : attention_prefill_persistent_kernel<false>;
-    const int smem = p.rope_q ? Persist::kRopeQSmemBytes : Persist::kSmemBytes;
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    launch_dependent(kernel, dim3(blocks), kPersistThreads, smem, stream, p,
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Persist::kSmemBytes));
+    launch_dependent(kernel, dim3(blocks), kPersistThreads, Persist::kSmemBytes, stream, p,
                      static_cast<int>(row_tiles), k_map, v_map);
   } else {
     // Above the 48 KB default; set per launch, as attributes are per device.
