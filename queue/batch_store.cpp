@@ -2,6 +2,8 @@
 // (sqlite_batch_store.cpp, pg_batch_store.cpp).
 #include "queue/batch_store.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <random>
 
@@ -39,6 +41,27 @@ std::vector<T> page(std::vector<T> rows, int64_t limit, bool& has_more) {
   return rows;
 }
 
+// Files stored before migration 10 are one piece each, as the migration moved them (SQL cannot
+// cut text at character boundaries without reading it from its start for every piece): each
+// past kFileChunkBytes is read whole once, here, and cut as a new file is, so that no download
+// reads more than a piece at a time. A failure leaves the file as it was (downloads still work,
+// reading it whole) and is logged; the next open tries again.
+void recut_legacy_files(BatchStoreBackend& b) {
+  try {
+    for (const std::string& id : b.files_in_one_large_piece(static_cast<int64_t>(kFileChunkBytes))) {
+      const std::optional<std::string> content = b.file_chunk(id, 0);
+      if (!content || content->size() <= kFileChunkBytes) continue;
+      const std::vector<std::string_view> pieces = split_file_content(*content);
+      if (b.recut_file(id, pieces))
+        spdlog::info("file {}: its content ({} bytes, stored before migration 10) is now {} pieces", id,
+                     content->size(), pieces.size());
+    }
+  } catch (const std::exception& e) {
+    spdlog::warn("cutting files stored before migration 10 into pieces failed ({}); they are read whole",
+                 e.what());
+  }
+}
+
 }  // namespace
 
 std::vector<std::string_view> split_file_content(std::string_view content, size_t max_bytes) {
@@ -64,6 +87,7 @@ BatchStore::BatchStore(const std::string& location) {
   const StoreLocation loc = parse_store_location(location);
   impl_ = loc.kind == StoreKind::Postgres ? make_pg_batch_store(loc.target)
                                           : make_sqlite_batch_store(loc.target);
+  recut_legacy_files(*impl_);
 }
 
 BatchStore::~BatchStore() = default;

@@ -32,7 +32,9 @@ namespace moebatch {
 class BatchStoreBackend;
 
 /// A file's content is stored in pieces of at most this many bytes (file_chunks, migration 10),
-/// cut at UTF-8 character boundaries, so a download reads and sends one piece at a time.
+/// cut at UTF-8 character boundaries, so a download reads and sends one piece at a time. Files
+/// written before migration 10 were moved into one piece each; the BatchStore constructor cuts
+/// those past this size (once: reading each whole that one time).
 inline constexpr size_t kFileChunkBytes = size_t{1} << 20;
 
 /// A stored file's metadata.

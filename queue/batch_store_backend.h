@@ -32,6 +32,13 @@ class BatchStoreBackend {
   virtual std::vector<StoredFile> list_files(const std::optional<std::string>& after, int64_t limit,
                                              const std::optional<std::string>& purpose) = 0;
   virtual bool delete_file(const std::string& id) = 0;
+  /// Files of more than `max_bytes` held in one piece: stored before migration 10, which moved
+  /// each file's content into its piece 0 as it was.
+  virtual std::vector<std::string> files_in_one_large_piece(int64_t max_bytes) = 0;
+  /// Replaces such a file's one piece by `pieces` (its content cut), in one transaction that
+  /// first makes sure it is still one piece; false when it is not (another opener cut it, or
+  /// the file is gone).
+  virtual bool recut_file(const std::string& id, const std::vector<std::string_view>& pieces) = 0;
   virtual void add_batch(const BatchRecord& b) = 0;
   virtual std::optional<BatchRecord> batch(const std::string& id) = 0;
   /// Up to `limit` batches, newest first.

@@ -98,6 +98,33 @@ class PgBatchStore final : public BatchStoreBackend {
     return content;
   }
 
+  std::vector<std::string> files_in_one_large_piece(int64_t max_bytes) override {
+    PgResult r = conn_->exec(
+        "SELECT f.id FROM files f WHERE f.bytes > $1 AND NOT EXISTS "
+        "(SELECT 1 FROM file_chunks c WHERE c.file_id = f.id AND c.seq = 1)",
+        PgParams().add(max_bytes));
+    std::vector<std::string> ids;
+    for (int i = 0; i < r.rows(); ++i) ids.push_back(r.text(i, 0));
+    return ids;
+  }
+
+  bool recut_file(const std::string& id, const std::vector<std::string_view>& pieces) override {
+    PgTransaction tx(*conn_);
+    // The file's row locked first, so that a second opener waits and then counts this one's
+    // pieces (its own count would otherwise come from before this commit).
+    if (conn_->exec("SELECT id FROM files WHERE id = $1 FOR UPDATE", PgParams().add(id)).rows() == 0)
+      return false;
+    if (conn_->exec("SELECT count(*) FROM file_chunks WHERE file_id = $1", PgParams().add(id)).i64(0, 0) != 1)
+      return false;
+    conn_->exec("DELETE FROM file_chunks WHERE file_id = $1", PgParams().add(id));
+    int64_t seq = 0;
+    for (std::string_view piece : pieces)
+      conn_->exec("INSERT INTO file_chunks (file_id, seq, data) VALUES ($1, $2, $3)",
+                  PgParams().add(id).add(seq++).add(piece));
+    tx.commit();
+    return true;
+  }
+
   std::optional<std::string> file_chunk(const std::string& id, int64_t seq) override {
     PgResult r = conn_->exec("SELECT data FROM file_chunks WHERE file_id = $1 AND seq = $2",
                              PgParams().add(id).add(seq));

@@ -82,6 +82,37 @@ class SqliteBatchStore final : public BatchStoreBackend {
     return content;
   }
 
+  std::vector<std::string> files_in_one_large_piece(int64_t max_bytes) override {
+    Stmt& s = db_->prepare(
+        "SELECT f.id FROM files f WHERE f.bytes > ?1 AND NOT EXISTS "
+        "(SELECT 1 FROM file_chunks c WHERE c.file_id = f.id AND c.seq = 1)");
+    s.bind(1, max_bytes);
+    std::vector<std::string> ids;
+    while (s.step()) ids.push_back(s.text(0));
+    s.reset();
+    return ids;
+  }
+
+  bool recut_file(const std::string& id, const std::vector<std::string_view>& pieces) override {
+    Transaction tx(*db_, true);  // a write transaction from the start: one opener at a time
+    Stmt& n = db_->prepare("SELECT count(*) FROM file_chunks WHERE file_id = ?1");
+    n.bind(1, std::string_view(id));
+    const int64_t count = n.step() ? n.i64(0) : 0;
+    n.reset();
+    if (count != 1) return false;
+    Stmt& d = db_->prepare("DELETE FROM file_chunks WHERE file_id = ?1");
+    d.bind(1, std::string_view(id));
+    d.step();
+    int64_t seq = 0;
+    for (std::string_view piece : pieces) {
+      Stmt& c = db_->prepare("INSERT INTO file_chunks (file_id, seq, data) VALUES (?1, ?2, ?3)");
+      c.bind(1, std::string_view(id)).bind(2, seq++).bind(3, piece);
+      c.step();
+    }
+    tx.commit();
+    return true;
+  }
+
   std::optional<std::string> file_chunk(const std::string& id, int64_t seq) override {
     Stmt& s = db_->prepare("SELECT data FROM file_chunks WHERE file_id = ?1 AND seq = ?2");
     s.bind(1, std::string_view(id)).bind(2, seq);

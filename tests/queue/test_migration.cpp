@@ -112,7 +112,9 @@ PRAGMA user_version = 4;
 }
 
 // Migration 10: a file's content moves from files.content into pieces (file_chunks); the
-// content reads back the same, whole and as piece 0, and new files are stored in pieces.
+// content reads back the same, whole and as piece 0, and new files are stored in pieces. A file
+// past kFileChunkBytes (one piece after the migration) is cut by the first BatchStore that opens
+// the database, at character boundaries, and only once.
 TEST(Migration, VersionNineFileContentMovesIntoPieces) {
   TempDir dir;
   auto db = dir.path() / "v9.db";
@@ -125,6 +127,9 @@ INSERT INTO files (id, purpose, filename, bytes, created_at, content)
   VALUES ('file-old', 'batch_output', 'b_output.jsonl', 12, 5, '{"x":"€"}' || char(10));
 INSERT INTO files (id, purpose, filename, bytes, created_at, content)
   VALUES ('file-older', 'batch', 'in.jsonl', 3, 4, '{}' || char(10));
+INSERT INTO files (id, purpose, filename, bytes, created_at, content)
+  VALUES ('file-big', 'batch_output', 'big.jsonl', 1200009, 3,
+          '{"x":"' || replace(hex(zeroblob(400000)), '00', '€') || '"}' || char(10));
 PRAGMA user_version = 9;
 )sql";
   ASSERT_EQ(test::exec_sql(db, v9), "");
@@ -136,15 +141,34 @@ PRAGMA user_version = 9;
   EXPECT_EQ(files.file_content("file-old"), std::optional<std::string>(old));
   EXPECT_EQ(files.file_chunk("file-old", 0), std::optional<std::string>(old));
   EXPECT_FALSE(files.file_chunk("file-old", 1));
+  std::string big = "{\"x\":\"";
+  for (int i = 0; i < 400000; ++i) big += "\xE2\x82\xAC";
+  big += "\"}\n";
+  ASSERT_EQ(files.file("file-big")->bytes, static_cast<int64_t>(big.size()));
+  EXPECT_EQ(files.file_content("file-big"), std::optional<std::string>(big));
+  const auto pieces_of = [](BatchStore& s) {
+    std::vector<std::string> pieces;
+    while (auto p = s.file_chunk("file-big", static_cast<int64_t>(pieces.size()))) pieces.push_back(*p);
+    return pieces;
+  };
+  const std::vector<std::string> pieces = pieces_of(files);
+  ASSERT_EQ(pieces.size(), 2u);
+  for (const std::string& p : pieces) {
+    EXPECT_LE(p.size(), kFileChunkBytes);
+    EXPECT_NE(static_cast<unsigned char>(p.front()) & 0xC0, 0x80) << "a piece starts inside a character";
+  }
+  BatchStore again(db.string());
+  EXPECT_EQ(pieces_of(again), pieces);
   const StoredFile f = files.add_file("batch", "new.jsonl", "{}\n", 6);
   EXPECT_EQ(files.file_content(f.id), std::optional<std::string>("{}\n"));
   // Listed newest first, the old rows in the order they had.
   bool more = false;
   const auto listed = files.list_files(std::nullopt, 10, std::nullopt, more);
-  ASSERT_EQ(listed.size(), 3u);
+  ASSERT_EQ(listed.size(), 4u);
   EXPECT_EQ(listed[0].id, f.id);
-  EXPECT_EQ(listed[1].id, "file-older");
-  EXPECT_EQ(listed[2].id, "file-old");
+  EXPECT_EQ(listed[1].id, "file-big");
+  EXPECT_EQ(listed[2].id, "file-older");
+  EXPECT_EQ(listed[3].id, "file-old");
 }
 
 TEST(Migration, NewerSchemaIsRefused) {

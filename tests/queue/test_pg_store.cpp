@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "queue/batch_store.h"
 #include "queue/job_store.h"
 #include "tests/queue/pg_test_util.h"
 #include "tests/queue/queue_test_util.h"
@@ -53,6 +54,44 @@ TEST(PgStore, ANewerSchemaIsRefused) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("newer than this build"), std::string::npos) << e.what();
   }
+}
+
+// A file stored in one piece past kFileChunkBytes (as migration 5 moved the contents written
+// before it) is cut into pieces by the BatchStores that open the database — once, however many
+// open it at the same moment — and reads back the same.
+TEST(PgStore, OpenersCutAFileStoredInOnePieceOnce) {
+  test::PgTestDatabase db;
+  { JobStore s(store_options(db.url())); }
+  test::PgSqlConnection sql(db.url());
+  ASSERT_EQ(sql.exec("INSERT INTO files (id, purpose, filename, bytes, created_at) "
+                     "VALUES ('file-big', 'batch_output', 'big.jsonl', 1200009, 3)"),
+            "");
+  ASSERT_EQ(sql.exec("INSERT INTO file_chunks (file_id, seq, data) "
+                     "VALUES ('file-big', 0, '{\"x\":\"' || repeat('€', 400000) || '\"}' || chr(10))"),
+            "");
+  std::vector<std::thread> threads;
+  std::mutex mu;
+  std::vector<std::string> errors;
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&] {
+      try {
+        BatchStore s(db.url());
+      } catch (const std::exception& e) {
+        std::lock_guard lock(mu);
+        errors.push_back(e.what());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(errors.empty()) << errors.front();
+  EXPECT_EQ(sql.query_i64("SELECT count(*) FROM file_chunks WHERE file_id = 'file-big'"), 2);
+  EXPECT_EQ(sql.query_i64("SELECT count(*) FROM file_chunks WHERE file_id = 'file-big' AND octet_length(data) > 1048576"),
+            0);
+  std::string big = "{\"x\":\"";
+  for (int i = 0; i < 400000; ++i) big += "\xE2\x82\xAC";
+  big += "\"}\n";
+  BatchStore files(db.url());
+  EXPECT_EQ(files.file_content("file-big"), std::optional<std::string>(big));
 }
 
 TEST(PgStore, UnreachableServerIsAClearError) {
