@@ -3,6 +3,7 @@
 // send, and a connection that comes back after the server dropped it.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -20,17 +21,15 @@ using std::chrono::milliseconds;
 using test::store_options;
 using test::text_job;
 
-TEST(PgStore, ConcurrentOpenersMigrateOnce) {
-  test::PgTestDatabase db;
+// fn on `n` threads at once; what they threw.
+std::vector<std::string> at_once(int n, const std::function<void()>& fn) {
   std::vector<std::thread> threads;
   std::mutex mu;
   std::vector<std::string> errors;
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < n; ++i) {
     threads.emplace_back([&] {
       try {
-        JobStore s(store_options(db.url()));
-        if (s.schema_version() != JobStore::schema_version_latest(StoreKind::Postgres))
-          throw Error("schema version " + std::to_string(s.schema_version()));
+        fn();
       } catch (const std::exception& e) {
         std::lock_guard lock(mu);
         errors.push_back(e.what());
@@ -38,6 +37,16 @@ TEST(PgStore, ConcurrentOpenersMigrateOnce) {
     });
   }
   for (auto& t : threads) t.join();
+  return errors;
+}
+
+TEST(PgStore, ConcurrentOpenersMigrateOnce) {
+  test::PgTestDatabase db;
+  const std::vector<std::string> errors = at_once(4, [&] {
+    JobStore s(store_options(db.url()));
+    if (s.schema_version() != JobStore::schema_version_latest(StoreKind::Postgres))
+      throw Error("schema version " + std::to_string(s.schema_version()));
+  });
   EXPECT_TRUE(errors.empty()) << errors.front();
   test::PgSqlConnection sql(db.url());
   EXPECT_EQ(sql.query_i64("SELECT count(*) FROM moebatch_schema"), 1);
@@ -69,20 +78,7 @@ TEST(PgStore, OpenersCutAFileStoredInOnePieceOnce) {
   ASSERT_EQ(sql.exec("INSERT INTO file_chunks (file_id, seq, data) "
                      "VALUES ('file-big', 0, '{\"x\":\"' || repeat('€', 400000) || '\"}' || chr(10))"),
             "");
-  std::vector<std::thread> threads;
-  std::mutex mu;
-  std::vector<std::string> errors;
-  for (int i = 0; i < 4; ++i) {
-    threads.emplace_back([&] {
-      try {
-        BatchStore s(db.url());
-      } catch (const std::exception& e) {
-        std::lock_guard lock(mu);
-        errors.push_back(e.what());
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+  const std::vector<std::string> errors = at_once(4, [&] { BatchStore s(db.url()); });
   ASSERT_TRUE(errors.empty()) << errors.front();
   EXPECT_EQ(sql.query_i64("SELECT count(*) FROM file_chunks WHERE file_id = 'file-big'"), 2);
   EXPECT_EQ(sql.query_i64("SELECT count(*) FROM file_chunks WHERE file_id = 'file-big' AND octet_length(data) > 1048576"),
