@@ -634,13 +634,8 @@ void attention_prefill(const AttentionParams& p, cudaStream_t stream) {
   check(p);
   if (p.num_seqs == 0 || p.num_tokens == 0 || p.max_q_len == 0) return;
   if (p.rope_q && !attention_prefill_rotates_q(p)) {
-    // q's norm and rotation in place first (no k heads, no cache write), then plain attention
-    QkNormRopeParams q_only = p.rope;
-    q_only.k = q_only.q;
-    q_only.k_stride = q_only.q_stride;
-    q_only.n_kv_heads = 0;
-    q_only.k_cache = nullptr;
-    qk_norm_rope(q_only, stream);
+    // q's norm and rotation in place first, then plain attention
+    qk_norm_rope(qk_norm_rope_q_only(p.rope), stream);
     AttentionParams plain = p;
     plain.rope_q = false;
     return attention_prefill(plain, stream);

@@ -859,9 +859,8 @@ bool prefill_on_wgmma(const AttentionParams& p) {
 
 bool wgmma_rotates_q(const AttentionParams& p) {
   const QkNormRopeParams& r = p.rope;
-  const auto a16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   return p.head_dim == 128 && rope_rotated_dims(r.rotary_dim, r.head_dim) == 128 && r.rotation != nullptr &&
-         a16(r.rotation) && (r.q_norm == nullptr || a16(r.q_norm));
+         aligned16(r.rotation) && (r.q_norm == nullptr || aligned16(r.q_norm));
 }
 
 #if MOEBATCH_WGMMA

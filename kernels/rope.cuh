@@ -52,6 +52,16 @@ __host__ __device__ inline int rope_rotated_dims(int rotary_dim, int head_dim) {
 void rope_rotation_table(const int32_t* positions, int tokens, int rotary_dim, float theta, float2* table,
                          cudaStream_t stream);
 
+/// The same operands with the k heads and the cache write dropped: q's norm and rotation alone
+/// (attention_prefill's rope_q where its kernel does not rotate q itself).
+inline QkNormRopeParams qk_norm_rope_q_only(QkNormRopeParams p) {
+  p.k = p.q;
+  p.k_stride = p.q_stride;
+  p.n_kv_heads = 0;
+  p.k_cache = nullptr;
+  return p;
+}
+
 /// Normalizes (when weights are given) and rotates q and k in place; fp32 math, one rounding.
 /// With a cache given, also writes the rotated k and the v rows to their slots (bit-exact copies).
 void qk_norm_rope(const QkNormRopeParams& p, cudaStream_t stream);

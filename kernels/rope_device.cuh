@@ -65,8 +65,9 @@ __device__ __forceinline__ void rope_lane_rotation(const QkNormRopeParams& p, in
 
 // The arithmetic of a head's norm and rotation, one place for qk_norm_rope's wide form and the
 // prefill attention's q rotated as it loads (kernels/attention_wgmma.cu), with the roundings
-// spelled out so that both compute the same bits whatever the compiler would contract. A head's sum of squares is the 8-dim chunks' sums (rope_sum_squares8) added as a
-// butterfly over chunks 8, 4, 2, 1 apart (commutative, so every holder gets the same value).
+// spelled out so that both compute the same bits whatever the compiler would contract. A head's
+// sum of squares is the 8-dim chunks' sums (rope_sum_squares8) added as a butterfly over chunks
+// 8, 4, 2, 1 apart (commutative, so every holder gets the same value).
 __device__ __forceinline__ float rope_sum_squares8(const float (&x)[8]) {
   float ss = 0.f;
 #pragma unroll

@@ -47,15 +47,20 @@ std::vector<StoredFile> read_files(const PgResult& r) {
   return out;
 }
 
+// A file's pieces as file_chunks rows 0, 1, ... (inside the caller's transaction).
+void insert_pieces(PgConn& c, const std::string& id, const std::vector<std::string_view>& pieces) {
+  int64_t seq = 0;
+  for (std::string_view piece : pieces)
+    c.exec("INSERT INTO file_chunks (file_id, seq, data) VALUES ($1, $2, $3)",
+           PgParams().add(id).add(seq++).add(piece));
+}
+
 // The file's row and its content's pieces (inside the caller's transaction).
 void insert_file(PgConn& c, const StoredFile& f, std::string_view content) {
   c.exec(
       "INSERT INTO files (id, purpose, filename, bytes, created_at) VALUES ($1, $2, $3, $4, $5)",
       PgParams().add(f.id).add(f.purpose).add(f.filename).add(f.bytes).add(f.created_at));
-  int64_t seq = 0;
-  for (std::string_view piece : split_file_content(content))
-    c.exec("INSERT INTO file_chunks (file_id, seq, data) VALUES ($1, $2, $3)",
-           PgParams().add(f.id).add(seq++).add(piece));
+  insert_pieces(c, f.id, split_file_content(content));
 }
 
 class PgBatchStore final : public BatchStoreBackend {
@@ -117,10 +122,7 @@ class PgBatchStore final : public BatchStoreBackend {
     if (conn_->exec("SELECT count(*) FROM file_chunks WHERE file_id = $1", PgParams().add(id)).i64(0, 0) != 1)
       return false;
     conn_->exec("DELETE FROM file_chunks WHERE file_id = $1", PgParams().add(id));
-    int64_t seq = 0;
-    for (std::string_view piece : pieces)
-      conn_->exec("INSERT INTO file_chunks (file_id, seq, data) VALUES ($1, $2, $3)",
-                  PgParams().add(id).add(seq++).add(piece));
+    insert_pieces(*conn_, id, pieces);
     tx.commit();
     return true;
   }

@@ -29,6 +29,16 @@ BatchRecord read_batch(const Stmt& s) {
   return b;
 }
 
+// A file's pieces as file_chunks rows 0, 1, ... (inside the caller's transaction).
+void insert_pieces(Db& db, std::string_view id, const std::vector<std::string_view>& pieces) {
+  int64_t seq = 0;
+  for (std::string_view piece : pieces) {
+    Stmt& c = db.prepare("INSERT INTO file_chunks (file_id, seq, data) VALUES (?1, ?2, ?3)");
+    c.bind(1, id).bind(2, seq++).bind(3, piece);
+    c.step();
+  }
+}
+
 // The file's row and its content's pieces (inside the caller's transaction).
 void insert_file(Db& db, const StoredFile& f, std::string_view content) {
   Stmt& s = db.prepare(
@@ -36,12 +46,7 @@ void insert_file(Db& db, const StoredFile& f, std::string_view content) {
   s.bind(1, std::string_view(f.id)).bind(2, std::string_view(f.purpose));
   s.bind(3, std::string_view(f.filename)).bind(4, f.bytes).bind(5, f.created_at);
   s.step();
-  int64_t seq = 0;
-  for (std::string_view piece : split_file_content(content)) {
-    Stmt& c = db.prepare("INSERT INTO file_chunks (file_id, seq, data) VALUES (?1, ?2, ?3)");
-    c.bind(1, std::string_view(f.id)).bind(2, seq++).bind(3, piece);
-    c.step();
-  }
+  insert_pieces(db, f.id, split_file_content(content));
 }
 
 class SqliteBatchStore final : public BatchStoreBackend {
@@ -103,12 +108,7 @@ class SqliteBatchStore final : public BatchStoreBackend {
     Stmt& d = db_->prepare("DELETE FROM file_chunks WHERE file_id = ?1");
     d.bind(1, std::string_view(id));
     d.step();
-    int64_t seq = 0;
-    for (std::string_view piece : pieces) {
-      Stmt& c = db_->prepare("INSERT INTO file_chunks (file_id, seq, data) VALUES (?1, ?2, ?3)");
-      c.bind(1, std::string_view(id)).bind(2, seq++).bind(3, piece);
-      c.step();
-    }
+    insert_pieces(*db_, id, pieces);
     tx.commit();
     return true;
   }

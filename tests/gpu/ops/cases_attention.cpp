@@ -277,11 +277,9 @@ class AttentionCase final : public OpCase {
     DevBuf<bf16> q2(q.size()), out2(out_.size());
     CUDA_CHECK(cudaMemcpyAsync(q2.get(), q_.get(), q.size() * sizeof(bf16), cudaMemcpyDeviceToDevice, env.stream));
     kernels::AttentionParams plain = p_;
-    plain.q = plain.rope.q = plain.rope.k = q2.get();
-    plain.rope.k_stride = plain.rope.q_stride;
-    plain.rope.n_kv_heads = 0;
+    plain.q = plain.rope.q = q2.get();
     plain.out = out2.get();
-    kernels::qk_norm_rope(plain.rope, env.stream);
+    kernels::qk_norm_rope(kernels::qk_norm_rope_q_only(plain.rope), env.stream);
     plain.rope_q = false;
     kernels::attention_prefill(plain, env.stream);
     CUDA_CHECK(cudaStreamSynchronize(env.stream));
