@@ -69,6 +69,10 @@ const IntKey kIntKeys[] = {
      100000,
      "Open HTTP connections from one address other than loopback; beyond: 503, so one host "
      "cannot hold them all (default 128)"},
+    {"http_min_send_kib_s", &ServiceConfig::http_min_send_kib_s, 0, 1 << 20,
+     "KiB a second a reply of known length (a file download) must average after its first "
+     "60 s, or the connection is cut, so a slow reader cannot hold it for hours; 0 = no floor "
+     "(default 64)"},
     {"api_priority", &ServiceConfig::api_priority, -1000000, 1000000,
      "Queue priority of OpenAI API requests; batch jobs default to 0 (default 1000)"},
     {"api_max_pending", &ServiceConfig::api_max_pending, 1, 1000000,

@@ -53,6 +53,7 @@ struct ServiceConfig {
   int http_port = 9464;                 ///< HTTP port (health, metrics, API); 0 = any; -1 = off
   int64_t http_max_connections = 256;   ///< open HTTP connections at most; beyond: 503
   int64_t http_max_connections_per_address = 128;  ///< from one non-loopback address (IPv6: /64); beyond: 503
+  int64_t http_min_send_kib_s = 64;     ///< a reply of known length averages this, past 60 s of grace
   std::string api_key_file;             ///< bearer keys for /v1, one a line; empty = no auth
   std::string served_model_name;        ///< model id in the API; empty = model dir's name
   int64_t api_priority = 1000;          ///< queue priority of API requests (batch work: 0)

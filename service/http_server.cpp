@@ -161,7 +161,8 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     if (head_) res_->content_length(length);
     ++gen_;  // a pending disconnect watch belongs to the finished exchange now
     exchange_.reset();
-    stream_.expires_after(state_->limits.write_timeout);
+    start_body_deadline(head_ ? 0 : res_->body().size());
+    arm_write();
     http::async_write(stream_, *res_,
                       beast::bind_front_handler(&HttpSession::on_written, shared_from_this()));
   }
@@ -187,7 +188,12 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     }
     sr_.emplace(*sres_);
     writing_ = true;
-    stream_.expires_after(state_->limits.write_timeout);
+    if (sized_) {
+      start_body_deadline(head_ ? 0 : *length);
+    } else {
+      body_deadline_ = Clock::time_point::max();
+    }
+    arm_write();
     http::async_write_header(stream_, *sr_,
                              beast::bind_front_handler(&HttpSession::on_chunk, shared_from_this()));
   }
@@ -458,6 +464,21 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     do_read(/*first=*/false);
   }
 
+  // A reply of `bytes` (header aside) starts now: it must be out by write_timeout plus its
+  // length at min_send_rate (HttpLimits::min_send_rate).
+  void start_body_deadline(uint64_t bytes) {
+    const HttpLimits& l = state_->limits;
+    body_deadline_ = Clock::time_point::max();
+    if (l.min_send_rate == 0) return;
+    // Whole seconds, rounded up; capped at a week, so that no length overflows the clock.
+    const uint64_t seconds = std::min<uint64_t>(bytes / l.min_send_rate + 1, 7 * 86400);
+    body_deadline_ = Clock::now() + l.write_timeout + std::chrono::seconds(seconds);
+  }
+  // The next write's deadline: write_timeout from now, and no later than the reply's.
+  void arm_write() {
+    stream_.expires_at(std::min(Clock::now() + state_->limits.write_timeout, body_deadline_));
+  }
+
   void discard() {
     stream_.async_read_some(net::buffer(scratch_),
                             [self = shared_from_this()](beast::error_code ec, size_t) {
@@ -470,7 +491,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
       sending_ = std::move(out_);
       out_.clear();
       writing_ = true;
-      stream_.expires_after(state_->limits.write_timeout);
+      arm_write();
       auto done = beast::bind_front_handler(&HttpSession::on_chunk, shared_from_this());
       if (sized_) {
         net::async_write(stream_, net::buffer(sending_), std::move(done));
@@ -492,7 +513,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
         return;
       }
       writing_ = true;
-      stream_.expires_after(state_->limits.write_timeout);
+      arm_write();
       net::async_write(stream_, http::make_chunk_last(),
                        beast::bind_front_handler(&HttpSession::on_written, shared_from_this()));
       return;
@@ -537,6 +558,8 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   std::string out_, sending_;
   bool writing_ = false, ending_ = false;
   bool sized_ = false;  // the stream is a body of a known length, not chunks
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point body_deadline_ = Clock::time_point::max();  // of the reply being written
   uint64_t left_ = 0;   // bytes of a sized body not yet queued
 };
 

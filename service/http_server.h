@@ -14,7 +14,8 @@
 // - Limits: at most `max_connections` open connections, and `max_connections_per_address` from
 //   one address other than loopback, an IPv6 /64 counting as one (beyond either: 503 and
 //   close); header size;
-//   read, idle and write timeouts, so a slow or silent client cannot hold a connection forever.
+//   read, idle and write timeouts, so a slow or silent client cannot hold a connection forever;
+//   a reply of known length has a deadline for its whole body too (`min_send_rate`).
 // - Out of descriptors (EMFILE/ENFILE, or kernel buffers): the connection stays in the listen
 //   backlog and accept would fail again at once, so the listener waits `accept_backoff` before
 //   the next try instead of spinning, and logs the failure once per `accept_log_every` with a
@@ -157,6 +158,11 @@ struct HttpLimits {
   std::chrono::seconds read_timeout{30};          ///< to read one request once it started
   std::chrono::seconds idle_timeout{60};          ///< keep-alive wait for the next request
   std::chrono::seconds write_timeout{60};         ///< to write one reply or stream chunk
+  /// Bytes a second a reply of known length (a whole reply, a download) must average: it has
+  /// write_timeout + length / min_send_rate in all, so a reader that takes each piece just
+  /// inside write_timeout cannot hold its connection for hours. 0 = no floor. Event streams
+  /// are paced by generation and have none.
+  uint64_t min_send_rate = 64 << 10;
   std::chrono::milliseconds accept_backoff{100};  ///< wait after accept ran out of descriptors
   std::chrono::seconds accept_log_every{10};      ///< at most one accept-failure line this often
 };

@@ -137,6 +137,7 @@ Service::Service(ServiceConfig cfg, ServiceHooks hooks)
     HttpLimits hl;
     hl.max_connections = http_connection_cap(cfg_.http_max_connections);
     hl.max_connections_per_address = static_cast<size_t>(cfg_.http_max_connections_per_address);
+    hl.min_send_rate = static_cast<uint64_t>(cfg_.http_min_send_kib_s) << 10;
     http_ = std::make_unique<HttpServer>(io_, cfg_.http_host, cfg_.http_port, hl);
     http_->set_api_keys(std::move(keys));
     add_routes();

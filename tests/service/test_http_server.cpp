@@ -501,6 +501,43 @@ TEST(HttpServer, ABodyOfKnownLengthIsWrittenAtTheReadersPace) {
   }
 }
 
+// A reply of known length has write_timeout + length / min_send_rate in all: a reader that takes
+// each piece well inside write_timeout, but far below the floor, is cut at that deadline; one
+// that keeps up gets the whole body under the same limits.
+TEST(HttpServer, AReplyOfKnownLengthIsCutBelowTheMinimumSendRate) {
+  HttpLimits limits;
+  limits.write_timeout = 1s;
+  limits.min_send_rate = 32 << 20;  // 64 MiB: 1 s + 3 s in all
+  TestServer ts(limits);
+  const size_t body = 256 * TestServer::kPiece;  // 64 MiB
+  {
+    test::HttpClient c(ts.port());
+    const std::string req = "GET /body/256 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    net::write(c.socket(), net::buffer(req));
+    // 32 KiB every 5 ms (~6 MiB/s, a fifth of the floor) for 5 s, then as fast as it comes. A
+    // much slower reader would trip write_timeout itself: a blocked writer is woken only once a
+    // good part of its socket's send buffer (MiB on loopback) is free. The kernel's buffers hold
+    // some MiB, far from the 64.
+    std::string got(32 << 10, '\0');
+    size_t total = 0;
+    boost::system::error_code ec;
+    const auto t0 = std::chrono::steady_clock::now();
+    while (!ec && std::chrono::steady_clock::now() - t0 < 5s) {
+      total += c.socket().read_some(net::buffer(got), ec);
+      std::this_thread::sleep_for(5ms);
+    }
+    std::string rest;
+    net::read(c.socket(), net::dynamic_buffer(rest), ec);
+    total += rest.size();
+    EXPECT_TRUE(ec == net::error::eof || ec == net::error::connection_reset) << ec.message();
+    EXPECT_LT(total, body) << "a reader far below the floor got the whole body";
+    EXPECT_GT(total, 2 * TestServer::kPiece) << "cut before the deadline";
+  }
+  const auto r = test::http_request(ts.port(), "GET", "/body/256");
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body.size(), body);
+}
+
 // The per-address cap's key: loopback free, IPv4 (plain or mapped) by address, IPv6 by /64 — a
 // host picks addresses from its /64 at will, so counting each would not cap it at all.
 TEST(HttpServer, ThePerAddressCapCountsAnIpv6HostByItsSlash64) {
