@@ -118,6 +118,8 @@ bool api_key_matches(const std::vector<std::string>& keys, std::string_view pres
 /// answers through an HttpExchange, at once or later.
 class HttpSession : public std::enable_shared_from_this<HttpSession> {
  public:
+  using Clock = std::chrono::steady_clock;
+
   // `address`: the remote address counted against the per-address cap, empty for loopback.
   HttpSession(tcp::socket socket, std::shared_ptr<HttpServer::State> state, std::string address)
       : stream_(std::move(socket)), state_(std::move(state)), address_(std::move(address)) {
@@ -161,7 +163,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     if (head_) res_->content_length(length);
     ++gen_;  // a pending disconnect watch belongs to the finished exchange now
     exchange_.reset();
-    start_body_deadline(head_ ? 0 : res_->body().size());
+    body_deadline_ = body_deadline(res_->body().size());  // empty for HEAD
     arm_write();
     http::async_write(stream_, *res_,
                       beast::bind_front_handler(&HttpSession::on_written, shared_from_this()));
@@ -188,11 +190,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     }
     sr_.emplace(*sres_);
     writing_ = true;
-    if (sized_) {
-      start_body_deadline(head_ ? 0 : *length);
-    } else {
-      body_deadline_ = Clock::time_point::max();
-    }
+    body_deadline_ = sized_ ? body_deadline(head_ ? 0 : *length) : Clock::time_point::max();
     arm_write();
     http::async_write_header(stream_, *sr_,
                              beast::bind_front_handler(&HttpSession::on_chunk, shared_from_this()));
@@ -464,15 +462,14 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     do_read(/*first=*/false);
   }
 
-  // A reply of `bytes` (header aside) starts now: it must be out by write_timeout plus its
-  // length at min_send_rate (HttpLimits::min_send_rate).
-  void start_body_deadline(uint64_t bytes) {
+  // When a reply of `bytes` (header aside) starting now must be out: write_timeout plus its
+  // length at min_send_rate (HttpLimits::min_send_rate; none without a floor).
+  Clock::time_point body_deadline(uint64_t bytes) const {
     const HttpLimits& l = state_->limits;
-    body_deadline_ = Clock::time_point::max();
-    if (l.min_send_rate == 0) return;
+    if (l.min_send_rate == 0) return Clock::time_point::max();
     // Whole seconds, rounded up; capped at a week, so that no length overflows the clock.
     const uint64_t seconds = std::min<uint64_t>(bytes / l.min_send_rate + 1, 7 * 86400);
-    body_deadline_ = Clock::now() + l.write_timeout + std::chrono::seconds(seconds);
+    return Clock::now() + l.write_timeout + std::chrono::seconds(seconds);
   }
   // The next write's deadline: write_timeout from now, and no later than the reply's.
   void arm_write() {
@@ -558,7 +555,6 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   std::string out_, sending_;
   bool writing_ = false, ending_ = false;
   bool sized_ = false;  // the stream is a body of a known length, not chunks
-  using Clock = std::chrono::steady_clock;
   Clock::time_point body_deadline_ = Clock::time_point::max();  // of the reply being written
   uint64_t left_ = 0;   // bytes of a sized body not yet queued
 };

@@ -24,6 +24,7 @@
 
 #include "kernels/cuda_check.cuh"
 #include "kernels/launch.cuh"
+#include "bench/gpu/lab/lab_timing.cuh"
 
 namespace {
 
@@ -86,22 +87,7 @@ struct Variant {
 // Median µs per phase of `run` (which issues one whole pass of `phases` phases on `stream`).
 template <typename Run>
 double time_per_phase(cudaStream_t stream, int phases, Run run) {
-  cudaEvent_t a, b;
-  CUDA_CHECK(cudaEventCreate(&a));
-  CUDA_CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) run();
-  std::vector<float> ms(20);
-  for (float& t : ms) {
-    CUDA_CHECK(cudaEventRecord(a, stream));
-    run();
-    CUDA_CHECK(cudaEventRecord(b, stream));
-    CUDA_CHECK(cudaEventSynchronize(b));
-    CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
-  }
-  CUDA_CHECK(cudaEventDestroy(a));
-  CUDA_CHECK(cudaEventDestroy(b));
-  std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
-  return 1e3 * ms[ms.size() / 2] / phases;
+  return 1e3 * moebatch::lab::median_ms(stream, run, 3, 20) / phases;
 }
 
 // Whether every CTA's final value is `phases` (the pass started from zeros).

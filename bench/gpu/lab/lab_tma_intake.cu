@@ -30,6 +30,7 @@
 #include "kernels/cuda_check.cuh"
 #include "kernels/tensor_map.cuh"
 #include "kernels/wgmma.cuh"
+#include "bench/gpu/lab/lab_timing.cuh"
 
 namespace {
 
@@ -157,9 +158,6 @@ int main(int argc, char** argv) {
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   unsigned* mismatches = nullptr;
   CUDA_CHECK(cudaMalloc(&mismatches, sizeof(unsigned)));
-  cudaEvent_t ev0, ev1;
-  CUDA_CHECK(cudaEventCreate(&ev0));
-  CUDA_CHECK(cudaEventCreate(&ev1));
 
   // The GEMM's ring is 4 slots × 3 boxes held one slot (hold 1); the others vary the slots in
   // flight and their size. (hold 1 needs 2 slots at least: the producer's next slot is the held one.)
@@ -184,19 +182,10 @@ int main(int argc, char** argv) {
           CUDA_CHECK(cudaGetLastError());
         };
         CUDA_CHECK(cudaMemsetAsync(mismatches, 0, sizeof(unsigned), stream));
-        for (int i = 0; i < 3; ++i) run();
-        std::vector<float> ms(10);
-        for (float& t : ms) {
-          CUDA_CHECK(cudaEventRecord(ev0, stream));
-          run();
-          CUDA_CHECK(cudaEventRecord(ev1, stream));
-          CUDA_CHECK(cudaEventSynchronize(ev1));
-          CUDA_CHECK(cudaEventElapsedTime(&t, ev0, ev1));
-        }
-        std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
+        const double seconds = 1e-3 * moebatch::lab::median_ms(stream, run, 3, 10);
         unsigned bad = 0;
         CUDA_CHECK(cudaMemcpy(&bad, mismatches, sizeof(unsigned), cudaMemcpyDeviceToHost));
-        const double seconds = 1e-3 * ms[ms.size() / 2], bytes = static_cast<double>(slices * slot_bytes);
+        const double bytes = static_cast<double>(slices * slot_bytes);
         rows.push_back({footprint <= (int64_t{64} << 20) ? "L2 16 MB" : "HBM 2 GB", blocks, c,
                         bytes / seconds / 1e9, bytes * blocks / seconds / 1e12, bad == 0});
       }
@@ -219,8 +208,6 @@ int main(int argc, char** argv) {
   }
   std::ofstream(json_path) << out.dump(2) << "\n";
   CUDA_CHECK(cudaFree(mismatches));
-  CUDA_CHECK(cudaEventDestroy(ev0));
-  CUDA_CHECK(cudaEventDestroy(ev1));
   CUDA_CHECK(cudaStreamDestroy(stream));
   return all_ok ? 0 : 1;
 }
